@@ -1,0 +1,96 @@
+"""pytest-backendconf: prove that a PyTorch delegate backend honours the contract.
+
+A backend is registered from its own package through an entry point::
+
+    # pyproject.toml of the vendor's package
+    [project.entry-points.backendconf]
+    mybackend = "mybackend.plugin"
+
+    # mybackend/plugin.py
+    import pytest_backendconf as bc
+
+    @bc.hookimpl
+    def backendconf_register_backends(register):
+        register(MyBackend())
+
+and checked with ``pytest --backend=mybackend``. The same hook works in a
+``conftest.py`` or a module given with ``pytest -p``.
+
+Names that need torch (`to_backend`, `save`, `load`, …) are loaded on first
+use, so that importing this package (as pytest does for every run) stays
+cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._registry import register_backend
+from .capabilities import Capabilities
+from .errors import (
+    ArchiveError,
+    BackendConfError,
+    BackendContractError,
+    BackendError,
+    BackendRuntimeError,
+    BackendUnavailableError,
+    BackendUnavailableWarning,
+    InputSpecError,
+    LoweringError,
+    OutputSpecError,
+    RegistryError,
+    UnsupportedNodeError,
+)
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; imported on first attribute access.
+_LAZY = {
+    "to_backend": "._lowering",
+    "LoweredModule": "._lowering",
+    "WrapperModule": "._lowering",
+    "debug_info": "._lowering",
+    "DebugInfo": "._debug_info",
+    "Frame": "._debug_info",
+    "DebugHandles": "._debug_handles",
+    "DebugHandleRecorder": "._debug_handles",
+    "save": "._archive",
+    "load": "._archive",
+    "symbolicate": "._archive",
+    "ModelCase": ".cases",
+    "TensorInput": ".cases",
+}
+
+__all__ = [
+    "ArchiveError",
+    "BackendConfError",
+    "BackendContractError",
+    "BackendError",
+    "BackendRuntimeError",
+    "BackendUnavailableError",
+    "BackendUnavailableWarning",
+    "Capabilities",
+    "InputSpecError",
+    "LoweringError",
+    "OutputSpecError",
+    "RegistryError",
+    "UnsupportedNodeError",
+    "hookimpl",
+    "register_backend",
+    *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_backendconf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

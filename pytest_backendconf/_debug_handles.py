@@ -1,0 +1,122 @@
+"""Debug handles: one process-wide recorder issues a unique ``int`` per graph node.
+
+Handles are unique across every lowering in the process, monotonic, safe to
+issue from several threads, and checked against int64 overflow (DESIGN.md
+§3.5). A lowering reserves one contiguous block, so that two fresh processes
+doing the same lowerings in the same order issue the same handles.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+INT64_MAX = 2**63 - 1
+
+
+class DebugHandleRecorder:
+    """Issues debug handles; one instance per process (`DebugHandleRecorder.default`)."""
+
+    _default: "DebugHandleRecorder | None" = None
+    _default_lock = threading.Lock()
+
+    def __init__(self, first: int = 0, last: int = INT64_MAX) -> None:
+        self._next = first
+        self._last = last
+        self._lock = threading.Lock()
+        # Sorted, non-overlapping [start, stop) blocks handed out so far.
+        self._starts: list[int] = []
+        self._stops: list[int] = []
+
+    @classmethod
+    def default(cls) -> "DebugHandleRecorder":
+        """The process-wide recorder every lowering uses."""
+        if cls._default is None:
+            with cls._default_lock:
+                if cls._default is None:
+                    cls._default = cls()
+        return cls._default
+
+    def reserve(self, count: int) -> range:
+        """Reserve ``count`` consecutive handles and return them as a range."""
+        if count < 0:
+            raise ValueError(f"cannot reserve {count} debug handles")
+        with self._lock:
+            start = self._next
+            if self._last - start + 1 < count:
+                raise OverflowError(
+                    f"debug handles exhausted: {count} more requested after {start - 1}, "
+                    f"but handles stop at {self._last} (int64)"
+                )
+            self._next = start + count
+            if count:
+                self._starts.append(start)
+                self._stops.append(start + count)
+        return range(start, start + count)
+
+    def issued(self, handle: int) -> bool:
+        """Whether this recorder issued ``handle`` (a backend must report only those)."""
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            return False
+        with self._lock:
+            i = bisect.bisect_right(self._starts, handle) - 1
+            return i >= 0 and handle < self._stops[i]
+
+    def assign(self, graph_module: Any) -> "DebugHandles":
+        """Give every node of ``graph_module`` and its nested subgraphs a handle.
+
+        Nodes are numbered in graph order, each subgraph right after the
+        node that references it (depth first), so the numbering depends only
+        on the graph.
+        """
+        nodes = list(walk_nodes(graph_module))
+        block = self.reserve(len(nodes))
+        return DebugHandles(dict(zip(nodes, block)))
+
+
+class DebugHandles(Mapping):
+    """``debug_handles[node]`` → the node's debug handle, nested subgraphs included."""
+
+    def __init__(self, by_node: dict[Any, int]) -> None:
+        self._by_node = by_node
+
+    def __getitem__(self, node: Any) -> int:
+        try:
+            return self._by_node[node]
+        except KeyError:
+            raise KeyError(
+                f"node {getattr(node, 'name', node)!r} has no debug handle: it is not a node "
+                "of the program given to preprocess (did a pass copy the graph?)"
+            ) from None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    def __repr__(self) -> str:
+        handles = list(self._by_node.values())
+        span = f"{handles[0]}..{handles[-1]}" if handles else "none"
+        return f"<DebugHandles {len(handles)} nodes, handles {span}>"
+
+
+def walk_nodes(graph_module: Any) -> Iterator[Any]:
+    """Every node of ``graph_module``, each subgraph after the node that uses it."""
+    for node in graph_module.graph.nodes:
+        yield node
+        if node.op == "get_attr":
+            sub = _submodule(graph_module, node.target)
+            if sub is not None and hasattr(sub, "graph"):
+                yield from walk_nodes(sub)
+
+
+def _submodule(graph_module: Any, target: str) -> Any:
+    obj = graph_module
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj

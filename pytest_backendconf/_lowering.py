@@ -1,0 +1,535 @@
+"""`to_backend`: lower methods of a module to a backend, and the modules that run them.
+
+The flow (DESIGN.md §3.3–3.5): copy the module, export each method named in
+the method compile spec, give every node a debug handle, ``preprocess`` each
+program into a blob, ``compile`` now if the backend is available (else warn),
+and return a `WrapperModule` around the `LoweredModule` that runs the blobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import types
+import warnings
+from typing import Any, Mapping
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import _compat
+from ._debug_handles import DebugHandleRecorder
+from ._debug_info import DebugInfo, build_debug_infos, format_missing, format_runtime
+from ._method_spec import MethodSpec, params_of, value_spec
+from ._registry import check_backend, lookup_backend, Source
+from .errors import (
+    BackendContractError,
+    BackendError,
+    BackendRuntimeError,
+    BackendUnavailableError,
+    BackendUnavailableWarning,
+    InputSpecError,
+    LoweringError,
+    OutputSpecError,
+    UnsupportedNodeError,
+)
+
+FAULT_KEY = "__backendconf_fault__"
+
+
+def to_backend(
+    module: torch.nn.Module,
+    backend: str | object,
+    method_compile_spec: Mapping[str, Mapping[str, Any]],
+    *,
+    example_inputs: tuple | Mapping[str, tuple],
+    example_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> "WrapperModule":
+    """Lower the methods of ``module`` named in ``method_compile_spec`` to ``backend``.
+
+    :param backend: a registered backend's name, or a backend object.
+    :param method_compile_spec: ``{method_name: {key: value}}``; values must
+        be JSON-compatible.
+    :param example_inputs: positional example inputs per method, or one
+        tuple when only ``forward`` is lowered.
+    :param example_kwargs: keyword example inputs per method, if any.
+    :returns: a `WrapperModule` with one method per compile-spec key.
+    """
+    _compat.check_torch_version()
+    if not isinstance(module, torch.nn.Module):
+        raise LoweringError(
+            f"to_backend() needs a torch.nn.Module, got {type(module).__name__}; "
+            "wrap a function in a Module whose forward calls it"
+        )
+    backend_obj, source = _resolve_backend(backend)
+    specs = _check_compile_spec(module, method_compile_spec)
+    examples = _check_examples(specs, example_inputs, example_kwargs or {})
+    work = copy.deepcopy(module)  # to_backend never mutates the caller's module
+    methods: dict[str, MethodSpec] = {}
+    blobs: dict[str, bytes] = {}
+    debug: dict[int, DebugInfo] = {}
+    for name, spec in specs.items():
+        function = getattr(type(module), name)
+        args, kwargs = _normalize(function, name, *examples[name])
+        program = _export(work, name, args, kwargs)
+        _reject_mutations(program, name)
+        handles = DebugHandleRecorder.default().assign(program.graph_module)
+        infos = build_debug_infos(
+            program.graph_module, handles, method=name, top_class=type(module).__name__
+        )
+        debug.update(infos)
+        blobs[name] = _preprocess(backend_obj, program, spec, handles, infos, name)
+        methods[name] = _method_spec(program, name, spec, function)
+    lowered = LoweredModule(
+        backend_obj, methods, blobs, debug, backend_version=source.version if source else None
+    )
+    if _availability(backend_obj):
+        lowered.compile_now(at="lowering")
+    else:
+        warnings.warn(
+            BackendUnavailableWarning(
+                f"Backend [{backend_obj.name}] is not available. Execution of this Module is "
+                "still possible by saving and loading on a device where the backend is available."
+            ),
+            stacklevel=2,
+        )
+    return WrapperModule(lowered)
+
+
+def debug_info(module: "WrapperModule | LoweredModule") -> dict[int, DebugInfo]:
+    """``{debug_handle: DebugInfo}`` for every node of every lowered method."""
+    lowered = module.lowered if isinstance(module, WrapperModule) else module
+    return dict(lowered.debug)
+
+
+class LoweredModule(torch.nn.Module):
+    """Runs lowered methods through a backend: availability, checks, symbolicated errors."""
+
+    def __init__(
+        self,
+        backend: Any,
+        methods: dict[str, MethodSpec],
+        blobs: dict[str, bytes],
+        debug: dict[int, DebugInfo],
+        *,
+        backend_version: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.backend_name: str = backend.name
+        self.backend_version = backend_version
+        self.methods = methods
+        self.blobs = blobs
+        self.debug = debug
+        self.handles: dict[str, Any] | None = None
+        self._runners = {name: _MethodRunner(spec) for name, spec in methods.items()}
+
+    def compile_now(self, *, at: str = "load") -> None:
+        """Compile every blob; `BackendUnavailableError` if the backend is not available."""
+        available = _availability(self.backend)
+        if not available:
+            raise BackendUnavailableError(self._unavailable_text(f"cannot {at} the module"))
+        try:
+            handles = self.backend.compile(dict(self.blobs), {n: m.compile_spec for n, m in self.methods.items()})
+        except BackendUnavailableError:
+            raise
+        except Exception as exc:
+            raise BackendContractError(
+                f"backend {self.backend_name!r} reports is_available() == True, but compile() "
+                f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "
+                "here must return False from is_available() (DESIGN.md §3.4)."
+            ) from exc
+        missing = sorted(set(self.methods) - set(handles if isinstance(handles, dict) else ()))
+        if not isinstance(handles, dict) or missing:
+            raise BackendContractError(
+                f"compile() of backend {self.backend_name!r} must return a dict with a handle "
+                f"for every method; got {type(handles).__name__}"
+                + (f" without {missing}" if isinstance(handles, dict) else "")
+            )
+        self.handles = handles
+
+    def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+        runner = self._runners.get(method)
+        if runner is None:
+            raise AttributeError(
+                f"this lowered module has no method {method!r}; its methods: {', '.join(self.methods)}"
+            )
+        backend = self.backend
+        if backend.is_available() is not True:
+            # Never call execute on an unavailable backend (§3.4).
+            raise BackendUnavailableError(self._unavailable_text(f"cannot run method {method!r}"))
+        if self.handles is None:
+            self.compile_now(at="call")
+        inputs = runner.flatten(args, kwargs)
+        try:
+            outputs = backend.execute(self.handles[method], inputs)  # type: ignore[index]
+        except BackendError as exc:
+            raise self._symbolicate(exc, method) from exc
+        except Exception as exc:
+            exc.add_note(f"(raised by backend {self.backend_name!r} executing method {method!r})")
+            raise
+        return runner.unflatten(outputs, self.backend_name)
+
+    def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
+        handle = exc.debug_handle
+        if handle is None:
+            text = f"{exc.message}\n  (backend {self.backend_name!r}, method {method!r}: no debug handle given)"
+        elif handle in self.debug:
+            text = format_runtime(exc.message, self.debug[handle])
+        else:
+            text = f"{exc.message}\n{format_missing([handle])}"
+        return BackendRuntimeError(text, exc.message, handle)
+
+    def _unavailable_text(self, what: str) -> str:
+        reason = ""
+        explain = getattr(self.backend, "unavailable_reason", None)
+        if callable(explain):
+            try:
+                reason = str(explain())
+            except Exception as exc:  # the error must still be raised
+                reason = f"unavailable_reason() raised {exc!r}"
+        because = f": {reason}" if reason else ""
+        return (
+            f"Backend is not available. Backend {self.backend_name!r} reports "
+            f"is_available() == False here{because}, so it {what}. Load the saved module "
+            "on a device where the backend is available."
+        )
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend_name!r}, methods={list(self.methods)}"
+
+
+class WrapperModule(torch.nn.Module):
+    """What `to_backend` returns: one method per compile-spec key, around a `LoweredModule`.
+
+    Attributes set on it after lowering (tensors, numbers, strings, and
+    lists or dicts of them) are saved with it and restored by `load`.
+    """
+
+    def __init__(self, lowered: LoweredModule) -> None:
+        super().__init__()
+        self.lowered = lowered
+        # Instance attributes win over nn.Module's own methods, so a lowered
+        # method called `double` or `half` is the user's, not Module.double.
+        for name, spec in lowered.methods.items():
+            self.__dict__[name] = _method_caller(lowered, name, spec)
+        self._baseline = frozenset(self.__dict__) | {"_baseline"}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Reached only when forward was not lowered: run() names the methods that were.
+        return self.lowered.run("forward", args, kwargs)
+
+    def extra_attributes(self) -> dict[str, Any]:
+        """The attributes set after lowering, by name."""
+        extra = {k: v for k, v in self.__dict__.items() if k not in self._baseline}
+        extra.update(self._parameters)
+        extra.update(self._buffers)
+        modules = [k for k in self._modules if k != "lowered"]
+        if modules:
+            raise LoweringError(
+                f"attribute(s) {modules} of the lowered module are Modules, which cannot be "
+                "saved with it; keep tensors, numbers, strings, or lists/dicts of them"
+            )
+        return dict(sorted(extra.items()))
+
+
+def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return lowered.run(name, args, kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__signature__ = spec.signature()  # type: ignore[attr-defined]
+    return call
+
+
+class _MethodRunner:
+    """Turns a call into the flat input list and the flat outputs back into the structure."""
+
+    def __init__(self, spec: MethodSpec) -> None:
+        self.spec = spec
+        self.signature = spec.signature()
+        self.in_tree = pytree.treespec_loads(spec.in_spec)
+        self.out_tree = pytree.treespec_loads(spec.out_spec)
+        self.out_is_leaf = self.out_tree.is_leaf()
+        n = len(spec.inputs)
+        positional = all(
+            p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and not p.has_default for p in spec.params
+        )
+        # The common call, all inputs positional tensors, skips binding and pytree.
+        self.fast_arity = n if positional and len(spec.params) == n else -1
+        self.tensor_checks = [
+            (i, getattr(torch, v.dtype), v.shape, v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
+        ]
+        self.constants = [(i, v) for i, v in enumerate(spec.inputs) if v.kind != "tensor"]
+        self.dtypes = [getattr(torch, v.dtype) if v.kind == "tensor" else None for v in spec.outputs]
+
+    def flatten(self, args: tuple, kwargs: dict) -> list:
+        if not kwargs and len(args) == self.fast_arity:
+            flat = list(args)
+        else:
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise InputSpecError(f"method {self.spec.name!r}: {exc}; its signature is {self.signature}") from None
+            bound.apply_defaults()
+            flat, tree = pytree.tree_flatten((bound.args, bound.kwargs))
+            if tree != self.in_tree:
+                raise InputSpecError(
+                    f"method {self.spec.name!r} was lowered for inputs shaped like {self.in_tree}, "
+                    f"but was called with {tree}; lower it again for this call's structure"
+                )
+        for i, dtype, shape, spec in self.tensor_checks:
+            value = flat[i]
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or not _shape_matches(value.shape, shape):
+                raise InputSpecError(
+                    f"method {self.spec.name!r} input {i} ({spec.name!r}) must be {spec.describe()} as "
+                    f"when it was exported, got {_describe_value(value)}; lower it again for these inputs"
+                )
+        for i, spec in self.constants:
+            value = flat[i]
+            if type(value) is not type(spec.value) or value != spec.value:
+                raise InputSpecError(
+                    f"method {self.spec.name!r} was lowered with {spec.name}={spec.value!r} (a Python "
+                    f"value is baked into the exported program) but called with {spec.name}={value!r}; "
+                    "lower it again with that value, or pass it as a tensor"
+                )
+        return flat
+
+    def unflatten(self, outputs: Any, backend_name: str) -> Any:
+        expected = self.spec.outputs
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(expected):
+            got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            raise OutputSpecError(
+                f"method {self.spec.name!r}: execute() of backend {backend_name!r} must return a list "
+                f"of {len(expected)} outputs, got {got}"
+            )
+        for i, (value, spec, dtype) in enumerate(zip(outputs, expected, self.dtypes)):
+            if dtype is None:
+                if value != spec.value:
+                    raise OutputSpecError(
+                        f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got {value!r} "
+                        f"from backend {backend_name!r}"
+                    )
+            elif not isinstance(value, torch.Tensor) or value.dtype != dtype or not _shape_matches(value.shape, spec.shape):
+                raise OutputSpecError(
+                    f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got "
+                    f"{_describe_value(value)} from backend {backend_name!r}"
+                )
+        if self.out_is_leaf:
+            return outputs[0]
+        return pytree.tree_unflatten(list(outputs), self.out_tree)
+
+
+def _shape_matches(actual: Any, expected: Any) -> bool:
+    if len(actual) != len(expected):
+        return False
+    return all(e is None or a == e for a, e in zip(actual, expected))
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
+    return f"{type(value).__name__} {value!r}"
+
+
+# --- checking to_backend's arguments ---------------------------------------------
+
+
+def _resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
+    if isinstance(backend, str):
+        registered = lookup_backend(backend)
+        return registered.backend, registered.source
+    check_backend(backend, Source("the backend object given to to_backend()"))
+    return backend, None
+
+
+def _availability(backend: Any) -> bool:
+    available = backend.is_available()
+    if not isinstance(available, bool):
+        raise BackendContractError(
+            f"is_available() of backend {backend.name!r} returned {available!r}; it must return a bool"
+        )
+    return available
+
+
+def _check_compile_spec(module: torch.nn.Module, spec: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(spec, Mapping) or not spec:
+        raise LoweringError(
+            f"the method compile spec must be a non-empty dict {{method_name: {{key: value}}}}, "
+            f"got {spec!r}; e.g. {{'forward': {{}}}}"
+        )
+    checked = {}
+    for name, options in spec.items():
+        method = getattr(type(module), name, None) if isinstance(name, str) else None
+        if not isinstance(name, str) or not inspect.isfunction(method):
+            methods = sorted(
+                n for n, v in vars(type(module)).items() if inspect.isfunction(v) and not n.startswith("_")
+            )
+            raise LoweringError(
+                f"compile-spec key {name!r} is not a method of {type(module).__name__}; "
+                f"its methods: {', '.join(methods) or 'none'}"
+            )
+        if not isinstance(options, Mapping):
+            raise LoweringError(
+                f"the compile spec of method {name!r} must be a dict of options, got {type(options).__name__}"
+            )
+        _check_json(options, f"compile spec of method {name!r}")
+        # A deep copy through JSON: later changes to the caller's dict cannot leak in.
+        checked[name] = json.loads(json.dumps(options))
+    return checked
+
+
+def _check_json(value: Any, where: str, path: str = "") -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise LoweringError(f"{where} has key {key!r} at {path or 'top level'}; keys must be strings")
+            _check_json(item, where, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json(item, where, f"{path}[{i}]")
+    elif not (value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and value == value and abs(value) != float("inf")):
+        raise LoweringError(
+            f"{where} has a value of type {type(value).__name__} at {path}; compile-spec values must "
+            "be JSON-compatible (dict with string keys, list, str, int, finite float, bool, None)"
+        )
+
+
+def _check_examples(
+    specs: dict[str, Any], example_inputs: Any, example_kwargs: Mapping[str, Any]
+) -> dict[str, tuple[tuple, dict]]:
+    if isinstance(example_inputs, tuple):
+        example_inputs = {"forward": example_inputs}
+    if not isinstance(example_inputs, Mapping):
+        raise LoweringError(
+            "example_inputs must be a tuple (for forward) or a dict {method_name: tuple}, "
+            f"got {type(example_inputs).__name__}"
+        )
+    out = {}
+    for name in specs:
+        if name not in example_inputs:
+            raise LoweringError(
+                f"no example inputs for method {name!r}: pass example_inputs={{{name!r}: (...)}} "
+                "with one tuple of example arguments per lowered method"
+            )
+        args = example_inputs[name]
+        if not isinstance(args, tuple):
+            raise LoweringError(
+                f"example inputs of method {name!r} must be a tuple, got {type(args).__name__}; "
+                "write (x,) for a single input"
+            )
+        kwargs = example_kwargs.get(name, {})
+        if not isinstance(kwargs, Mapping):
+            raise LoweringError(f"example_kwargs of method {name!r} must be a dict, got {type(kwargs).__name__}")
+        out[name] = (args, dict(kwargs))
+    extra = sorted(set(example_inputs) - set(specs))
+    if extra:
+        raise LoweringError(f"example inputs given for {extra}, which the compile spec does not lower")
+    return out
+
+
+def _normalize(function: Any, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Bind the example call to the method's signature and fill in defaults,
+
+    so that the exported structure is the one every later call is normalized to.
+    """
+    signature = inspect.signature(function)
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        raise LoweringError(f"example inputs do not fit method {name!r}{signature}: {exc}") from None
+    bound.apply_defaults()
+    return tuple(bound.args[1:]), dict(bound.kwargs)
+
+
+def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
+    original = type(work)
+    if name != "forward":
+        work.__class__ = _class_exporting(original, name)
+    try:
+        return torch.export.export(work, args, kwargs)
+    except Exception as exc:
+        raise LoweringError(
+            f"torch.export could not export method {name!r} of {original.__name__}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        work.__class__ = original
+
+
+def _class_exporting(cls: type, method: str) -> type:
+    """A subclass of ``cls`` whose ``forward`` is ``method``, renamed.
+
+    ``torch.export`` keeps only stack frames named ``forward`` (see
+    ``torch.fx.proxy._filter_traceback_frames``); the method's code object is
+    renamed so that its frames, and so the user's source lines, are kept.
+    """
+    function = getattr(cls, method)
+    code = function.__code__.replace(co_name="forward")
+    forward = types.FunctionType(code, function.__globals__, "forward", function.__defaults__, function.__closure__)
+    forward.__kwdefaults__ = function.__kwdefaults__
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+
+def _reject_mutations(program: Any, name: str) -> None:
+    mutated = [
+        f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
+        for spec in program.graph_signature.output_specs
+        if spec.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION", "PARAMETER_MUTATION")
+    ]
+    if mutated:
+        raise LoweringError(
+            f"method {name!r} mutates state ({', '.join(mutated)}); delegate backends run graphs "
+            "without side effects. Is the module in training mode? Call .eval() before lowering."
+        )
+
+
+def _preprocess(backend: Any, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str) -> bytes:
+    try:
+        blob = backend.preprocess(program, copy.deepcopy(spec), handles)
+    except UnsupportedNodeError as exc:
+        handle = handles.get(exc.node)
+        if handle is not None:
+            exc.debug_info = infos[handle]
+        raise
+    if not isinstance(blob, bytes):
+        raise BackendContractError(
+            f"preprocess() of backend {backend.name!r} returned {type(blob).__name__} for method "
+            f"{name!r}; it must return bytes"
+        )
+    return blob
+
+
+def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = []
+    for input_spec in program.graph_signature.input_specs:
+        if input_spec.kind.name != "USER_INPUT":
+            continue
+        arg = input_spec.arg
+        if hasattr(arg, "value"):
+            inputs.append(value_spec(arg.name, arg.value))
+        else:
+            inputs.append(value_spec(arg.name, placeholders[arg.name].meta["val"]))
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    produced = {getattr(a, "name", None): a for a in pytree.tree_leaves(output_node.args[0])}
+    outputs = []
+    for out in program.graph_signature.output_specs:
+        if out.kind.name != "USER_OUTPUT":
+            continue
+        arg = out.arg
+        if hasattr(arg, "value"):
+            outputs.append(value_spec(arg.name, arg.value))
+        else:
+            outputs.append(value_spec(arg.name, produced[arg.name].meta["val"]))
+    return MethodSpec(
+        name=name,
+        compile_spec=spec,
+        params=params_of(function),
+        in_spec=pytree.treespec_dumps(program.call_spec.in_spec),
+        out_spec=pytree.treespec_dumps(program.call_spec.out_spec),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+    )
+

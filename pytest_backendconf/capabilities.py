@@ -1,0 +1,83 @@
+"""`Capabilities`: what a backend declares the suite may expect of it (§3.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """A backend's declaration; ``None`` means "make no assumption".
+
+    With ``None`` the suite discovers support by trying and reports what it
+    found. Fields may be added in later versions; these stay.
+    """
+
+    #: Op overload names the backend compiles, e.g. ``{"aten.mul.Tensor"}``.
+    supported_ops: frozenset[str] | None = None
+    #: Tensor dtypes the backend executes, e.g. ``{torch.float32}``.
+    dtypes: frozenset[Any] | None = None
+    #: Per-dtype ``(rtol, atol)`` used by the parity checks.
+    tolerances: Mapping[Any, tuple[float, float]] | None = None
+    #: Modules only ``preprocess`` needs; the target side blocks their import.
+    host_only_modules: tuple[str, ...] = ()
+    #: ``execute`` may be called from several threads at once.
+    thread_safe: bool = False
+    #: Honours the ``"__backendconf_fault__"`` compile-spec key (§3.5).
+    fault_injection: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept any iterable for the set-like fields, store frozen copies so
+        # that a declaration cannot change under the suite's feet.
+        if self.supported_ops is not None:
+            object.__setattr__(self, "supported_ops", frozenset(self.supported_ops))
+        if self.dtypes is not None:
+            object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        if self.tolerances is not None:
+            object.__setattr__(self, "tolerances", dict(self.tolerances))
+        object.__setattr__(self, "host_only_modules", tuple(self.host_only_modules))
+
+    def problems(self) -> list[str]:
+        """Return what is malformed in this declaration (empty when well formed)."""
+        found = []
+        if self.supported_ops is not None:
+            bad = sorted(op for op in self.supported_ops if not _is_overload_name(op))
+            if bad:
+                found.append(
+                    f"supported_ops has {bad!r}: write overload names such as 'aten.mul.Tensor'"
+                )
+        if self.dtypes is not None:
+            bad = [d for d in self.dtypes if type(d).__name__ != "dtype"]
+            if bad:
+                found.append(f"dtypes has {bad!r}: write torch dtypes such as torch.float32")
+        for dtype, pair in (self.tolerances or {}).items():
+            ok = (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
+            )
+            if not ok:
+                found.append(
+                    f"tolerances[{dtype}] is {pair!r}: write a pair (rtol, atol) of non-negative numbers"
+                )
+        bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
+        if bad_modules:
+            found.append(f"host_only_modules has {bad_modules!r}: write module names")
+        for flag in ("thread_safe", "fault_injection"):
+            if not isinstance(getattr(self, flag), bool):
+                found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
+        return found
+
+
+def _is_overload_name(op: object) -> bool:
+    if not isinstance(op, str):
+        return False
+    parts = op.split(".")
+    return len(parts) >= 2 and all(p.isidentifier() for p in parts)
+
+
+def capabilities_of(backend: object) -> Capabilities:
+    """The backend's declared capabilities, or the all-``None`` default."""
+    declared = getattr(backend, "capabilities", None)
+    return declared if isinstance(declared, Capabilities) else Capabilities()

@@ -1,0 +1,147 @@
+"""Every exception and warning the package raises, in one place.
+
+Backend authors raise two of them (`UnsupportedNodeError` from `preprocess`,
+`BackendError` from `execute`); the lowering turns those into the
+symbolicated texts of DESIGN.md §3.5. Importing this module never imports
+torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BackendConfError(Exception):
+    """Base class of every error raised by pytest-backendconf."""
+
+
+# --- registry -----------------------------------------------------------------
+
+
+class RegistryError(BackendConfError):
+    """A backend could not be registered or selected; in pytest a usage error."""
+
+
+class UnknownBackendError(RegistryError, LookupError):
+    """No registered backend has the requested name."""
+
+
+class DuplicateBackendError(RegistryError):
+    """Two sources registered a backend under the same name."""
+
+
+class InvalidBackendError(RegistryError, TypeError):
+    """A registered object does not have the shape of a backend (§3.1)."""
+
+
+class PluginLoadError(RegistryError, ImportError):
+    """The plugin providing the selected backend failed to import."""
+
+
+# --- the backend contract -----------------------------------------------------
+
+
+class UnsupportedNodeError(BackendConfError):
+    """Raised by ``preprocess`` for a graph node the backend cannot compile.
+
+    ``node`` is the ``torch.fx.Node`` and ``reason`` says why, in the
+    backend's words. ``str()`` gives the symbolicated text of DESIGN.md §3.5:
+    the op, the user's source line with carets, the module hierarchy and the
+    call stack.
+    """
+
+    def __init__(self, node: Any, reason: str = "") -> None:
+        super().__init__(node, reason)
+        self.node = node
+        self.reason = reason
+        # Filled in by to_backend, which knows the method and the handle.
+        self.debug_info: Any = None
+
+    def __str__(self) -> str:
+        from ._debug_info import debug_info_for_node, format_unsupported
+
+        info = self.debug_info
+        if info is None:
+            info = debug_info_for_node(self.node, method="", handle=-1)
+        return format_unsupported(info, self.reason)
+
+
+class BackendError(BackendConfError):
+    """Raised by a backend's ``execute`` for a failure tied to a graph node.
+
+    Pass the node's debug handle (``debug_handles[node]`` at preprocess time,
+    carried in the blob) so that the user sees their own source line.
+    """
+
+    def __init__(self, message: str, debug_handle: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.debug_handle = debug_handle
+
+
+class BackendRuntimeError(BackendConfError, RuntimeError):
+    """A `BackendError` re-raised with the model source it points at."""
+
+    def __init__(self, text: str, message: str, debug_handle: int | None) -> None:
+        super().__init__(text)
+        self.message = message
+        self.debug_handle = debug_handle
+
+
+class BackendUnavailableError(BackendConfError, RuntimeError):
+    """The backend's ``is_available()`` is false where it must run (§3.4)."""
+
+
+class BackendUnavailableWarning(UserWarning):
+    """Lowering went ahead without compiling: the backend is not available here."""
+
+
+class BackendContractError(BackendConfError):
+    """A backend broke the delegate contract (DESIGN.md §3.1 and §3.4)."""
+
+
+class OutputSpecError(BackendContractError):
+    """An output of ``execute`` does not match the exported program's output spec."""
+
+
+class InputSpecError(BackendConfError, ValueError):
+    """A lowered method was called with inputs that differ from the exported ones."""
+
+
+class LoweringError(BackendConfError, ValueError):
+    """``to_backend`` was given something it cannot lower; the text names the fix."""
+
+
+# --- archives -------------------------------------------------------------------
+
+
+class ArchiveError(BackendConfError):
+    """An archive cannot be read or written; the text names the entry."""
+
+
+class ArchiveFormatError(ArchiveError):
+    """Not a zip archive of this format, or truncated."""
+
+
+class ArchiveVersionError(ArchiveError):
+    """The archive's major schema version is not the one this reader knows."""
+
+
+class ArchiveEntryError(ArchiveError):
+    """An entry is missing, unexpected, or has an unsafe name."""
+
+
+class ArchiveChecksumError(ArchiveError):
+    """An entry's SHA-256 does not match the manifest."""
+
+
+class ArchiveSizeError(ArchiveError):
+    """An entry is larger than its declared size or the reader's limits."""
+
+
+class ArchiveManifestError(ArchiveError):
+    """``manifest.json`` (or another JSON entry) has a wrong shape or type."""
+
+
+class ArchiveBackendError(ArchiveError):
+    """The archive names a backend that is not registered here."""

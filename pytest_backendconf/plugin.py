@@ -1,0 +1,102 @@
+"""The pytest entry module (``pytest11``): the ``--backend`` option, backend selection, header.
+
+Kept cheap to import: pytest loads it in every project where the package is
+installed, so torch and the suite are imported only once ``--backend`` (or
+the ``backendconf_backend`` ini option) selects a backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from ._registry import (
+    BackendRegistry,
+    RegisteredBackend,
+    Source,
+    set_active_registry,
+    source_of_module,
+)
+from .errors import RegistryError
+
+BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
+REGISTRY_KEY = pytest.StashKey[BackendRegistry]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("backendconf", "delegate-backend conformance (pytest-backendconf)")
+    group.addoption(
+        "--backend",
+        dest="backendconf_backend",
+        metavar="NAME",
+        default=None,
+        help="run the conformance suite against the backend registered as NAME "
+        "(`backendconf list` shows them); overrides the backendconf_backend ini option",
+    )
+    parser.addini(
+        "backendconf_backend",
+        "backend the conformance suite checks when --backend is not given",
+        default="",
+    )
+
+
+def selected_name(config: pytest.Config) -> str | None:
+    """The backend named by ``--backend`` or the ini option, if any."""
+    return config.getoption("backendconf_backend") or config.getini("backendconf_backend") or None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    name = selected_name(config)
+    if name is None:
+        return
+    if importlib.util.find_spec("torch") is None:
+        raise pytest.UsageError(
+            f"--backend={name} needs PyTorch, which is not installed in this environment "
+            f"({os.path.dirname(os.__file__)}). Install the torch build you target first, "
+            "e.g. `pip install torch==2.13.0` (see pytest-backendconf's docs/installing.md)."
+        )
+    registry = registry_for(config, select=name)
+    try:
+        selected = registry.get(name)
+    except RegistryError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[REGISTRY_KEY] = registry
+    config.stash[BACKEND_KEY] = selected
+    set_active_registry(registry)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if REGISTRY_KEY in config.stash:
+        set_active_registry(None)
+
+
+def registry_for(config: pytest.Config, select: str | None) -> BackendRegistry:
+    """A registry fed by pytest's plugins (``-p`` modules, conftests) and entry points."""
+    registry = BackendRegistry()
+    manager = config.pluginmanager
+    for plugin in manager.get_plugins():
+        registry.add_plugin(plugin, _describe_pytest_plugin(plugin, manager.get_name(plugin)))
+    try:
+        registry.load_entry_points(select=select)
+    except RegistryError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return registry
+
+
+def _describe_pytest_plugin(plugin: object, name: str | None) -> Source:
+    path = getattr(plugin, "__file__", None)
+    if path and os.path.basename(path) == "conftest.py":
+        return Source(f"conftest {path}")
+    return source_of_module(plugin, f"pytest plugin {name or plugin!r}")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    selected = config.stash.get(BACKEND_KEY, None)
+    if selected is None:
+        return None
+    available, reason = selected.availability()
+    state = "available" if available else f"not available: {reason}"
+    return f"backendconf: backend {selected.name!r} from {selected.source}, {state}"

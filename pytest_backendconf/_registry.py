@@ -161,6 +161,8 @@ class BackendRegistry:
         self.plugin_manager.add_hookspecs(hookspecs)
         self._sources: dict[int, Source] = {}
         self._backends: dict[str, RegisteredBackend] | None = None
+        self._loaded_entry_points: set[tuple[str, str]] = set()
+        self._all_entry_points_loaded = False
 
     # --- discovery ------------------------------------------------------------
 
@@ -184,6 +186,9 @@ class BackendRegistry:
         for ep in _entry_points():
             if select is not None and ep.name != select:
                 continue
+            if (ep.name, ep.value) in self._loaded_entry_points:
+                continue
+            self._loaded_entry_points.add((ep.name, ep.value))
             dist = getattr(ep, "dist", None)
             source = Source(
                 f"entry point '{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP!r})",
@@ -201,6 +206,8 @@ class BackendRegistry:
                 warnings.warn(PluginLoadWarning(text), stacklevel=2)
                 continue
             self._add_loaded(loaded, source)
+        if select is None:
+            self._all_entry_points_loaded = True
 
     def _add_loaded(self, loaded: object, source: Source) -> None:
         if self.add_plugin(loaded, source):
@@ -232,6 +239,11 @@ class BackendRegistry:
         backends = self.backends()
         if name in backends:
             return backends[name]
+        if not self._all_entry_points_loaded:
+            # Only the selected entry point was imported; import the rest to
+            # list what is there (their failures only warn).
+            self.load_entry_points()
+            return self.get(name)
         known = ", ".join(f"{n} (from {b.source})" for n, b in sorted(backends.items()))
         raise UnknownBackendError(
             f"unknown backend {name!r}. Registered backends: {known or 'none'}. "

@@ -7,7 +7,6 @@ the ``backendconf_backend`` ini option) selects a backend.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -52,12 +51,14 @@ def pytest_configure(config: pytest.Config) -> None:
     name = selected_name(config)
     if name is None:
         return
-    if importlib.util.find_spec("torch") is None:
+    try:
+        import torch  # noqa: F401  (only now: a backend was selected)
+    except ImportError as exc:
         raise pytest.UsageError(
-            f"--backend={name} needs PyTorch, which is not installed in this environment "
-            f"({os.path.dirname(os.__file__)}). Install the torch build you target first, "
-            "e.g. `pip install torch==2.13.0` (see pytest-backendconf's docs/installing.md)."
-        )
+            f"--backend={name} needs PyTorch, which cannot be imported here ({exc}). "
+            "Install the torch build you target first, e.g. `pip install torch==2.13.0` "
+            "(see pytest-backendconf's docs/installing.md)."
+        ) from None
     registry = registry_for(config, select=name)
     try:
         selected = registry.get(name)
@@ -90,7 +91,7 @@ def _describe_pytest_plugin(plugin: object, name: str | None) -> Source:
     path = getattr(plugin, "__file__", None)
     if path and os.path.basename(path) == "conftest.py":
         return Source(f"conftest {path}")
-    return source_of_module(plugin, f"pytest plugin {name or plugin!r}")
+    return source_of_module(plugin, f"pytest plugin {name}" if name else f"pytest plugin {plugin!r}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -1,0 +1,90 @@
+"""The reference backend of pytest-backendconf: a bytecode compiler and interpreter.
+
+It is a complete delegate backend for ``torch.export`` programs, written to
+be read and copied: ``compiler`` (host only) turns a program into a compact
+blob (``bytecode``), and ``interpreter`` runs it, calling the kernels of the
+op table (``ops``). It passes the whole conformance suite::
+
+    pytest --backend=reference
+
+This module stays importable on a target without the compiler: it imports
+``compiler`` only inside ``preprocess``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+import pytest_backendconf as bc
+
+from . import ops
+from .interpreter import LoadedProgram, load
+
+__version__ = "0.1.0"
+__all__ = ["ReferenceBackend", "LoadedProgram"]
+
+
+class ReferenceBackend:
+    """The reference implementation of the delegate-backend protocol (DESIGN.md §3.1)."""
+
+    name = "reference"
+    version = __version__
+    capabilities = bc.Capabilities(
+        supported_ops=ops.SUPPORTED_OPS,
+        dtypes=ops.SUPPORTED_DTYPES,
+        # Kernels are the eager ones, so the suite's default tolerances hold.
+        tolerances=None,
+        host_only_modules=("backendconf_reference.compiler",),
+        thread_safe=True,
+        fault_injection=True,
+    )
+
+    def is_available(self) -> bool:
+        """Always true: the interpreter needs nothing but torch on the CPU."""
+        return True
+
+    def unavailable_reason(self) -> str:
+        """Why ``is_available()`` is false; empty, since it never is."""
+        return ""
+
+    def preprocess(
+        self,
+        program: torch.export.ExportedProgram,
+        compile_spec: dict,
+        debug_handles: Mapping[Any, int],
+    ) -> bytes:
+        """Compile ``program`` to a blob (host only; see ``compiler``)."""
+        from .compiler import compile_program  # host only: never imported on the target
+
+        return compile_program(program, compile_spec, debug_handles)
+
+    def compile(
+        self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]
+    ) -> dict[str, LoadedProgram]:
+        """Decode each method's blob; a bad blob raises ``ValueError`` naming the method.
+
+        The compile spec is already baked into the blob by ``preprocess``, so
+        this is a pure load and works on a target without the compiler.
+        """
+        handles = {}
+        for method, blob in processed.items():
+            try:
+                handles[method] = load(blob)
+            except ValueError as exc:
+                raise ValueError(f"method {method!r}: {exc}") from exc
+        return handles
+
+    def execute(self, handle: LoadedProgram, inputs: list) -> list:
+        """Run a compiled method on its flat user inputs; return the flat outputs."""
+        if not isinstance(handle, LoadedProgram):
+            raise TypeError(
+                f"execute() expects a handle returned by ReferenceBackend.compile, "
+                f"got {type(handle).__name__}"
+            )
+        return handle.run(inputs)
+
+    def __repr__(self) -> str:
+        return f"<ReferenceBackend {self.version}>"

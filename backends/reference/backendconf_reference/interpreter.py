@@ -1,0 +1,252 @@
+"""Run reference-backend blobs: decode once into closures, then execute (target side).
+
+``load`` turns a blob into a `LoadedProgram` whose instructions are
+pre-bound closures (kernel resolved, constant arguments in place, register
+reads compiled into fast paths), so the execute loop does one call per
+instruction. ``LoadedProgram.run`` keeps all per-call state in a fresh
+register list, so one program may run from many threads at once.
+
+This module must work where the compiler is absent: it imports neither
+``compiler`` nor ``torch.export``.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from pytest_backendconf import BackendError
+
+from . import bytecode, ops
+from .bytecode import BlockRef, Const, Reg
+
+#: A bound instruction: reads its arguments from the registers, returns its result.
+Step = Callable[[list], Any]
+
+
+def load(blob: bytes) -> "LoadedProgram":
+    """Decode and check a blob; raise ``ValueError`` if it is malformed."""
+    program = bytecode.decode(blob)
+    blocks: list[CodeBlock | None] = [None] * len(program.blocks)
+    # Nested blocks have higher indices than their users: build them first.
+    for index in reversed(range(len(program.blocks))):
+        blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks)
+    return LoadedProgram(blocks[0])
+
+
+class LoadedProgram:
+    """A decoded blob, ready to run: what ``ReferenceBackend.compile`` returns."""
+
+    __slots__ = ("main",)
+
+    def __init__(self, main: "CodeBlock") -> None:
+        self.main = main
+
+    @property
+    def n_inputs(self) -> int:
+        return self.main.n_inputs
+
+    def run(self, inputs: Sequence[Any]) -> list:
+        """Run the program on the flat user inputs; return the flat outputs."""
+        return self.main.run(inputs)
+
+    def __repr__(self) -> str:
+        return f"<LoadedProgram {self.main.n_inputs} inputs, {len(self.main.steps)} steps>"
+
+
+class CodeBlock:
+    """One decoded code block: bound steps, register layout and outputs."""
+
+    __slots__ = ("n_inputs", "steps", "outputs", "_tail", "_instructions")
+
+    def __init__(
+        self,
+        n_inputs: int,
+        steps: tuple[tuple[Step, int], ...],
+        tail: list,
+        outputs: tuple[int, ...],
+        instructions: list[bytecode.Instruction],
+    ) -> None:
+        self.n_inputs = n_inputs
+        #: (bound instruction, output register) pairs, in program order.
+        self.steps = steps
+        #: Registers to return, in order.
+        self.outputs = outputs
+        # Initial contents of the registers after the inputs: None for
+        # instruction results, then any constant the block returns.
+        self._tail = tail
+        self._instructions = instructions
+
+    def run(self, inputs: Sequence[Any]) -> list:
+        """Run the block on ``inputs``; raise `BackendError` naming a failing node."""
+        if len(inputs) != self.n_inputs:
+            raise ValueError(
+                f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}"
+            )
+        regs = [*inputs, *self._tail]  # per call: nothing shared between threads
+        try:
+            for call, out in self.steps:
+                regs[out] = call(regs)
+        except BackendError:
+            raise  # an injected fault, or a failure already tied to a nested node
+        except Exception as exc:
+            raise self._error(out, exc) from exc
+        return [regs[i] for i in self.outputs]
+
+    def _error(self, out: int, exc: Exception) -> BackendError:
+        ins = self._instructions[out - self.n_inputs]
+        op = ops.BY_OPCODE[ins.opcode]
+        return BackendError(
+            f"{op.qualified_name} at node '{ins.node}' failed: {type(exc).__name__}: {exc}",
+            debug_handle=ins.debug_handle,
+        )
+
+
+# --- building blocks ----------------------------------------------------------------
+
+
+def _build_block(
+    index: int, block: bytecode.Block, constants: list, blocks: list
+) -> CodeBlock:
+    steps = []
+    for i, ins in enumerate(block.instructions):
+        op = ops.BY_OPCODE.get(ins.opcode)
+        if op is None:
+            raise ValueError(
+                f"reference-backend blob: instruction {i} of block {index} (node {ins.node!r}) "
+                f"has unknown opcode {ins.opcode}; it was written by a newer backendconf-reference"
+            )
+        if ins.fault:
+            steps.append((_fault_step(ins, op), block.n_inputs + i))
+        elif op.kernel is not None:  # no-op asserts are dropped; their register stays None
+            args = [_resolve(a, constants, blocks) for a in ins.args]
+            kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
+            steps.append((_bind(op.kernel, args, kwargs), block.n_inputs + i))
+
+    tail: list = [None] * len(block.instructions)
+    outputs = []
+    for k, value in enumerate(block.outputs):
+        value = _resolve(value, constants, blocks)
+        if isinstance(value, Reg):
+            outputs.append(value.index)
+        elif _is_dynamic(value):
+            raise ValueError(
+                f"reference-backend blob: output {k} of block {index} is a list of registers; "
+                "outputs must be single values"
+            )
+        else:
+            # A constant output (a returned parameter, say) gets a register of its own.
+            outputs.append(block.n_inputs + len(tail))
+            tail.append(value)
+    return CodeBlock(block.n_inputs, tuple(steps), tail, tuple(outputs), block.instructions)
+
+
+def _resolve(value: Any, constants: list, blocks: list) -> Any:
+    """Replace constant and block references by the objects; keep register refs."""
+    if isinstance(value, Const):
+        return constants[value.index]
+    if isinstance(value, BlockRef):
+        return blocks[value.index]
+    if isinstance(value, list):
+        return [_resolve(v, constants, blocks) for v in value]
+    return value
+
+
+def _is_dynamic(value: Any) -> bool:
+    """Whether a resolved argument reads registers (so is known only at run time)."""
+    if isinstance(value, Reg):
+        return True
+    return isinstance(value, list) and any(_is_dynamic(v) for v in value)
+
+
+def _fault_step(ins: bytecode.Instruction, op: ops.Op) -> Step:
+    message = f"injected fault at node '{ins.node}' ({op.qualified_name})"
+    handle = ins.debug_handle
+
+    def fault(regs: list) -> Any:
+        raise BackendError(message, debug_handle=handle)
+
+    return fault
+
+
+def _bind(kernel: Callable, args: list, kwargs: dict) -> Step:
+    """Pre-bind a kernel to its arguments as a function of the registers.
+
+    Most instructions read one to three registers followed by constants
+    (``conv2d(x, w, b, stride, ...)``); those get a closure without any
+    per-call argument building. Anything else takes the general path.
+    """
+    if kwargs:
+        if any(_is_dynamic(v) for v in kwargs.values()):
+            return _bind_general(kernel, args, kwargs)
+        kernel = functools.partial(kernel, **kwargs)
+    if any(isinstance(a, list) and _is_dynamic(a) for a in args):
+        return _bind_general(kernel, args, {})
+    n_regs = 0
+    while n_regs < len(args) and isinstance(args[n_regs], Reg):
+        n_regs += 1
+    rest = tuple(args[n_regs:])
+    if any(isinstance(a, Reg) for a in rest) or n_regs > 3:
+        return _bind_general(kernel, args, {})
+    regs = [a.index for a in args[:n_regs]]
+    return _LEADING_REGISTERS[n_regs, bool(rest)](kernel, *regs, rest)
+
+
+def _regs0(k, rest):
+    return lambda r: k(*rest)
+
+
+def _regs1(k, a, rest):
+    return lambda r: k(r[a])
+
+
+def _regs1_rest(k, a, rest):
+    return lambda r: k(r[a], *rest)
+
+
+def _regs2(k, a, b, rest):
+    return lambda r: k(r[a], r[b])
+
+
+def _regs2_rest(k, a, b, rest):
+    return lambda r: k(r[a], r[b], *rest)
+
+
+def _regs3(k, a, b, c, rest):
+    return lambda r: k(r[a], r[b], r[c])
+
+
+def _regs3_rest(k, a, b, c, rest):
+    return lambda r: k(r[a], r[b], r[c], *rest)
+
+
+# (number of leading register arguments, any constants after them) -> closure factory
+_LEADING_REGISTERS = {
+    (0, False): _regs0,
+    (0, True): _regs0,
+    (1, False): _regs1,
+    (1, True): _regs1_rest,
+    (2, False): _regs2,
+    (2, True): _regs2_rest,
+    (3, False): _regs3,
+    (3, True): _regs3_rest,
+}
+
+
+def _bind_general(kernel: Callable, args: list, kwargs: dict) -> Step:
+    getters = [_getter(a) for a in args]
+    if not kwargs:
+        return lambda r: kernel(*[g(r) for g in getters])
+    kw_getters = [(name, _getter(v)) for name, v in kwargs.items()]
+    return lambda r: kernel(*[g(r) for g in getters], **{n: g(r) for n, g in kw_getters})
+
+
+def _getter(value: Any) -> Step:
+    if isinstance(value, Reg):
+        return operator.itemgetter(value.index)
+    if isinstance(value, list) and _is_dynamic(value):
+        items = [_getter(v) for v in value]
+        return lambda r: [g(r) for g in items]
+    return lambda r: value

@@ -1,0 +1,350 @@
+"""The op table: every op the reference backend supports, its opcode and its kernel.
+
+The compiler looks ops up by overload name ("aten.mul.Tensor") and writes
+the opcode into the blob; the interpreter looks them up by opcode and calls
+the kernel. Opcodes are part of the blob format: never renumber or reuse
+one, only append (a blob names ops by number, so an old blob must keep
+meaning the same thing).
+
+A kernel is called exactly as the ATen schema is: ``kernel(*args,
+**kwargs)`` with the node's positional arguments and its keyword-only ones.
+Kernels are public torch functions where their signature matches the schema,
+because they are several µs faster per call than ``torch.ops.aten.*``
+overloads; a small wrapper adapts the others. ``kernel=None`` marks a no-op
+(an assert that export inserts), which the interpreter drops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+#: Tensor dtypes the backend executes; any other dtype is rejected at preprocess.
+SUPPORTED_DTYPES = frozenset(
+    {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One supported op overload."""
+
+    #: Stable number written into blobs.
+    opcode: int
+    #: Overload name as in ``Capabilities.supported_ops``, e.g. "aten.mul.Tensor".
+    name: str
+    #: What the interpreter calls; None for a no-op.
+    kernel: Callable[..., Any] | None
+    #: Compile-time check of a node's (args, kwargs): returns why it cannot run, or None.
+    check: Callable[[tuple, dict], str | None] | None = None
+
+    @property
+    def qualified_name(self) -> str:
+        """The op as debug info names it: "aten::mul" for "aten.mul.Tensor"."""
+        namespace, op = self.name.split(".")[:2]
+        return f"{namespace}::{op}"
+
+
+# --- kernels whose signature differs from the ATen schema ----------------------
+# Each takes the schema's arguments (same order, same keyword-only names).
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    # Basic indexing has Python's clamping rules for start/end, as ATen does,
+    # and is faster than the aten.slice overload.
+    index = [slice(None)] * (dim % x.dim())
+    index.append(slice(start, end, step))
+    return x[tuple(index)]
+
+
+def _expand(x, size, *, implicit=False):
+    return x.expand(size)
+
+
+def _contiguous(x, *, memory_format=torch.contiguous_format):
+    return x.contiguous(memory_format=memory_format)
+
+
+def _to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
+    if memory_format is None:
+        return x.to(dtype, non_blocking, copy)
+    return x.to(dtype, non_blocking, copy, memory_format=memory_format)
+
+
+def _to_dtype_layout(
+    x,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    copy=False,
+    memory_format=None,
+):
+    kwargs = {"dtype": dtype, "device": device, "non_blocking": non_blocking, "copy": copy}
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return x.to(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _to_copy(
+    x,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    non_blocking=False,
+    memory_format=None,
+):
+    # _to_copy always copies, even to the same dtype: callers may rely on
+    # the result not aliasing the input.
+    return _to_dtype_layout(
+        x, dtype=dtype, device=device, non_blocking=non_blocking, copy=True,
+        memory_format=memory_format,
+    )
+
+
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if scale == 1 and input_scale == 1:
+        return F.elu(x, alpha)
+    # ATen's general form (F.selu and F.celu lower to other ops).
+    return torch.where(x > 0, x * scale, torch.expm1(x * input_scale) * (alpha * scale))
+
+
+def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    return torch.native_batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+def _identity_dropout(x, p, train):
+    # Only eval-mode dropout is accepted (see _eval_only), where it is the identity.
+    return x
+
+
+def _sym_size(x, dim):
+    return x.size(dim)
+
+
+def _assert_scalar(condition, message):
+    if not condition:
+        raise RuntimeError(f"runtime assertion failed: {message}")
+
+
+def _cond(pred, true_block, false_block, operands):
+    # The interpreter hands nested code blocks over as objects with ``run``.
+    return (true_block if pred else false_block).run(operands)
+
+
+# --- compile-time checks --------------------------------------------------------
+
+
+def _eval_only(position: int, name: str) -> Callable[[tuple, dict], str | None]:
+    """Reject a node whose boolean argument ``name`` (training mode) is true."""
+
+    def check(args: tuple, kwargs: dict) -> str | None:
+        value = args[position] if len(args) > position else kwargs.get(name, False)
+        if value:
+            return f"{name}=True (training mode) is not supported: export the model in eval mode"
+        return None
+
+    return check
+
+
+# --- the table ----------------------------------------------------------------------
+# (opcode, overload name, kernel[, check]); grouped by kind. Append only.
+
+_TABLE: list[tuple] = [
+    # elementwise arithmetic
+    (1, "aten.add.Tensor", torch.add),
+    (2, "aten.add.Scalar", torch.add),
+    (3, "aten.sub.Tensor", torch.sub),
+    (4, "aten.sub.Scalar", torch.sub),
+    (5, "aten.rsub.Scalar", torch.rsub),
+    (6, "aten.rsub.Tensor", torch.rsub),
+    (7, "aten.mul.Tensor", torch.mul),
+    (8, "aten.mul.Scalar", torch.mul),
+    (9, "aten.div.Tensor", torch.div),
+    (10, "aten.div.Scalar", torch.div),
+    (11, "aten.div.Tensor_mode", torch.div),
+    (12, "aten.floor_divide.default", torch.floor_divide),
+    (13, "aten.remainder.Scalar", torch.remainder),
+    (14, "aten.remainder.Tensor", torch.remainder),
+    (15, "aten.neg.default", torch.neg),
+    (16, "aten.abs.default", torch.abs),
+    (17, "aten.exp.default", torch.exp),
+    (18, "aten.log.default", torch.log),
+    (19, "aten.sqrt.default", torch.sqrt),
+    (20, "aten.rsqrt.default", torch.rsqrt),
+    (21, "aten.reciprocal.default", torch.reciprocal),
+    (22, "aten.square.default", torch.square),
+    (23, "aten.pow.Tensor_Scalar", torch.pow),
+    (24, "aten.pow.Tensor_Tensor", torch.pow),
+    (25, "aten.pow.Scalar", torch.pow),
+    (26, "aten.maximum.default", torch.maximum),
+    (27, "aten.minimum.default", torch.minimum),
+    (28, "aten.clamp.default", torch.clamp),
+    (29, "aten.clamp.Tensor", torch.clamp),
+    (30, "aten.where.self", torch.where),
+    (31, "aten.erf.default", torch.erf),
+    (32, "aten.sin.default", torch.sin),
+    (33, "aten.cos.default", torch.cos),
+    # comparisons and logic
+    (40, "aten.eq.Tensor", torch.eq),
+    (41, "aten.eq.Scalar", torch.eq),
+    (42, "aten.ne.Tensor", torch.ne),
+    (43, "aten.ne.Scalar", torch.ne),
+    (44, "aten.lt.Tensor", torch.lt),
+    (45, "aten.lt.Scalar", torch.lt),
+    (46, "aten.le.Tensor", torch.le),
+    (47, "aten.le.Scalar", torch.le),
+    (48, "aten.gt.Tensor", torch.gt),
+    (49, "aten.gt.Scalar", torch.gt),
+    (50, "aten.ge.Tensor", torch.ge),
+    (51, "aten.ge.Scalar", torch.ge),
+    (52, "aten.logical_and.default", torch.logical_and),
+    (53, "aten.logical_or.default", torch.logical_or),
+    (54, "aten.logical_xor.default", torch.logical_xor),
+    (55, "aten.logical_not.default", torch.logical_not),
+    (56, "aten.bitwise_and.Tensor", torch.bitwise_and),
+    (57, "aten.bitwise_or.Tensor", torch.bitwise_or),
+    (58, "aten.bitwise_not.default", torch.bitwise_not),
+    (59, "aten.__and__.Tensor", torch.bitwise_and),
+    (60, "aten.__or__.Tensor", torch.bitwise_or),
+    # activations
+    (70, "aten.relu.default", torch.relu),
+    (71, "aten.relu6.default", F.relu6),
+    (72, "aten.gelu.default", F.gelu),
+    (73, "aten.silu.default", F.silu),
+    (74, "aten.sigmoid.default", torch.sigmoid),
+    (75, "aten.tanh.default", torch.tanh),
+    (76, "aten.hardtanh.default", F.hardtanh),
+    (77, "aten.leaky_relu.default", F.leaky_relu),
+    (78, "aten.elu.default", _elu),
+    (79, "aten.softplus.default", F.softplus),
+    (80, "aten.hardswish.default", F.hardswish),
+    (81, "aten.hardsigmoid.default", F.hardsigmoid),
+    # reductions
+    (90, "aten.sum.default", torch.sum),
+    (91, "aten.sum.dim_IntList", torch.sum),
+    (92, "aten.mean.default", torch.mean),
+    (93, "aten.mean.dim", torch.mean),
+    (94, "aten.amax.default", torch.amax),
+    (95, "aten.amin.default", torch.amin),
+    (96, "aten.argmax.default", torch.argmax),
+    (97, "aten.argmin.default", torch.argmin),
+    (98, "aten.max.default", torch.max),
+    (99, "aten.min.default", torch.min),
+    (100, "aten.max.dim", torch.max),
+    (101, "aten.min.dim", torch.min),
+    (102, "aten.var.correction", torch.var),
+    (103, "aten.var.dim", torch.var),
+    (104, "aten.std.correction", torch.std),
+    (105, "aten.std.dim", torch.std),
+    (106, "aten.cumsum.default", torch.cumsum),
+    # linear algebra
+    (110, "aten.matmul.default", torch.matmul),
+    (111, "aten.mm.default", torch.mm),
+    (112, "aten.bmm.default", torch.bmm),
+    (113, "aten.linear.default", F.linear),
+    (114, "aten.addmm.default", torch.addmm),
+    # convolution and pooling
+    (120, "aten.conv1d.default", torch.conv1d),
+    (121, "aten.conv2d.default", torch.conv2d),
+    (122, "aten.convolution.default", torch.convolution),
+    (123, "aten.max_pool2d.default", torch.max_pool2d),
+    (124, "aten.max_pool2d_with_indices.default", F.max_pool2d_with_indices),
+    (125, "aten.avg_pool2d.default", F.avg_pool2d),
+    (126, "aten.adaptive_avg_pool2d.default", F.adaptive_avg_pool2d),
+    (127, "aten._adaptive_avg_pool2d.default", F.adaptive_avg_pool2d),
+    # softmax and normalization
+    (130, "aten.softmax.int", torch.softmax),
+    (131, "aten.log_softmax.int", torch.log_softmax),
+    (132, "aten._softmax.default", torch._softmax),
+    (133, "aten._log_softmax.default", torch._log_softmax),
+    (134, "aten.layer_norm.default", torch.layer_norm),
+    (135, "aten.native_layer_norm.default", torch.native_layer_norm),
+    (136, "aten.batch_norm.default", torch.batch_norm, _eval_only(5, "training")),
+    (137, "aten._native_batch_norm_legit_no_training.default", _batch_norm_no_training),
+    (138, "aten.group_norm.default", torch.group_norm),
+    (139, "aten.dropout.default", _identity_dropout, _eval_only(2, "train")),
+    # shapes and views
+    (150, "aten.view.default", torch.Tensor.view),
+    (151, "aten._unsafe_view.default", torch.reshape),
+    (152, "aten.reshape.default", torch.reshape),
+    (153, "aten.permute.default", torch.permute),
+    (154, "aten.transpose.int", torch.transpose),
+    (155, "aten.t.default", torch.t),
+    (156, "aten.cat.default", torch.cat),
+    (157, "aten.stack.default", torch.stack),
+    (158, "aten.slice.Tensor", _slice),
+    (159, "aten.select.int", torch.select),
+    (160, "aten.squeeze.default", torch.squeeze),
+    (161, "aten.squeeze.dim", torch.squeeze),
+    (162, "aten.squeeze.dims", torch.squeeze),
+    (163, "aten.unsqueeze.default", torch.unsqueeze),
+    (164, "aten.expand.default", _expand),
+    (165, "aten.flatten.using_ints", torch.flatten),
+    (166, "aten.contiguous.default", _contiguous),
+    (167, "aten.clone.default", torch.clone),
+    (168, "aten.split.Tensor", torch.split),
+    (169, "aten.split_with_sizes.default", torch.split),
+    (170, "aten.chunk.default", torch.chunk),
+    (171, "aten.unbind.int", torch.unbind),
+    (172, "aten.repeat.default", torch.Tensor.repeat),
+    (173, "aten.triu.default", torch.triu),
+    (174, "aten.tril.default", torch.tril),
+    (175, "aten.masked_fill.Scalar", torch.masked_fill),
+    (176, "aten.masked_fill.Tensor", torch.masked_fill),
+    (177, "aten.embedding.default", torch.embedding),
+    (178, "aten.index_select.default", torch.index_select),
+    (179, "aten.detach.default", torch.detach),
+    # detach_ only drops autograd history; on the fresh copy export feeds it
+    # (lift_fresh_copy) the out-of-place form is equivalent.
+    (180, "aten.detach_.default", torch.detach),
+    (181, "aten.lift_fresh_copy.default", torch.clone),
+    # tensor creation
+    (190, "aten.zeros.default", torch.zeros),
+    (191, "aten.ones.default", torch.ones),
+    (192, "aten.full.default", torch.full),
+    (193, "aten.zeros_like.default", torch.zeros_like),
+    (194, "aten.ones_like.default", torch.ones_like),
+    (195, "aten.full_like.default", torch.full_like),
+    (196, "aten.new_zeros.default", torch.Tensor.new_zeros),
+    (197, "aten.new_ones.default", torch.Tensor.new_ones),
+    (198, "aten.arange.default", torch.arange),
+    (199, "aten.arange.start", torch.arange),
+    (200, "aten.arange.start_step", torch.arange),
+    # dtype casts
+    (210, "aten._to_copy.default", _to_copy),
+    (211, "aten.to.dtype", _to_dtype),
+    (212, "aten.to.dtype_layout", _to_dtype_layout),
+    # asserts export inserts; shapes were checked at export, inputs by the lowering
+    (220, "aten._assert_tensor_metadata.default", None),
+    (221, "aten.sym_constrain_range_for_size.default", None),
+    (222, "aten._assert_scalar.default", _assert_scalar),
+    # symbolic sizes (dynamic shapes)
+    (230, "aten.sym_size.int", _sym_size),
+    (231, "_operator.add", operator.add),
+    (232, "_operator.sub", operator.sub),
+    (233, "_operator.mul", operator.mul),
+    (234, "_operator.floordiv", operator.floordiv),
+    # structure and control flow
+    (240, "_operator.getitem", operator.getitem),
+    (241, "higher_order.cond", _cond),
+]
+
+OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE)
+BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
+BY_OPCODE: dict[int, Op] = {op.opcode: op for op in OPS}
+
+# A duplicated opcode or name would make blobs ambiguous: fail at import.
+assert len(BY_NAME) == len(OPS) and len(BY_OPCODE) == len(OPS), "duplicate op in table"
+assert all(0 < op.opcode < 2**16 for op in OPS), "opcodes are stored as u16"
+
+#: Overload names, for ``Capabilities.supported_ops``.
+SUPPORTED_OPS = frozenset(BY_NAME)

@@ -1,0 +1,489 @@
+"""The model zoo's code: small modules that together cover the reference backend's op set.
+
+Which inputs each model takes, its dtypes, tags and ops are data, in
+``models.toml``; `build` makes a model with the same weights on every call.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def build(cls: type[nn.Module]) -> nn.Module:
+    """A fresh ``cls()`` in eval mode, with weights seeded by the class name.
+
+    The global RNG is forked, so building a model never changes the random
+    stream of the code around it, and two builds give the same weights.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(zlib.crc32(cls.__name__.encode()))
+        return cls().eval()
+
+
+def _randomize_batch_norm(bn: nn.BatchNorm2d, seed: int) -> nn.BatchNorm2d:
+    # Fresh running stats (mean 0, var 1) and affine (1, 0) make batch norm an
+    # identity, which would hide a backend that ignores them.
+    generator = torch.Generator().manual_seed(seed)
+    n = bn.num_features
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.rand(n, generator=generator) - 0.5)
+        bn.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+        bn.weight.copy_(torch.rand(n, generator=generator) + 0.5)
+        bn.bias.copy_(torch.rand(n, generator=generator) - 0.5)
+    return bn
+
+
+# --- elementwise -------------------------------------------------------------------
+
+
+class ArithmeticTensors(nn.Module):
+    """Add, subtract, multiply and divide two tensors."""
+
+    def forward(self, x, y):
+        return (x + y) * (x - y) / y
+
+
+class ArithmeticScalars(nn.Module):
+    """Arithmetic between a tensor and Python scalars, on both sides."""
+
+    def forward(self, x):
+        return (x + 2.0) * 3.0 - (1.5 - x) / 4.0 + x**2
+
+
+class CompareWhere(nn.Module):
+    """Comparisons of two tensors and of a tensor with a scalar, feeding where."""
+
+    def forward(self, x, y):
+        both = (x > y) & (x >= 0.0) | (x < -0.5) & (y <= 0.5)
+        other = (x == y) | (x != 0.25)
+        return torch.where(both, x, y), other, torch.where(x.ne(y), x * 2.0, y)
+
+
+class LogicalOps(nn.Module):
+    """Logical and bitwise ops on two bool tensors."""
+
+    def forward(self, a, b):
+        return (
+            torch.logical_and(a, b),
+            torch.logical_or(a, b),
+            torch.logical_xor(a, b),
+            torch.logical_not(a),
+            (a & ~b) | b,
+        )
+
+
+class SmoothActivations(nn.Module):
+    """The smooth activations: gelu, silu, sigmoid, tanh, elu and softplus."""
+
+    def forward(self, x):
+        return F.gelu(x) + F.silu(x) + torch.sigmoid(x) * torch.tanh(x) - F.elu(x) + F.softplus(x)
+
+
+class PiecewiseActivations(nn.Module):
+    """The piecewise-linear activations: relu, hardtanh and leaky_relu."""
+
+    def forward(self, x):
+        return torch.relu(x), F.hardtanh(x, -0.5, 0.5), F.leaky_relu(x, 0.1)
+
+
+class Trigonometry(nn.Module):
+    """Sine and cosine."""
+
+    def forward(self, x):
+        return torch.sin(x) * torch.cos(x * 2.0)
+
+
+class ExpLog(nn.Module):
+    """Exp, log, sqrt and rsqrt of a positive input."""
+
+    def forward(self, x):
+        return torch.exp(x) + torch.log(x) - torch.sqrt(x) * torch.rsqrt(x + 1.0)
+
+
+class AbsNegPow(nn.Module):
+    """Abs, neg and pow with a tensor exponent."""
+
+    def forward(self, x, y):
+        return torch.pow(torch.abs(x) + 0.5, y), -x
+
+
+class ClampMaxMin(nn.Module):
+    """Clamp between scalars, and the elementwise maximum and minimum of two tensors."""
+
+    def forward(self, x, y):
+        return torch.clamp(x, -0.5, 0.5) + torch.maximum(x, y) - torch.minimum(x, y)
+
+
+# --- reductions ---------------------------------------------------------------------
+
+
+class Reductions(nn.Module):
+    """Sum, mean, amax, amin and argmax, over all and over one dimension."""
+
+    def forward(self, x):
+        return (
+            x.sum(),
+            x.sum(dim=1),
+            x.mean(dim=-1, keepdim=True),
+            x.amax(dim=0),
+            x.amin(dim=1),
+            x.argmax(dim=1),
+        )
+
+
+# --- linear algebra -----------------------------------------------------------------
+
+
+class MatrixProducts(nn.Module):
+    """Matmul, mm and bmm."""
+
+    def forward(self, a, b, c):
+        return torch.matmul(a, b), torch.mm(a, b), torch.bmm(c, c.transpose(1, 2))
+
+
+class Linear(nn.Module):
+    """A linear layer with bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class Addmm(nn.Module):
+    """addmm: a bias plus a matrix product, scaled."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 5))
+        self.bias = nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x, self.weight, beta=0.5, alpha=2.0)
+
+
+# --- convolution and pooling --------------------------------------------------------
+
+
+class Conv2dStridePadding(nn.Module):
+    """A conv2d with bias, stride 2 and padding 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Conv2dNoBias(nn.Module):
+    """A conv2d without bias, rectangular kernel, no padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, kernel_size=(3, 2), bias=False)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Pools(nn.Module):
+    """max_pool2d, avg_pool2d and adaptive_avg_pool2d."""
+
+    def forward(self, x):
+        return (
+            F.max_pool2d(x, kernel_size=2),
+            F.avg_pool2d(x, kernel_size=3, stride=1, padding=1),
+            F.adaptive_avg_pool2d(x, (2, 2)),
+        )
+
+
+# --- normalization ------------------------------------------------------------------
+
+
+class Softmaxes(nn.Module):
+    """softmax and log_softmax over different dimensions."""
+
+    def forward(self, x):
+        return torch.softmax(x, dim=-1), torch.log_softmax(x, dim=0)
+
+
+class LayerNorm(nn.Module):
+    """layer_norm with learned affine parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class BatchNormEval(nn.Module):
+    """batch_norm in eval mode, from non-trivial running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = _randomize_batch_norm(nn.BatchNorm2d(3), seed=101)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+# --- shapes -------------------------------------------------------------------------
+
+
+class ViewReshapeFlatten(nn.Module):
+    """view, reshape and flatten."""
+
+    def forward(self, x):
+        return x.view(4, 6) * 2.0, x.reshape(2, 12), torch.flatten(x, 1)
+
+
+class PermuteTranspose(nn.Module):
+    """permute and transpose."""
+
+    def forward(self, x):
+        return x.permute(2, 0, 1) + 1.0, x.transpose(0, 1) * 2.0
+
+
+class CatStack(nn.Module):
+    """cat along a dimension, and stack into a new one."""
+
+    def forward(self, x, y):
+        return torch.cat([x, y, x], dim=1), torch.stack([x, y], dim=0)
+
+
+class SliceSelect(nn.Module):
+    """Slices with start, end and step, and selecting an index."""
+
+    def forward(self, x):
+        return x[:, 1:3] + x[:, ::2][:, :2], x[0], x[..., -1]
+
+
+class SqueezeUnsqueezeExpand(nn.Module):
+    """squeeze, unsqueeze and expand."""
+
+    def forward(self, x):
+        column = x.squeeze(1).unsqueeze(-1)
+        return column.expand(4, 5) + 1.0, x.squeeze()
+
+
+# --- dtypes -------------------------------------------------------------------------
+
+
+class DtypeCasts(nn.Module):
+    """Casts between the float dtype under test, int64 and bool."""
+
+    def forward(self, x, i):
+        as_int = x.to(torch.int64) + i
+        as_float = i.to(x.dtype) * x
+        return as_int, as_float, (x > 0).to(torch.int64), x.float()
+
+
+class IntegerArithmetic(nn.Module):
+    """int64 arithmetic: add, mul, floor division, remainder, sum and comparison."""
+
+    def forward(self, a, b):
+        return a + b * 3, torch.div(a, 7, rounding_mode="floor"), torch.remainder(a, 5), a.sum(dim=0), a > b
+
+
+class BoolMask(nn.Module):
+    """A bool mask selecting from a float tensor, and counted."""
+
+    def forward(self, x, mask):
+        return torch.where(mask, x, -x), x.masked_fill(mask, 0.0), mask.sum()
+
+
+# --- structure ----------------------------------------------------------------------
+
+
+class L(nn.Module):
+    """Innermost of the nested trio: multiplies by 5."""
+
+    def forward(self, x):
+        return x * 5
+
+
+class M(nn.Module):
+    """Middle of the nested trio: calls L, subtracts 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = L()
+
+    def forward(self, x):
+        return self.l(x) - 2
+
+
+class N(nn.Module):
+    """Outermost of the nested trio: calls M, adds 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = M()
+
+    def forward(self, x):
+        return self.m(x) + 3
+
+
+class SmallCNN(nn.Module):
+    """conv2d, batch_norm, relu, max_pool2d, flatten and a linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        self.bn = _randomize_batch_norm(nn.BatchNorm2d(4), seed=202)
+        self.fc = nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x):
+        x = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class MLP(nn.Module):
+    """Two hidden linear layers with relu and gelu."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc3(F.gelu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class TinyAttention(nn.Module):
+    """Single-head self-attention: projections, scaled scores, softmax, weighted sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(8, dim=-1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (8**-0.5)
+        return self.out(torch.matmul(torch.softmax(scores, dim=-1), v))
+
+
+class ResidualBlock(nn.Module):
+    """Two conv-batch_norm stages with a skip connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 4, kernel_size=3, padding=1, bias=False)
+        self.bn1 = _randomize_batch_norm(nn.BatchNorm2d(4), seed=303)
+        self.conv2 = nn.Conv2d(4, 4, kernel_size=3, padding=1, bias=False)
+        self.bn2 = _randomize_batch_norm(nn.BatchNorm2d(4), seed=304)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+def _when_positive(x):
+    return torch.cos(x) * 2.0
+
+
+def _when_not_positive(x):
+    return torch.sin(x) - 1.0
+
+
+class CondOnSign(nn.Module):
+    """torch.cond on the sign of the input's sum: either branch runs, depending on the input."""
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, _when_positive, _when_not_positive, (x,))
+
+
+class EncodeForward(nn.Module):
+    """Two methods sharing weights: encode, and forward which decodes the encoding."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(8, 4)
+        self.decoder = nn.Linear(4, 8)
+
+    def encode(self, x):
+        return torch.tanh(self.encoder(x))
+
+    def forward(self, x):
+        return self.decoder(self.encode(x))
+
+
+class EncoderDecoder(nn.Module):
+    """Two methods, encode and decode, and no forward to lower."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(6, 3)
+        self.decoder = nn.Linear(3, 6)
+
+    def encode(self, x):
+        return torch.relu(self.encoder(x))
+
+    def decode(self, z):
+        return torch.sigmoid(self.decoder(z))
+
+    def forward(self, x):
+        return self.decode(self.encode(x))
+
+
+class TupleOutput(nn.Module):
+    """Returns a tuple of three tensors."""
+
+    def forward(self, x):
+        return x + 1.0, x * 2.0, x.sum(dim=0)
+
+
+class SingleTupleOutput(nn.Module):
+    """Returns a tuple of one tensor."""
+
+    def forward(self, x):
+        return (torch.relu(x),)
+
+
+class DictOutput(nn.Module):
+    """Returns a dict of tensors, keys not in sorted order."""
+
+    def forward(self, x):
+        return {"scores": torch.softmax(x, dim=-1), "logits": x * 2.0, "argmax": x.argmax(dim=-1)}
+
+
+class NestedOutput(nn.Module):
+    """Returns a dict holding a tuple and a list of tensors."""
+
+    def forward(self, x, y):
+        return {"pair": (x + y, x - y), "items": [x * y, torch.relu(x)], "total": (x + y).sum()}
+
+
+class KeywordScale(nn.Module):
+    """Keyword-only arguments with defaults, baked into the program at export."""
+
+    def forward(self, x, *, scale: float = 2.0, shift: float = 0.5):
+        return x * scale + shift
+
+
+class ScalarArgument(nn.Module):
+    """A Python int as a positional input, baked into the program at export."""
+
+    def forward(self, x, k: int):
+        return x * k + k
+
+
+class MultipleInputs(nn.Module):
+    """Three tensor inputs of different shapes, broadcast together."""
+
+    def forward(self, x, y, z):
+        return x * y + z, torch.matmul(x, z.transpose(0, 1))

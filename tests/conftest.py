@@ -1,0 +1,74 @@
+"""Shared fixtures of the project's own tests."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import textwrap
+from typing import Iterable
+
+import pytest
+
+# Import torch once, up front: pytester's in-process runs restore sys.modules
+# afterwards, and a torch first imported inside one of them would be imported
+# a second time by the next run, which crashes its C extension.
+import torch  # noqa: F401
+
+# A backend with the §3.1 shape, as a conftest or plugin would write it. It
+# never runs: the registry and plugin tests only select it.
+TOY_BACKEND = textwrap.dedent(
+    """
+    class Toy:
+        def __init__(self, name="toy", available=True):
+            self.name = name
+            self.available = available
+        def is_available(self):
+            return self.available
+        def unavailable_reason(self):
+            return "no toy device attached"
+        def preprocess(self, program, compile_spec, debug_handles):
+            return b""
+        def compile(self, processed, method_compile_spec):
+            return {m: None for m in processed}
+        def execute(self, handle, inputs):
+            return []
+    """
+)
+
+
+class FakeDistribution(importlib.metadata.Distribution):
+    """An installed distribution that exists only in memory (as pytest's own tests do)."""
+
+    def __init__(self, name: str, version: str, entry_points: dict[str, str]) -> None:
+        self._name = name
+        self._version = version
+        self._entry_points = entry_points
+
+    def read_text(self, filename: str) -> str | None:
+        if filename == "METADATA":
+            return f"Metadata-Version: 2.1\nName: {self._name}\nVersion: {self._version}\n"
+        if filename == "entry_points.txt":
+            lines = [f"{name} = {value}" for name, value in self._entry_points.items()]
+            return "[backendconf]\n" + "\n".join(lines) + "\n"
+        return None
+
+    def locate_file(self, path):  # pragma: no cover - never asked for files
+        return path
+
+
+@pytest.fixture
+def fake_distributions(monkeypatch):
+    """Replace the ``backendconf`` entry points with those of fake distributions."""
+
+    def install(dists: Iterable[FakeDistribution]) -> None:
+        dists = list(dists)
+        real = importlib.metadata.entry_points
+
+        def entry_points(**params):
+            if params.get("group") != "backendconf":
+                return real(**params)
+            found = [ep for d in dists for ep in d.entry_points if ep.group == "backendconf"]
+            return importlib.metadata.EntryPoints(found)
+
+        monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+    return install

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import threading
 import types
 import warnings
 from typing import Any, Mapping
@@ -443,12 +444,19 @@ def _normalize(function: Any, name: str, args: tuple, kwargs: dict) -> tuple[tup
     return tuple(bound.args[1:]), dict(bound.kwargs)
 
 
+# torch.export keeps global tracing state (mode stacks, the module hierarchy)
+# and fails when two threads export at once; lowering from threads is safe
+# because exports take turns. Preprocess and compile still run concurrently.
+_EXPORT_LOCK = threading.Lock()
+
+
 def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
     original = type(work)
     if name != "forward":
         work.__class__ = _class_exporting(original, name)
     try:
-        return torch.export.export(work, args, kwargs)
+        with _EXPORT_LOCK:
+            return torch.export.export(work, args, kwargs)
     except Exception as exc:
         raise LoweringError(
             f"torch.export could not export method {name!r} of {original.__name__}: "
@@ -477,6 +485,13 @@ def _reject_mutations(program: Any, name: str) -> None:
         f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
         for spec in program.graph_signature.output_specs
         if spec.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION", "PARAMETER_MUTATION")
+    ]
+    # torch.export's default IR may also keep in-place ops (a training-mode
+    # batch norm's num_batches_tracked.add_) instead of mutation outputs.
+    mutated += [
+        f"node {node.name!r} ({node.target._schema.name}, in place)"
+        for node in program.graph.nodes
+        if node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "is_mutable", False)
     ]
     if mutated:
         raise LoweringError(

@@ -1,0 +1,27 @@
+# The two commands of the README's quick start, on a fresh machine:
+#   make suite   the main job: the reference backend through the conformance checks
+#   make test    the project's own tests
+# Both create .venv on first use. TORCH picks the torch build (default: the
+# local CPU build of 2.13.0; an unpinned torch would pull CUDA packages).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= 2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: suite test clean
+
+$(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' -e backends/reference
+	touch $@
+
+suite: $(VENV)/.installed
+	$(BIN)/python examples/reference_walkthrough.py
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -n 2 tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -194,11 +194,12 @@ class Conv2dNoBias(nn.Module):
 
 
 class Pools(nn.Module):
-    """max_pool2d, avg_pool2d and adaptive_avg_pool2d."""
+    """max_pool2d, with and without indices, avg_pool2d and adaptive_avg_pool2d."""
 
     def forward(self, x):
         return (
             F.max_pool2d(x, kernel_size=2),
+            *F.max_pool2d(x, kernel_size=3, stride=2, padding=1, return_indices=True),
             F.avg_pool2d(x, kernel_size=3, stride=1, padding=1),
             F.adaptive_avg_pool2d(x, (2, 2)),
         )
@@ -298,10 +299,10 @@ class IntegerArithmetic(nn.Module):
 
 
 class BoolMask(nn.Module):
-    """A bool mask selecting from a float tensor, and counted."""
+    """A bool mask selecting from a float tensor, filling with a scalar or a 0-d tensor, and counted."""
 
     def forward(self, x, mask):
-        return torch.where(mask, x, -x), x.masked_fill(mask, 0.0), mask.sum()
+        return torch.where(mask, x, -x), x.masked_fill(mask, 0.0), x.masked_fill(~mask, x.amax()), mask.sum()
 
 
 # --- structure ----------------------------------------------------------------------
@@ -487,3 +488,119 @@ class MultipleInputs(nn.Module):
 
     def forward(self, x, y, z):
         return x * y + z, torch.matmul(x, z.transpose(0, 1))
+
+
+# --- the rest of the reference op set ------------------------------------------------
+
+
+class MoreElementwise(nn.Module):
+    """relu6, hardswish, hardsigmoid, erf, reciprocal and square."""
+
+    def forward(self, x):
+        gates = F.relu6(x * 4.0) + F.hardswish(x) * F.hardsigmoid(x) + torch.erf(x)
+        return gates, torch.reciprocal(x.abs() + 0.5) + torch.square(x)
+
+
+class Statistics(nn.Module):
+    """var, std, cumsum, max and min over a dimension, and argmin."""
+
+    def forward(self, x):
+        values, indices = x.max(dim=1)
+        return x.var(dim=1), x.std(), torch.cumsum(x, dim=0), values, indices, x.min(dim=0).values, x.argmin(dim=1)
+
+
+class CausalMask(nn.Module):
+    """A causal attention mask from triu, tril, arange and the *_like constructors."""
+
+    def forward(self, scores):
+        n = scores.shape[-1]
+        upper = torch.triu(torch.ones_like(scores), diagonal=1).to(torch.bool)
+        masked = scores.masked_fill(upper, float("-inf"))
+        positions = torch.arange(n, dtype=scores.dtype)
+        constant = torch.zeros_like(scores) + torch.full_like(scores, 0.5)
+        return torch.softmax(masked, dim=-1) + torch.tril(scores) * positions + constant
+
+
+class Embedding(nn.Module):
+    """An embedding lookup from int64 indices, and index_select of its rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+
+    def forward(self, indices):
+        table = self.embedding(indices)
+        return table, torch.index_select(self.embedding.weight, 0, indices[0])
+
+
+class SplitChunk(nn.Module):
+    """chunk, unbind, repeat, t, contiguous and clone."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        first, *_ = x.unbind(0)
+        return (a * b).repeat(2, 1), x.t().contiguous() + 1.0, first.clone()
+
+
+class Conv1dGroupNorm(nn.Module):
+    """conv1d followed by group_norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, kernel_size=3, padding=1)
+        self.norm = nn.GroupNorm(2, 4)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+class Rounding(nn.Module):
+    """floor, ceil, round, sign, expm1 and log1p."""
+
+    def forward(self, x):
+        return torch.floor(x) + torch.ceil(x) * torch.round(x * 4.0), torch.sign(x) * torch.expm1(x) + torch.log1p(x)
+
+
+class TensorBounds(nn.Module):
+    """Tensor-tensor comparisons, clamp between tensors, a scalar to a tensor power, and rsub."""
+
+    def forward(self, x, low, high):
+        inside = (x >= low) & (x <= high) | (x < low).logical_not() & x.eq(0.5)
+        return torch.clamp(x, low, high), inside, torch.pow(2.0, x), torch.rsub(x, low)
+
+
+class IntegerDivision(nn.Module):
+    """int64 floor division, remainder by a tensor, and bitwise and/or."""
+
+    def forward(self, a, b):
+        return torch.floor_divide(a, b), torch.remainder(a, b), torch.bitwise_and(a, b), torch.bitwise_or(a, b)
+
+
+class Constructors(nn.Module):
+    """zeros, ones, full, arange with start and step, new_zeros and new_ones."""
+
+    def forward(self, x):
+        rows = torch.arange(1, 4, dtype=x.dtype).unsqueeze(1)
+        columns = torch.arange(0, 8, 2, dtype=x.dtype)
+        base = torch.zeros(3, 4, dtype=x.dtype) + torch.ones(3, 4, dtype=x.dtype)
+        base = base + torch.full((3, 4), 0.25, dtype=x.dtype)
+        return x * base + rows * columns, x.new_zeros(2) + x.new_ones(2)
+
+
+class WholeTensorReductions(nn.Module):
+    """mean, max, min and var over the whole tensor, std over a dimension, split and squeeze of several dims."""
+
+    def forward(self, x):
+        first, rest = torch.split(x, [1, 3], dim=0)
+        return x.mean() + x.max() - x.min() + x.var(), x.std(dim=-1), first.squeeze((0, 1)), rest
+
+
+class DropoutEval(nn.Module):
+    """Dropout in eval mode, an identity the backend must keep as one."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.dropout(x * 2.0) + F.dropout(x, 0.25, training=self.training)

@@ -486,18 +486,34 @@ def _reject_mutations(program: Any, name: str) -> None:
         for spec in program.graph_signature.output_specs
         if spec.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION", "PARAMETER_MUTATION")
     ]
-    # torch.export's default IR may also keep in-place ops (a training-mode
-    # batch norm's num_batches_tracked.add_) instead of mutation outputs.
+    # torch.export's default IR may also keep in-place ops on a buffer or an
+    # input (a training-mode batch norm's num_batches_tracked.add_) instead of
+    # mutation outputs. In-place ops on intermediates (ReLU(inplace=True)) are fine.
     mutated += [
-        f"node {node.name!r} ({node.target._schema.name}, in place)"
+        f"node {node.name!r} ({node.target._schema.name} on {target.name!r}, in place)"
         for node in program.graph.nodes
-        if node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "is_mutable", False)
+        for target in _written_arguments(node)
+        if target.op == "placeholder"
     ]
     if mutated:
         raise LoweringError(
             f"method {name!r} mutates state ({', '.join(mutated)}); delegate backends run graphs "
             "without side effects. Is the module in training mode? Call .eval() before lowering."
         )
+
+
+def _written_arguments(node: Any) -> list[Any]:
+    """The graph nodes an in-place op writes to (from its schema's alias annotations)."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return []
+    written = []
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            if isinstance(value, torch.fx.Node):
+                written.append(value)
+    return written
 
 
 def _preprocess(backend: Any, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str) -> bytes:

@@ -72,3 +72,14 @@ class Unsupported(torch.nn.Module):
     def forward(self, x):
         h = x.relu()
         return torch.special.erfcx(h) + 1
+
+
+class InPlaceActivation(torch.nn.Module):
+    """In-place ops on intermediates are not state mutations and lower fine."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(x * 2)

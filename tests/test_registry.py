@@ -219,7 +219,8 @@ def test_register_backend_records_the_calling_module(monkeypatch):
     assert "register_backend() in module 'test_registry'" in str(found.source)
 
 
-def test_unknown_backend_with_nothing_registered_says_none():
+def test_unknown_backend_with_nothing_registered_says_none(fake_distributions):
+    fake_distributions([])
     with pytest.raises(UnknownBackendError, match=r"unknown backend 'x'\. Registered backends: none\."):
         BackendRegistry().get("x")
 

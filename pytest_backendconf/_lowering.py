@@ -67,33 +67,63 @@ def to_backend(
     specs = _check_compile_spec(module, method_compile_spec)
     examples = _check_examples(specs, example_inputs, example_kwargs or {})
     work = copy.deepcopy(module)  # to_backend never mutates the caller's module
+    programs = {name: export_method(work, name, *examples[name]) for name in specs}
+    return lower_programs(
+        programs,
+        backend_obj,
+        specs,
+        module_type=type(module),
+        backend_version=source.version if source else None,
+        stacklevel=3,
+    )
+
+
+def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
+    """Export one method of ``module`` the way `to_backend` does (defaults bound, checked).
+
+    The suite calls this once per (model, input signature) and lowers the
+    cached program many times with `lower_programs`.
+    """
+    args, kwargs = _normalize(getattr(type(module), name), name, args, kwargs)
+    program = _export(module, name, args, kwargs)
+    _reject_mutations(program, name)
+    return program
+
+
+def lower_programs(
+    programs: Mapping[str, Any],
+    backend: Any,
+    method_compile_spec: Mapping[str, Mapping[str, Any]],
+    *,
+    module_type: type,
+    backend_version: str | None = None,
+    stacklevel: int = 2,
+) -> "WrapperModule":
+    """Lower already exported programs (one per method) to ``backend``.
+
+    Every call issues fresh debug handles, so two lowerings of the same
+    programs never share a handle.
+    """
     methods: dict[str, MethodSpec] = {}
     blobs: dict[str, bytes] = {}
     debug: dict[int, DebugInfo] = {}
-    for name, spec in specs.items():
-        function = getattr(type(module), name)
-        args, kwargs = _normalize(function, name, *examples[name])
-        program = _export(work, name, args, kwargs)
-        _reject_mutations(program, name)
+    for name, spec in method_compile_spec.items():
+        program = programs[name]
         handles = DebugHandleRecorder.default().assign(program.graph_module)
-        infos = build_debug_infos(
-            program.graph_module, handles, method=name, top_class=type(module).__name__
-        )
+        infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)
-        blobs[name] = _preprocess(backend_obj, program, spec, handles, infos, name)
-        methods[name] = _method_spec(program, name, spec, function)
-    lowered = LoweredModule(
-        backend_obj, methods, blobs, debug, backend_version=source.version if source else None
-    )
-    if _availability(backend_obj):
+        blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
+        methods[name] = _method_spec(program, name, dict(spec), getattr(module_type, name))
+    lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version)
+    if _availability(backend):
         lowered.compile_now(at="lowering")
     else:
         warnings.warn(
             BackendUnavailableWarning(
-                f"Backend [{backend_obj.name}] is not available. Execution of this Module is "
+                f"Backend [{backend.name}] is not available. Execution of this Module is "
                 "still possible by saving and loading on a device where the backend is available."
             ),
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     return WrapperModule(lowered)
 

@@ -8,6 +8,7 @@ the ``backendconf_backend`` ini option) selects a backend.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,8 @@ from .errors import RegistryError
 
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()
+#: The name the suite plugin registers under; `-p no:backendconf_suite` turns the suite off.
+SUITE_PLUGIN = "backendconf_suite"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,6 +36,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="run the conformance suite against the backend registered as NAME "
         "(`backendconf list` shows them); overrides the backendconf_backend ini option",
+    )
+    group.addoption(
+        "--backendconf-select",
+        dest="backendconf_select",
+        metavar="ID",
+        action="append",
+        help="run only the conformance checks whose id matches this fnmatch pattern "
+        "(e.g. 'backendconf::parity::*[float16]'); repeatable",
+    )
+    group.addoption(
+        "--backendconf-hypothesis",
+        dest="backendconf_hypothesis",
+        choices=("ci", "dev", "thorough"),
+        default=None,
+        help="Hypothesis profile of the parity checks: ci (6 examples, derandomized), dev (12), "
+        "thorough (100); default ci when $CI is set, else dev",
     )
     parser.addini(
         "backendconf_backend",
@@ -67,6 +86,43 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[REGISTRY_KEY] = registry
     config.stash[BACKEND_KEY] = selected
     set_active_registry(registry)
+    if not config.pluginmanager.is_blocked(SUITE_PLUGIN):
+        from ._suite import SuitePlugin, suite_only
+
+        if suite_only(config):
+            config.args = []  # the suite alone, not whatever is in the current folder
+        config.pluginmanager.register(
+            SuitePlugin(config, lambda: _make_context(config, registry, selected), selected.name), SUITE_PLUGIN
+        )
+
+
+def _make_context(config: pytest.Config, registry: BackendRegistry, selected: RegisteredBackend) -> Any:
+    import tempfile
+    from pathlib import Path
+
+    from ._context import SuiteContext
+    from .conformance._zoo_loader import load_zoo
+
+    factory = getattr(config, "_tmp_path_factory", None)
+
+    def tmp_dir(name: str) -> Path:
+        if factory is not None:
+            return factory.mktemp(name)
+        return Path(tempfile.mkdtemp(prefix=f"backendconf-{name}-"))
+
+    ctx = SuiteContext(selected, load_zoo() + registry.cases(), tmp_dir=tmp_dir)
+    ctx.hypothesis_profile, ctx.hypothesis_seed = hypothesis_choice(config)
+    return ctx
+
+
+def hypothesis_choice(config: pytest.Config) -> tuple[str, int]:
+    """The suite's Hypothesis profile and seed (chosen once per session, printed in the header)."""
+    from ._hypothesis import choose_seed, default_profile
+
+    if not hasattr(config, "_backendconf_hypothesis"):
+        profile = config.getoption("backendconf_hypothesis") or default_profile()
+        config._backendconf_hypothesis = (profile, choose_seed(config.getoption("hypothesis_seed", None)))  # type: ignore[attr-defined]
+    return config._backendconf_hypothesis  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -94,10 +150,14 @@ def _describe_pytest_plugin(plugin: object, name: str | None) -> Source:
     return source_of_module(plugin, f"pytest plugin {name}" if name else f"pytest plugin {plugin!r}")
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     selected = config.stash.get(BACKEND_KEY, None)
     if selected is None:
         return None
     available, reason = selected.availability()
     state = "available" if available else f"not available: {reason}"
-    return f"backendconf: backend {selected.name!r} from {selected.source}, {state}"
+    lines = [f"backendconf: backend {selected.name!r} from {selected.source}, {state}"]
+    if config.pluginmanager.has_plugin(SUITE_PLUGIN):
+        profile, seed = hypothesis_choice(config)
+        lines.append(f"backendconf: hypothesis profile {profile!r}, seed {seed} (reproduce with --hypothesis-seed={seed})")
+    return lines

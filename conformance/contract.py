@@ -1,0 +1,163 @@
+"""contract: the four methods and the declaration keep the shapes of DESIGN.md §3.1.
+
+These call the backend directly, without the lowering in between, so that a
+failure names the method that broke the contract.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterator
+
+import torch
+from torch.utils import _pytree as pytree
+
+from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf._context import SuiteContext
+from pytest_backendconf._debug_handles import DebugHandleRecorder
+from pytest_backendconf._lowering import _normalize
+from pytest_backendconf._suite import Check, Unsupported, fail
+
+from ._spec import section
+
+
+def checks(ctx: SuiteContext) -> Iterator[Check]:
+    yield Check("contract", "is_available_is_a_stable_bool", check_is_available, stage="is_available")
+    yield Check("contract", "capabilities_are_well_formed", check_capabilities, stage="declaration")
+    for name in section("contract")["cases"]:
+        if name not in ctx.cases:
+            continue
+        dtype = ctx.dtypes_for(ctx.cases[name])[:1]
+        if not dtype:
+            continue
+        for check, stage in (
+            (check_preprocess_returns_bytes, "preprocess"),
+            (check_preprocess_is_deterministic, "preprocess"),
+            (check_preprocess_leaves_the_program_alone, "preprocess"),
+            (check_compile_returns_a_handle_per_method, "compile"),
+            (check_execute_matches_the_output_spec, "execute"),
+        ):
+            yield Check(
+                "contract",
+                f"{check.__name__.removeprefix('check_')}[{name}]",
+                functools.partial(check, case_name=name, dtype=dtype[0]),
+                stage=stage,
+                case=name,
+            )
+
+
+def check_is_available(ctx: SuiteContext) -> None:
+    answers = [ctx.backend.is_available() for _ in range(3)]
+    if not all(isinstance(a, bool) for a in answers):
+        fail(f"is_available() must return a bool; it returned {answers!r}")
+    if len(set(answers)) != 1:
+        fail(f"is_available() changed between calls with nothing else happening: {answers!r}")
+
+
+def check_capabilities(ctx: SuiteContext) -> None:
+    problems = ctx.capabilities.problems()
+    if problems:
+        fail("capabilities are malformed:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _preprocessed(ctx: SuiteContext, case_name: str, dtype: str) -> dict[str, tuple]:
+    """Per method: (program, debug handles, compile spec, blob), preprocessed once more here."""
+    out = {}
+    for method in ctx.cases[case_name].methods:
+        program = ctx.program(case_name, dtype, method)
+        handles = DebugHandleRecorder.default().assign(program.graph_module)
+        try:
+            blob = ctx.backend.preprocess(program, {}, handles)
+        except UnsupportedNodeError as exc:
+            raise Unsupported(str(exc).splitlines()[0]) from exc
+        out[method] = (program, handles, blob)
+    return out
+
+
+def check_preprocess_returns_bytes(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    for method, (_, _, blob) in _preprocessed(ctx, case_name, dtype).items():
+        if not isinstance(blob, bytes):
+            fail(f"preprocess() returned {type(blob).__name__} for method {method!r}; it must return bytes")
+
+
+def check_preprocess_is_deterministic(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    for method, (program, handles, blob) in _preprocessed(ctx, case_name, dtype).items():
+        again = ctx.backend.preprocess(program, {}, handles)
+        if again != blob:
+            fail(
+                f"preprocess() gave different bytes for the same program, compile spec and debug "
+                f"handles (method {method!r}: {len(blob)} then {len(again)} bytes, first difference "
+                f"at byte {_first_difference(blob, again)})"
+            )
+
+
+def check_preprocess_leaves_the_program_alone(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    for method in ctx.cases[case_name].methods:
+        program = ctx.program(case_name, dtype, method)
+        code_before = program.graph_module.code
+        state_before = {k: v.clone() for k, v in program.state_dict.items()}
+        _preprocessed(ctx, case_name, dtype)
+        if program.graph_module.code != code_before:
+            fail(f"preprocess() changed the graph of method {method!r}; it must treat the program as read-only")
+        changed = [k for k, v in program.state_dict.items() if not torch.equal(v, state_before[k])]
+        if changed:
+            fail(f"preprocess() changed the parameters {changed} of method {method!r}")
+
+
+def check_compile_returns_a_handle_per_method(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    blobs = {m: blob for m, (_, _, blob) in _preprocessed(ctx, case_name, dtype).items()}
+    handles = ctx.backend.compile(dict(blobs), {m: {} for m in blobs})
+    if not isinstance(handles, dict):
+        fail(f"compile() returned {type(handles).__name__}; it must return a dict {{method: handle}}")
+    missing = sorted(set(blobs) - set(handles))
+    if missing:
+        fail(f"compile() returned no handle for method(s) {missing} (got {sorted(handles)})")
+
+
+def check_execute_matches_the_output_spec(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    done = _preprocessed(ctx, case_name, dtype)
+    handles = ctx.backend.compile({m: blob for m, (_, _, blob) in done.items()}, {m: {} for m in done})
+    for method, (program, _, _) in done.items():
+        flat = _user_inputs(ctx, case_name, dtype, method)
+        outputs = ctx.backend.execute(handles[method], flat)
+        expected = _user_outputs(program)
+        if not isinstance(outputs, list):
+            fail(f"execute() returned {type(outputs).__name__} for method {method!r}; it must return a list")
+        if len(outputs) != len(expected):
+            fail(f"execute() returned {len(outputs)} outputs for method {method!r}; the program has {len(expected)}")
+        for i, (got, want) in enumerate(zip(outputs, expected)):
+            if isinstance(want, torch.Tensor):
+                if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+                    fail(
+                        f"execute() output {i} of method {method!r} is {_describe(got)}; the program "
+                        f"says {_describe(want)}"
+                    )
+
+
+def _user_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str) -> list:
+    """The flat user inputs of the suite's example, defaults bound as at export."""
+    args, kwargs = ctx.example(case_name, dtype, method)
+    module_type = type(ctx.module(case_name, dtype))
+    args, kwargs = _normalize(getattr(module_type, method), method, args, kwargs)
+    return pytree.tree_leaves((args, kwargs))
+
+
+def _user_outputs(program) -> list:
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    produced = {getattr(a, "name", None): a for a in pytree.tree_leaves(output.args[0])}
+    values = []
+    for spec in program.graph_signature.output_specs:
+        if spec.kind.name == "USER_OUTPUT":
+            arg = spec.arg
+            values.append(arg.value if hasattr(arg, "value") else produced[arg.name].meta["val"])
+    return values
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

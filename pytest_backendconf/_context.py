@@ -1,0 +1,152 @@
+"""`SuiteContext`: what every check of one session shares, built lazily and cached.
+
+Exports are the slow step, so each (model, dtype, method) is exported once
+per session and lowered as often as the checks need; lowerings with the
+same compile spec are shared too. Checks must treat what they get from here
+as read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable
+
+import torch
+
+from ._lowering import WrapperModule, export_method, lower_programs
+from ._registry import RegisteredBackend
+from .capabilities import Capabilities, capabilities_of
+from .cases import FLOAT_DTYPES, ModelCase, TensorInput
+
+#: The dtype id of a case whose inputs do not follow the float dtype under test.
+FIXED = "fixed"
+
+
+class SuiteContext:
+    """The selected backend, the model cases, and the session's caches."""
+
+    def __init__(self, registered: RegisteredBackend, cases: list[ModelCase], *, tmp_dir: Callable[[str], Any]) -> None:
+        self.registered = registered
+        self.backend = registered.backend
+        self.name: str = registered.name
+        self.capabilities: Capabilities = capabilities_of(self.backend)
+        self.cases = {case.name: case for case in cases}
+        self._tmp_dir = tmp_dir
+        self._lock = threading.RLock()
+        self._modules: dict[tuple[str, str], torch.nn.Module] = {}
+        self._programs: dict[tuple[str, str, str], Any] = {}
+        self._lowered: dict[tuple[str, str, str], WrapperModule] = {}
+        #: How many exports ran: the benchmark compares it with the unique keys.
+        self.export_count = 0
+        #: Set by the plugin from --backendconf-hypothesis and --hypothesis-seed.
+        self.hypothesis_profile = "ci"
+        self.hypothesis_seed = 0
+
+    # --- dtypes ---------------------------------------------------------------
+
+    def dtypes_for(self, case: ModelCase) -> list[str]:
+        """The dtype ids a case runs in: its float dtypes the backend declares, or `FIXED`."""
+        if not case.uses_float:
+            return [FIXED]
+        declared = self.capabilities.dtypes
+        return [
+            d for d in case.float_dtypes
+            if declared is None or getattr(torch, d) in declared
+        ]
+
+    # --- models, inputs, programs, lowerings ----------------------------------------
+
+    def module(self, case_name: str, dtype: str) -> torch.nn.Module:
+        """The eager model in ``dtype`` (weights cast too), built once."""
+        key = (case_name, dtype)
+        with self._lock:
+            if key not in self._modules:
+                module = self.cases[case_name].build()
+                if dtype in FLOAT_DTYPES:
+                    module = module.to(getattr(torch, dtype))
+                self._modules[key] = module.eval()
+            return self._modules[key]
+
+    def example(self, case_name: str, dtype: str, method: str, seed: int = 0, mode: str = "random") -> tuple[tuple, dict]:
+        """Deterministic example ``(args, kwargs)`` for one method (the export uses seed 0)."""
+        case = self.cases[case_name]
+        generator = torch.Generator().manual_seed(seed)
+        args = tuple(make_input(spec, dtype, generator, mode) for spec in case.inputs[method])
+        return args, dict(case.kwargs.get(method, {}))
+
+    def program(self, case_name: str, dtype: str, method: str) -> Any:
+        """The exported program of one method, exported once per session."""
+        key = (case_name, dtype, method)
+        with self._lock:
+            if key not in self._programs:
+                args, kwargs = self.example(case_name, dtype, method)
+                self._programs[key] = export_method(self.module(case_name, dtype), method, args, kwargs)
+                self.export_count += 1
+            return self._programs[key]
+
+    def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Any = None, cache: bool = True) -> WrapperModule:
+        """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``."""
+        case = self.cases[case_name]
+        spec = spec if spec is not None else {m: {} for m in case.methods}
+        key = (case_name, dtype, json.dumps(spec, sort_keys=True))
+        use_cache = cache and backend is None
+        with self._lock:
+            if use_cache and key in self._lowered:
+                return self._lowered[key]
+            programs = {m: self.program(case_name, dtype, m) for m in spec}
+        lowered = lower_programs(
+            programs,
+            backend or self.backend,
+            spec,
+            module_type=type(self.module(case_name, dtype)),
+            backend_version=self.registered.source.version,
+        )
+        if use_cache:
+            with self._lock:
+                self._lowered.setdefault(key, lowered)
+        return lowered
+
+    def tmp_dir(self, name: str) -> Any:
+        """A fresh temporary directory (a `pathlib.Path`) for one check."""
+        return self._tmp_dir(name)
+
+
+#: How input values are drawn: uniform in range, the range's edge values, or both mixed.
+INPUT_MODES = ("random", "edges", "mixed")
+
+
+def make_input(spec: Any, dtype: str, generator: torch.Generator, mode: str = "random") -> Any:
+    """One input from a `TensorInput` (drawn from ``generator``) or a constant.
+
+    ``edges`` fills the tensor with the boundary values of its range (low,
+    high, 0, ±1, a tiny number, where they lie in the range); ``mixed``
+    puts such values into a random tensor.
+    """
+    if not isinstance(spec, TensorInput):
+        return spec
+    name = dtype if spec.dtype == "float" else spec.dtype
+    torch_dtype = getattr(torch, "float32" if name == FIXED else name)
+    if torch_dtype == torch.bool:
+        if mode == "edges":
+            return torch.full(spec.shape, bool(torch.randint(0, 2, (), generator=generator)))
+        return torch.randint(0, 2, spec.shape, generator=generator).bool()
+    floating = torch_dtype.is_floating_point
+    low = spec.low if spec.low is not None else (-1.0 if floating else -100)
+    high = spec.high if spec.high is not None else (1.0 if floating else 100)
+    if floating:
+        values = torch.rand(spec.shape, generator=generator, dtype=torch.float64) * (high - low) + low
+    else:
+        values = torch.randint(int(low), int(high) + 1, spec.shape, generator=generator, dtype=torch.float64)
+    if mode != "random" and values.numel():
+        edges = [v for v in (low, high, 0.0, -0.0, 1.0, -1.0, 1e-3, -1e-3) if low <= v <= high]
+        if not floating:
+            edges = sorted({float(int(v)) for v in edges})
+        pick = torch.randint(0, len(edges), spec.shape, generator=generator)
+        edge_values = torch.tensor(edges, dtype=torch.float64)[pick]
+        if mode == "edges":
+            values = edge_values
+        else:
+            mask = torch.rand(spec.shape, generator=generator) < 0.3
+            values = torch.where(mask, edge_values, values)
+    return values.to(torch_dtype)

@@ -1,0 +1,156 @@
+"""The conformance suite as pytest items: checks, collection, outcomes, reproduction.
+
+Each category module in ``conformance/`` yields `Check` records from the
+spec data; this module turns them into `ConformanceItem`s whose ids are
+stable across machines (``backendconf::parity::small_cnn[float16]``), so
+that known-failure files and reports can name them.
+
+With ``--backend`` and no test paths, only the suite runs; with paths, the
+suite runs beside the tests found there (a vendor's own regression tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import shlex
+from typing import Any, Callable, Iterable
+
+import pytest
+
+CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability")
+ROOT_ID = "backendconf"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One generated test.
+
+    :param category: one of `CATEGORIES`; also the pytest marker.
+    :param name: unique within the category, e.g. ``small_cnn[float16]``.
+    :param run: called with the `SuiteContext`; raises `CheckFailed`
+        (or any exception) to fail, `Unsupported` to report "unsupported".
+    :param stage: the part of the contract it exercises (``preprocess``,
+        ``compile``, ``execute``, ``load``, ``target`` …), for the report.
+    """
+
+    category: str
+    name: str
+    run: Callable[[Any], None]
+    stage: str
+    case: str | None = None
+
+
+class CheckFailed(AssertionError):
+    """A conformance check failed; the message says what the backend did and what was expected."""
+
+
+class Unsupported(Exception):
+    """The backend rejected the model (`UnsupportedNodeError`): counted apart, never as a pass."""
+
+
+def fail(message: str) -> None:
+    raise CheckFailed(message)
+
+
+def generate_checks(ctx: Any) -> list[Check]:
+    """Every check of every category for the context's backend, in a stable order."""
+    found: list[Check] = []
+    for category in CATEGORIES:
+        module = importlib.import_module(f"pytest_backendconf.conformance.{category}")
+        found.extend(module.checks(ctx))
+    return found
+
+
+class SuiteCollector(pytest.Collector):
+    """The root of the generated items; it has no file, so its id is fixed."""
+
+    def collect(self) -> list[pytest.Item]:  # pragma: no cover - items are made by the plugin
+        return []
+
+
+class ConformanceItem(pytest.Item):
+    def __init__(self, *, check: Check, ctx: Any, reproduce: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+        self.ctx = ctx
+        self.reproduce = reproduce
+        self.add_marker(check.category)
+
+    def runtest(self) -> None:
+        try:
+            self.check.run(self.ctx)
+        except Unsupported as exc:
+            pytest.skip(f"unsupported: {exc}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CheckFailed):
+            text = str(excinfo.value)
+        else:
+            text = str(excinfo.getrepr(style="short", chain=True))
+        return f"{text}\nreproduce: {self.reproduce}"
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.check.category}::{self.check.name}"
+
+
+class SuitePlugin:
+    """Registered (as ``backendconf_suite``) when a backend is selected."""
+
+    def __init__(self, config: pytest.Config, ctx_factory: Callable[[], Any], backend_name: str) -> None:
+        self.config = config
+        self._ctx_factory = ctx_factory
+        self.backend_name = backend_name
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        for category in CATEGORIES:
+            config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
+        count = sum(isinstance(item, ConformanceItem) for item in items)
+        return f"backendconf: {count} conformance checks for backend {self.backend_name!r}"
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        ctx = self._ctx_factory()
+        root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
+        root.path = _conformance_dir()
+        selected = config.getoption("backendconf_select") or []
+        for check in generate_checks(ctx):
+            name = f"{check.category}::{check.name}"
+            if selected and not any(fnmatch.fnmatchcase(f"{ROOT_ID}::{name}", p) or fnmatch.fnmatchcase(name, p) for p in selected):
+                continue
+            items.append(
+                ConformanceItem.from_parent(
+                    root, name=name, check=check, ctx=ctx, reproduce=self.reproduce_command(f"{ROOT_ID}::{name}")
+                )
+            )
+
+    def reproduce_command(self, node_id: str) -> str:
+        parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
+        for plugin in self.config.known_args_namespace.plugins or []:
+            if not plugin.startswith("no:"):
+                parts += ["-p", plugin]
+        seed = self.config.getoption("hypothesis_seed", None)
+        if seed is not None:
+            parts.append(f"--hypothesis-seed={seed}")
+        return shlex.join(parts)
+
+
+def _conformance_dir() -> Any:
+    from pathlib import Path
+
+    from . import conformance
+
+    return Path(conformance.__file__).parent
+
+
+def suite_only(config: pytest.Config) -> bool:
+    """No test paths on the command line: run the suite alone, not the current folder."""
+    return config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def matching(ids: Iterable[str], pattern: str) -> list[str]:
+    return [i for i in ids if fnmatch.fnmatchcase(i, pattern)]

@@ -44,6 +44,8 @@ FORMAT_VERSION = 1
 FLAG_FAULT = 0x01
 
 _HEADER = struct.Struct("<8sIIQ")
+_U8, _U16, _U32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<Q"))
+_I64, _F64 = struct.Struct("<q"), struct.Struct("<d")
 _MAX_DEPTH = 16  # nesting of lists in one argument; bounds the decoder's recursion
 _MAX_NDIM = 64
 
@@ -79,8 +81,8 @@ class Instruction:
     """One op call: ``kernel(*args, **kwargs)`` for one FX node."""
 
     opcode: int
-    args: list
-    kwargs: dict[str, Any]
+    args: list[Value]
+    kwargs: dict[str, Value]
     debug_handle: int
     node: str
     fault: bool = False
@@ -92,7 +94,7 @@ class Block:
 
     n_inputs: int
     instructions: list[Instruction]
-    outputs: list
+    outputs: list[Value]
 
 
 @dataclasses.dataclass
@@ -171,21 +173,32 @@ def encode(program: Program) -> bytes:
     return header + payload
 
 
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's elements in row-major order, whatever its strides or offset."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    data = bytearray(flat.numel() * flat.element_size())
+    if data:
+        # A memcpy into a bytearray: bytes(t.untyped_storage()) would copy
+        # byte by byte through Python (seconds per megabyte).
+        torch.frombuffer(data, dtype=torch.uint8).copy_(flat.view(torch.uint8))
+    return bytes(data)
+
+
 class _Writer:
     def __init__(self) -> None:
         self.parts: list[bytes] = []
 
     def u8(self, v: int) -> None:
-        self.parts.append(struct.pack("<B", v))
+        self.parts.append(_U8.pack(v))
 
     def u16(self, v: int) -> None:
-        self.parts.append(struct.pack("<H", v))
+        self.parts.append(_U16.pack(v))
 
     def u32(self, v: int) -> None:
-        self.parts.append(struct.pack("<I", v))
+        self.parts.append(_U32.pack(v))
 
     def u64(self, v: int) -> None:
-        self.parts.append(struct.pack("<Q", v))
+        self.parts.append(_U64.pack(v))
 
     def str(self, s: str) -> None:
         data = s.encode("utf-8")
@@ -197,10 +210,7 @@ class _Writer:
             raise ValueError(f"cannot store a {t.dtype} tensor in a blob")
         if t.layout != torch.strided:
             raise ValueError(f"cannot store a {t.layout} tensor in a blob")
-        # clone() gives storage holding exactly this tensor's elements, in
-        # row-major order, whatever the strides or offset of the original.
-        t = t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
-        data = bytes(t.untyped_storage())
+        data = _raw_bytes(t)
         self.u8(_DTYPE_CODE[t.dtype])
         self.u8(t.dim())
         for size in t.shape:
@@ -211,7 +221,7 @@ class _Writer:
     def instruction(self, ins: Instruction) -> None:
         self.u16(ins.opcode)
         self.u8(FLAG_FAULT if ins.fault else 0)
-        self.parts.append(struct.pack("<q", ins.debug_handle))
+        self.parts.append(_I64.pack(ins.debug_handle))
         self.str(ins.node)
         self.u16(len(ins.args))
         for arg in ins.args:
@@ -233,10 +243,10 @@ class _Writer:
             if not -(2**63) <= v < 2**63:
                 raise ValueError(f"integer {v} does not fit in int64")
             self.u8(_Tag.INT)
-            self.parts.append(struct.pack("<q", v))
+            self.parts.append(_I64.pack(v))
         elif type(v) is float:
             self.u8(_Tag.FLOAT)
-            self.parts.append(struct.pack("<d", v))
+            self.parts.append(_F64.pack(v))
         elif type(v) is str:
             self.u8(_Tag.STR)
             self.str(v)
@@ -274,10 +284,12 @@ def decode(blob: bytes) -> Program:
     """Parse and check a blob; raise ``ValueError`` naming what is wrong with it."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError(f"a reference-backend blob must be bytes, not {type(blob).__name__}")
-    blob = bytes(blob)
-    if len(blob) < len(MAGIC) or blob[: len(MAGIC)] != MAGIC:
+    # A view, not a copy: blobs carry the weights and may be large.
+    blob = memoryview(blob).cast("B")
+    if bytes(blob[: len(MAGIC)]) != MAGIC:
         raise ValueError(
-            f"not a reference-backend blob: it starts with {blob[:8]!r}, expected {MAGIC!r}"
+            f"not a reference-backend blob: it starts with {bytes(blob[:8])!r}, "
+            f"expected {MAGIC!r}"
         )
     if len(blob) < _HEADER.size:
         raise ValueError(
@@ -314,7 +326,7 @@ def decode(blob: bytes) -> Program:
 class _Reader:
     """Reads a payload front to back; every read is bounds-checked."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: memoryview) -> None:
         self.data = data
         self.pos = 0
         # Limits for the references of the value being read; set per block.
@@ -326,27 +338,31 @@ class _Reader:
     def fail(self, what: str) -> ValueError:
         return ValueError(f"malformed reference-backend blob at payload offset {self.pos}: {what}")
 
-    def take(self, n: int, what: str) -> bytes:
+    def take(self, n: int, what: str) -> memoryview:
         if n > len(self.data) - self.pos:
             raise self.fail(f"truncated while reading {what} ({n} bytes needed)")
         chunk = self.data[self.pos : self.pos + n]
         self.pos += n
         return chunk
 
-    def unpack(self, fmt: str, what: str) -> Any:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+    def read(self, fmt: struct.Struct, what: str) -> Any:
+        pos = self.pos
+        if fmt.size > len(self.data) - pos:
+            raise self.fail(f"truncated while reading {what} ({fmt.size} bytes needed)")
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.data, pos)[0]
 
     def u8(self, what: str) -> int:
-        return self.unpack("<B", what)
+        return self.read(_U8, what)
 
     def u16(self, what: str) -> int:
-        return self.unpack("<H", what)
+        return self.read(_U16, what)
 
     def u32(self, what: str) -> int:
-        return self.unpack("<I", what)
+        return self.read(_U32, what)
 
     def u64(self, what: str) -> int:
-        return self.unpack("<Q", what)
+        return self.read(_U64, what)
 
     def count(self, what: str, item_size: int, wide: bool = True) -> int:
         n = self.u32(what) if wide else self.u16(what)
@@ -359,7 +375,7 @@ class _Reader:
     def str(self, what: str) -> str:
         n = self.u32(f"length of {what}")
         try:
-            return self.take(n, what).decode("utf-8")
+            return str(self.take(n, what), "utf-8")
         except UnicodeDecodeError:
             raise self.fail(f"{what} is not UTF-8") from None
 
@@ -426,7 +442,7 @@ class _Reader:
         flags = self.u8(f"flags of {where}")
         if flags & ~FLAG_FAULT:
             raise self.fail(f"{where} has unknown flags {flags:#04x}")
-        handle = self.unpack("<q", f"debug handle of {where}")
+        handle = self.read(_I64, f"debug handle of {where}")
         node = self.str(f"node name of {where}")
         where = f"{where} (node {node!r})"
         args = [self.value(f"argument {k} of {where}")
@@ -448,9 +464,9 @@ class _Reader:
         if tag == _Tag.TRUE:
             return True
         if tag == _Tag.INT:
-            return self.unpack("<q", what)
+            return self.read(_I64, what)
         if tag == _Tag.FLOAT:
-            return self.unpack("<d", what)
+            return self.read(_F64, what)
         if tag == _Tag.STR:
             return self.str(what)
         if tag == _Tag.LIST:

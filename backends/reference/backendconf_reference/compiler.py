@@ -10,6 +10,7 @@ loading and running a blob works without it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,10 @@ FAULT_KEY = "__backendconf_fault__"
 KNOWN_KEYS = (FAULT_KEY,)
 
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+# Ops that may return their input itself although their schema does not say
+# so (eval-mode dropout is the identity; _unsafe_view is a view by design).
+_UNANNOTATED_ALIASES = frozenset({"aten.dropout.default", "aten._unsafe_view.default"})
 
 
 def compile_program(
@@ -54,7 +59,8 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
         return None
     if not isinstance(compile_spec, Mapping):
         raise ValueError(
-            f"the reference backend's compile spec must be a dict, not {type(compile_spec).__name__}"
+            "the reference backend's compile spec must be a dict, "
+            f"not {type(compile_spec).__name__}"
         )
     # A misspelt key silently ignored would make a test pass for the wrong reason.
     unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
@@ -66,7 +72,8 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
     fault = compile_spec.get(FAULT_KEY)
     if fault is None:
         return None
-    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
+    well_formed = isinstance(fault, Mapping) and set(fault) == {"node"}
+    if not (well_formed and isinstance(fault["node"], str)):
         raise ValueError(
             f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}"
         )
@@ -113,6 +120,11 @@ class _Compiler:
         self.fault_node = fault_node
         self.constants: list[torch.Tensor] = []
         self.blocks: list[Block | None] = []
+        # Placeholder node -> its input spec, for the forward graph's placeholders.
+        self.input_specs: dict[torch.fx.Node, Any] = {}
+        # Node -> the placeholders whose memory its value may share (views,
+        # in-place results): what an in-place op on it would write to.
+        self.aliases: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}
 
     def program(self) -> bytecode.Program:
         self._reject_mutations()
@@ -120,6 +132,12 @@ class _Compiler:
         return bytecode.Program(self.constants, self.blocks)
 
     def _reject_mutations(self) -> None:
+        """Reject a program whose signature writes back to a buffer or input.
+
+        Such outputs appear once a program is functionalized (for instance by
+        ``run_decompositions``); in-place ops left in the graph are checked
+        node by node in `_reject_input_writes`.
+        """
         graph = self.exported.graph_module.graph
         by_name = {node.name: node for node in graph.nodes}
         for spec in self.exported.graph_signature.output_specs:
@@ -155,6 +173,9 @@ class _Compiler:
         n_inputs = 0
         for node in graph_module.graph.find_nodes(op="placeholder"):
             spec = input_specs.get(node.name)
+            if spec is not None:
+                self.input_specs[node] = spec
+            self.aliases[node] = frozenset({node})
             if spec is not None and spec.kind in _CONSTANT_KINDS:
                 env[node] = self._constant(node, spec)
             elif spec is not None and spec.kind != InputKind.USER_INPUT:
@@ -174,8 +195,10 @@ class _Compiler:
             if node.op == "get_attr":
                 env[node] = self._get_attr(graph_module, node)
             elif node.op == "call_function":
+                self._reject_input_writes(node)
                 instructions.append(self._instruction(node, env))
                 env[node] = Reg(n_inputs + len(instructions) - 1)
+                self.aliases[node] = self._aliased_inputs(node)
             elif node.op == "output":
                 outputs = self._outputs(node, env, is_main)
             else:
@@ -184,6 +207,60 @@ class _Compiler:
                 )
         self.blocks[index] = Block(n_inputs, instructions, outputs)
         return BlockRef(index)
+
+    def _aliased_inputs(self, node: torch.fx.Node) -> frozenset[torch.fx.Node]:
+        """The placeholders whose memory the result of ``node`` may share."""
+        target = node.target
+        if target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator):
+            # An item of a view list (split), or a branch output that is an operand.
+            sources = node.all_input_nodes
+        elif isinstance(target, torch._ops.OpOverload) and (
+            any(r.alias_info is not None for r in target._schema.returns)
+            or str(target) in _UNANNOTATED_ALIASES
+        ):
+            sources = node.args[:1]  # views and in-place ops alias their first argument
+        else:
+            return frozenset()
+        found: set[torch.fx.Node] = set()
+        for source in sources:
+            if isinstance(source, torch.fx.Node):
+                found |= self.aliases.get(source, frozenset())
+        return frozenset(found)
+
+    def _reject_input_writes(self, node: torch.fx.Node) -> None:
+        """Reject an in-place op that writes to (a view of) an input, parameter or buffer.
+
+        In-place ops on the program's own intermediates are fine: they are
+        fresh per call. Writing to anything else would change the caller's
+        tensors or the program's state, from one call to the next.
+        """
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            return
+        for i, param in enumerate(target._schema.arguments):
+            if param.alias_info is None or not param.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(param.name)
+            written = value if isinstance(value, (list, tuple)) else (value,)
+            bases = set()
+            for v in written:
+                if isinstance(v, torch.fx.Node):
+                    bases |= self.aliases.get(v, frozenset())
+            if bases:
+                base = min(bases, key=lambda n: n.name)  # deterministic choice of culprit
+                raise UnsupportedNodeError(node, self._write_reason(str(target), base))
+
+    def _write_reason(self, name: str, base: torch.fx.Node) -> str:
+        spec = self.input_specs.get(base)
+        functional = (
+            "the reference backend runs programs that leave their inputs and state unchanged"
+        )
+        if spec is None:
+            return f"{name} writes to {base.name!r}, an input of a subgraph; {functional}"
+        if spec.kind == InputKind.USER_INPUT:
+            return f"{name} mutates its input {base.name!r}; {functional}"
+        kind = spec.kind.name.lower().replace("_", " ")
+        return f"{name} updates {kind} {spec.target!r} in place; {functional} (export in eval mode)"
 
     def _constant(self, node: torch.fx.Node, spec: Any) -> Const:
         """Put a parameter, buffer or lifted constant into the constant pool."""
@@ -203,7 +280,9 @@ class _Compiler:
     def _get_attr(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
         value = _attribute(graph_module, node.target)
         if isinstance(value, torch.fx.GraphModule):
-            return self._block(value, is_main=False)
+            # Compiled when an op that takes it is (see _value): a subgraph of
+            # an unsupported higher-order op is then reported as that op.
+            return value
         if isinstance(value, torch.Tensor):
             self._check_dtype(node, value.dtype, f"attribute {node.target!r}")
             self.constants.append(value)
@@ -217,7 +296,8 @@ class _Compiler:
         op = ops.BY_NAME.get(name)
         if op is None:
             raise UnsupportedNodeError(
-                node, f"{name} is not in the reference backend's op table (backendconf_reference.ops)"
+                node,
+                f"{name} is not in the reference backend's op table (backendconf_reference.ops)",
             )
         self._check_dtypes(node, name)
         args, kwargs = _schema_arguments(node)
@@ -247,6 +327,8 @@ class _Compiler:
     def _value(self, node: torch.fx.Node, arg: Any, env: dict) -> Any:
         """An FX argument as a blob value: nodes become register/constant/block refs."""
         if isinstance(arg, torch.fx.Node):
+            if isinstance(env[arg], torch.fx.GraphModule):
+                env[arg] = self._block(env[arg], is_main=False)
             return env[arg]
         if isinstance(arg, (list, tuple)):
             return [self._value(node, a, env) for a in arg]

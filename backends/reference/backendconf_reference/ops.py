@@ -75,6 +75,12 @@ def _to_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
     return x.to(dtype, non_blocking, copy, memory_format=memory_format)
 
 
+def _to_device(x, device, dtype, non_blocking=False, copy=False, memory_format=None):
+    if memory_format is None:
+        return x.to(device, dtype, non_blocking, copy)
+    return x.to(device, dtype, non_blocking, copy, memory_format=memory_format)
+
+
 def _to_dtype_layout(
     x,
     *,
@@ -113,12 +119,30 @@ def _to_copy(
 def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
     if scale == 1 and input_scale == 1:
         return F.elu(x, alpha)
-    # ATen's general form (F.selu and F.celu lower to other ops).
-    return torch.where(x > 0, x * scale, torch.expm1(x * input_scale) * (alpha * scale))
+    # F.elu has no scale arguments; the rare general form takes the slower overload.
+    return torch.ops.aten.elu.default(x, alpha, scale, input_scale)
+
+
+def _elu_(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if scale == 1 and input_scale == 1:
+        return F.elu_(x, alpha)
+    return torch.ops.aten.elu_.default(x, alpha, scale, input_scale)
 
 
 def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return torch.native_batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+def _silu_(x):
+    return F.silu(x, inplace=True)
+
+
+def _hardswish_(x):
+    return F.hardswish(x, inplace=True)
+
+
+def _hardsigmoid_(x):
+    return F.hardsigmoid(x, inplace=True)
 
 
 def _identity_dropout(x, p, train):
@@ -193,6 +217,12 @@ _TABLE: list[tuple] = [
     (31, "aten.erf.default", torch.erf),
     (32, "aten.sin.default", torch.sin),
     (33, "aten.cos.default", torch.cos),
+    (34, "aten.log1p.default", torch.log1p),
+    (35, "aten.expm1.default", torch.expm1),
+    (36, "aten.floor.default", torch.floor),
+    (37, "aten.ceil.default", torch.ceil),
+    (38, "aten.round.default", torch.round),
+    (39, "aten.sign.default", torch.sign),
     # comparisons and logic
     (40, "aten.eq.Tensor", torch.eq),
     (41, "aten.eq.Scalar", torch.eq),
@@ -228,6 +258,16 @@ _TABLE: list[tuple] = [
     (79, "aten.softplus.default", F.softplus),
     (80, "aten.hardswish.default", F.hardswish),
     (81, "aten.hardsigmoid.default", F.hardsigmoid),
+    # in-place activations, as export keeps them (nn.ReLU(inplace=True)); the
+    # compiler accepts in-place ops only on the program's own intermediate tensors
+    (82, "aten.relu_.default", torch.relu_),
+    (83, "aten.hardtanh_.default", F.hardtanh_),
+    (84, "aten.silu_.default", _silu_),
+    (85, "aten.hardswish_.default", _hardswish_),
+    (86, "aten.hardsigmoid_.default", _hardsigmoid_),
+    (87, "aten.leaky_relu_.default", F.leaky_relu_),
+    (88, "aten.elu_.default", _elu_),
+    (89, "aten.dropout_.default", _identity_dropout, _eval_only(2, "train")),
     # reductions
     (90, "aten.sum.default", torch.sum),
     (91, "aten.sum.dim_IntList", torch.sum),
@@ -272,6 +312,11 @@ _TABLE: list[tuple] = [
     (137, "aten._native_batch_norm_legit_no_training.default", _batch_norm_no_training),
     (138, "aten.group_norm.default", torch.group_norm),
     (139, "aten.dropout.default", _identity_dropout, _eval_only(2, "train")),
+    # in-place arithmetic (``y += x`` in a residual block), on intermediates only
+    (140, "aten.add_.Tensor", torch.Tensor.add_),
+    (141, "aten.sub_.Tensor", torch.Tensor.sub_),
+    (142, "aten.mul_.Tensor", torch.Tensor.mul_),
+    (143, "aten.div_.Tensor", torch.Tensor.div_),
     # shapes and views
     (150, "aten.view.default", torch.Tensor.view),
     (151, "aten._unsafe_view.default", torch.reshape),
@@ -323,19 +368,27 @@ _TABLE: list[tuple] = [
     (210, "aten._to_copy.default", _to_copy),
     (211, "aten.to.dtype", _to_dtype),
     (212, "aten.to.dtype_layout", _to_dtype_layout),
-    # asserts export inserts; shapes were checked at export, inputs by the lowering
+    (213, "aten.to.device", _to_device),
+    # asserts export inserts: tensor metadata was fixed at export and the lowering
+    # checks inputs, so it is a no-op; scalar asserts guard dynamic sizes and run
     (220, "aten._assert_tensor_metadata.default", None),
-    (221, "aten.sym_constrain_range_for_size.default", None),
-    (222, "aten._assert_scalar.default", _assert_scalar),
-    # symbolic sizes (dynamic shapes)
+    (221, "aten._assert_scalar.default", _assert_scalar),
+    # symbolic sizes and data-dependent scalars (dynamic shapes)
     (230, "aten.sym_size.int", _sym_size),
-    (231, "_operator.add", operator.add),
-    (232, "_operator.sub", operator.sub),
-    (233, "_operator.mul", operator.mul),
-    (234, "_operator.floordiv", operator.floordiv),
+    (231, "aten.item.default", torch.Tensor.item),
+    (232, "_operator.add", operator.add),
+    (233, "_operator.sub", operator.sub),
+    (234, "_operator.mul", operator.mul),
+    (235, "_operator.floordiv", operator.floordiv),
+    (236, "_operator.eq", operator.eq),
+    (237, "torch.sym_not", torch.sym_not),
+    (238, "_operator.lt", operator.lt),
+    (239, "_operator.le", operator.le),
+    (240, "_operator.gt", operator.gt),
+    (241, "_operator.ge", operator.ge),
     # structure and control flow
-    (240, "_operator.getitem", operator.getitem),
-    (241, "higher_order.cond", _cond),
+    (250, "_operator.getitem", operator.getitem),
+    (251, "higher_order.cond", _cond),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE)
@@ -343,8 +396,10 @@ BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 BY_OPCODE: dict[int, Op] = {op.opcode: op for op in OPS}
 
 # A duplicated opcode or name would make blobs ambiguous: fail at import.
-assert len(BY_NAME) == len(OPS) and len(BY_OPCODE) == len(OPS), "duplicate op in table"
-assert all(0 < op.opcode < 2**16 for op in OPS), "opcodes are stored as u16"
+if len(BY_NAME) != len(OPS) or len(BY_OPCODE) != len(OPS):
+    raise RuntimeError("backendconf_reference.ops: an opcode or op name appears twice")
+if not all(0 < op.opcode < 2**16 for op in OPS):
+    raise RuntimeError("backendconf_reference.ops: opcodes must fit in u16 and be positive")
 
 #: Overload names, for ``Capabilities.supported_ops``.
 SUPPORTED_OPS = frozenset(BY_NAME)

@@ -107,7 +107,8 @@ def _():
         bc.save(again, again_path)
         assert open(path, "rb").read() == open(again_path, "rb").read()
         outcome = run_on_target(path, {"forward": [(IMAGE,)]})
-        torch.testing.assert_close(outcome["forward"][0], CNN(IMAGE))
+        assert outcome["ok"], outcome["error"] or outcome["errors"]
+        torch.testing.assert_close(outcome["outputs"]["forward"][0], CNN(IMAGE))
         handle = next(iter(bc.debug_info(lowered)))
         assert f"debug handle {handle}" in bc.symbolicate(path, [handle])
 

@@ -59,6 +59,9 @@ _LAZY = {
     "save": "._archive",
     "load": "._archive",
     "symbolicate": "._archive",
+    "read_archive": "._archive",
+    "Limits": "._archive",
+    "run_on_target": "._target",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

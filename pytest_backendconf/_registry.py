@@ -337,11 +337,21 @@ def set_active_registry(registry: BackendRegistry | None) -> None:
     _ACTIVE = registry
 
 
+# Backends found through entry points outside pytest, by name: scanning the
+# installed distributions costs milliseconds, and load() asks on every call.
+_FOUND: dict[str, RegisteredBackend] = {}
+
+
 def lookup_backend(name: str) -> RegisteredBackend:
     """The backend called ``name``: from the active pytest session's registry if it
-    has it, else from the entry points and `register_backend` calls of this process."""
+    has it, else from `register_backend` calls and the entry points of this process."""
     if _ACTIVE is not None and name in _ACTIVE.backends():
         return _ACTIVE.get(name)
-    registry = BackendRegistry()
-    registry.load_entry_points(select=name)
-    return registry.get(name)
+    for registered in _EXPLICIT:
+        if registered.name == name:
+            return registered
+    if name not in _FOUND:
+        registry = BackendRegistry()
+        registry.load_entry_points(select=name)
+        _FOUND[name] = registry.get(name)
+    return _FOUND[name]

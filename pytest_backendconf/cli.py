@@ -1,11 +1,13 @@
-"""The ``backendconf`` command: list backends (and, as they land, inspect and run archives)."""
+"""The ``backendconf`` command: list backends, inspect archives, symbolicate handles, run on a target."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import warnings
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ._registry import BackendRegistry
 from .errors import BackendConfError
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     listing = commands.add_parser("list", help="list the registered backends")
     listing.set_defaults(run=_list)
+    _add_archive_commands(commands)
     return parser
 
 
@@ -55,6 +58,255 @@ def _list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     return 0
+
+
+# --- archives: inspect, symbolicate, run-target -------------------------------------
+
+
+def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
+    inspect = commands.add_parser(
+        "inspect", help="show an archive's versions, backend, methods, entries and debug handles"
+    )
+    inspect.add_argument("archive", metavar="ARCHIVE", help="a file written by pytest_backendconf.save")
+    inspect.set_defaults(run=_inspect)
+
+    symbolicate = commands.add_parser(
+        "symbolicate",
+        help="print the model source of debug handles, offline, from an archive alone",
+        description="Print the symbolicated text of each HANDLE, or copy a log to stdout with the "
+        "text of every `debug_handle=N` written under the line that mentions it. The backend "
+        "is not needed.",
+    )
+    symbolicate.add_argument("archive", metavar="ARCHIVE")
+    symbolicate.add_argument("handles", metavar="HANDLE", nargs="*", help="debug handles (integers)")
+    symbolicate.add_argument("--log", metavar="FILE", help="a log to rewrite ('-' reads stdin)")
+    symbolicate.set_defaults(run=_symbolicate)
+
+    target = commands.add_parser(
+        "run-target",
+        help="load an archive on a simulated target (fresh process, host-only modules blocked)",
+        description="Load ARCHIVE in a fresh Python process in which the backend's "
+        "host_only_modules and torch's tracing entry points cannot be imported, and report "
+        "whether it loads; with --inputs or --example-inputs also call its methods there.",
+    )
+    target.add_argument("archive", metavar="ARCHIVE")
+    group = target.add_mutually_exclusive_group()
+    group.add_argument(
+        "--inputs", metavar="FILE",
+        help='JSON {"method": [[arg, ...], ...]}: one list of positional arguments per call; a '
+        "(nested) list of numbers becomes a tensor of the dtype the method was lowered for",
+    )
+    group.add_argument(
+        "--example-inputs", action="store_true",
+        help="call each method once with inputs made from its input specs (seeded random)",
+    )
+    target.add_argument(
+        "-p", dest="plugins", metavar="PLUGIN", action="append", default=[],
+        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
+    )
+    target.add_argument(
+        "--block", dest="blocked", metavar="MODULE", action="append", default=[],
+        help="another module to block on the target (repeatable)",
+    )
+    target.add_argument("--timeout", type=float, default=60, metavar="SECONDS")
+    target.set_defaults(run=_run_target)
+
+
+def _file_errors(run):
+    """Report an unreadable file as `backendconf: error: ...` (exit code 1), not a traceback."""
+
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except OSError as exc:
+            name = exc.filename if exc.filename is not None else getattr(args, "archive", "?")
+            print(f"backendconf: error: cannot read {name!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+
+    wrapped.__name__ = run.__name__
+    return wrapped
+
+
+@_file_errors
+def _inspect(args: argparse.Namespace) -> int:
+    from ._archive import SCHEMA_VERSION, read_archive
+
+    archive = read_archive(args.archive)
+    major, minor = archive.schema_version
+    handles = sorted(archive.debug)
+    span = f" ({handles[0]}..{handles[-1]})" if handles else ""
+    print(f"archive:       {archive.source} ({archive.file_size} bytes)")
+    print(
+        f"format:        {archive.manifest['format']}, schema version {major}.{minor} "
+        f"(this reader: {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]})"
+    )
+    print(f"written by:    {archive.writer or '-'}, torch {archive.torch_version}")
+    print(f"backend:       {archive.backend_name} (version {archive.backend_version or '-'})")
+    print(f"debug handles: {len(handles)}{span}")
+    print("methods:")
+    for name, spec in archive.methods.items():
+        print(f"  {name}{spec.signature()}")
+        for label, values in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+            listed = ", ".join(f"{v.name}: {v.describe()}" for v in values) or "none"
+            print(f"    {label + ':':9}{listed}")
+        print(f"    {'compile spec:'} {json.dumps(spec.compile_spec, sort_keys=True)}")
+    print("entries:")
+    width = max(len(e.name) for e in archive.entries)
+    for e in archive.entries:
+        print(f"  {e.name:{width}}  {e.size:>10} bytes  {e.compression:8} {e.stored_size:>10} stored  sha256 {e.sha256[:16]}")
+    return 0
+
+
+@_file_errors
+def _symbolicate(args: argparse.Namespace) -> int:
+    from ._archive import read_archive, symbolicate
+    from .errors import BackendConfError
+
+    if not args.handles and args.log is None:
+        raise BackendConfError("symbolicate needs debug handles (integers) or --log FILE")
+    handles = []
+    for text in args.handles:
+        try:
+            handles.append(int(text))
+        except ValueError:
+            raise BackendConfError(f"handle {text!r} is not an integer; write debug handles such as 17") from None
+    archive = read_archive(args.archive)
+    if handles:
+        print(symbolicate(archive, handles))
+    if args.log is not None:
+        if args.log == "-":
+            lines = sys.stdin
+            _rewrite_log(archive, lines)
+        else:
+            with open(args.log, encoding="utf-8", errors="replace") as lines:
+                _rewrite_log(archive, lines)
+    return 0
+
+
+_HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
+
+
+def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
+    from ._archive import symbolicate
+
+    out = sys.stdout
+    for line in lines:
+        out.write(line if line.endswith("\n") else line + "\n")
+        found = dict.fromkeys(int(m) for m in _HANDLE_IN_LOG.findall(line))
+        if found:
+            out.write(symbolicate(archive, found) + "\n")
+
+
+@_file_errors
+def _run_target(args: argparse.Namespace) -> int:
+    from ._archive import read_archive
+    from ._target import run_on_target
+    from .errors import BackendConfError
+
+    archive = read_archive(args.archive)  # a bad file is reported here, before a process starts
+    calls = None
+    if args.inputs is not None:
+        with open(args.inputs, encoding="utf-8") as f:
+            try:
+                document = json.load(f)
+            except ValueError as exc:
+                raise BackendConfError(f"--inputs {args.inputs!r} is not valid JSON: {exc}") from None
+        calls = _calls_from_json(archive, document, args.inputs)
+    elif args.example_inputs:
+        calls = _example_calls(archive)
+    result = run_on_target(
+        args.archive, calls, blocked_modules=args.blocked, plugins=args.plugins, timeout=args.timeout
+    )
+    if result["error"] is not None:
+        error = result["error"]
+        print(
+            f"backendconf: error: the target could not load {args.archive!r}: "
+            f"{error['type']}: {error['message']}",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"target: loaded {args.archive!r} (backend {result['backend']!r}; methods "
+        f"{', '.join(result['methods'])}) with these modules blocked: {', '.join(result['blocked'])}"
+    )
+    for method, outputs in result["outputs"].items():
+        for i, (value, error) in enumerate(zip(outputs, result["errors"][method]), 1):
+            if error is None:
+                print(f"  {method} call {i}: ok -> {_describe(value)}")
+            else:
+                print(f"  {method} call {i}: {error['type']}: {error['message']}")
+    print("target: ok" if result["ok"] else "target: FAILED (see above)")
+    return 0 if result["ok"] else 1
+
+
+def _calls_from_json(archive: object, document: object, name: str) -> dict:
+    import torch
+
+    from .errors import BackendConfError
+
+    if not isinstance(document, dict):
+        raise BackendConfError(f"--inputs {name!r} must hold a JSON object {{method: [[arg, ...], ...]}}")
+    calls = {}
+    for method, arg_lists in document.items():
+        spec = archive.methods.get(method)  # type: ignore[attr-defined]
+        if spec is None:
+            raise BackendConfError(
+                f"--inputs {name!r} names method {method!r}; the archive's methods are "
+                f"{', '.join(archive.methods)}"  # type: ignore[attr-defined]
+            )
+        if not isinstance(arg_lists, list) or not all(isinstance(a, list) for a in arg_lists):
+            raise BackendConfError(f"--inputs {name!r}: {method!r} must map to a list of argument lists")
+        converted = []
+        for args in arg_lists:
+            call = []
+            for i, value in enumerate(args):
+                value_spec = spec.inputs[i] if i < len(spec.inputs) else None
+                if isinstance(value, list) and value_spec is not None and value_spec.kind == "tensor":
+                    try:
+                        value = torch.tensor(value, dtype=getattr(torch, value_spec.dtype))
+                    except (TypeError, ValueError, RuntimeError) as exc:
+                        raise BackendConfError(
+                            f"--inputs {name!r}: argument {i} of {method!r} is not a {value_spec.dtype} tensor: {exc}"
+                        ) from None
+                call.append(value)
+            converted.append(tuple(call))
+        calls[method] = converted
+    return calls
+
+
+def _example_calls(archive: object) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    calls = {}
+    for method, spec in archive.methods.items():  # type: ignore[attr-defined]
+        args = []
+        for value in spec.inputs:
+            if value.kind != "tensor":
+                args.append(value.value)
+                continue
+            shape = [2 if d is None else d for d in value.shape]
+            dtype = getattr(torch, value.dtype)
+            if dtype.is_floating_point or dtype.is_complex:
+                args.append(torch.randn(shape, generator=generator).to(dtype))
+            elif dtype == torch.bool:
+                args.append(torch.rand(shape, generator=generator) > 0.5)
+            else:
+                args.append(torch.randint(0, 10, shape, generator=generator, dtype=dtype))
+        calls[method] = [tuple(args)]
+    return calls
+
+
+def _describe(value: object) -> str:
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return f"{str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_describe(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(_describe(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ import pytest
 # afterwards, and a torch first imported inside one of them would be imported
 # a second time by the next run, which crashes its C extension.
 import torch  # noqa: F401
+from hypothesis import settings
+
+# The project's own property tests read these global profiles
+# (`pytest --hypothesis-profile=thorough`); Hypothesis registers `ci` itself.
+for _name, _examples in (("dev", 100), ("thorough", 2000)):
+    if _name not in settings._profiles:
+        settings.register_profile(_name, max_examples=_examples, deadline=None)
 
 # A backend with the §3.1 shape, as a conftest or plugin would write it. It
 # never runs: the registry and plugin tests only select it.

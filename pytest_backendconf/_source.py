@@ -88,7 +88,8 @@ def _by_op(file: str, line: int, op: str) -> list[ast.AST]:
         found = [n for n in nodes if isinstance(n, ast.Subscript)]
         if found:
             return found
-    names = _CALL_ALIASES.get(op, set()) | {op, op.rstrip("_"), op.lstrip("_")}
+    # aten::special_erfcx is spelled torch.special.erfcx; aten::relu_ is x.relu_().
+    names = _CALL_ALIASES.get(op, set()) | {op, op.rstrip("_"), op.lstrip("_"), op.removeprefix("special_")}
     return [n for n in nodes if isinstance(n, ast.Call) and _callee_name(n.func) in names]
 
 

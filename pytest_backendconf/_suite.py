@@ -15,7 +15,7 @@ import dataclasses
 import fnmatch
 import importlib
 import shlex
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pytest
 
@@ -151,6 +151,3 @@ def suite_only(config: pytest.Config) -> bool:
     """No test paths on the command line: run the suite alone, not the current folder."""
     return config.args_source != pytest.Config.ArgsSource.ARGS
 
-
-def matching(ids: Iterable[str], pattern: str) -> list[str]:
-    return [i for i in ids if fnmatch.fnmatchcase(i, pattern)]

@@ -1,6 +1,7 @@
 # The two commands of the README's quick start, on a fresh machine:
-#   make suite   the main job: the reference backend through the conformance checks
+#   make suite   the main job: the conformance suite against the reference backend
 #   make test    the project's own tests
+# and `make demo`, a walkthrough of lowering, errors, archives and the target.
 # Both create .venv on first use. TORCH picks the torch build (default: the
 # local CPU build of 2.13.0; an unpinned torch would pull CUDA packages).
 
@@ -9,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite test clean
+.PHONY: suite test demo clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +18,11 @@ $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' -e backends/reference
 	touch $@
 
+# From an empty folder, as a vendor would run it: only the suite is collected.
 suite: $(VENV)/.installed
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=reference
+
+demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py
 
 test: $(VENV)/.installed

@@ -40,7 +40,7 @@ def lowered_or_unsupported(ctx: SuiteContext, case_name: str, dtype: str):
     try:
         return ctx.lower(case_name, dtype)
     except UnsupportedNodeError as exc:
-        raise Unsupported(str(exc).splitlines()[0] + (f" ({exc.reason})" if exc.reason else "")) from exc
+        raise Unsupported.from_rejection(exc) from exc
 
 
 def tolerance(ctx: SuiteContext, dtype: str) -> tuple[float, float]:

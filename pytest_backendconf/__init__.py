@@ -62,6 +62,7 @@ _LAZY = {
     "read_archive": "._archive",
     "Limits": "._archive",
     "run_on_target": "._target",
+    "StaleKnownFailureWarning": "._gating",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

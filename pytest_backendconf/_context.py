@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._debug_handles import walk_nodes
 from ._lowering import WrapperModule, export_method, lower_programs
 from ._registry import RegisteredBackend
 from .capabilities import Capabilities, capabilities_of
@@ -36,6 +37,7 @@ class SuiteContext:
         self._lock = threading.RLock()
         self._modules: dict[tuple[str, str], torch.nn.Module] = {}
         self._programs: dict[tuple[str, str, str], Any] = {}
+        self._fingerprints: dict[tuple[str, str, str], tuple[list[tuple], dict[str, torch.Tensor]]] = {}
         self._lowered: dict[tuple[str, str, str], WrapperModule] = {}
         #: How many exports ran: the benchmark compares it with the unique keys.
         self.export_count = 0
@@ -81,9 +83,23 @@ class SuiteContext:
         with self._lock:
             if key not in self._programs:
                 args, kwargs = self.example(case_name, dtype, method)
-                self._programs[key] = export_method(self.module(case_name, dtype), method, args, kwargs)
+                program = export_method(self.module(case_name, dtype), method, args, kwargs)
+                self._programs[key] = program
+                self._fingerprints[key] = _fingerprint(program)
                 self.export_count += 1
             return self._programs[key]
+
+    def program_changes(self, case_name: str, dtype: str, method: str) -> list[str]:
+        """What changed in a cached program since its export (the graph, parameter names)."""
+        program = self.program(case_name, dtype, method)
+        code, state = self._fingerprints[(case_name, dtype, method)]
+        changes = ["the graph"] if _graph_structure(program) != code else []
+        current = dict(program.state_dict)
+        changes += [
+            f"parameter {name!r}" for name, value in state.items()
+            if name not in current or not torch.equal(current[name], value)
+        ]
+        return changes
 
     def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Any = None, cache: bool = True) -> WrapperModule:
         """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``."""
@@ -110,6 +126,17 @@ class SuiteContext:
     def tmp_dir(self, name: str) -> Any:
         """A fresh temporary directory (a `pathlib.Path`) for one check."""
         return self._tmp_dir(name)
+
+
+def _fingerprint(program: Any) -> tuple[list[tuple], dict[str, torch.Tensor]]:
+    # The nodes themselves, not graph_module.code: an edit of the graph without
+    # recompile() leaves the code as it was. Tensors are copied: they are what
+    # a backend might write to.
+    return _graph_structure(program), {k: v.detach().clone() for k, v in program.state_dict.items()}
+
+
+def _graph_structure(program: Any) -> list[tuple]:
+    return [(n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in walk_nodes(program.graph_module)]
 
 
 #: How input values are drawn: uniform in range, the range's edge values, or both mixed.

@@ -49,6 +49,15 @@ class CheckFailed(AssertionError):
 class Unsupported(Exception):
     """The backend rejected the model (`UnsupportedNodeError`): counted apart, never as a pass."""
 
+    @classmethod
+    def from_rejection(cls, exc: Exception) -> "Unsupported":
+        """``The node of aten::mul is not supported in this compiler (reason) at models.py:12``."""
+        first = str(exc).splitlines()[0].removesuffix(" Source code:").rstrip(".")
+        reason = getattr(exc, "reason", "")
+        info = getattr(exc, "debug_info", None)
+        where = f" at {info.file}:{info.line}" if info is not None and info.file else ""
+        return cls(first + (f" ({reason})" if reason else "") + where)
+
 
 def fail(message: str) -> None:
     raise CheckFailed(message)
@@ -92,7 +101,7 @@ class ConformanceItem(pytest.Item):
         return f"{text}\nreproduce: {self.reproduce}"
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.check.category}::{self.check.name}"
+        return self.path, None, f"{ROOT_ID}::{self.check.category}::{self.check.name}"
 
 
 class SuitePlugin:
@@ -107,6 +116,15 @@ class SuitePlugin:
     def pytest_configure(self, config: pytest.Config) -> None:
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+        workers = getattr(config, "workerinput", {}).get("workercount")
+        if workers:
+            # pytest-xdist: share the cores between workers instead of each
+            # worker's torch thread pool claiming all of them.
+            import os
+
+            import torch
+
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)
@@ -120,7 +138,7 @@ class SuitePlugin:
         selected = config.getoption("backendconf_select") or []
         for check in generate_checks(ctx):
             name = f"{check.category}::{check.name}"
-            if selected and not any(fnmatch.fnmatchcase(f"{ROOT_ID}::{name}", p) or fnmatch.fnmatchcase(name, p) for p in selected):
+            if selected and not any(id_matches(name, p) for p in selected):
                 continue
             items.append(
                 ConformanceItem.from_parent(
@@ -128,15 +146,41 @@ class SuitePlugin:
                 )
             )
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+        report = yield
+        if isinstance(item, ConformanceItem) and report.skipped and isinstance(report.longrepr, tuple):
+            # "SKIPPED [1] backendconf::parity::x[float16]: unsupported: …", not
+            # the line of this package that raised the skip.
+            report.longrepr = (item.nodeid, None, report.longrepr[2])
+        return report
+
     def reproduce_command(self, node_id: str) -> str:
+        from .plugin import hypothesis_choice
+
         parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
         for plugin in self.config.known_args_namespace.plugins or []:
             if not plugin.startswith("no:"):
                 parts += ["-p", plugin]
-        seed = self.config.getoption("hypothesis_seed", None)
-        if seed is not None:
+        # The same inputs again: the profile, and the seed unless the profile is derandomized.
+        profile, seed = hypothesis_choice(self.config)
+        parts.append(f"--backendconf-hypothesis={profile}")
+        if profile != "ci":
             parts.append(f"--hypothesis-seed={seed}")
         return shlex.join(parts)
+
+
+def id_matches(name: str, pattern: str) -> bool:
+    """Whether a check (``parity::x[float16]``) matches a selection or known-failure key.
+
+    An exact id always matches itself: ``[float16]`` in an id is not an
+    fnmatch character class. Otherwise the key is an fnmatch pattern, with or
+    without the ``backendconf::`` prefix.
+    """
+    full = f"{ROOT_ID}::{name}"
+    if pattern in (full, name):
+        return True
+    return fnmatch.fnmatchcase(full, pattern) or fnmatch.fnmatchcase(name, pattern)
 
 
 def _conformance_dir() -> Any:

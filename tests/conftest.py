@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import textwrap
 from typing import Iterable
 
@@ -12,6 +13,12 @@ import pytest
 # afterwards, and a torch first imported inside one of them would be imported
 # a second time by the next run, which crashes its C extension.
 import torch  # noqa: F401
+from _pytest import pytester as _pytester
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: torch's own thread pool per worker would
+    # oversubscribe the machine several times over.
+    torch.set_num_threads(1)
 from hypothesis import settings
 
 # The project's own property tests read these global profiles
@@ -79,3 +86,24 @@ def fake_distributions(monkeypatch):
         monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
 
     return install
+
+
+# Modules that must survive pytester's sys.modules restore. torch imports
+# submodules lazily during an export (torch._inductor.test_operators ...);
+# dropped and imported again by the next in-process run, they register their
+# operator libraries twice and torch refuses. Our own modules hold
+# process-wide state (the debug-handle recorder) that must stay one object.
+_KEEP = ("torch", "functorch", "sympy", "pytest_backendconf", "backendconf_reference")
+
+
+@pytest.fixture(autouse=True)
+def _keep_stateful_modules_across_inline_runs(monkeypatch):
+    original = _pytester.SysModulesSnapshot.__init__
+
+    def init(self, preserve=None):
+        def keep(name: str) -> bool:
+            return name.split(".")[0] in _KEEP or bool(preserve and preserve(name))
+
+        original(self, preserve=keep)
+
+    monkeypatch.setattr(_pytester.SysModulesSnapshot, "__init__", init)

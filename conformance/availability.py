@@ -1,0 +1,831 @@
+"""availability: the host/target tables of DESIGN.md §3.4, one check per row of ``availability.toml``.
+
+Each row is put into effect with a *stand-in*: a copy of the vendor's backend
+whose class overrides ``is_available``/``compile``/``execute`` to force the
+row's condition and count calls. Host rows run in this process. Target rows
+load archives in the session's extra process (`ExtraProcess`), where the
+backend's host-only modules and torch's tracing modules cannot be imported
+and the stand-in is registered under the backend's name. The serialization
+category sends its target loads and fresh lowerings to the same process.
+
+``python -m pytest_backendconf.conformance.availability WORKDIR`` is that process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import copy
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from importlib import resources
+from typing import Any, Iterator
+
+import torch
+
+from pytest_backendconf import _archive, _registry, _target
+from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf.errors import (
+    BackendContractError,
+    BackendUnavailableError,
+    BackendUnavailableWarning,
+    UnsupportedNodeError,
+)
+
+from ._spec import section
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@functools.cache
+def table() -> dict[str, Any]:
+    """``availability.toml``: ``texts`` and the ``row`` list, in table order."""
+    return tomllib.loads(resources.files(__package__).joinpath("availability.toml").read_text())
+
+
+def checks(ctx: Any) -> Iterator[Check]:
+    for row in table()["row"]:
+        yield Check(
+            "availability",
+            row["id"],
+            functools.partial(OUTCOMES[row["expect"]], row=row),
+            stage="is_available" if row["where"] == "host" else "target",
+        )
+
+
+# --- the stand-in -------------------------------------------------------------------------
+
+
+class StandIn:
+    """A copy of ``backend`` that forces availability conditions and counts calls.
+
+    The copy's class is a subclass of the backend's own, so the backend's own
+    code sees the forced answers too (a ``preprocess`` that asks
+    ``self.is_available()`` gets the simulated answer). Objects whose class
+    cannot be swapped get a delegating proxy with the same name and methods.
+
+    :param available: ``True``, ``False``, or ``"backend"`` (ask the backend).
+    :param compile: ``"backend"`` or ``"fails"``; so is ``execute``.
+    """
+
+    def __init__(self, backend: Any, *, available: Any = "backend", compile: str = "backend",
+                 execute: str = "backend", row: str = "") -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.row = row
+        base = type(backend)
+        stand = self
+
+        def is_available(this: Any) -> Any:
+            stand.calls["is_available"] += 1
+            return base.is_available(this) if available == "backend" else available
+
+        def compile_(this: Any, processed: dict, method_compile_spec: dict) -> Any:
+            stand.calls["compile"] += 1
+            if compile == "fails":
+                raise RuntimeError(stand.simulated("compile()"))
+            return base.compile(this, processed, method_compile_spec)
+
+        def execute_(this: Any, handle: Any, inputs: list) -> Any:
+            stand.calls["execute"] += 1
+            if execute == "fails":
+                raise RuntimeError(stand.simulated("execute()"))
+            return base.execute(this, handle, inputs)
+
+        def unavailable_reason(this: Any) -> str:
+            if available is False:
+                return f"simulated by pytest-backendconf for availability row {row}"
+            explain = getattr(base, "unavailable_reason", None)
+            return explain(this) if callable(explain) else ""
+
+        overrides = {"is_available": is_available, "compile": compile_, "execute": execute_,
+                     "unavailable_reason": unavailable_reason}
+        try:
+            # __slots__ = () keeps the layout, so __class__ can be assigned.
+            cls = type(base.__name__, (base,), {**overrides, "__slots__": (), "__module__": base.__module__})
+            obj = copy.copy(backend)
+            obj.__class__ = cls
+        except Exception:  # slots, metaclasses, uncopyable state: fall back to delegating
+            obj = _Delegate(backend, overrides)
+        self.backend = obj
+
+    def simulated(self, what: str) -> str:
+        return f"simulated by pytest-backendconf: {what} cannot work here (availability row {self.row})"
+
+    def expect_no_calls(self, where: str, *methods: str) -> None:
+        called = {m: self.calls[m] for m in methods if self.calls[m]}
+        if called:
+            fail(
+                f"{where}: {', '.join(f'{m}() was called {n} time(s)' for m, n in called.items())} although "
+                "is_available() returned False; DESIGN.md §3.4 forbids calling them then"
+            )
+
+
+class _Delegate:
+    """The stand-in for a backend whose class cannot be subclassed in place."""
+
+    def __init__(self, backend: Any, overrides: dict[str, Any]) -> None:
+        self._backend = backend
+        self.name = backend.name
+        self.capabilities = getattr(backend, "capabilities", None)
+        for name, function in overrides.items():
+            setattr(self, name, functools.partial(function, backend))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+class _PreprocessOnly:
+    """The backend, but unavailable to the lowering: it preprocesses and never compiles.
+
+    Target rows get their archives this way, so that their verdict does not
+    depend on the host compiling. The backend's own code is not affected.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.name = backend.name
+
+    def is_available(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def load_with(backend: Any, data: bytes) -> Any:
+    """`pytest_backendconf.load` of ``data``, with ``backend`` instead of the registered one."""
+    from pytest_backendconf._lowering import LoweredModule, WrapperModule
+
+    archive = _archive.read_archive(data)
+    lowered = LoweredModule(backend, dict(archive.methods), dict(archive.blobs), dict(archive.debug),
+                            backend_version=archive.backend_version)
+    lowered.compile_now(at="load")
+    return WrapperModule(lowered)
+
+
+# --- host rows ---------------------------------------------------------------------------
+
+
+def subjects(ctx: Any) -> list[tuple[str, str]]:
+    """(case, dtype) pairs the rows are checked with: suite.toml's cases, first dtype each."""
+    found = []
+    for name in section("availability")["cases"]:
+        if name in ctx.cases and ctx.dtypes_for(ctx.cases[name]):
+            found.append((name, ctx.dtypes_for(ctx.cases[name])[0]))
+    if not found:
+        raise Unsupported(f"none of the availability cases {section('availability')['cases']} runs in a dtype the backend declares")
+    return found
+
+
+def calls_for(ctx: Any, case: str, dtype: str) -> dict[str, list[tuple[tuple, dict]]]:
+    """Per method, the example calls every row makes (one per seed in suite.toml)."""
+    seeds = section("availability")["seeds"]
+    return {m: [ctx.example(case, dtype, m, seed=s) for s in seeds] for m in ctx.cases[case].methods}
+
+
+def _lower(ctx: Any, case: str, dtype: str, backend: Any) -> tuple[Any, list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered = ctx.lower(case, dtype, backend=backend)
+    return lowered, caught
+
+
+def _each_supported(ctx: Any, check: Any) -> None:
+    """Run ``check(case, dtype)`` for every subject; unsupported only if the backend rejects all."""
+    rejected = []
+    for case, dtype in subjects(ctx):
+        try:
+            check(case, dtype)
+        except UnsupportedNodeError as exc:
+            rejected.append(f"{case}: {Unsupported.from_rejection(exc)}")
+    if len(rejected) == len(subjects(ctx)):
+        raise Unsupported("; ".join(rejected))
+
+
+def unavailable_on_host(ctx: Any, *, row: dict) -> None:
+    texts = table()["texts"]
+    warning = texts["warning"].format(name=ctx.name)
+
+    def check(case: str, dtype: str) -> None:
+        where = f"row {row['id']}, {case} ({dtype})"
+        stand_in = StandIn(ctx.backend, **row["stand_in"], row=row["id"])
+        try:
+            lowered, caught = _lower(ctx, case, dtype, stand_in.backend)
+        except UnsupportedNodeError:
+            raise
+        except Exception as exc:
+            stand_in.expect_no_calls(f"{where}, lowering", "compile", "execute")
+            fail(f"{where}: with is_available() False, lowering must succeed with a BackendUnavailableWarning; "
+                 f"it raised {type(exc).__name__}: {exc}")
+        texts_seen = [str(w.message) for w in caught if issubclass(w.category, BackendUnavailableWarning)]
+        if not any(warning in t for t in texts_seen):
+            others = [f"{w.category.__name__}: {w.message}" for w in caught]
+            fail(f"{where}: lowering did not warn {warning!r}; warnings seen: {others or 'none'}")
+        stand_in.expect_no_calls(f"{where}, lowering", "compile", "execute")
+        try:
+            data = _archive.to_bytes(lowered)
+        except Exception as exc:
+            fail(f"{where}: saving the module lowered while unavailable raised {type(exc).__name__}: {exc}")
+        _expect_unavailable(f"{where}: loading the saved archive", lambda: load_with(stand_in.backend, data))
+        for method, [(args, kwargs), *_] in calls_for(ctx, case, dtype).items():
+            _expect_unavailable(f"{where}: calling {method}()", lambda: getattr(lowered, method)(*args, **kwargs))
+        stand_in.expect_no_calls(f"{where}, load and call", "compile", "execute")
+
+    _each_supported(ctx, check)
+
+
+def _expect_unavailable(what: str, action: Any) -> None:
+    prefix = table()["texts"]["unavailable_error"]
+    try:
+        action()
+    except BackendUnavailableError as exc:
+        if not str(exc).startswith(prefix):
+            fail(f"{what} raised BackendUnavailableError, but its text does not start {prefix!r}: {exc}")
+        return
+    except Exception as exc:
+        fail(f"{what} must raise BackendUnavailableError starting {prefix!r}; it raised {type(exc).__name__}: {exc}")
+    fail(f"{what} succeeded; with is_available() False it must raise BackendUnavailableError starting {prefix!r}")
+
+
+def violation_on_host(ctx: Any, *, row: dict) -> None:
+    violation = table()["texts"]["violation"]
+
+    def check(case: str, dtype: str) -> None:
+        where = f"row {row['id']}, {case} ({dtype})"
+        stand_in = StandIn(ctx.backend, **row["stand_in"], row=row["id"])
+        try:
+            _lower(ctx, case, dtype, stand_in.backend)
+        except UnsupportedNodeError:
+            raise
+        except BackendContractError as exc:
+            if violation not in str(exc):
+                fail(f"{where}: the BackendContractError does not name {violation!r}: {exc}")
+        except Exception as exc:
+            fail(f"{where}: is_available() True with compile() failing must be reported as a "
+                 f"BackendContractError naming {violation!r}; lowering raised {type(exc).__name__}: {exc}")
+        else:
+            fail(f"{where}: is_available() returned True and compile() raised ({stand_in.calls['compile']} "
+                 "call(s)), yet lowering returned a module: the contract violation was not reported")
+        if stand_in.calls["execute"]:
+            fail(f"{where}: execute() was called {stand_in.calls['execute']} time(s) after compile() failed")
+
+    _each_supported(ctx, check)
+
+
+def compiles_once(ctx: Any, *, row: dict) -> None:
+    if ctx.backend.is_available() is not True:
+        raise Unsupported(
+            f"backend {ctx.name!r} reports is_available() == False on this host, so row {row['id']} "
+            "cannot be shown here; run the suite where the backend is available"
+        )
+
+    def check(case: str, dtype: str) -> None:
+        where = f"row {row['id']}, {case} ({dtype})"
+        stand_in = StandIn(ctx.backend, row=row["id"])
+        try:
+            lowered, caught = _lower(ctx, case, dtype, stand_in.backend)
+        except UnsupportedNodeError:
+            raise
+        except Exception as exc:
+            fail(f"{where}: is_available() returned True on this host, but lowering raised "
+                 f"{type(exc).__name__}: {exc}")
+        warned = [str(w.message) for w in caught if issubclass(w.category, BackendUnavailableWarning)]
+        if warned:
+            fail(f"{where}: is_available() returned True, yet lowering warned: {warned[0]}")
+        if stand_in.calls["compile"] != 1:
+            fail(f"{where}: compile() was called {stand_in.calls['compile']} time(s) while lowering; "
+                 "with the backend available it must be called exactly once, with every method's blob")
+        calls = calls_for(ctx, case, dtype)
+        for method, examples in calls.items():
+            for seed, (args, kwargs) in zip(section("availability")["seeds"], examples):
+                actual = getattr(lowered, method)(*args, **kwargs)
+                _match_eager(ctx, case, dtype, method, seed, args, kwargs, actual, where)
+        if stand_in.calls["compile"] != 1:
+            fail(f"{where}: calls compiled again: compile() ran {stand_in.calls['compile']} times in all; "
+                 "a module compiled at lowering must reuse its handles")
+
+    _each_supported(ctx, check)
+
+
+def _match_eager(ctx: Any, case: str, dtype: str, method: str, seed: int, args: tuple, kwargs: dict,
+                 actual: Any, where: str) -> None:
+    from .parity import tolerance  # parity imports Hypothesis: not in the target process
+
+    expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
+    rtol, atol = tolerance(ctx, dtype)
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        fail(f"{where}: {case}.{method} (example seed {seed}) differs from eager PyTorch "
+             f"(rtol={rtol}, atol={atol}):\n{exc}")
+
+
+# --- the session's extra process ------------------------------------------------------------
+#
+# Each extra process costs a torch import, and the fresh lowering a torch
+# tracing import on top, so one process per session does everything in two
+# phases: the *target* phase loads archives with host-only modules blocked
+# (the target rows here, the serialization category's round trips), then the
+# blocker is lifted and the *host* phase lowers the serialization category's
+# cases afresh. Results stream back one JSON line per item, so a check waits
+# only for its own. Items a crash or timeout kept from running are retried
+# once in a new process, so one defect costs no other check its result.
+
+
+@dataclasses.dataclass
+class Scenario:
+    """Target phase: load one archive with the backend or a stand-in, then make the calls."""
+
+    key: str
+    archive: str
+    calls: dict[str, list[tuple[tuple, dict]]]
+    #: `StandIn` options, or None for the backend itself.
+    stand_in: dict | None = None
+    #: The availability row the stand-in simulates, for its messages.
+    row: str = ""
+    #: May take the process down (a blob that is not ready): run after every other scenario.
+    last: bool = False
+
+
+@dataclasses.dataclass
+class Lowering:
+    """Host phase: lower one case again, its first debug handle at ``start``; write its archive."""
+
+    key: str
+    case: str
+    dtype: str
+    spec: dict
+    start: int
+
+
+class ExtraProcess:
+    """One ``python -m pytest_backendconf.conformance.availability WORKDIR`` run, read as it goes.
+
+    A scenario's result is ``{"loaded", "error", "outputs", "errors",
+    "blocked", "returncode", "stderr"}`` (outputs and errors per method, one
+    per call; errors ``{"type", "message"}``); a lowering's is ``{"archive"}``
+    (a path) or ``{"error"}``. If the process crashes or times out, the item
+    it was on gets that as its error; later items get ``TargetNotRunError``.
+    """
+
+    _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
+
+    def __init__(self, ctx: Any, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float) -> None:
+        self.scenarios = sorted(scenarios, key=lambda s: s.last)
+        self.lowerings = sorted(lowerings, key=lambda item: item.start)
+        self.keys = [s.key for s in self.scenarios] + [item.key for item in self.lowerings]
+        self.workdir = str(ctx.tmp_dir("backendconf-process"))
+        self.blocked = list(dict.fromkeys([*ctx.capabilities.host_only_modules, *_target.TRACING_MODULES]))
+        self.timeout = timeout
+        encoder = _archive.ValueEncoder()
+        request = {
+            "backend": ctx.name,
+            "backend_version": ctx.registered.source.version,
+            "blocked": self.blocked,
+            "plugins": [os.path.abspath(p) if _target._is_path(p) else p for p in _target._active_plugins()],
+            "sys_path": [p for p in sys.path if p],
+            "scenarios": [
+                {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
+                 "calls": encoder.encode(s.calls, f"inputs of {s.key}")}
+                for s in self.scenarios
+            ],
+            "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
+            "tensors": encoder.meta,
+        }
+        os.makedirs(os.path.join(self.workdir, "in"))
+        for i, data in enumerate(encoder.data):
+            with open(os.path.join(self.workdir, "in", f"{i}.bin"), "wb") as f:
+                f.write(data)
+        with open(os.path.join(self.workdir, "request.json"), "w", encoding="utf-8") as f:
+            json.dump(request, f)
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(_target.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        if env.get("PYTHONHASHSEED", "random") != "random":  # a pinned seed: pin another one
+            seed = env["PYTHONHASHSEED"]
+            env["PYTHONHASHSEED"] = str((int(seed) + 1) % 2**32) if seed.isdigit() else "random"
+        self._records: dict[str, dict] = {}
+        self._running: str | None = None
+        self._setup_error: dict | None = None
+        self._offset = 0
+        self._end: tuple[int | None, str, bool] | None = None
+        self._deadline = time.monotonic() + timeout
+        # stderr goes to a file: a pipe nobody reads yet could fill up and stall the process.
+        with open(os.path.join(self.workdir, "stderr.txt"), "wb") as stderr:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_backendconf.conformance.availability", self.workdir],
+                stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+            )
+        ExtraProcess._live.add(self)
+        # Once the session that wanted it is gone, so is a process still working for it.
+        weakref.finalize(self, _kill, self._process)
+
+    def result(self, key: str) -> dict:
+        """The item's result, as soon as the process has written it."""
+        while key not in self._records and self._end is None:
+            self._read()
+            if key in self._records:
+                break
+            if self._process.poll() is not None:
+                self._finish(timed_out=False)
+            elif time.monotonic() > self._deadline:
+                self._process.kill()
+                self._finish(timed_out=True)
+            else:
+                time.sleep(0.02)
+        return self._records[key]
+
+    def _read(self) -> None:
+        path = os.path.join(self.workdir, "results.jsonl")
+        if not os.path.exists(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next read
+        self._offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            record = json.loads(line)
+            if "setup_error" in record:
+                self._setup_error = record["setup_error"]
+            elif "started" in record:
+                self._running = record["started"]
+            else:
+                self._records[record["key"]] = self._decode(record)
+                self._running = None
+
+    def _decode(self, record: dict) -> dict:
+        if "slot" not in record:
+            return record
+        tensors = []
+        for i, meta in enumerate(record["tensors"]):
+            with open(os.path.join(self.workdir, "out", f"{record['slot']}-{i}.bin"), "rb") as f:
+                tensors.append(_archive.tensor_from_bytes(f.read(), meta, f"target output {i}"))
+        outputs = {m: [None if v is None else _archive.decode_value(v, tensors, "target output") for v in values]
+                   for m, values in record["outputs"].items()}
+        return {"loaded": record["loaded"], "error": record["error"], "outputs": outputs, "errors": record["errors"],
+                "blocked": self.blocked, "returncode": None, "stderr": ""}
+
+    def _finish(self, *, timed_out: bool) -> None:
+        self._process.wait()
+        self._read()
+        with open(os.path.join(self.workdir, "stderr.txt"), encoding="utf-8", errors="replace") as f:
+            stderr = f.read()
+        code = None if timed_out else self._process.returncode
+        self._end = (code, stderr, timed_out)
+        for key in self.keys:
+            if key in self._records:
+                continue
+            if self._setup_error is not None:
+                error = self._setup_error
+            elif key == self._running:
+                how = f"did not finish within {self.timeout} s and was killed" if timed_out else f"exited with code {code}"
+                error = {"type": "TargetTimeoutError" if timed_out else "TargetCrashError",
+                         "message": f"the process {how} while on {key}; stderr: {_target._tail(stderr)}"}
+            else:
+                error = {"type": "TargetNotRunError",
+                         "message": f"{key} did not run: the process ended early (exit code {code}, while on "
+                                    f"{self._running}); stderr: {_target._tail(stderr)}"}
+            self._records[key] = {"loaded": False, "error": error, "outputs": {}, "errors": {},
+                                  "blocked": self.blocked, "returncode": code, "stderr": stderr}
+
+    @classmethod
+    def kill_unread(cls) -> None:
+        """At exit: a process whose checks were deselected has nobody waiting for it."""
+        for extra in list(cls._live):
+            _kill(extra._process)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+atexit.register(ExtraProcess.kill_unread)
+
+
+class Session:
+    """Which process each item was placed in, per suite session; retries items a crash kept from running."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.placed: dict[str, ExtraProcess] = {}
+        self.retried: set[str] = set()
+        self.lock = threading.RLock()
+
+    def place(self, scenarios: list[Scenario], lowerings: list[Lowering]) -> None:
+        """Start one process for the items not placed yet (none if there are none)."""
+        with self.lock:
+            scenarios = [s for s in scenarios if s.key not in self.placed]
+            lowerings = [item for item in lowerings if item.key not in self.placed]
+            if not scenarios and not lowerings:
+                return
+            timeout = section("availability")["extra_process_timeout"]
+            process = ExtraProcess(self.ctx, scenarios, lowerings, timeout=timeout)
+            self.placed.update({key: process for key in process.keys})
+
+    def result(self, key: str) -> dict:
+        with self.lock:
+            process = self.placed[key]
+        result = process.result(key)
+        if _not_run(result) and key not in self.retried:
+            with self.lock:
+                if self.placed[key] is process:  # the first to notice retries everything that did not run
+                    lost = [s for s in process.scenarios if _not_run(process.result(s.key))]
+                    lost_lowerings = [item for item in process.lowerings if _not_run(process.result(item.key))]
+                    for item in [*lost, *lost_lowerings]:
+                        self.retried.add(item.key)
+                        del self.placed[item.key]
+                    # Each scenario that may crash gets a process of its own this time.
+                    self.place([s for s in lost if not s.last], lost_lowerings)
+                    for scenario in (s for s in lost if s.last):
+                        self.place([scenario], [])
+            return self.result(key)
+        return result
+
+
+def _not_run(result: dict) -> bool:
+    return bool(result.get("error")) and result["error"]["type"] == "TargetNotRunError"
+
+
+_SESSIONS: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary()
+_SESSIONS_LOCK = threading.Lock()
+
+
+def session(ctx: Any) -> Session:
+    """The session's extra processes; the first use starts one with everything both categories can name now."""
+    with _SESSIONS_LOCK:
+        if ctx not in _SESSIONS:
+            _SESSIONS[ctx] = found = Session(ctx)
+            from .serialization import items_at_hand
+
+            scenarios = availability_scenarios(ctx)
+            more_scenarios, lowerings = items_at_hand(ctx)
+            found.place(scenarios + more_scenarios, lowerings)
+        return _SESSIONS[ctx]
+
+
+def _child_main(workdir: str) -> int:
+    """The extra process: target phase with the blocker, then host phase without."""
+    import faulthandler
+
+    faulthandler.enable()
+    with open(os.path.join(workdir, "request.json"), encoding="utf-8") as f:
+        request = json.load(f)
+    for entry in request["sys_path"]:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    blocker = _target.install_blocker(request["blocked"])
+    log = open(os.path.join(workdir, "results.jsonl"), "a", encoding="utf-8")
+
+    def emit(record: dict) -> None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+
+    try:
+        _target._import_plugins(request["plugins"])
+        registry = _registry._ACTIVE
+        real = _registry.lookup_backend(request["backend"])
+        from pytest_backendconf.capabilities import capabilities_of
+
+        already = blocker.add(capabilities_of(real.backend).host_only_modules)
+        if already:
+            raise BackendContractError(
+                f"importing backend {real.name!r} imported its host-only module(s) {', '.join(already)}; a "
+                "target does not have them, so the backend may import them only inside preprocess()"
+            )
+        tensors = []
+        for i, meta in enumerate(request["tensors"]):
+            with open(os.path.join(workdir, "in", f"{i}.bin"), "rb") as f:
+                tensors.append(_archive.tensor_from_bytes(f.read(), meta, f"target input {i}"))
+    except Exception as exc:
+        emit({"setup_error": _target._error(exc)})
+        return 0
+    os.makedirs(os.path.join(workdir, "out"), exist_ok=True)
+    for slot, scenario in enumerate(request["scenarios"]):
+        emit({"started": scenario["key"]})
+        emit({"key": scenario["key"], "slot": slot, **_run_scenario(scenario, real.backend, tensors, workdir, slot)})
+    # The host phase: lifting the blocker lets the compiler and torch's tracing import from here on.
+    sys.meta_path.remove(blocker)
+    _registry.set_active_registry(registry)
+    if request["lowerings"]:
+        from .serialization import FreshLowerer
+
+        try:
+            lowerer = FreshLowerer(real, request["backend_version"], registry)
+        except Exception as exc:
+            for item in request["lowerings"]:
+                emit({"key": item["key"], "error": f"setting up failed: {type(exc).__name__}: {exc}"})
+            return 0
+        for item in request["lowerings"]:
+            emit({"started": item["key"]})
+            emit({"key": item["key"], **lowerer.lower(item, workdir)})
+    return 0
+
+
+def _run_scenario(scenario: dict, backend: Any, tensors: list, workdir: str, slot: int) -> dict:
+    options = scenario["stand_in"]
+    if options is not None:
+        backend = StandIn(backend, **options, row=scenario["row"]).backend
+    _registry.set_active_registry(_registry_of(backend))
+    record: dict[str, Any] = {"loaded": False, "error": None, "outputs": {}, "errors": {}, "tensors": []}
+    try:
+        wrapper = _archive.load(scenario["archive"])
+        record["loaded"] = True
+    except Exception as exc:
+        record["error"] = _target._error(exc)
+        return record
+    encoder = _archive.ValueEncoder()
+    calls = _archive.decode_value(scenario["calls"], tensors, "target inputs")
+    for method, examples in calls.items():
+        outputs, errors = record["outputs"].setdefault(method, []), record["errors"].setdefault(method, [])
+        for args, kwargs in examples:
+            try:
+                outputs.append(encoder.encode(getattr(wrapper, method)(*args, **kwargs), f"output of {method}"))
+                errors.append(None)
+            except Exception as exc:
+                outputs.append(None)
+                errors.append(_target._error(exc))
+    for i, data in enumerate(encoder.data):
+        with open(os.path.join(workdir, "out", f"{slot}-{i}.bin"), "wb") as f:
+            f.write(data)
+    record["tensors"] = encoder.meta
+    return record
+
+
+class _OneBackend:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def backendconf_register_backends(self, register: Any) -> None:
+        register(self.backend)
+
+
+def _registry_of(backend: Any) -> Any:
+    registry = _registry.BackendRegistry()
+    registry.add_plugin(_OneBackend(backend), _registry.Source("a suite's extra process"))
+    return registry
+
+
+# --- target rows -------------------------------------------------------------------------------
+
+#: Per session: the cases whose archives could not be made, and why.
+_ARCHIVE_PROBLEMS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def _scenario_key(row: dict, case: str) -> str:
+    # Rows with the backend itself and intact blobs share one scenario (and one load).
+    kind = row["id"] if "stand_in" in row or row["blobs"] != "intact" else "backend"
+    return f"availability:{kind}/{case}"
+
+
+def availability_scenarios(ctx: Any) -> list[Scenario]:
+    """Every target row's scenario for every subject, archives written now."""
+    try:
+        found_subjects = subjects(ctx)
+    except Unsupported:
+        return []
+    directory = ctx.tmp_dir("availability-archives")
+    problems = _ARCHIVE_PROBLEMS.setdefault(ctx, {})
+    scenarios: dict[str, Scenario] = {}
+    for case, dtype in found_subjects:
+        try:
+            made = _archives(ctx, case, dtype, directory)
+        except UnsupportedNodeError as exc:
+            problems[case] = f"unsupported: {Unsupported.from_rejection(exc)}"
+            continue
+        except Exception as exc:
+            problems[case] = f"preprocessing it on the host failed: {type(exc).__name__}: {exc}"
+            continue
+        calls = calls_for(ctx, case, dtype)
+        for row in table()["row"]:
+            key = _scenario_key(row, case)
+            if row["where"] == "target" and key not in scenarios:
+                scenarios[key] = Scenario(key, made[row["blobs"]], calls, row.get("stand_in"), row["id"],
+                                          last=row["blobs"] != "intact")
+    return list(scenarios.values())
+
+
+def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]:
+    """Intact and truncated archives of one case, preprocessed without compiling."""
+    from pytest_backendconf._lowering import LoweredModule
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendUnavailableWarning)
+        lowered = ctx.lower(case, dtype, backend=_PreprocessOnly(ctx.backend)).lowered
+    truncated = LoweredModule(ctx.backend, lowered.methods, {m: b[: len(b) // 2] for m, b in lowered.blobs.items()},
+                              lowered.debug, backend_version=lowered.backend_version)
+    paths = {}
+    for kind, module in (("intact", lowered), ("truncated", truncated)):
+        paths[kind] = os.path.join(str(directory), f"{case}-{kind}.bcpt")
+        _archive.save(module, paths[kind])
+    return paths
+
+
+def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]:
+    """(case, dtype, where, result) of this row's scenario for every subject that has an archive."""
+    found = session(ctx)
+    problems = _ARCHIVE_PROBLEMS.get(ctx, {})
+    ran = False
+    for case, dtype in subjects(ctx):
+        problem = problems.get(case)
+        if problem is not None and not problem.startswith("unsupported"):
+            fail(f"row {row['id']}, {case} ({dtype}): no archive for the target: {problem}")
+        if problem is None:
+            ran = True
+            yield case, dtype, f"row {row['id']}, {case} ({dtype}) on the target", found.result(_scenario_key(row, case))
+    if not ran:
+        raise Unsupported("; ".join(problems.values()))
+
+
+def _error_text(result: dict) -> str:
+    error = result["error"]
+    return f"{error['type']}: {error['message']}" if error else "no error"
+
+
+def unavailable_on_target(ctx: Any, *, row: dict) -> None:
+    prefix = table()["texts"]["unavailable_error"]
+    for case, dtype, where, result in _target_results(ctx, row):
+        if result["loaded"]:
+            fail(f"{where}: the archive loaded although is_available() is False there; load must raise "
+                 f"BackendUnavailableError starting {prefix!r}")
+        error = result["error"]
+        if error["type"] != "BackendUnavailableError" or not error["message"].startswith(prefix):
+            fail(f"{where}: load must raise BackendUnavailableError starting {prefix!r}; it raised {_error_text(result)}")
+
+
+def violation_on_target(ctx: Any, *, row: dict) -> None:
+    violation = table()["texts"]["violation"]
+    for case, dtype, where, result in _target_results(ctx, row):
+        if result["loaded"]:
+            fail(f"{where}: is_available() returned True and compile() raised, yet the archive loaded: "
+                 "the contract violation was not reported")
+        error = result["error"]
+        if error["type"] != "BackendContractError" or violation not in error["message"]:
+            fail(f"{where}: load must raise BackendContractError naming {violation!r}; it raised {_error_text(result)}")
+
+
+def blob_not_ready(ctx: Any, *, row: dict) -> None:
+    for case, dtype, where, result in _target_results(ctx, row):
+        if result["loaded"]:
+            fail(f"{where}: the archive with blobs cut to half their length loaded; compile() must reject a "
+                 "blob that is not ready, so that load fails with a clear error")
+        error = result["error"]
+        if error["type"] in ("TargetCrashError", "TargetTimeoutError", "TargetNotRunError"):
+            fail(f"{where}: loading blobs cut to half their length must fail with a clear error, never a crash "
+                 f"or a hang: {_error_text(result)}")
+        if not error["message"].strip():
+            fail(f"{where}: loading truncated blobs raised {error['type']} with an empty message")
+
+
+def loads_on_target(ctx: Any, *, row: dict) -> None:
+    _runs_on_target(ctx, row, first_call_only=True)
+
+
+def runs_on_target(ctx: Any, *, row: dict) -> None:
+    _runs_on_target(ctx, row, first_call_only=False)
+
+
+def _runs_on_target(ctx: Any, row: dict, *, first_call_only: bool) -> None:
+    seeds = section("availability")["seeds"]
+    for case, dtype, where, result in _target_results(ctx, row):
+        if not result["loaded"]:
+            fail(f"{where}: the archive did not load with {', '.join(result['blocked'])} blocked: {_error_text(result)}")
+        for method, examples in calls_for(ctx, case, dtype).items():
+            for i, (seed, (args, kwargs)) in enumerate(zip(seeds, examples)):
+                if first_call_only and i:
+                    break
+                error = result["errors"][method][i]
+                if error is not None:
+                    fail(f"{where}: call {i + 1} of {method}() (example seed {seed}) raised "
+                         f"{error['type']}: {error['message']}")
+                _match_eager(ctx, case, dtype, method, seed, args, kwargs, result["outputs"][method][i], where)
+
+
+#: ``expect`` in availability.toml → the procedure that checks the row's outcome.
+OUTCOMES = {
+    "unavailable_on_host": unavailable_on_host,
+    "violation_on_host": violation_on_host,
+    "compiles_once": compiles_once,
+    "unavailable_on_target": unavailable_on_target,
+    "loads_on_target": loads_on_target,
+    "blob_not_ready": blob_not_ready,
+    "violation_on_target": violation_on_target,
+    "runs_on_target": runs_on_target,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1]))

@@ -1,0 +1,601 @@
+"""reliability: crashes, hangs, input mutation, nondeterminism, races and leaks each fail their own check.
+
+DESIGN.md §6: such a backend is reported as a clear failure of the matching
+check while the rest of the suite still runs. Crashes and hangs cannot be
+caught in the pytest process, so one child process per session runs
+``compile`` and ``execute`` for every case of ``[reliability]`` in
+``suite.toml`` and reports each step as it goes; the parent learns which
+step crashed (the child died) or hung (no report in time, the child is
+killed). Once the child has run, the in-process checks of a case that
+crashed or hung there are skipped instead of taking the session down.
+
+The other checks run in-process on the lowered module: inputs compared
+with copies, outputs compared bit for bit, eight threads against the
+single-threaded results, and memory (RSS, tracemalloc) over windows of
+calls. Timeouts, repetitions, cases and limits are in ``suite.toml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import tracemalloc
+import weakref
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf._context import SuiteContext
+from pytest_backendconf._lowering import _normalize
+from pytest_backendconf._suite import Check, Unsupported, fail
+
+from ._spec import section
+
+#: Overrides ``execute_timeout_s`` (seconds), for slow devices and for the project's own tests.
+TIMEOUT_ENV = "BACKENDCONF_EXECUTE_TIMEOUT"
+
+
+def checks(ctx: SuiteContext) -> Iterator[Check]:
+    spec = section("reliability")
+    yield Check("reliability", "execute_does_not_crash_the_process", check_no_crash, stage="execute")
+    yield Check("reliability", "execute_returns_in_time", check_no_hang, stage="execute")
+    per_case = (
+        (check_execute_leaves_inputs_alone, spec.get("cases", ())),
+        (check_execute_is_deterministic, spec.get("cases", ())),
+        (check_execute_is_thread_safe, spec.get("cases", ())),
+        (check_memory_stays_flat, spec.get("memory_cases", ())),
+    )
+    for check, names in per_case:
+        for name in names:
+            dtypes = ctx.dtypes_for(ctx.cases[name]) if name in ctx.cases else []
+            if dtypes:
+                yield Check(
+                    "reliability",
+                    f"{check.__name__.removeprefix('check_')}[{name}]",
+                    functools.partial(check, case_name=name, dtype=dtypes[0]),
+                    stage="execute",
+                    case=name,
+                )
+
+
+# --- the child process: crashes and hangs -------------------------------------------------
+
+
+@dataclasses.dataclass
+class Probe:
+    """compile() then execute() of one (case, method) in the child, and what became of it."""
+
+    case: str
+    dtype: str
+    method: str
+    #: ok, raised (a Python exception: not this category's business), crashed, hung, not_run, not_lowered
+    status: str = "not_run"
+    step: str = ""
+    detail: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.case}.{self.method} [{self.dtype}]"
+
+    def what(self) -> str:
+        """``execute() (call 2 of 3) of nested_nml.forward [float32]``."""
+        if self.step == "compile":
+            return f"compile() of {self.case} [{self.dtype}] (before running {self.method})"
+        return f"execute() ({self.step.replace(':', ' ').replace('/', ' of ')}) of {self.where}"
+
+
+@dataclasses.dataclass
+class IsolatedRun:
+    probes: list[Probe]
+    timeout: float
+    #: Why the child could not run the probes at all (then the checks cannot tell).
+    setup_error: str | None = None
+    stderr: str = ""
+
+    def of_case(self, case: str) -> list[Probe]:
+        return [p for p in self.probes if p.case == case]
+
+    def first(self, status: str) -> Probe | None:
+        return next((p for p in self.probes if p.status == status), None)
+
+
+_RUNS: "weakref.WeakKeyDictionary[SuiteContext, IsolatedRun]" = weakref.WeakKeyDictionary()
+_RUNS_LOCK = threading.Lock()
+
+
+def isolated_run(ctx: SuiteContext) -> IsolatedRun:
+    """The session's child-process run, started on first use (about two seconds: torch's import)."""
+    with _RUNS_LOCK:
+        if ctx not in _RUNS:
+            _RUNS[ctx] = _run_child(ctx)
+        return _RUNS[ctx]
+
+
+def execute_timeout() -> float:
+    override = os.environ.get(TIMEOUT_ENV)
+    if override:
+        try:
+            return float(override)
+        except ValueError:
+            raise pytest.UsageError(f"{TIMEOUT_ENV}={override!r} must be a number of seconds") from None
+    return float(section("reliability").get("execute_timeout_s", 20))
+
+
+def _run_child(ctx: SuiteContext) -> IsolatedRun:
+    from pytest_backendconf._target import _active_plugins
+
+    spec = section("reliability")
+    run = IsolatedRun(probes=[], timeout=execute_timeout())
+    payload = []
+    calls = int(spec.get("probe_calls", 3))
+    for name in spec.get("cases", ()):
+        dtypes = ctx.dtypes_for(ctx.cases[name]) if name in ctx.cases else []
+        if not dtypes:
+            continue
+        try:
+            lowered = ctx.lower(name, dtypes[0]).lowered
+        except Exception:
+            # Rejected or broken at lowering: the in-process checks of the case report it.
+            run.probes.append(Probe(name, dtypes[0], "*", status="not_lowered"))
+            continue
+        for method in ctx.cases[name].methods:
+            run.probes.append(Probe(name, dtypes[0], method))
+            payload.append({
+                "blobs": dict(lowered.blobs),
+                "specs": {m: s.compile_spec for m, s in lowered.methods.items()},
+                "method": method,
+                "calls": [_flat_inputs(ctx, name, dtypes[0], method, seed) for seed in range(calls)],
+            })
+    live = [p for p in run.probes if p.status != "not_lowered"]
+    with tempfile.TemporaryDirectory(prefix="backendconf-reliability-") as workdir:
+        # pickle is safe here: the child reads a file its own parent just wrote.
+        with open(os.path.join(workdir, "request.pkl"), "wb") as f:
+            pickle.dump({
+                "backend": ctx.name, "plugins": _active_plugins(), "timeout": run.timeout, "probes": payload,
+            }, f)
+        with open(os.path.join(workdir, "sys_path.json"), "w", encoding="utf-8") as f:
+            json.dump([str(p) for p in sys.path], f)  # the child imports what this process imports
+        with open(os.path.join(workdir, "stderr.txt"), "w+b") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_CODE, workdir],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
+            )
+            try:
+                _follow(child, live, run, float(spec.get("child_startup_timeout_s", 120)))
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                child.wait()
+                child.stdout.close()
+                stderr.seek(0)
+                run.stderr = stderr.read().decode("utf-8", "replace")
+    return run
+
+
+def _follow(child: subprocess.Popen, probes: list[Probe], run: IsolatedRun, startup: float) -> None:
+    """Read the child's reports; the probe under way when it dies crashed, when it falls silent hung."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for raw in child.stdout:
+            lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    current: Probe | None = None
+    ready = False
+    while True:
+        try:
+            line = lines.get(timeout=run.timeout if ready else startup)
+        except queue.Empty:
+            child.kill()
+            if current is not None:
+                current.status = "hung"
+            else:
+                run.setup_error = f"the child process did not start within {startup:g} s"
+            return
+        if line is None:
+            code = child.wait()
+            if current is not None:
+                current.status, current.detail = "crashed", f" ({_exit_status(code)})"
+            elif run.setup_error is None and (not ready or any(p.status == "not_run" for p in probes)):
+                run.setup_error = f"the child process exited ({_exit_status(code)}) before running every probe"
+            return
+        kind, _, rest = line.partition(" ")
+        if kind == "ready":
+            ready = True
+        elif kind == "setup_error":
+            run.setup_error = json.loads(rest)
+        elif kind == "begin":
+            index, step = rest.split(" ", 1)
+            current = probes[int(index)]
+            current.step = step
+        elif kind == "end":
+            index, step, outcome = rest.split(" ", 2)
+            probe = probes[int(index)]
+            if outcome != "ok":
+                probe.status, probe.detail = "raised", json.loads(outcome.partition(" ")[2])
+            elif probe.status == "not_run":
+                probe.status = "ok"
+            current = None
+        elif kind == "finished":
+            ready = True
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {-code}, {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _stderr_tail(text: str, limit: int = 1500) -> str:
+    text = text.strip()
+    if not text:
+        return ""
+    return "\nthe child's stderr ended with:\n" + (text if len(text) <= limit else "..." + text[-limit:])
+
+
+_CHILD_CODE = (
+    "import json, sys\n"
+    "sys.path[:] = json.load(open(sys.argv[1] + '/sys_path.json'))\n"
+    "from pytest_backendconf.conformance.reliability import child_main\n"
+    "sys.exit(child_main(sys.argv[1]))\n"
+)
+
+
+def child_main(workdir: str) -> int:
+    """In the child: create the backend as the session did, run every probe, report each step."""
+    import faulthandler
+
+    # Reports go to a private copy of stdout; the backend's own prints go to stderr.
+    reports = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    faulthandler.enable()  # a segfault leaves the Python stack in stderr, for the failure message
+
+    def send(*parts: Any) -> None:
+        reports.write(" ".join(str(p) for p in parts) + "\n")
+        reports.flush()
+
+    try:
+        with open(os.path.join(workdir, "request.pkl"), "rb") as f:
+            request = pickle.load(f)
+        from pytest_backendconf._registry import lookup_backend
+        from pytest_backendconf._target import _import_plugins
+
+        _import_plugins(request["plugins"])
+        backend = lookup_backend(request["backend"]).backend
+    except Exception as exc:
+        send("setup_error", json.dumps(f"creating backend in the child failed: {type(exc).__name__}: {exc}"))
+        return 1
+    send("ready")
+    for i, probe in enumerate(request["probes"]):
+        send("begin", i, "compile")
+        try:
+            handles = backend.compile(dict(probe["blobs"]), probe["specs"])
+            handle = handles[probe["method"]]
+        except Exception as exc:
+            send("end", i, "compile", "raised", json.dumps(f"{type(exc).__name__}: {exc}"))
+            continue
+        send("end", i, "compile", "ok")
+        for k, inputs in enumerate(probe["calls"]):
+            step = f"call:{k + 1}/{len(probe['calls'])}"
+            send("begin", i, step)
+            # Where a hung call is stuck, for the failure message (before the parent kills us).
+            faulthandler.dump_traceback_later(max(request["timeout"] - 1.0, 0.5))
+            try:
+                backend.execute(handle, list(inputs))
+                send("end", i, step, "ok")
+            except Exception as exc:
+                send("end", i, step, "raised", json.dumps(f"{type(exc).__name__}: {exc}"))
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+    send("finished")
+    return 0
+
+
+def check_no_crash(ctx: SuiteContext) -> None:
+    run = isolated_run(ctx)
+    crashed = run.first("crashed")
+    if crashed is not None:
+        fail(
+            f"{crashed.what()} crashed the process{crashed.detail}. It ran in a child process; in "
+            "the pytest process it would have ended the whole session. A backend must report "
+            "failures as exceptions (BackendError), never by crashing its host process."
+            + _stderr_tail(run.stderr)
+        )
+    _skip_if_not_told(run, "crash")
+
+
+def check_no_hang(ctx: SuiteContext) -> None:
+    run = isolated_run(ctx)
+    hung = run.first("hung")
+    if hung is not None:
+        fail(
+            f"{hung.what()} did not return within {run.timeout:g} s; the child process running it was "
+            f"killed (the limit is execute_timeout_s in suite.toml, or ${TIMEOUT_ENV})." + _stderr_tail(run.stderr)
+        )
+    if run.setup_error and "did not start" in run.setup_error:
+        fail(f"the child process running execute() did not report back: {run.setup_error}")
+    _skip_if_not_told(run, "hang")
+
+
+def _skip_if_not_told(run: IsolatedRun, what: str) -> None:
+    """Without a verdict on every probe the check cannot pass; it says why it cannot tell."""
+    if run.setup_error:
+        pytest.skip(f"cannot tell whether execute() can {what}: {run.setup_error}")
+    other = run.first("hung" if what == "crash" else "crashed")
+    unknown = [p.where for p in run.probes if p.status == "not_run"]
+    if other is not None or unknown:
+        pytest.skip(
+            f"cannot tell whether execute() can {what} on {', '.join(unknown) or 'every case'}: "
+            f"{other.what() if other else 'the child'} {'hung' if what == 'crash' else 'crashed'} first"
+        )
+
+
+def _guard(ctx: SuiteContext, case_name: str) -> None:
+    """Skip an in-process check of a case that crashed or hung in the child: it would take pytest down.
+
+    The child runs for the crash and hang checks, which come first; a session
+    that selected neither (a reproduce command for one check) does not pay
+    for it, and runs the check unguarded, as parity does.
+    """
+    with _RUNS_LOCK:
+        run = _RUNS.get(ctx)
+    if run is None:
+        return
+    for probe in run.of_case(case_name):
+        if probe.status in ("crashed", "hung"):
+            pytest.skip(f"not run in-process: {probe.what()} {probe.status} in the child process")
+        if probe.status == "not_run" and not run.setup_error:
+            culprit = run.first("crashed") or run.first("hung")
+            pytest.skip(
+                f"not run in-process: {case_name} was not probed in the child process, because "
+                f"{culprit.what() if culprit else 'the child'} {culprit.status if culprit else 'stopped'} first"
+            )
+
+
+# --- in-process checks -------------------------------------------------------------------
+
+
+def _lowered(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
+    _guard(ctx, case_name)
+    try:
+        return ctx.lower(case_name, dtype)
+    except UnsupportedNodeError as exc:
+        raise Unsupported(str(exc).splitlines()[0]) from exc
+
+
+def check_execute_leaves_inputs_alone(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    lowered = _lowered(ctx, case_name, dtype)
+    for method in ctx.cases[case_name].methods:
+        args, kwargs = ctx.example(case_name, dtype, method)
+        before = _clone((args, kwargs))
+        getattr(lowered, method)(*args, **kwargs)
+        for i, (old, new) in enumerate(zip(pytree.tree_leaves(before), pytree.tree_leaves((args, kwargs)))):
+            diff = _difference(old, new) if isinstance(old, torch.Tensor) else None
+            if diff is not None:
+                fail(
+                    f"execute() changed input {i} of {case_name}.{method} [{dtype}] in place (max "
+                    f"difference {diff:g}); inputs belong to the caller: copy them before writing"
+                )
+
+
+def check_execute_is_deterministic(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    lowered = _lowered(ctx, case_name, dtype)
+    for method in ctx.cases[case_name].methods:
+        run = getattr(lowered, method)
+        same = ctx.example(case_name, dtype, method, seed=0)
+        other = ctx.example(case_name, dtype, method, seed=1)
+        # Fresh copies for every call, so that only the backend's state can differ.
+        first = run(*_clone(same[0]), **same[1])
+        again = [run(*_clone(same[0]), **same[1])]
+        run(*_clone(other[0]), **other[1])
+        again.append(run(*_clone(same[0]), **same[1]))
+        for label, output in zip(("right after", "after a call with other inputs"), again):
+            diff = _tree_difference(first, output)
+            if diff is not None:
+                fail(
+                    f"{case_name}.{method} [{dtype}]: the same inputs gave different outputs {label} "
+                    f"(max difference {diff:g}); execute() must be deterministic, bit for bit"
+                )
+
+
+def check_execute_is_thread_safe(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    if not ctx.capabilities.thread_safe:
+        pytest.skip(f"backend {ctx.name!r} does not declare thread_safe")
+    lowered = _lowered(ctx, case_name, dtype)
+    spec = section("reliability")
+    n_threads, per_thread = int(spec.get("threads", 8)), int(spec.get("calls_per_thread", 6))
+    with _one_intra_op_thread():
+        for method in ctx.cases[case_name].methods:
+            _check_threads(ctx, lowered, case_name, dtype, method, n_threads, per_thread)
+
+
+def _check_threads(
+    ctx: SuiteContext, lowered: Any, case_name: str, dtype: str, method: str, n_threads: int, per_thread: int
+) -> None:
+    """Each call from the threads must give what the same call gives alone."""
+    run = getattr(lowered, method)
+    examples = [ctx.example(case_name, dtype, method, seed=s) for s in range(n_threads * per_thread)]
+    alone = [run(*_clone(a), **k) for a, k in examples]
+    if any(_tree_difference(out, run(*_clone(a), **k)) is not None for out, (a, k) in zip(alone, examples)):
+        # Threads cannot be blamed for differences the backend makes on its own.
+        pytest.skip(
+            f"{case_name}.{method} [{dtype}] gives different outputs for the same inputs even "
+            "from one thread (see execute_is_deterministic), so calls from threads cannot be compared"
+        )
+    together: list[Any] = [None] * len(examples)
+    errors: list[str] = []
+    barrier = threading.Barrier(n_threads)
+
+    def worker(t: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(t * per_thread, (t + 1) * per_thread):
+                together[i] = run(*_clone(examples[i][0]), **examples[i][1])
+        except Exception as exc:
+            errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(n_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(execute_timeout() * per_thread)
+    where = f"{case_name}.{method} [{dtype}] from {n_threads} threads at once ({per_thread} calls each)"
+    if any(thread.is_alive() for thread in threads):
+        fail(f"calling {where} did not finish within {execute_timeout() * per_thread:g} s: a deadlock?")
+    if errors:
+        fail(f"calling {where} raised, though each call alone succeeds:\n  " + "\n  ".join(errors[:4]))
+    diffs = [_tree_difference(a, b) for a, b in zip(alone, together)]
+    wrong = [(i, d) for i, d in enumerate(diffs) if d is not None]
+    if wrong:
+        i, diff = wrong[0]
+        fail(
+            f"calling {where}: {len(wrong)} of {len(examples)} calls gave outputs different from the "
+            f"same call alone (first: thread {i // per_thread}, inputs of seed {i}, max difference "
+            f"{diff:g}). The backend declares thread_safe: execute() must not share mutable state "
+            "between calls without a lock."
+        )
+
+
+def check_memory_stays_flat(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
+    lowered = _lowered(ctx, case_name, dtype)
+    spec = section("reliability")
+    calls = [(getattr(lowered, m), *ctx.example(case_name, dtype, m)) for m in ctx.cases[case_name].methods]
+
+    def window(n: int) -> tuple[int | None, int]:
+        for _ in range(n):
+            for run, args, kwargs in calls:
+                run(*args, **kwargs)
+        # The young generations hold this window's cyclic garbage; a full
+        # collection of a session's objects costs a good part of a second.
+        gc.collect(1)
+        return _rss(), tracemalloc.get_traced_memory()[0]
+
+    size = int(spec.get("memory_window_calls", 80))
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        with _one_intra_op_thread():
+            samples = [window(int(spec.get("memory_warmup_calls", 40))), window(size), window(size)]
+            suspects = _growing(samples, spec)
+            if suspects:
+                samples.append(window(size))  # a leak keeps growing; a settling cache does not
+                suspects = [k for k in _growing(samples[1:], spec) if k in suspects]
+    finally:
+        if started:
+            tracemalloc.stop()
+    for kind in suspects:
+        index = 0 if kind == "RSS" else 1
+        growth = [(b[index] - a[index]) / 2**20 for a, b in zip(samples, samples[1:])]
+        per_call = growth[1] * 2**20 / size
+        fail(
+            f"{case_name} [{dtype}] keeps memory it does not free: {kind} grew by "
+            + ", then ".join(f"{g:.1f} MiB" for g in growth)
+            + f" over successive windows of {size} calls of {', '.join(ctx.cases[case_name].methods)} "
+            f"after a warm-up, about {per_call / 1024:.0f} KiB per call (limits in suite.toml: "
+            f"memory_{'rss' if kind == 'RSS' else 'python'}_floor_mib per window, memory_ratio)"
+        )
+
+
+def _growing(samples: list[tuple[int | None, int]], spec: dict) -> list[str]:
+    """Which measures grew over the last window by more than the floor and the ratio of the one before."""
+    found = []
+    ratio = float(spec.get("memory_ratio", 0.5))
+    floors = {
+        "RSS": float(spec.get("memory_rss_floor_mib", 8)),
+        "Python allocations (tracemalloc)": float(spec.get("memory_python_floor_mib", 1)),
+    }
+    for index, (kind, floor) in enumerate(floors.items()):
+        values = [s[index] for s in samples]
+        if any(v is None for v in values):
+            continue
+        before, last = values[-2] - values[-3], values[-1] - values[-2]
+        if last > floor * 2**20 and last >= ratio * before:
+            found.append(kind)
+    return found
+
+
+def _rss() -> int | None:
+    """Resident memory from /proc (Linux); None elsewhere, where tracemalloc alone judges."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """torch's intra-op (OpenMP) threads, limited to one for many small calls.
+
+    Many threads each starting an OpenMP team oversubscribe the CPU, and on
+    a busy machine a team's barriers turn a 0.2 ms call into tens of
+    milliseconds. What these checks measure (races, leaks per call) does not
+    depend on torch's own threads.
+    """
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(intra_op)
+
+
+# --- values ----------------------------------------------------------------------------
+
+
+def _flat_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str, seed: int) -> list:
+    """What execute() receives: the flat user inputs, defaults bound as at export."""
+    args, kwargs = ctx.example(case_name, dtype, method, seed=seed)
+    args, kwargs = _normalize(getattr(type(ctx.module(case_name, dtype)), method), method, args, kwargs)
+    return pytree.tree_leaves((args, kwargs))
+
+
+def _clone(tree: Any) -> Any:
+    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _difference(a: Any, b: Any) -> float | None:
+    """None if bit-identical, else the max absolute difference (inf for shape, dtype or NaN changes)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return None if type(a) is type(b) and a == b else float("inf")
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return float("inf")
+    if a.is_floating_point() and a.element_size() in _SAME_SIZE_INT:
+        bits = _SAME_SIZE_INT[a.element_size()]
+        if torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)):
+            return None
+    elif torch.equal(a, b):
+        return None
+    diff = (a.double() - b.double()).abs().nan_to_num(nan=float("inf"))
+    return float(diff.max()) if diff.numel() else float("inf")
+
+
+def _tree_difference(a: Any, b: Any) -> float | None:
+    leaves_a, leaves_b = pytree.tree_leaves(a), pytree.tree_leaves(b)
+    if len(leaves_a) != len(leaves_b):
+        return float("inf")
+    diffs = [d for d in map(_difference, leaves_a, leaves_b) if d is not None]
+    return max(diffs) if diffs else None

@@ -1,0 +1,416 @@
+"""serialization: archives keep a lowered module whole (DESIGN.md §3.3, §3.6).
+
+For every model (first dtype): the module loaded from its archive gives the
+same outputs as the one saved, saving it again gives the same bytes, and it
+loads and runs in the target process. For a few models (``suite.toml``):
+the compile spec, debug info and wrapper attributes survive, and lowering in
+a fresh process gives a byte-identical archive. The target loads and the
+fresh lowering run in the availability category's extra process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import warnings
+import weakref
+from typing import Any, Iterator
+
+import torch
+from torch.utils import _pytree as pytree
+
+import pytest_backendconf as bc
+from pytest_backendconf import _archive
+from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf.errors import BackendUnavailableWarning, UnsupportedNodeError
+
+from ._spec import section
+from .availability import Lowering, Scenario, session
+
+
+def checks(ctx: Any) -> Iterator[Check]:
+    cases = [(c.name, ctx.dtypes_for(c)[0]) for c in ctx.cases.values() if ctx.dtypes_for(c)]
+    spec = section("serialization")
+    per_case = [(check_round_trip, "load"), (check_resave_is_byte_identical, "save")]
+    for name, dtype in cases:
+        for check, stage in per_case:
+            yield _check(check, name, dtype, stage)
+    for name, dtype in cases:
+        if name in spec["state_cases"]:
+            yield _check(check_compile_spec_and_debug_info_survive, name, dtype, "save")
+            yield _check(check_wrapper_attributes_survive, name, dtype, "save")
+    for name, dtype in cases:
+        yield _check(check_target_round_trip, name, dtype, "target")
+    for name, dtype in cases:
+        if name in spec["deterministic_cases"]:
+            yield _check(check_deterministic_lowering, name, dtype, "preprocess")
+
+
+def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
+    return Check("serialization", f"{check.__name__.removeprefix('check_')}[{case}]",
+                 functools.partial(check, case=case, dtype=dtype), stage=stage, case=case)
+
+
+# --- what every check shares: the lowered module, its archive, its outputs ---------------------
+
+
+class _Saved:
+    """One case's shared lowering, its archive, and (computed when first asked) outputs and a loaded copy."""
+
+    def __init__(self, lowered: Any, calls: dict[str, list[tuple[tuple, dict]]]) -> None:
+        self.lowered = lowered
+        self.data = _archive.to_bytes(lowered)
+        #: Per method, the example calls (one per seed in suite.toml).
+        self.calls = calls
+
+    @functools.cached_property
+    def outputs(self) -> dict[str, list[Any]]:
+        """Per method, the lowered module's outputs for `calls`."""
+        return {m: [getattr(self.lowered, m)(*a, **k) for a, k in examples] for m, examples in self.calls.items()}
+
+    @functools.cached_property
+    def loaded(self) -> Any:
+        """`load` of `data`, or the exception it raised."""
+        try:
+            return bc.load(self.data)
+        except Exception as exc:
+            return exc
+
+
+_SAVED: "weakref.WeakKeyDictionary[Any, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
+    """The case's shared lowering (the one parity uses), saved once per session."""
+    with _LOCK:
+        done = _SAVED.setdefault(ctx, {})
+        if case not in done:
+            try:
+                lowered = ctx.lower(case, dtype)
+            except UnsupportedNodeError as exc:
+                raise Unsupported.from_rejection(exc) from exc
+            seeds = section("serialization")["seeds"]
+            calls = {m: [ctx.example(case, dtype, m, seed=s) for s in seeds] for m in ctx.cases[case].methods}
+            done[case] = _Saved(lowered, calls)
+        return done[case]
+
+
+def _loaded(ctx: Any, case: str, dtype: str) -> tuple[_Saved, Any]:
+    saved = _saved(ctx, case, dtype)
+    if isinstance(saved.loaded, Exception):
+        exc = saved.loaded
+        fail(f"{case} ({dtype}): loading the archive just saved raised {type(exc).__name__}: {exc}")
+    return saved, saved.loaded
+
+
+def _same(actual: Any, expected: Any, *, rtol: float = 0.0, atol: float = 0.0) -> str | None:
+    """None if equal (same structure, dtypes, values; NaN equal to NaN), else why not."""
+    if pytree.tree_structure(actual) != pytree.tree_structure(expected):
+        return f"output structure {pytree.tree_structure(actual)} instead of {pytree.tree_structure(expected)}"
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+# --- per case ----------------------------------------------------------------------------------
+
+
+def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+    saved, loaded = _loaded(ctx, case, dtype)
+    seeds = section("serialization")["seeds"]
+    for method, examples in saved.calls.items():
+        for seed, (args, kwargs), expected in zip(seeds, examples, saved.outputs[method]):
+            problem = _same(getattr(loaded, method)(*args, **kwargs), expected)
+            if problem:
+                fail(f"{case}.{method} ({dtype}), example seed {seed}: the module loaded from its archive "
+                     f"differs from the lowered module it was saved from (exact comparison):\n{problem}")
+
+
+def check_resave_is_byte_identical(ctx: Any, *, case: str, dtype: str) -> None:
+    saved, loaded = _loaded(ctx, case, dtype)
+    again = _archive.to_bytes(loaded)
+    if again != saved.data:
+        fail(f"{case} ({dtype}): save(load(archive)) is not byte-identical to the archive: "
+             f"{archive_difference(saved.data, again)}")
+
+
+def archive_difference(first: bytes, second: bytes) -> str:
+    """Which entries of two archives differ, and where in a differing blob."""
+    try:
+        a, b = _archive.read_archive(first), _archive.read_archive(second)
+    except Exception as exc:
+        return f"an archive does not read back: {type(exc).__name__}: {exc}"
+    entries_a = {e.name: e for e in a.entries}
+    entries_b = {e.name: e for e in b.entries}
+    differing = [n for n in sorted(entries_a.keys() | entries_b.keys())
+                 if n not in entries_a or n not in entries_b or entries_a[n].sha256 != entries_b[n].sha256]
+    if not differing:
+        return f"the entries are equal, the zip layout is not ({len(first)} vs {len(second)} bytes)"
+    notes = []
+    for name in differing:
+        if name.startswith("blobs/") and name in entries_a and name in entries_b:
+            method = name.removeprefix("blobs/").removesuffix(".bin")
+            x, y = a.blobs[method], b.blobs[method]
+            at = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+            notes.append(f"{name} ({len(x)} vs {len(y)} bytes, first difference at byte {at})")
+        else:
+            notes.append(name if name in entries_a and name in entries_b else f"{name} (only in one)")
+    return "entries " + ", ".join(notes) + " differ"
+
+
+# --- compile spec, debug info, wrapper attributes -----------------------------------------------
+
+
+def _compile_spec(ctx: Any, case: str, dtype: str) -> dict[str, dict]:
+    """A non-trivial compile spec where the backend declares one it honours (the fault key), else ``{}``."""
+    spec: dict[str, dict] = {}
+    for method in ctx.cases[case].methods:
+        node = None
+        if ctx.capabilities.fault_injection:
+            program = ctx.program(case, dtype, method)
+            node = next((n.name for n in program.graph.nodes if n.op == "call_function"), None)
+        spec[method] = {"__backendconf_fault__": {"node": node}} if node else {}
+    return spec
+
+
+def check_compile_spec_and_debug_info_survive(ctx: Any, *, case: str, dtype: str) -> None:
+    spec = _compile_spec(ctx, case, dtype)
+    try:
+        lowered = ctx.lower(case, dtype, spec)
+    except UnsupportedNodeError as exc:
+        raise Unsupported.from_rejection(exc) from exc
+    data = _archive.to_bytes(lowered)
+    manifest_spec = _archive.read_archive(data).method_compile_spec
+    if manifest_spec != spec:
+        fail(f"{case} ({dtype}): the archive's manifest records the method compile spec {manifest_spec!r}; "
+             f"the module was lowered with {spec!r}")
+    loaded = bc.load(data)
+    got = {name: m.compile_spec for name, m in loaded.lowered.methods.items()}
+    if got != spec:
+        fail(f"{case} ({dtype}): after load the method compile spec is {got!r}; it was lowered with {spec!r}")
+    before, after = bc.debug_info(lowered), bc.debug_info(loaded)
+    if before.keys() != after.keys():
+        lost, new = sorted(before.keys() - after.keys()), sorted(after.keys() - before.keys())
+        fail(f"{case} ({dtype}): debug handles changed in the round trip: lost {lost[:10]}, gained {new[:10]}")
+    for handle, info in before.items():
+        if after[handle] != info or str(after[handle]) != str(info):
+            fail(f"{case} ({dtype}): debug info of handle {handle} changed in the round trip.\n"
+                 f"before:\n{info}\nafter:\n{after[handle]}")
+    if loaded.lowered.backend_version != lowered.lowered.backend_version:
+        fail(f"{case} ({dtype}): the backend version {lowered.lowered.backend_version!r} came back as "
+             f"{loaded.lowered.backend_version!r}")
+
+
+def _attributes() -> dict[str, Any]:
+    # One of each kind the design promises: tensors, numbers, strings, lists and dicts of them.
+    return {
+        "calibration": torch.linspace(-1.0, 1.0, 6).reshape(2, 3),
+        "class_ids": torch.tensor([3, 1, 4], dtype=torch.int64),
+        "version": 7,
+        "threshold": 0.125,
+        "label": "backendconf round trip",
+        "steps": [1, 2.5, "three", torch.ones(2, dtype=torch.bool)],
+        "meta": {"name": "zoo", "sizes": [2, 3], "scale": 1.5},
+    }
+
+
+def check_wrapper_attributes_survive(ctx: Any, *, case: str, dtype: str) -> None:
+    try:
+        lowered = ctx.lower(case, dtype, cache=False)  # our own module: we add attributes to it
+    except UnsupportedNodeError as exc:
+        raise Unsupported.from_rejection(exc) from exc
+    expected = _attributes()
+    for name, value in expected.items():
+        setattr(lowered, name, value)
+    data = _archive.to_bytes(lowered)
+    loaded = bc.load(data)
+    for name, value in expected.items():
+        if not hasattr(loaded, name):
+            fail(f"{case} ({dtype}): attribute {name!r} set on the lowered module after lowering is missing after load")
+        problem = _same_value(getattr(loaded, name), value)
+        if problem:
+            fail(f"{case} ({dtype}): attribute {name!r} set after lowering came back changed: {problem}")
+    again = _archive.to_bytes(loaded)
+    if again != data:
+        fail(f"{case} ({dtype}): with attributes, save(load(archive)) is not byte-identical: "
+             f"{archive_difference(data, again)}")
+
+
+def _same_value(got: Any, want: Any) -> str | None:
+    if type(got) is not type(want) and not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor)):
+        return f"{type(got).__name__} {got!r} instead of {type(want).__name__} {want!r}"
+    if isinstance(want, torch.Tensor):
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            return f"tensor {got!r} instead of {want!r}"
+        return None
+    if isinstance(want, (list, tuple)):
+        if len(got) != len(want):
+            return f"{len(got)} items instead of {len(want)}: {got!r}"
+        return next((f"item {i}: {p}" for i, (g, w) in enumerate(zip(got, want)) if (p := _same_value(g, w))), None)
+    if isinstance(want, dict):
+        if list(got) != list(want):
+            return f"keys {list(got)} instead of {list(want)}"
+        return next((f"key {k!r}: {p}" for k in want if (p := _same_value(got[k], want[k]))), None)
+    return None if got == want else f"{got!r} instead of {want!r}"
+
+
+# --- the target process and the fresh lowering (availability.Session runs both) ----------------
+
+
+_DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+def _scenario(ctx: Any, case: str) -> Scenario:
+    saved = _SAVED[ctx][case]
+    if ctx not in _DIRECTORIES:
+        _DIRECTORIES[ctx] = str(ctx.tmp_dir("serialization-archives"))
+    path = os.path.join(_DIRECTORIES[ctx], f"{case}.bcpt")
+    with open(path, "wb") as f:
+        f.write(saved.data)
+    return Scenario(f"serialization:{case}", path, saved.calls)
+
+
+def _already_lowered(ctx: Any, case: str, dtype: str) -> bool:
+    """Whether the session holds this case's shared lowering already (parity made it), so saving it is cheap.
+
+    Reads `SuiteContext`'s cache; if its layout changes, this only makes the
+    first extra process carry fewer archives.
+    """
+    spec = {m: {} for m in ctx.cases[case].methods}
+    cache = getattr(ctx, "_lowered", None)
+    return isinstance(cache, dict) and (case, dtype, json.dumps(spec, sort_keys=True)) in cache
+
+
+def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
+    """What the session's first extra process can carry without lowering anything here.
+
+    Every case already saved or lowered: in the default order parity has
+    lowered them all, and the process does everything at once; when only
+    some checks were selected, it carries nobody's work but theirs.
+    """
+    scenarios = []
+    for case in ctx.cases.values():
+        if _at_hand(ctx, case.name):
+            try:
+                _saved(ctx, case.name, ctx.dtypes_for(case)[0])
+            except Exception:  # Unsupported, or broken: the case's own checks report it
+                continue
+            scenarios.append(_scenario(ctx, case.name))
+    return scenarios, _lowerings(ctx, at_hand=True)
+
+
+def _at_hand(ctx: Any, case: str) -> bool:
+    dtypes = ctx.dtypes_for(ctx.cases[case])
+    return bool(dtypes) and (case in _SAVED.get(ctx, {}) or _already_lowered(ctx, case, dtypes[0]))
+
+
+def _lowerings(ctx: Any, *, at_hand: bool = False) -> list[Lowering]:
+    """The deterministic cases' fresh lowerings. With ``at_hand``, none unless one of them is at hand:
+    the process's torch tracing import costs more than lowering the others here."""
+    cases = [c for c in section("serialization")["deterministic_cases"] if c in ctx.cases and ctx.dtypes_for(ctx.cases[c])]
+    if at_hand and not any(_at_hand(ctx, c) for c in cases):
+        return []
+    found = []
+    for case in cases:
+        dtype = ctx.dtypes_for(ctx.cases[case])[0]
+        try:
+            saved = _saved(ctx, case, dtype)
+        except Exception:
+            continue
+        spec = {m: {} for m in saved.lowered.lowered.methods}
+        found.append(Lowering(f"fresh:{case}", case, dtype, spec, min(bc.debug_info(saved.lowered))))
+    return found
+
+
+def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+    from .parity import tolerance
+
+    saved = _saved(ctx, case, dtype)
+    runs = session(ctx)
+    with _LOCK:
+        if f"serialization:{case}" not in runs.placed:
+            # One process for every case saved so far that none holds yet.
+            runs.place([_scenario(ctx, c) for c in _SAVED[ctx] if f"serialization:{c}" not in runs.placed], [])
+    result = runs.result(f"serialization:{case}")
+    if not result["loaded"]:
+        error = result["error"]
+        fail(f"{case} ({dtype}): the archive did not load on the target ({', '.join(result['blocked'])} "
+             f"blocked): {error['type']}: {error['message']}")
+    rtol, atol = tolerance(ctx, dtype)
+    seeds = section("serialization")["seeds"]
+    for method, expected in saved.outputs.items():
+        for i, (seed, want) in enumerate(zip(seeds, expected)):
+            error = result["errors"][method][i]
+            if error is not None:
+                fail(f"{case}.{method} ({dtype}), example seed {seed}, on the target: {error['type']}: {error['message']}")
+            problem = _same(result["outputs"][method][i], want, rtol=rtol, atol=atol)
+            if problem:
+                fail(f"{case}.{method} ({dtype}), example seed {seed}: on the target the archive gives other "
+                     f"outputs than the lowered module on the host (rtol={rtol}, atol={atol}):\n{problem}")
+
+
+def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
+    saved = _saved(ctx, case, dtype)
+    runs = session(ctx)
+    runs.place([], _lowerings(ctx))
+    result = runs.result(f"fresh:{case}")
+    if result.get("error"):
+        fail(f"{case} ({dtype}): lowering it again in a fresh process failed: {result['error']['type']}: "
+             f"{result['error']['message']}")
+    with open(result["archive"], "rb") as f:
+        fresh = f.read()
+    if fresh != saved.data:
+        fail(f"{case} ({dtype}): lowering it in a fresh process (debug handles aligned to start at "
+             f"{min(bc.debug_info(saved.lowered))}) gives a different archive: "
+             f"{archive_difference(saved.data, fresh)}. Is preprocess() deterministic across processes "
+             "(no addresses, process ids, times, or orders of hashed strings in the blob)?")
+
+
+class FreshLowerer:
+    """In the extra process's host phase: lower cases as a fresh process does, handles aligned.
+
+    Debug handles are part of an archive and unique within a process, so it
+    first skips to the handle where the suite's own lowering of the case
+    started; everything else must come out the same byte for byte.
+    """
+
+    def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
+        import tempfile
+
+        from pytest_backendconf._context import SuiteContext
+        from pytest_backendconf._debug_handles import DebugHandleRecorder
+
+        from ._zoo_loader import load_zoo
+
+        self.registered = registered
+        self.backend_version = backend_version
+        extra = registry.cases() if registry is not None else []
+        self.ctx = SuiteContext(registered, load_zoo() + extra, tmp_dir=lambda name: tempfile.mkdtemp(prefix=name))
+        self.recorder = DebugHandleRecorder.default()
+
+    def lower(self, item: dict, workdir: str) -> dict:
+        from pytest_backendconf._lowering import lower_programs
+
+        case, dtype, ctx = item["case"], item["dtype"], self.ctx
+        try:
+            programs = {m: ctx.program(case, dtype, m) for m in item["spec"]}
+            gap = item["start"] - self.recorder.reserve(0).start
+            if gap < 0:
+                raise RuntimeError(f"debug handles here are already past {item['start']}")
+            self.recorder.reserve(gap)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", BackendUnavailableWarning)
+                lowered = lower_programs(programs, self.registered.backend, item["spec"],
+                                         module_type=type(ctx.module(case, dtype)),
+                                         backend_version=self.backend_version)
+            path = os.path.join(workdir, f"fresh-{case}.bcpt")
+            with open(path, "wb") as f:
+                f.write(_archive.to_bytes(lowered))
+            return {"archive": path}
+        except Exception as exc:
+            return {"error": {"type": type(exc).__name__, "message": str(exc)}}

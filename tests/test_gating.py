@@ -1,0 +1,436 @@
+"""CI gating: known failures (strict, stale, bad files, the ratchet), the JSON report, the summary, JUnit, xdist.
+
+Each run selects a few fast checks with --backendconf-select so that the
+whole file stays quick; the backends are the reference backend with one
+defect each (see broken_backends.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_backendconf._gating import (
+    KnownFailure,
+    TestResult,
+    format_known_failures,
+    id_matches,
+    merge_known_failures,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TESTS = Path(__file__).parent
+
+CONFTEST = textwrap.dedent(
+    f"""
+    import sys
+    sys.path.insert(0, {str(TESTS)!r})
+
+    import torch
+    from backendconf_reference import ReferenceBackend
+    from broken_backends import WrongOutputDtype
+
+    import pytest_backendconf as bc
+
+
+    class NoMul(ReferenceBackend):
+        '''Rejects aten.mul.Tensor: the models using it are unsupported.'''
+
+        name = "no_mul"
+
+        def preprocess(self, program, compile_spec, debug_handles):
+            for node in program.graph.nodes:
+                if node.op == "call_function" and node.target is torch.ops.aten.mul.Tensor:
+                    raise bc.UnsupportedNodeError(node, "this device has no multiplier")
+            return super().preprocess(program, compile_spec, debug_handles)
+
+
+    class NoMulWrongDtype(NoMul, WrongOutputDtype):
+        name = "no_mul_wrong_dtype"
+
+
+    def backendconf_register_backends(register):
+        register(WrongOutputDtype())  # name "wrong_dtype"
+        register(NoMul())
+        register(NoMulWrongDtype())
+    """
+)
+
+# Fast checks: the first passes everywhere, the second fails with a wrong output dtype,
+# the third is unsupported without aten.mul.
+AVAILABLE = "backendconf::contract::is_available_is_a_stable_bool"
+LINEAR = "backendconf::parity::linear[float32]"
+ARITHMETIC = "backendconf::parity::arithmetic_tensors[float32]"
+MLP = "backendconf::parity::mlp[float32]"
+
+
+def select(*ids: str) -> list[str]:
+    # A `[` in a select pattern opens an fnmatch class; `?` stands in for the brackets.
+    return [f"--backendconf-select={i}" for i in ids]
+
+
+@pytest.fixture
+def suite(pytester):
+    """Run the suite in a pytester folder whose conftest registers the broken backends."""
+    pytester.makeconftest(CONFTEST)
+
+    def run(backend: str, *args: str):
+        return pytester.runpytest(f"--backend={backend}", "--backendconf-hypothesis=ci", "-p", "no:cacheprovider", *args)
+
+    return run
+
+
+def expect(output: pytest.LineMatcher, patterns: list[str]) -> None:
+    """``output.fnmatch_lines(patterns)`` with literal brackets (test ids have them); ``*`` stays a wildcard."""
+    output.fnmatch_lines([p.replace("[", "[[]") for p in patterns])
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+# --- matching and merging (no pytest run) ----------------------------------------
+
+
+def test_an_exact_id_with_brackets_matches_itself_and_patterns_match_with_or_without_the_prefix():
+    assert id_matches(LINEAR, LINEAR)
+    assert id_matches(LINEAR, "parity::linear[float32]")
+    assert id_matches(LINEAR, "parity::linear*")
+    assert id_matches(LINEAR, "backendconf::parity::*")
+    assert not id_matches(LINEAR, "parity::linear[float16]")
+    assert not id_matches(LINEAR, "contract::*")
+
+
+def result(test_id: str, outcome: str, message: str = "boom") -> TestResult:
+    error = {"type": "RuntimeError", "module": "builtins", "message": message} if outcome == "failed" else None
+    return TestResult(test_id, "parity", None, "execute", "pytest …", outcome=outcome, error=error)
+
+
+def test_merging_keeps_what_still_holds_and_drops_what_passes():
+    existing = [
+        KnownFailure("parity::a*", "a is broken", "https://bugs/1"),  # every match still fails: kept as written
+        KnownFailure("parity::b*", "b is broken", "https://bugs/2"),  # one match passes: split up
+        KnownFailure("parity::outside_the_run", "not run today"),  # not run, still a check: kept
+        KnownFailure("parity::renamed", "gone"),  # matches no check: dropped
+    ]
+    results = [
+        result("backendconf::parity::a[float32]", "failed"),
+        result("backendconf::parity::a[float16]", "known_failure"),
+        result("backendconf::parity::b[float32]", "passed"),
+        result("backendconf::parity::b[float16]", "failed"),
+        result("backendconf::parity::c[float32]", "failed", "c differs\nsecond line"),
+        result("backendconf::parity::d[float32]", "unsupported"),
+    ]
+    merged = merge_known_failures(results, existing, stale={"parity::renamed"})
+    assert [(e.pattern, e.reason, e.link) for e in merged] == [
+        ("backendconf::parity::b[float16]", "b is broken", "https://bugs/2"),
+        ("backendconf::parity::c[float32]", "RuntimeError: c differs", ""),
+        ("parity::a*", "a is broken", "https://bugs/1"),
+        ("parity::outside_the_run", "not run today", ""),
+    ]
+
+
+def test_a_written_file_reads_back_whatever_the_reasons_contain():
+    odd = 'quote " backslash \\ newline \n tab \t del \x7f unicode µ'
+    entries = [KnownFailure(LINEAR, odd, "https://b/1"), KnownFailure("contract::*", "plain")]
+    text = format_known_failures(entries, "mybackend")
+    assert tomllib.loads(text) == {
+        "contract::*": {"reason": "plain", "link": ""},
+        LINEAR: {"reason": odd, "link": "https://b/1"},
+    }
+    assert text.index(LINEAR) < text.index('"contract::*"')  # sorted by key
+
+
+# --- known failures ----------------------------------------------------------------
+
+
+def test_a_listed_failure_is_a_known_failure_and_a_listed_pass_fails_the_run_naming_the_entry(suite, pytester):
+    known = write(
+        pytester.path / "known.toml",
+        f"""
+        "{LINEAR}" = {{ reason = "float64 outputs", link = "https://bugs.example/7" }}
+        "contract::is_available*" = {{ reason = "was flaky" }}
+        """,
+    )
+    result = suite("wrong_dtype", *select(LINEAR, AVAILABLE), f"--backendconf-known-failures={known}", "-rx")
+    result.assert_outcomes(xfailed=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    expect(
+        result.stdout,
+        [
+            f"{AVAILABLE} passed, but it is listed as a known failure: entry 'contract::is_available*' in "
+            f"*known.toml (reason: was flaky). Backend 'wrong_dtype' passes it now: narrow the entry's pattern, "
+            f"or rewrite the file with --backendconf-write-known-failures=*known.toml.",
+            f"reproduce: pytest --backend=wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
+        ],
+    )
+    expect(result.stdout, [f"XFAIL {LINEAR} - known failure: float64 outputs (https://bugs.example/7)"])
+    expect(result.stdout, ["backendconf: known failures from *known.toml (2 entries)"])
+
+
+def test_a_stale_entry_warns_but_not_an_entry_outside_the_selection(suite, pytester):
+    known = write(
+        pytester.path / "known.toml",
+        f"""
+        "{LINEAR}" = {{ reason = "not selected in this run, still a check" }}
+        "parity::no_such_model[float32]" = {{ reason = "renamed long ago" }}
+        """,
+    )
+    result = suite("reference", *select(AVAILABLE), f"--backendconf-known-failures={known}")
+    result.assert_outcomes(passed=1, warnings=1)
+    expect(
+        result.stdout,
+        [
+            "*known.toml:2: StaleKnownFailureWarning: known-failures entry 'parity::no_such_model[float32]' "
+            "matches no conformance check of backend 'reference' (renamed or removed?): "
+            "fix its pattern or remove it from *known.toml"
+        ],
+    )
+    assert "linear" not in result.stdout.str()
+
+
+BAD_FILES = {
+    "invalid TOML": (
+        "backendconf::parity::linear[float32] = { reason = 'x' }\n",
+        "*known.toml is not valid TOML: *. Each entry is one line, with the test id quoted as a key: "
+        '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = *',
+    ),
+    "not a table": (
+        '"parity::linear[float32]" = "float64 outputs"\n',
+        "*known.toml: entry 'parity::linear[float32]' is a str, not a table. Write it as "
+        '"parity::linear[float32]" = { reason = "why it fails", link = "issue URL" }',
+    ),
+    "no reason": (
+        '"parity::linear[float32]" = { link = "https://bugs/1" }\n',
+        "*known.toml: entry 'parity::linear[float32]' has no reason; add reason = \"why it fails\"*",
+    ),
+    "unknown key": (
+        '"parity::linear[float32]" = { reason = "x", issue = "https://bugs/1" }\n',
+        "*known.toml: entry 'parity::linear[float32]' has unknown key(s) 'issue'; an entry has only "
+        "`reason` (required) and `link` (optional).",
+    ),
+    "dotted key": (
+        'parity.linear = { reason = "x" }\n',
+        "*entry 'parity' has unknown key(s) 'linear'; *a test id with dots must be quoted whole*",
+    ),
+    "link not a string": (
+        '"parity::linear[float32]" = { reason = "x", link = 7 }\n',
+        "*known.toml: entry 'parity::linear[float32]': link must be a string (an issue URL, or \"\"), not 7.",
+    ),
+}
+
+
+@pytest.mark.parametrize("content, message", BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_a_bad_known_failures_file_is_a_usage_error_naming_the_file_the_entry_and_the_fix(
+    suite, pytester, content, message
+):
+    known = write(pytester.path / "known.toml", content)
+    result = suite("reference", f"--backendconf-known-failures={known}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expect(result.stderr, [f"ERROR: *{message}"])
+
+
+def test_a_missing_known_failures_file_says_how_to_write_one(suite):
+    result = suite("reference", "--backendconf-known-failures=nope.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expect(
+        result.stderr,
+        [
+            "ERROR: --backendconf-known-failures=*nope.toml: the file does not exist. Fix the path, or write "
+            "the file from a run with --backendconf-write-known-failures=*nope.toml."
+        ],
+    )
+
+
+def test_an_output_file_in_a_missing_folder_is_a_usage_error(suite):
+    result = suite("reference", "--backendconf-report=no/such/folder/report.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expect(
+        result.stderr,
+        ["ERROR: --backendconf-report=no/such/folder/report.json: the directory *folder does not exist; create it first."],
+    )
+
+
+def test_the_written_file_makes_the_next_run_pass_and_ratchets_when_the_backend_is_fixed(suite, pytester):
+    known = pytester.path / "known.toml"
+    first = suite("wrong_dtype", *select(LINEAR, AVAILABLE), f"--backendconf-write-known-failures={known}")
+    first.assert_outcomes(passed=1, failed=1)
+    expect(first.stdout, [f"backendconf: wrote 1 known failure to {known} (1 added, 0 removed)"])
+    written = tomllib.loads(known.read_text())
+    assert list(written) == [LINEAR]
+    assert written[LINEAR]["reason"].startswith(
+        "OutputSpecError: method 'forward' output 0: expected a float32[3, 4] tensor, got a float64[3, 4] tensor"
+    )
+    assert written[LINEAR]["link"] == ""
+    assert not [p for p in pytester.path.iterdir() if p.name.endswith(".tmp")]
+
+    # A person adds the link; rewriting from a run where it still fails keeps it.
+    known.write_text(known.read_text().replace('link = ""', 'link = "https://bugs.example/7"'))
+    again = suite(
+        "wrong_dtype",
+        *select(LINEAR, AVAILABLE),
+        f"--backendconf-known-failures={known}",
+        f"--backendconf-write-known-failures={known}",
+    )
+    again.assert_outcomes(passed=1, xfailed=1)
+    assert again.ret == pytest.ExitCode.OK
+    assert tomllib.loads(known.read_text())[LINEAR]["link"] == "https://bugs.example/7"
+
+    # The defect is fixed (the reference backend): the run fails until the entry goes, and the rewrite drops it.
+    fixed = suite(
+        "reference",
+        *select(LINEAR),
+        f"--backendconf-known-failures={known}",
+        f"--backendconf-write-known-failures={known}",
+    )
+    fixed.assert_outcomes(failed=1)
+    expect(fixed.stdout, [f"backendconf: wrote 0 known failures to {known} (0 added, 1 removed)"])
+    assert tomllib.loads(known.read_text()) == {}
+
+
+# --- the report and the summary --------------------------------------------------------------
+
+
+def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
+    known = write(pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs", link = "https://b/7" }}\n')
+    result = suite(
+        "no_mul_wrong_dtype",
+        *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
+        f"--backendconf-known-failures={known}",
+        "--backendconf-report=report.json",
+    )
+    result.assert_outcomes(passed=1, xfailed=1, skipped=1, failed=1)
+    expect(
+        result.stdout,
+        [
+            "*= backendconf: conformance of backend 'no_mul_wrong_dtype' =*",
+            "contract       1/1 passed (100.0%); 0 unsupported, 0 known failures, 0 failed — score = passed / all 1",
+            "parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3",
+            "",
+            "to reproduce a failure, run its command:",
+            f"FAILED {MLP}: pytest --backend=no_mul_wrong_dtype '--backendconf-select={MLP}' --backendconf-hypothesis=ci",
+            f"backendconf: report written to {pytester.path / 'report.json'}",
+        ],
+    )
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["schema"] == "backendconf-report"
+    assert report["schema_version"] == [1, 0]
+    assert report["backend"] == {
+        "name": "no_mul_wrong_dtype",
+        "source": f"conftest {pytester.path / 'conftest.py'}",
+        "distribution": None,
+        "version": None,
+        "available": True,
+        "unavailable_reason": None,
+    }
+    import torch
+
+    assert report["environment"]["torch"] == torch.__version__
+    assert report["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["hypothesis"]["profile"] == "ci" and report["hypothesis"]["derandomized"] is True
+    assert isinstance(report["hypothesis"]["seed"], int)
+    assert report["run"]["exit_status"] == 1 and report["run"]["xdist_workers"] == 0
+    assert report["run"]["duration"] > 0
+    assert report["known_failures"] == {"file": str(known), "entries": 1, "stale": []}
+
+    tests = {t["id"]: t for t in report["tests"]}
+    assert list(tests) == [AVAILABLE, ARITHMETIC, LINEAR, MLP]  # collection order
+    assert {i: t["outcome"] for i, t in tests.items()} == {
+        AVAILABLE: "passed",
+        LINEAR: "known_failure",
+        ARITHMETIC: "unsupported",
+        MLP: "failed",
+    }
+    assert tests[AVAILABLE] == {
+        "id": AVAILABLE,
+        "category": "contract",
+        "case": None,
+        "stage": "is_available",
+        "outcome": "passed",
+        "duration": tests[AVAILABLE]["duration"],
+        "error": None,
+        "reason": None,
+        "known_failure": None,
+        "reproduce": f"pytest --backend=no_mul_wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
+    }
+    assert tests[LINEAR]["known_failure"] == {"pattern": LINEAR, "reason": "float64 outputs", "link": "https://b/7"}
+    assert tests[LINEAR]["error"]["type"] == "OutputSpecError"
+    assert tests[MLP]["case"] == "mlp" and tests[MLP]["stage"] == "execute"
+    assert tests[MLP]["error"] == {
+        "type": "OutputSpecError",
+        "module": "pytest_backendconf.errors",
+        "message": "method 'forward' output 0: expected a float32[4, 3] tensor, got a float64[4, 3] tensor "
+        "from backend 'no_mul_wrong_dtype'",
+    }
+    assert tests[ARITHMETIC]["error"] is None
+    assert "aten::mul" in tests[ARITHMETIC]["reason"] and "this device has no multiplier" in tests[ARITHMETIC]["reason"]
+
+    assert report["summary"]["parity"] == {
+        "total": 3,
+        "passed": 0,
+        "skipped": 0,
+        "unsupported": 1,
+        "known_failure": 1,
+        "unexpected_pass": 0,
+        "failed": 1,
+        "error": 0,
+        "score": 0.0,
+    }
+    assert report["summary"]["contract"]["score"] == 1.0
+    assert report["summary"]["reliability"]["total"] == 0 and report["summary"]["reliability"]["score"] is None
+    assert report["errors"] == {"total": 2, "by_type": {"OutputSpecError": 2}, "by_stage": {"execute": 2}}
+
+
+def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(suite, pytester):
+    known = write(pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs" }}\n')
+    result = suite(
+        "no_mul_wrong_dtype",
+        "-n",
+        "2",
+        *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
+        f"--backendconf-known-failures={known}",
+        "--backendconf-report=report.json",
+        "--junitxml=junit.xml",
+    )
+    result.assert_outcomes(passed=1, xfailed=1, skipped=1, failed=1)
+    expect(result.stdout, ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"])
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["run"]["xdist_workers"] == 2
+    assert [(t["id"], t["outcome"]) for t in report["tests"]] == [
+        (AVAILABLE, "passed"),
+        (ARITHMETIC, "unsupported"),
+        (LINEAR, "known_failure"),
+        (MLP, "failed"),
+    ]
+    assert report["tests"][3]["error"]["type"] == "OutputSpecError"
+    assert report["summary"]["parity"]["score"] == 0.0 and report["summary"]["contract"]["score"] == 1.0
+    # The header's seed is the workers' seed.
+    seed = report["hypothesis"]["seed"]
+    expect(result.stdout, [f"backendconf: hypothesis profile 'ci', seed {seed} *"])
+
+    cases = {
+        f"{case.get('classname')}.{case.get('name')}": case for case in ET.parse(pytester.path / "junit.xml").iter("testcase")
+    }
+    dropout = cases["backendconf.parity.mlp[float32]"]
+    properties = {p.get("name"): p.get("value") for p in dropout.iter("property")}
+    assert properties == {
+        "category": "parity",
+        "stage": "execute",
+        "case": "mlp",
+        "reproduce": f"pytest --backend=no_mul_wrong_dtype '--backendconf-select={MLP}' --backendconf-hypothesis=ci",
+    }
+    linear = {p.get("name"): p.get("value") for p in cases["backendconf.parity.linear[float32]"].iter("property")}
+    assert linear["known_failure"] == LINEAR
+    failure = dropout.find("failure")
+    assert failure is not None
+    assert failure.text.rstrip().endswith(f"reproduce: {properties['reproduce']}")

@@ -1,0 +1,171 @@
+"""The serialization checks: the reference backend passes all of them, and each defect, in a
+backend or in the archive code itself, fails exactly the checks that catch it."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from pytest_backendconf.conformance._spec import section
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+DETERMINISTIC = section("serialization")["deterministic_cases"]
+STATE = section("serialization")["state_cases"]
+
+
+def run_checks(pytester, backend: str, conftest: str, *select: str) -> tuple[dict[str, str], pytest.RunResult]:
+    """Run the serialization checks matching ``select``; return ({check name: outcome}, the run)."""
+    pytester.syspathinsert(TESTS)
+    if conftest:
+        pytester.makeconftest(textwrap.dedent(conftest))
+    result = pytester.runpytest(
+        f"--backend={backend}", "-p", "no:cacheprovider",
+        *[f"--backendconf-select=backendconf::serialization::{pattern}" for pattern in select],
+    )
+    outcomes = {}
+    for report in result.reprec.getreports("pytest_runtest_logreport"):
+        if report.when == "call" or report.outcome != "passed":
+            outcomes[report.nodeid.rsplit("::", 1)[-1]] = report.outcome
+    return outcomes, result
+
+
+def registering(cls: str) -> str:
+    return f"""
+        from broken_backends_archive import {cls}
+
+        def backendconf_register_backends(register):
+            register({cls}())
+    """
+
+
+def failed(outcomes: dict[str, str]) -> set[str]:
+    return {name for name, outcome in outcomes.items() if outcome == "failed"}
+
+
+def every_check(case: str) -> list[str]:
+    names = [f"round_trip[{case}]", f"resave_is_byte_identical[{case}]", f"target_round_trip[{case}]"]
+    if case in STATE:
+        names += [f"compile_spec_and_debug_info_survive[{case}]", f"wrapper_attributes_survive[{case}]"]
+    if case in DETERMINISTIC:
+        names.append(f"deterministic_lowering[{case}]")
+    return names
+
+
+def test_the_reference_backend_passes_every_serialization_check(pytester):
+    outcomes, result = run_checks(pytester, "reference", "", "*")
+    assert set(outcomes.values()) == {"passed"}
+    cases = {name.split("[")[1].rstrip("]") for name in outcomes}
+    assert len(cases) == 55 and len(outcomes) == 3 * 55 + 2 * len(STATE) + len(DETERMINISTIC)
+    for case in ("small_cnn", "encoder_decoder", "dict_output"):
+        assert set(every_check(case)) <= set(outcomes)
+
+
+def test_a_backend_whose_loaded_modules_lose_their_constants_fails_the_round_trips(pytester):
+    # The blob is compiled a second time in the same process only by the in-process round trip.
+    outcomes, result = run_checks(pytester, "loses_state", registering("LosesState"), "*[[]mlp]", "*[[]tuple_output]")
+    assert set(outcomes) == set(every_check("mlp") + every_check("tuple_output"))
+    assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]"}
+    result.stdout.fnmatch_lines([
+        "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
+        "lowered module it was saved from (exact comparison):",
+        "Tensor-likes are not equal!",
+    ])
+
+
+def test_a_blob_stamped_with_the_process_fails_deterministic_lowering_only(pytester):
+    outcomes, result = run_checks(
+        pytester, "nondeterministic_blob", registering("NondeterministicBlob"),
+        "deterministic_lowering[[]*", "*[[]small_cnn]",
+    )
+    assert failed(outcomes) == {f"deterministic_lowering[{case}]" for case in DETERMINISTIC}
+    assert set(outcomes) - failed(outcomes) == set(every_check("small_cnn")) - {"deterministic_lowering[small_cnn]"}
+    result.stdout.fnmatch_lines([
+        "small_cnn (float32): lowering it in a fresh process (debug handles aligned to start at *) gives a different "
+        "archive: entries blobs/forward.bin (* vs * bytes, first difference at byte 0), manifest.json differ. "
+        "Is preprocess() deterministic across processes*",
+    ])
+
+
+def test_a_backend_whose_compile_needs_the_host_compiler_fails_the_target_round_trip_only(pytester):
+    outcomes, result = run_checks(pytester, "compiler_on_target", registering("CompilerNeededOnTarget"), "*[[]nested_output]")
+    assert set(outcomes) == set(every_check("nested_output"))
+    assert failed(outcomes) == {"target_round_trip[nested_output]"}
+    result.stdout.fnmatch_lines([
+        "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
+        "torch._dynamo, torch.export._trace blocked): BackendContractError: *ImportError: blocked on the "
+        "target: backendconf_reference.compiler is host-only*",
+    ])
+
+
+# Defects in the archive code itself: the checks must catch those too.
+UNSTABLE_ARCHIVE = """
+    import itertools
+
+    from pytest_backendconf import _archive
+
+    _original = _archive._debug_json
+    _count = itertools.count()
+    # The defect: every save writes debug.json a little differently (valid JSON all the same).
+    _archive._debug_json = lambda debug: _original(debug) + b" " * next(_count)
+
+    def pytest_unconfigure(config):
+        _archive._debug_json = _original
+"""
+
+DROPS_ATTRIBUTES = """
+    from pytest_backendconf import _lowering
+
+    _original = _lowering.WrapperModule.extra_attributes
+    _lowering.WrapperModule.extra_attributes = lambda self: {}  # the defect: attributes are not saved
+
+    def pytest_unconfigure(config):
+        _lowering.WrapperModule.extra_attributes = _original
+"""
+
+LOSES_COMPILE_SPEC = """
+    import dataclasses
+
+    from pytest_backendconf import _archive
+
+    _original = _archive.Archive.instantiate
+
+    def instantiate(self):  # the defect: the loaded methods forget their compile spec
+        wrapper = _original(self)
+        methods = wrapper.lowered.methods
+        methods.update({name: dataclasses.replace(spec, compile_spec={}) for name, spec in methods.items()})
+        return wrapper
+
+    _archive.Archive.instantiate = instantiate
+
+    def pytest_unconfigure(config):
+        _archive.Archive.instantiate = _original
+"""
+
+
+def test_an_archive_that_is_not_rewritten_byte_for_byte_fails_the_resave(pytester):
+    outcomes, result = run_checks(pytester, "reference", UNSTABLE_ARCHIVE, "round_trip[[]mlp]", "resave_is_byte_identical[[]mlp]")
+    assert outcomes == {"round_trip[mlp]": "passed", "resave_is_byte_identical[mlp]": "failed"}
+    result.stdout.fnmatch_lines([
+        "mlp (float32): save(load(archive)) is not byte-identical to the archive: entries debug.json, "
+        "manifest.json differ",
+    ])
+
+
+def test_an_archive_that_drops_wrapper_attributes_fails_that_check_only(pytester):
+    outcomes, result = run_checks(pytester, "reference", DROPS_ATTRIBUTES, "*_survive[[]*")
+    assert failed(outcomes) == {f"wrapper_attributes_survive[{case}]" for case in STATE}
+    assert len(outcomes) == 2 * len(STATE)
+    result.stdout.fnmatch_lines([
+        f"{STATE[0]} (float32): attribute 'calibration' set on the lowered module after lowering is missing after load",
+    ])
+
+
+def test_an_archive_that_loses_the_compile_spec_fails_that_check_only(pytester):
+    outcomes, result = run_checks(pytester, "reference", LOSES_COMPILE_SPEC, "*_survive[[]*")
+    assert failed(outcomes) == {f"compile_spec_and_debug_info_survive[{case}]" for case in STATE}
+    result.stdout.fnmatch_lines([
+        f"{STATE[0]} (float32): after load the method compile spec is {{*: {{}}*}}; it was lowered with "
+        "{*'__backendconf_fault__': {'node': *}*}",
+    ])

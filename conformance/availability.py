@@ -393,7 +393,7 @@ class ExtraProcess:
             "backend": ctx.name,
             "backend_version": ctx.registered.source.version,
             "blocked": self.blocked,
-            "plugins": [os.path.abspath(p) if _target._is_path(p) else p for p in _target._active_plugins()],
+            "plugins": [os.path.abspath(p) if _target.is_path(p) else p for p in _target.active_plugins()],
             "sys_path": [p for p in sys.path if p],
             "scenarios": [
                 {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
@@ -492,11 +492,11 @@ class ExtraProcess:
             elif key == self._running:
                 how = f"did not finish within {self.timeout} s and was killed" if timed_out else f"exited with code {code}"
                 error = {"type": "TargetTimeoutError" if timed_out else "TargetCrashError",
-                         "message": f"the process {how} while on {key}; stderr: {_target._tail(stderr)}"}
+                         "message": f"the process {how} while on {key}; stderr: {_target.tail_text(stderr)}"}
             else:
                 error = {"type": "TargetNotRunError",
                          "message": f"{key} did not run: the process ended early (exit code {code}, while on "
-                                    f"{self._running}); stderr: {_target._tail(stderr)}"}
+                                    f"{self._running}); stderr: {_target.tail_text(stderr)}"}
             self._records[key] = {"loaded": False, "error": error, "outputs": {}, "errors": {},
                                   "blocked": self.blocked, "returncode": code, "stderr": stderr}
 
@@ -595,7 +595,7 @@ def _child_main(workdir: str) -> int:
         log.flush()
 
     try:
-        _target._import_plugins(request["plugins"])
+        _target.import_plugins(request["plugins"])
         registry = _registry._ACTIVE
         real = _registry.lookup_backend(request["backend"])
         from pytest_backendconf.capabilities import capabilities_of
@@ -611,7 +611,7 @@ def _child_main(workdir: str) -> int:
             with open(os.path.join(workdir, "in", f"{i}.bin"), "rb") as f:
                 tensors.append(_archive.tensor_from_bytes(f.read(), meta, f"target input {i}"))
     except Exception as exc:
-        emit({"setup_error": _target._error(exc)})
+        emit({"setup_error": _target.error_record(exc)})
         return 0
     os.makedirs(os.path.join(workdir, "out"), exist_ok=True)
     for slot, scenario in enumerate(request["scenarios"]):
@@ -645,7 +645,7 @@ def _run_scenario(scenario: dict, backend: Any, tensors: list, workdir: str, slo
         wrapper = _archive.load(scenario["archive"])
         record["loaded"] = True
     except Exception as exc:
-        record["error"] = _target._error(exc)
+        record["error"] = _target.error_record(exc)
         return record
     encoder = _archive.ValueEncoder()
     calls = _archive.decode_value(scenario["calls"], tensors, "target inputs")
@@ -657,7 +657,7 @@ def _run_scenario(scenario: dict, backend: Any, tensors: list, workdir: str, slo
                 errors.append(None)
             except Exception as exc:
                 outputs.append(None)
-                errors.append(_target._error(exc))
+                errors.append(_target.error_record(exc))
     for i, data in enumerate(encoder.data):
         with open(os.path.join(workdir, "out", f"{slot}-{i}.bin"), "wb") as f:
             f.write(data)

@@ -24,7 +24,8 @@ from ._spec import section
 def checks(ctx: SuiteContext) -> Iterator[Check]:
     yield Check("contract", "is_available_is_a_stable_bool", check_is_available, stage="is_available")
     yield Check("contract", "capabilities_are_well_formed", check_capabilities, stage="declaration")
-    for name in section("contract")["cases"]:
+    names = section("contract")["cases"]
+    for name in ctx.cases if names == "all" else names:
         if name not in ctx.cases:
             continue
         dtype = ctx.dtypes_for(ctx.cases[name])[:1]
@@ -61,7 +62,11 @@ def check_capabilities(ctx: SuiteContext) -> None:
 
 
 def _preprocessed(ctx: SuiteContext, case_name: str, dtype: str) -> dict[str, tuple]:
-    """Per method: (program, debug handles, blob), preprocessed here, not by the lowering."""
+    """Per method: (program, debug handles, blob), preprocessed here (not by the lowering), once."""
+    return ctx.memo(("contract.preprocessed", case_name, dtype), lambda: _preprocess_all(ctx, case_name, dtype))
+
+
+def _preprocess_all(ctx: SuiteContext, case_name: str, dtype: str) -> dict[str, tuple]:
     out = {}
     for method in ctx.cases[case_name].methods:
         program = ctx.program(case_name, dtype, method)

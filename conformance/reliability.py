@@ -136,7 +136,7 @@ def execute_timeout() -> float:
 
 
 def _run_child(ctx: SuiteContext) -> IsolatedRun:
-    from pytest_backendconf._target import _active_plugins
+    from pytest_backendconf._target import active_plugins
 
     spec = section("reliability")
     run = IsolatedRun(probes=[], timeout=execute_timeout())
@@ -165,7 +165,7 @@ def _run_child(ctx: SuiteContext) -> IsolatedRun:
         # pickle is safe here: the child reads a file its own parent just wrote.
         with open(os.path.join(workdir, "request.pkl"), "wb") as f:
             pickle.dump({
-                "backend": ctx.name, "plugins": _active_plugins(), "timeout": run.timeout, "probes": payload,
+                "backend": ctx.name, "plugins": active_plugins(), "timeout": run.timeout, "probes": payload,
             }, f)
         with open(os.path.join(workdir, "sys_path.json"), "w", encoding="utf-8") as f:
             json.dump([str(p) for p in sys.path], f)  # the child imports what this process imports
@@ -277,9 +277,9 @@ def child_main(workdir: str) -> int:
         with open(os.path.join(workdir, "request.pkl"), "rb") as f:
             request = pickle.load(f)
         from pytest_backendconf._registry import lookup_backend
-        from pytest_backendconf._target import _import_plugins
+        from pytest_backendconf._target import import_plugins
 
-        _import_plugins(request["plugins"])
+        import_plugins(request["plugins"])
         backend = lookup_backend(request["backend"]).backend
     except Exception as exc:
         send("setup_error", json.dumps(f"creating backend in the child failed: {type(exc).__name__}: {exc}"))

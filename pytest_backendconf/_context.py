@@ -39,6 +39,7 @@ class SuiteContext:
         self._programs: dict[tuple[str, str, str], Any] = {}
         self._fingerprints: dict[tuple[str, str, str], tuple[list[tuple], dict[str, torch.Tensor]]] = {}
         self._lowered: dict[tuple[str, str, str], WrapperModule] = {}
+        self._memo: dict[tuple, Any] = {}
         #: How many exports ran: the benchmark compares it with the unique keys.
         self.export_count = 0
         #: Set by the plugin from --backendconf-hypothesis and --hypothesis-seed.
@@ -122,6 +123,15 @@ class SuiteContext:
             with self._lock:
                 self._lowered.setdefault(key, lowered)
         return lowered
+
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` once per session for ``key``; for work several checks share."""
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        value = make()
+        with self._lock:
+            return self._memo.setdefault(key, value)
 
     def tmp_dir(self, name: str) -> Any:
         """A fresh temporary directory (a `pathlib.Path`) for one check."""

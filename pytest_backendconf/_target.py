@@ -74,7 +74,7 @@ def run_on_target(
     calls = {str(m): [tuple(args) for args in calls] for m, calls in (inputs_by_method or {}).items()}
     blocked = _blocked_modules(archive_path, blocked_modules)
     if plugins is None:
-        plugins = _active_plugins()
+        plugins = active_plugins()
     with tempfile.TemporaryDirectory(prefix="backendconf-target-") as workdir:
         encoder = ValueEncoder()
         encoded = encoder.encode(calls, "target inputs")
@@ -87,7 +87,7 @@ def run_on_target(
             "calls": encoded,
             "tensors": encoder.meta,
             "blocked": list(blocked),
-            "plugins": [os.path.abspath(p) if _is_path(p) else p for p in plugins],
+            "plugins": [os.path.abspath(p) if is_path(p) else p for p in plugins],
             "sys_path": [p for p in sys.path if p],
         }
         with open(os.path.join(workdir, _REQUEST), "w", encoding="utf-8") as f:
@@ -108,9 +108,9 @@ def run_on_target(
             result["error"] = {
                 "type": "TargetTimeoutError",
                 "message": f"the target process did not finish within {timeout} s and was killed "
-                f"(loading {archive_path!r}); stderr: {_tail(exc.stderr)}",
+                f"(loading {archive_path!r}); stderr: {tail_text(exc.stderr)}",
             }
-            result["stderr"] = _tail(exc.stderr)
+            result["stderr"] = tail_text(exc.stderr)
             return result
         result["returncode"] = done.returncode
         result["stderr"] = done.stderr
@@ -119,7 +119,7 @@ def run_on_target(
             result["error"] = {
                 "type": "TargetCrashError",
                 "message": f"the target process exited with code {done.returncode} without a result "
-                f"(loading {archive_path!r}); stderr: {_tail(done.stderr)}",
+                f"(loading {archive_path!r}); stderr: {tail_text(done.stderr)}",
             }
             return result
         with open(path, encoding="utf-8") as f:
@@ -182,7 +182,7 @@ def _host_only_modules(backend_name: str) -> tuple[str, ...]:
     return capabilities_of(found.backend).host_only_modules if found else ()
 
 
-def _active_plugins() -> list[str]:
+def active_plugins() -> list[str]:
     from . import _registry
 
     registry = _registry._ACTIVE
@@ -200,11 +200,11 @@ def _active_plugins() -> list[str]:
     return found
 
 
-def _is_path(plugin: str) -> bool:
+def is_path(plugin: str) -> bool:
     return plugin.endswith(".py") or os.sep in plugin
 
 
-def _tail(text: Any, limit: int = 2000) -> str:
+def tail_text(text: Any, limit: int = 2000) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     text = text or ""
@@ -243,14 +243,14 @@ def install_blocker(names: Sequence[str]) -> ImportBlocker:
     return blocker
 
 
-def _import_plugins(specs: Sequence[str]) -> None:
+def import_plugins(specs: Sequence[str]) -> None:
     from ._registry import BackendRegistry, Source, set_active_registry, source_of_module
     from .errors import PluginLoadError
 
     registry = BackendRegistry()
     for spec in specs:
         try:
-            if _is_path(spec):
+            if is_path(spec):
                 module = _import_file(spec)
                 kind = "conftest" if os.path.basename(spec) == "conftest.py" else "plugin file"
                 source = Source(f"{kind} {spec}")
@@ -280,7 +280,7 @@ def _import_file(path: str) -> types.ModuleType:
     return module
 
 
-def _error(exc: BaseException) -> dict[str, str]:
+def error_record(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": str(exc)}
 
 
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "blocked": list(blocker.names),
     }
     try:
-        _import_plugins(request["plugins"])
+        import_plugins(request["plugins"])
         from ._archive import read_archive
         from .errors import BackendContractError
 
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wrapper = archive.instantiate()
         reply["loaded"] = True
     except Exception as exc:
-        reply["error"] = _error(exc)
+        reply["error"] = error_record(exc)
     if reply["loaded"]:
         from ._archive import ValueEncoder, decode_value, tensor_from_bytes
 
@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     value = getattr(wrapper, method)(*args)
                     records.append({"ok": True, "value": encoder.encode(value, f"output of method {method!r}")})
                 except Exception as exc:
-                    records.append({"ok": False, **_error(exc)})
+                    records.append({"ok": False, **error_record(exc)})
         os.mkdir(os.path.join(workdir, "out"))
         for i, data in enumerate(encoder.data):
             with open(os.path.join(workdir, "out", f"{i}.bin"), "wb") as f:

@@ -145,7 +145,7 @@ def test_import_blocker_refuses_modules_and_submodules():
 
 
 def test_active_plugins_are_passed_on(registry):  # noqa: F811
-    assert _target._active_plugins() == ["test_archive"]
+    assert _target.active_plugins() == ["test_archive"]
 
 
 def test_host_only_modules_of_unknown_backend_are_left_to_the_child():

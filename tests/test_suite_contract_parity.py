@@ -112,3 +112,43 @@ def test_a_rejected_op_makes_its_models_unsupported_never_passed(pytester):
         result.stdout.fnmatch_lines(
             [f"SKIPPED * backendconf::parity::{case}[[]float32[]]: unsupported: The node of aten::mul is not supported in this compiler (this backend has no multiplier) at *zoo.py:*"]
         )
+
+
+VENDOR_CASE = '''
+import torch
+import pytest_backendconf as bc
+
+class Gate(torch.nn.Module):
+    """A vendor's own model: a gated linear unit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 16)
+
+    def forward(self, x):
+        a, b = self.proj(x).chunk(2, dim=-1)
+        return a * torch.sigmoid(b)
+
+def backendconf_register_cases(register):
+    register(bc.ModelCase(name="vendor_gate", build=lambda: Gate().eval(),
+                          inputs={"forward": (bc.TensorInput(shape=(2, 8)),)}, float_dtypes=("float32",)))
+'''
+
+
+def test_a_vendor_case_runs_through_every_per_model_check(pytester):
+    pytester.makeconftest(VENDOR_CASE)
+    result = pytester.runpytest(
+        "--backend=reference", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci",
+        "--backendconf-select=*vendor_gate*", "--collect-only", "-q",
+    )
+    ids = set(re.findall(r"^(backendconf::\S+)$", result.stdout.str(), re.M))
+    categories = {i.split("::")[1] for i in ids}
+    assert {"contract", "parity", "serialization"} <= categories
+    assert "backendconf::parity::vendor_gate[float32]" in ids
+    result = pytester.runpytest(
+        "--backend=reference", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci",
+        "--backendconf-select=backendconf::parity::vendor_gate*",
+        "--backendconf-select=backendconf::contract::*[[]vendor_gate[]]",
+    )
+    result.assert_outcomes(passed=1 + 5)

@@ -17,12 +17,9 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import models  # noqa: E402
-
-import pytest_backendconf as bc  # noqa: E402
-from pytest_backendconf._target import run_on_target  # noqa: E402
+import pytest_backendconf as bc
+from pytest_backendconf import run_on_target
+from pytest_backendconf.conformance import zoo as models  # the nested N/M/L model, a small CNN
 
 results: list[tuple[str, bool]] = []
 

@@ -3,42 +3,9 @@
 import torch
 
 
-class L(torch.nn.Module):
-    def forward(self, x):
-        return x * 5
-
-
-class M(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l = L()
-
-    def forward(self, x):
-        return self.l(x) - 2
-
-
-class N(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.m = M()
-
-    def forward(self, x):
-        return self.m(x) + 3
-
-
-class SmallCNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-0.5, 0.5)
-            self.bn.running_var.uniform_(0.5, 1.5)
-
-    def forward(self, x):
-        y = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
-        return self.fc(y.flatten(1))
+# The nested trio and the small CNN are the zoo's own (one definition for
+# the suite, the docs and these tests).
+from pytest_backendconf.conformance.zoo import L, M, N, SmallCNN  # noqa: E402,F401
 
 
 class Outputs(torch.nn.Module):

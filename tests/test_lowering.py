@@ -16,11 +16,12 @@ import pytest_backendconf as bc
 from pytest_backendconf._debug_handles import DebugHandleRecorder, walk_nodes
 
 MODELS_FILE = inspect.getsourcefile(models)
+ZOO_FILE = inspect.getsourcefile(models.N)  # the nested trio lives in the zoo
 
 
-def line_of(text: str) -> int:
-    """The line number of ``text`` in lowering_models.py (so tests survive edits above it)."""
-    lines = open(MODELS_FILE).read().splitlines()
+def line_of(text: str, file: str = MODELS_FILE) -> int:
+    """The line number of ``text`` in ``file`` (so tests survive edits above it)."""
+    lines = open(file).read().splitlines()
     return next(i for i, line in enumerate(lines, 1) if line.strip() == text)
 
 
@@ -167,13 +168,13 @@ def test_runtime_error_is_symbolicated_with_hierarchy_and_frames():
         "injected fault at node 'mul' (aten::mul)\n"
         "  Module hierarchy:top(N)::forward.m(M)::forward.l(L)::forward.aten::mul\n"
         "Traceback of model source (most recent call last):\n"
-        f'  File "{MODELS_FILE}", line {line_of("return self.m(x) + 3")}, in forward\n'
+        f'  File "{ZOO_FILE}", line {line_of("return self.m(x) + 3", ZOO_FILE)}, in forward\n'
         "    return self.m(x) + 3\n"
         "           ~~~~~~~~~ <--- HERE\n"
-        f'  File "{MODELS_FILE}", line {line_of("return self.l(x) - 2")}, in forward\n'
+        f'  File "{ZOO_FILE}", line {line_of("return self.l(x) - 2", ZOO_FILE)}, in forward\n'
         "    return self.l(x) - 2\n"
         "           ~~~~~~~~~ <--- HERE\n"
-        f'  File "{MODELS_FILE}", line {line_of("return x * 5")}, in forward\n'
+        f'  File "{ZOO_FILE}", line {line_of("return x * 5", ZOO_FILE)}, in forward\n'
         "    return x * 5\n"
         "           ~~~~~ <--- HERE\n"
     )
@@ -211,7 +212,7 @@ def test_debug_info_covers_every_node_including_cond_branches():
     assert sin.method == "forward" and sin.node == "sin"
     assert sin.file == MODELS_FILE and sin.line == line_of("return torch.cond(x.sum() > 0, positive, negative, (x,))")
     mul = next(i for i in bc.debug_info(lower(models.N(), inputs=(X,))).values() if i.op == "aten::mul")
-    assert (mul.line, mul.col, mul.end_col) == (line_of("return x * 5"), 15, 20)
+    assert (mul.line, mul.col, mul.end_col) == (line_of("return x * 5", ZOO_FILE), 15, 20)
     assert mul.module_hierarchy == (("top", "N"), ("m", "M"), ("l", "L"))
 
 

@@ -43,42 +43,8 @@ PACKAGE_DIR = pathlib.Path(ops.__file__).parent
 # --- the model zoo -------------------------------------------------------------------
 
 
-class L(nn.Module):
-    def forward(self, x):
-        return x * 5
-
-
-class M(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l = L()
-
-    def forward(self, x):
-        return self.l(x) - 2
-
-
-class N(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.m = M()
-
-    def forward(self, x):
-        return self.m(x) + 3
-
-
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8 * 4 * 4, 10)
-        with torch.no_grad():  # non-trivial statistics, so batch_norm is not the identity
-            self.bn.running_mean.uniform_(-0.5, 0.5)
-            self.bn.running_var.uniform_(0.5, 1.5)
-
-    def forward(self, x):
-        y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
-        return self.fc(y.flatten(1))
+# The nested trio and the small CNN: the zoo's own definitions.
+from pytest_backendconf.conformance.zoo import L, M, N, SmallCNN  # noqa: E402,F401
 
 
 class Arithmetic(nn.Module):

@@ -165,13 +165,7 @@ class _PreprocessOnly:
 
 def load_with(backend: Any, data: bytes) -> Any:
     """`pytest_backendconf.load` of ``data``, with ``backend`` instead of the registered one."""
-    from pytest_backendconf._lowering import LoweredModule, WrapperModule
-
-    archive = _archive.read_archive(data)
-    lowered = LoweredModule(backend, dict(archive.methods), dict(archive.blobs), dict(archive.debug),
-                            backend_version=archive.backend_version)
-    lowered.compile_now(at="load")
-    return WrapperModule(lowered)
+    return _archive.read_archive(data).instantiate(backend)
 
 
 # --- host rows ---------------------------------------------------------------------------

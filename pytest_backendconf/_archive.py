@@ -8,6 +8,7 @@ order::
     manifest.json       stored   format, schema version, backend, torch version,
                                  methods (MethodSpec JSON), method compile spec,
                                  {entry: {size, sha256}} for every other entry
+                                 (sha256 of the bytes as stored, size inflated)
     attributes.json     stored   wrapper attributes; tensors by index
     blobs/<method>.bin  stored   the processed blob of each method
     debug.json          deflated debug info: file names, source lines and names
@@ -167,7 +168,7 @@ def to_bytes(lowered: Any) -> bytes:
         "method_compile_spec": {name: spec.compile_spec for name, spec in core.methods.items()},
         "methods": [spec.to_json() for spec in core.methods.values()],
         "entries": {
-            name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            name: {"size": len(data), "sha256": hashlib.sha256(_stored_bytes(name, data)).hexdigest()}
             for name, data in sorted(entries.items())
         },
     }
@@ -309,22 +310,28 @@ class Archive:
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
 
-    def instantiate(self) -> Any:
-        """Create the backend, build the lowered module, restore attributes, compile."""
+    def instantiate(self, backend: Any = None) -> Any:
+        """Create the backend, build the lowered module, restore attributes, compile.
+
+        :param backend: a backend object to use instead of the registered one
+            named in the manifest (the suite's availability checks load with
+            stand-ins that force a condition).
+        """
         from ._lowering import LoweredModule, WrapperModule
         from ._registry import lookup_backend
 
-        try:
-            registered = lookup_backend(self.backend_name)
-        except RegistryError as exc:
-            raise ArchiveBackendError(
-                f"{self.where(MANIFEST)}: the archive was lowered for backend {self.backend_name!r}, "
-                f"which cannot be used here: {exc}"
-            ) from None
+        if backend is None:
+            try:
+                backend = lookup_backend(self.backend_name).backend
+            except RegistryError as exc:
+                raise ArchiveBackendError(
+                    f"{self.where(MANIFEST)}: the archive was lowered for backend {self.backend_name!r}, "
+                    f"which cannot be used here: {exc}"
+                ) from None
         _check_trees(self)
         try:
             lowered = LoweredModule(
-                registered.backend,
+                backend,
                 dict(self.methods),
                 dict(self.blobs),
                 dict(self.debug),
@@ -714,17 +721,20 @@ class _Reader:
                     f"{self.where(entry.name)}: {entry.size} bytes of JSON, more than the limit of "
                     f"{self.limits.max_json_bytes}"
                 )
+            # The hash covers the bytes as stored, before inflating: a deflate
+            # stream has padding bits that can change without changing what
+            # it inflates to, and hostile data is refused before it is inflated.
+            digest = hashlib.sha256(entry.raw).hexdigest()
+            if digest != record["sha256"]:
+                raise ArchiveChecksumError(
+                    f"{self.where(entry.name)}: SHA-256 is {digest}, but {MANIFEST} records "
+                    f"{_short(record['sha256'])}; {_REWRITE}"
+                )
             data = self._bytes(entry)
             if record["size"] != len(data):
                 raise ArchiveSizeError(
                     f"{self.where(entry.name)}: has {len(data)} bytes, but {MANIFEST} records "
                     f"{record['size']}; {_REWRITE}"
-                )
-            digest = hashlib.sha256(data).hexdigest()
-            if digest != record["sha256"]:
-                raise ArchiveChecksumError(
-                    f"{self.where(entry.name)}: SHA-256 is {digest}, but {MANIFEST} records "
-                    f"{_short(record['sha256'])}; {_REWRITE}"
                 )
             contents[entry.name] = data
 
@@ -1339,6 +1349,11 @@ def _method_for(name: str) -> int:
     return _DEFLATED if name == DEBUG else _STORED
 
 
+def _stored_bytes(name: str, data: bytes) -> bytes:
+    """An entry's bytes as they stand in the zip (deflated for ``debug.json``)."""
+    return _deflate(data) if _method_for(name) == _DEFLATED else data
+
+
 def _pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
     """The zip of ``entries`` (in the given order), in this format's one fixed layout."""
     chunks: list[bytes] = []
@@ -1347,7 +1362,7 @@ def _pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
     for name, data in entries:
         raw_name = name.encode("ascii")
         method = _method_for(name)
-        stored = _deflate(data) if method == _DEFLATED else data
+        stored = _stored_bytes(name, data)
         crc = zlib.crc32(data)
         header = _local_header(raw_name, method, crc, len(stored), len(data))
         central.append(_central_header(raw_name, method, crc, len(stored), len(data), offset))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import operator
 import threading
 import types
 import warnings
@@ -181,6 +182,8 @@ class LoweredModule(torch.nn.Module):
         self.handles = handles
 
     def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+        # The hot path: every call of a lowered method comes through here
+        # (benchmarks/run.py holds it to a few microseconds over execute).
         runner = self._runners.get(method)
         if runner is None:
             raise AttributeError(
@@ -190,11 +193,13 @@ class LoweredModule(torch.nn.Module):
         if backend.is_available() is not True:
             # Never call execute on an unavailable backend (§3.4).
             raise BackendUnavailableError(self._unavailable_text(f"cannot run method {method!r}"))
-        if self.handles is None:
+        handles = self.handles
+        if handles is None:
             self.compile_now(at="call")
+            handles = self.handles
         inputs = runner.flatten(args, kwargs)
         try:
-            outputs = backend.execute(self.handles[method], inputs)  # type: ignore[index]
+            outputs = backend.execute(handles[method], inputs)  # type: ignore[index]
         except BackendError as exc:
             raise self._symbolicate(exc, method) from exc
         except Exception as exc:
@@ -275,14 +280,19 @@ def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Any:
 
 
 class _MethodRunner:
-    """Turns a call into the flat input list and the flat outputs back into the structure."""
+    """Turns a call into the flat input list and the flat outputs back into the structure.
+
+    Everything that does not depend on the call is worked out here, once:
+    the checks of each tensor are ``(dtype, torch.Size)`` pairs compared in
+    C, and the output structure is rebuilt without pytree when it is a
+    tensor, or a flat tuple, list or dict of them.
+    """
 
     def __init__(self, spec: MethodSpec) -> None:
         self.spec = spec
         self.signature = spec.signature()
         self.in_tree = pytree.treespec_loads(spec.in_spec)
         self.out_tree = pytree.treespec_loads(spec.out_spec)
-        self.out_is_leaf = self.out_tree.is_leaf()
         n = len(spec.inputs)
         positional = all(
             p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and not p.has_default for p in spec.params
@@ -290,10 +300,15 @@ class _MethodRunner:
         # The common call, all inputs positional tensors, skips binding and pytree.
         self.fast_arity = n if positional and len(spec.params) == n else -1
         self.tensor_checks = [
-            (i, getattr(torch, v.dtype), v.shape, v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
+            (i, getattr(torch, v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
         ]
         self.constants = [(i, v) for i, v in enumerate(spec.inputs) if v.kind != "tensor"]
-        self.dtypes = [getattr(torch, v.dtype) if v.kind == "tensor" else None for v in spec.outputs]
+        self.n_outputs = len(spec.outputs)
+        self.output_checks = [
+            (getattr(torch, v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
+            for v in spec.outputs
+        ]
+        self.rebuild = _rebuilder(self.out_tree)
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
         if not kwargs and len(args) == self.fast_arity:
@@ -312,11 +327,20 @@ class _MethodRunner:
                 )
         for i, dtype, shape, spec in self.tensor_checks:
             value = flat[i]
-            if not isinstance(value, torch.Tensor) or value.dtype != dtype or not _shape_matches(value.shape, shape):
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.dtype != dtype
+                or (value.shape != shape and not _shape_matches(value.shape, shape))
+            ):
                 raise InputSpecError(
                     f"method {self.spec.name!r} input {i} ({spec.name!r}) must be {spec.describe()} as "
                     f"when it was exported, got {_describe_value(value)}; lower it again for these inputs"
                 )
+        if self.constants:
+            self._check_constants(flat)
+        return flat
+
+    def _check_constants(self, flat: list) -> None:
         for i, spec in self.constants:
             value = flat[i]
             if type(value) is not type(spec.value) or value != spec.value:
@@ -325,17 +349,29 @@ class _MethodRunner:
                     f"value is baked into the exported program) but called with {spec.name}={value!r}; "
                     "lower it again with that value, or pass it as a tensor"
                 )
-        return flat
 
     def unflatten(self, outputs: Any, backend_name: str) -> Any:
-        expected = self.spec.outputs
-        if not isinstance(outputs, (list, tuple)) or len(outputs) != len(expected):
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != self.n_outputs:
             got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise OutputSpecError(
                 f"method {self.spec.name!r}: execute() of backend {backend_name!r} must return a list "
-                f"of {len(expected)} outputs, got {got}"
+                f"of {self.n_outputs} outputs, got {got}"
             )
-        for i, (value, spec, dtype) in enumerate(zip(outputs, expected, self.dtypes)):
+        for value, (dtype, expected) in zip(outputs, self.output_checks):
+            if dtype is None:
+                if value != expected:
+                    self._bad_output(outputs, backend_name)
+            elif (
+                not isinstance(value, torch.Tensor)
+                or value.dtype != dtype
+                or (value.shape != expected and not _shape_matches(value.shape, expected))
+            ):
+                self._bad_output(outputs, backend_name)
+        return self.rebuild(outputs)
+
+    def _bad_output(self, outputs: Any, backend_name: str) -> None:
+        """Raise the error for the first output that does not match its spec."""
+        for i, (value, spec, (dtype, _)) in enumerate(zip(outputs, self.spec.outputs, self.output_checks)):
             if dtype is None:
                 if value != spec.value:
                     raise OutputSpecError(
@@ -347,9 +383,39 @@ class _MethodRunner:
                     f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got "
                     f"{_describe_value(value)} from backend {backend_name!r}"
                 )
-        if self.out_is_leaf:
-            return outputs[0]
-        return pytree.tree_unflatten(list(outputs), self.out_tree)
+
+
+def _expected_shape(shape: Any) -> Any:
+    """A `torch.Size` for a static shape, else the tuple with ``None`` for each symbolic dimension.
+
+    The checks compare ``value.shape != expected`` first (one comparison in
+    C, false for a match of a static shape) and only then `_shape_matches`.
+    """
+    if shape is not None and all(d is not None for d in shape):
+        return torch.Size(shape)
+    return shape
+
+
+def _rebuilder(tree: Any) -> Any:
+    """A function from the flat outputs to the method's output structure.
+
+    A single tensor, and a flat tuple, list or dict of outputs, are rebuilt
+    directly (what ``tree_unflatten`` would give, without its per-node
+    Python calls); anything nested goes through pytree.
+    """
+    if tree.is_leaf():
+        return operator.itemgetter(0)
+    # torch >= 2.10 has children() and deprecates the children_specs field older ones have.
+    children = tree.children() if hasattr(tree, "children") else tree.children_specs
+    if all(child.is_leaf() for child in children):
+        if tree.type is tuple:
+            return tuple
+        if tree.type is list:
+            return list
+        if tree.type is dict:
+            keys = tuple(tree.context)
+            return lambda outputs: dict(zip(keys, outputs))
+    return lambda outputs: pytree.tree_unflatten(list(outputs), tree)
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:

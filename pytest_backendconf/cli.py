@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="list the registered backends")
     listing.set_defaults(run=_list)
     _add_archive_commands(commands)
+    _add_report_commands(commands)
     return parser
 
 
@@ -307,6 +308,61 @@ def _describe(value: object) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
     return repr(value)
+
+
+# --- reports: merge --------------------------------------------------------------------
+
+
+def _add_report_commands(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser("report", help="work with --backendconf-report files (merge)")
+    actions = report.add_subparsers(title="report commands", metavar="ACTION")
+    report.set_defaults(run=lambda args: _usage(report))
+    merge = actions.add_parser(
+        "merge",
+        help="merge the reports of several environments into one matrix and list the flips",
+        description="Merge --backendconf-report files (one per environment of a tox or CI "
+        "matrix) into one matrix of backend x torch version x category (passed/total and "
+        "score), and list every check that passed in one environment and failed in another.",
+    )
+    merge.add_argument("reports", metavar="REPORT", nargs="+", help="JSON files written by --backendconf-report")
+    merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
+    merge.add_argument(
+        "--fail-on-flips", action="store_true",
+        help="exit with status 1 when a check passed in one environment and failed in another",
+    )
+    merge.set_defaults(run=_report_merge)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _report_merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ._gating import atomic_write
+    from ._report_merge import format_markdown, format_text, merge, read_report
+    from .errors import BackendConfError
+
+    merged = merge([read_report(path) for path in args.reports])
+    if args.markdown is not None:
+        target = Path(args.markdown)
+        if target.is_dir() or not target.parent.is_dir():
+            raise BackendConfError(
+                f"--markdown {args.markdown!r}: " + (
+                    "that is a directory; give a file name in it" if target.is_dir()
+                    else f"the directory {str(target.parent)!r} does not exist; create it first"
+                )
+            )
+        try:
+            atomic_write(target, format_markdown(merged))
+        except OSError as exc:
+            raise BackendConfError(f"cannot write --markdown {args.markdown!r}: {exc.strerror or exc}") from None
+    sys.stdout.write(format_text(merged))
+    if args.markdown is not None:
+        print(f"backendconf: markdown written to {args.markdown}")
+    return 1 if args.fail_on_flips and merged.flips else 0
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def repack(entries: dict[str, bytes], *, checksums: bool = True, order=None) -> 
     if checksums:
         manifest = json.loads(entries["manifest.json"])
         manifest["entries"] = {
-            n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+            n: {"size": len(d), "sha256": hashlib.sha256(_archive._stored_bytes(n, d)).hexdigest()}
             for n, d in sorted(entries.items())
             if n != "manifest.json"
         }
@@ -575,6 +575,10 @@ def _bomb(data):
     entries = entries_of(data)
     zeros = b"0" * (8 << 20)
     deflated = _archive._deflate(zeros)
+    # A checksum is no signature: the attacker records the bomb's own hash.
+    manifest = json.loads(entries["manifest.json"])
+    manifest["entries"]["debug.json"] = {"size": 1024, "sha256": hashlib.sha256(deflated).hexdigest()}
+    entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
     items = [(n.encode(), d) for n, d in entries.items() if n != "debug.json"]
     chunks, central, offset = [], [], 0
     for name, content, method, size in [(n, d, 0, len(d)) for n, d in items] + [(b"debug.json", deflated, 8, 1024)]:
@@ -667,7 +671,7 @@ HOSTILE = {
     "zip comment": (lambda d: d[:-2] + b"\x05\x00hello", ArchiveFormatError, "zip comment"),
     "re-packed by zipfile": (_zipfile_repack, ArchiveFormatError, "entry 'manifest.json'.*re-packed by another tool"),
     # checksums
-    "blob byte flipped": (_flip_in("blobs/forward.bin"), ArchiveChecksumError, "entry 'blobs/forward.bin'.*CRC-32"),
+    "blob byte flipped": (_flip_in("blobs/forward.bin"), ArchiveChecksumError, "entry 'blobs/forward.bin'.*(CRC-32|SHA-256)"),
     "manifest byte flipped": (_flip_in("manifest.json"), ArchiveChecksumError, "entry 'manifest.json'.*CRC-32"),
     "blob changed, zip valid": (_changed_content_same_crc_layout, ArchiveChecksumError, "entry 'blobs/forward.bin'.*SHA-256"),
     "wrong recorded checksum": (_set(["entries", "debug.json", "sha256"], "0" * 64), ArchiveChecksumError, "entry 'debug.json'.*SHA-256"),
@@ -756,6 +760,20 @@ def test_limits_can_be_tightened():
         bc.load(data, limits=_archive.Limits(max_entry_bytes=10))
     with pytest.raises(ArchiveSizeError, match="entry 'manifest.json': .* bytes of JSON, more than the limit of 100"):
         bc.load(data, limits=_archive.Limits(max_json_bytes=100))
+
+
+def test_a_flipped_padding_bit_of_the_deflated_debug_info_is_caught(small):
+    # The last byte of a deflate stream has unused bits: flipping one changes
+    # nothing that inflates, so only a hash of the stored bytes can see it.
+    entries = {info.filename: info for info in zipfile.ZipFile(io.BytesIO(small)).infolist()}
+    debug = entries["debug.json"]
+    local_header = 30 + len("debug.json")
+    last = debug.header_offset + local_header + debug.compress_size - 1
+    for bit in range(8):
+        changed = bytearray(small)
+        changed[last] ^= 1 << bit
+        with pytest.raises(ArchiveError):
+            _archive.read_archive(bytes(changed))
 
 
 def test_every_single_byte_change_is_an_archive_error(small):

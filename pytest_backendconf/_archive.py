@@ -42,7 +42,7 @@ import weakref
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from ._debug_info import DebugInfo, Frame, format_missing
+from ._debug_info import DebugInfo, Frame, format_missing, hierarchy_prefix, traceback_text
 from ._method_spec import DTYPE_NAMES, MethodSpec
 from .errors import (
     ArchiveBackendError,
@@ -949,36 +949,54 @@ def _decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Deb
             end_col=end_col,
         ))
     stacks = []
+    n_frames = len(frames)
     for i, row in enumerate(tables["stacks"]):
         if not isinstance(row, list):
             raise bad(f"stacks[{i}] must be a list, got {_kind(row)}")
-        stacks.append(tuple(index(f, frames, f"stacks[{i}]") for f in row))
+        if all(type(f) is int and 0 <= f < n_frames for f in row):
+            stacks.append(tuple([frames[f] for f in row]))
+        else:
+            stacks.append(tuple(index(f, frames, f"stacks[{i}]") for f in row))
     hierarchies = []
+    n_names = len(names)
     for i, row in enumerate(tables["hierarchies"]):
         if not isinstance(row, list) or len(row) % 2:
             raise bad(f"hierarchies[{i}] must be a list of (name, class) index pairs, got {_short(row)}")
-        items = [index(v, names, f"hierarchies[{i}]") for v in row]
+        if all(type(v) is int and 0 <= v < n_names for v in row):
+            items = [names[v] for v in row]
+        else:
+            items = [index(v, names, f"hierarchies[{i}]") for v in row]
         hierarchies.append(tuple(zip(items[::2], items[1::2])))
     debug: dict[int, DebugInfo] = {}
     handle = 0
+    n_hierarchies, n_stacks = len(hierarchies), len(stacks)
+    # One row per node, so the checks of a well-formed row are inline; a row
+    # that fails any of them goes through index() for the error naming it.
     for i, row in enumerate(tables["nodes"]):
-        what = f"nodes[{i}]"
         if not isinstance(row, list) or len(row) != 6:
-            raise bad(f"{what} must be [handle delta, op, node, method, hierarchy, stack], got {_short(row)}")
-        delta = row[0]
-        if not _is_int(delta) or delta < (0 if i == 0 else 1) or handle + delta > INT64_MAX:
-            raise bad(f"{what} has handle delta {_short(delta)}; handles must increase and fit int64")
+            raise bad(f"nodes[{i}] must be [handle delta, op, node, method, hierarchy, stack], got {_short(row)}")
+        delta, op, node, method, hierarchy, stack = row
+        if type(delta) is not int or delta < (0 if i == 0 else 1) or handle + delta > INT64_MAX:
+            raise bad(f"nodes[{i}] has handle delta {_short(delta)}; handles must increase and fit int64")
         handle += delta
-        method = index(row[3], names, f"{what} method")
-        if method not in methods:
-            raise bad(f"{what} names method {method!r}, which the manifest does not list")
-        debug[handle] = DebugInfo(
-            handle=handle,
-            op=index(row[1], names, f"{what} op"),
-            node=index(row[2], names, f"{what} node"),
-            method=method,
-            module_hierarchy=index(row[4], hierarchies, f"{what} hierarchy"),
-            frames=index(row[5], stacks, f"{what} stack"),
+        if not (
+            type(op) is int and 0 <= op < n_names
+            and type(node) is int and 0 <= node < n_names
+            and type(method) is int and 0 <= method < n_names
+            and type(hierarchy) is int and 0 <= hierarchy < n_hierarchies
+            and type(stack) is int and 0 <= stack < n_stacks
+            and names[method] in methods
+        ):
+            what = f"nodes[{i}]"
+            name = index(method, names, f"{what} method")
+            if name not in methods:
+                raise bad(f"{what} names method {name!r}, which the manifest does not list")
+            index(op, names, f"{what} op")
+            index(node, names, f"{what} node")
+            index(hierarchy, hierarchies, f"{what} hierarchy")
+            index(stack, stacks, f"{what} stack")
+        debug[handle] = DebugInfo._from_row(
+            handle, names[op], names[node], names[method], hierarchies[hierarchy], stacks[stack]
         )
     return debug
 
@@ -992,11 +1010,19 @@ def _deflate(data: bytes) -> bytes:
 
 
 class _SymbolTable:
-    """Formats the text of each handle once; lookups are dictionary hits."""
+    """Formats the text of each handle once; lookups are dictionary hits.
+
+    Handles share stacks and module hierarchies (decoded from the archive's
+    tables as shared objects), so the traceback and hierarchy lines are
+    formatted once per distinct stack and hierarchy, found by object
+    identity (each entry keeps its object, so a reused id never matches).
+    """
 
     def __init__(self, debug: Mapping[int, DebugInfo]) -> None:
         self.debug = debug
         self.cache: dict[Any, str] = {}
+        self._tracebacks: dict[int, tuple[Any, str]] = {}
+        self._hierarchies: dict[tuple[int, str], tuple[Any, str]] = {}
 
     def text(self, handle: int) -> str:
         found = self.cache.get(handle)
@@ -1005,9 +1031,21 @@ class _SymbolTable:
             if info is None:
                 found = format_missing([handle])
             else:
-                found = f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{info}"
+                found = f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
             self.cache[handle] = found
         return found
+
+    def _body(self, info: DebugInfo) -> str:
+        """``str(info)``, from the shared parts."""
+        key = (id(info.module_hierarchy), info.method)
+        prefix = self._hierarchies.get(key)
+        if prefix is None or prefix[0] is not info.module_hierarchy:
+            prefix = self._hierarchies[key] = (info.module_hierarchy, hierarchy_prefix(info.module_hierarchy, info.method))
+        traceback = self._tracebacks.get(id(info.frames))
+        if traceback is None or traceback[0] is not info.frames:
+            traceback = self._tracebacks[id(info.frames)] = (info.frames, traceback_text(info.frames))
+        hierarchy = f"{prefix[1]}.{info.op}" if prefix[1] else info.op
+        return f"  Module hierarchy:{hierarchy}\n{traceback[1]}"
 
 
 _TABLES: "collections.OrderedDict[Any, _SymbolTable]" = collections.OrderedDict()

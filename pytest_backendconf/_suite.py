@@ -111,20 +111,26 @@ class SuitePlugin:
         self.config = config
         self._ctx_factory = ctx_factory
         self.backend_name = backend_name
+        self.ctx: Any = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+        import os
+
+        import torch
+
         workers = getattr(config, "workerinput", {}).get("workercount")
         if workers:
             # pytest-xdist: share the cores between workers instead of each
             # worker's torch thread pool claiming all of them.
-            import os
-
-            import torch
-
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+        elif not os.environ.get("OMP_NUM_THREADS"):
+            # The zoo's models are tiny: torch's thread pool costs more than it
+            # gives (benchmarks: 55 s → 35 s for the default suite). Set
+            # OMP_NUM_THREADS to choose otherwise.
+            torch.set_num_threads(1)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)
@@ -132,7 +138,7 @@ class SuitePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-        ctx = self._ctx_factory()
+        ctx = self.ctx = self._ctx_factory()  # kept for tools (benchmarks) that inspect the session
         root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
         root.path = _conformance_dir()
         selected = config.getoption("backendconf_select") or []

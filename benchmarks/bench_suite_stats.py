@@ -1,0 +1,109 @@
+"""A pytest plugin (``-p bench_suite_stats``) that reports, from inside a suite run, what the benchmark needs.
+
+``benchmarks/run.py`` runs the conformance suite in a subprocess with this
+module on ``PYTHONPATH``. At session end it writes ``<pid>.json`` into the
+folder named by ``$BACKENDCONF_BENCH_STATS`` (one file per process, so that
+pytest-xdist workers each write theirs):
+
+- ``exports``: every ``torch.export.export`` call of the process, however it
+  was reached, and ``unique_exports``: how many distinct (model class,
+  method code, input signature, weight dtype) they were for;
+- ``ctx_export_count`` / ``ctx_programs``: `SuiteContext.export_count` and
+  the number of keys in its program cache, read from the context the
+  conformance items share (``item.ctx``);
+- ``items`` (conformance items collected) and ``outcomes`` (per outcome).
+
+Under pytest-xdist every worker collects every item and the controller
+receives every report, so ``worker`` says which kind of process wrote the
+file: the benchmark takes ``items`` from any one process and ``outcomes``
+from the controller.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from typing import Any
+
+import pytest
+
+ENV = "BACKENDCONF_BENCH_STATS"
+
+_exports: list[tuple] = []
+_outcomes: collections.Counter = collections.Counter()
+_worker = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _worker
+    if not os.environ.get(ENV):
+        return
+    _worker = hasattr(config, "workerinput")
+    import torch.export
+
+    original = torch.export.export
+    if getattr(original, "_bench_counted", False):
+        return
+
+    def counted(mod: Any, args: tuple = (), kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        _exports.append(_signature(mod, args, kwargs))
+        return original(mod, args, kwargs, *rest, **options)
+
+    counted._bench_counted = True  # type: ignore[attr-defined]
+    torch.export.export = counted
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _worker:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        _outcomes[f"{report.when}:{report.outcome}" if report.when != "call" else report.outcome] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    folder = os.environ.get(ENV)
+    if not folder:
+        return
+    contexts = {}
+    items = 0
+    for item in session.items:
+        ctx = getattr(item, "ctx", None)
+        if ctx is not None and hasattr(ctx, "export_count"):
+            items += 1
+            contexts[id(ctx)] = ctx
+    stats = {
+        "exports": len(_exports),
+        "unique_exports": len(set(_exports)),
+        "contexts": len(contexts),
+        "ctx_export_count": sum(ctx.export_count for ctx in contexts.values()),
+        "ctx_programs": sum(len(ctx._programs) for ctx in contexts.values()),
+        "items": items,
+        "outcomes": dict(_outcomes),
+        "worker": _worker,
+    }
+    with open(os.path.join(folder, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
+        json.dump(stats, f)
+
+
+def _signature(mod: Any, args: Any, kwargs: Any) -> tuple:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    cls = type(mod)
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    leaves, tree = pytree.tree_flatten((args, kwargs or {}))
+    described = tuple(
+        ("tensor", str(v.dtype), tuple(v.shape)) if isinstance(v, torch.Tensor) else (type(v).__name__, repr(v))
+        for v in leaves
+    )
+    weight = next((str(p.dtype) for p in mod.parameters()), None) if isinstance(mod, torch.nn.Module) else None
+    return (
+        cls.__module__,
+        cls.__qualname__,
+        getattr(code, "co_filename", None),
+        getattr(code, "co_firstlineno", None),
+        str(tree),
+        described,
+        weight,
+    )

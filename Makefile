@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite test demo clean
+.PHONY: suite suite-onnxruntime test demo clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,20 @@ $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 suite: $(VENV)/.installed
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=reference
 
+# The ONNX Runtime backend: a real engine (torch.onnx export + ONNX Runtime CPU).
+$(VENV)/.installed-onnxruntime: $(VENV)/.installed backends/onnxruntime/pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e backends/onnxruntime
+	touch $@
+
+# The same suite against that engine, with its known-failures file.
+suite-onnxruntime: $(VENV)/.installed-onnxruntime
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=onnxruntime \
+	    --backendconf-known-failures=$(abspath backends/onnxruntime/known-failures.toml)
+
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-onnxruntime
 	$(BIN)/python -m pytest -n 2 tests
 
 clean:

@@ -1,0 +1,125 @@
+"""An ONNX Runtime backend for pytest-backendconf: torch.export programs run by a real engine.
+
+``preprocess`` exports each method's program to ONNX with PyTorch's own
+exporter (``torch.onnx``, the ``ExportedProgram`` path) and records, for
+every ONNX node, the debug handle of the FX node it came from (``exporter``,
+host only). ``compile`` creates an ``onnxruntime.InferenceSession`` on the
+CPU provider per method and ``execute`` runs it (``runtime``, target side:
+onnxruntime, numpy and torch only). Check it with::
+
+    pytest --backend=onnxruntime
+
+This module stays importable without onnxruntime (``is_available`` then
+says why) and without the exporter: it imports ``exporter`` only inside
+``preprocess`` and ``runtime`` only where a session is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+import pytest_backendconf as bc
+
+__version__ = "0.1.0"
+__all__ = ["OnnxRuntimeBackend"]
+
+PROVIDER = "CPUExecutionProvider"
+
+
+class OnnxRuntimeBackend:
+    """The delegate-backend protocol (DESIGN.md §3.1) over ONNX Runtime's CPU provider."""
+
+    name = "onnxruntime"
+    version = __version__
+    capabilities = bc.Capabilities(
+        # None: the exporter's and ONNX Runtime's coverage move with their
+        # versions, so the suite finds out by trying (rejections are reported
+        # as unsupported, at the FX node).
+        supported_ops=None,
+        dtypes=None,
+        # float32 keeps the suite's defaults. float16 and bfloat16 are computed
+        # in float32 and rounded per op, as eager does; ONNX Runtime's float32
+        # kernels (exp, erf, tanh, GEMM order) differ from eager's in the last
+        # float32 bits, which after rounding moves a result by one ulp now and
+        # then, and eager itself differs by one ulp between its vectorized and
+        # scalar loops. Near cancellation (a - b with a ~ b) one ulp of an
+        # operand is all of the result, hence an absolute term. See README.md.
+        tolerances={torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 4e-3)},
+        host_only_modules=(
+            "backendconf_onnxruntime.exporter",
+            "backendconf_onnxruntime.passes",
+            "torch.onnx",
+            "onnxscript",
+            "onnx_ir",
+            "onnx",
+        ),
+        # InferenceSession.run may be called concurrently; execute keeps its
+        # state local.
+        thread_safe=True,
+        fault_injection=True,
+    )
+
+    def __init__(self) -> None:
+        self._reason: str | None = None
+
+    def is_available(self) -> bool:
+        """True when onnxruntime imports and offers the CPU execution provider."""
+        return not self.unavailable_reason()
+
+    def unavailable_reason(self) -> str:
+        """Why ``is_available()`` is false; empty when it is true."""
+        if self._reason is None:
+            self._reason = _probe()
+        return self._reason
+
+    def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
+        """Export ``program`` to an ONNX blob (host only; see ``exporter``)."""
+        from .exporter import export_program  # host only: never imported on the target
+
+        return export_program(program, compile_spec, debug_handles)
+
+    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
+        """One ``InferenceSession`` per method; a bad blob raises ``ValueError`` naming the method.
+
+        The compile spec is already in the blob, so this is a pure load that
+        works on a target without the exporter.
+        """
+        from .runtime import load
+
+        handles = {}
+        for method, blob in processed.items():
+            try:
+                handles[method] = load(blob)
+            except ValueError as exc:
+                raise ValueError(f"method {method!r}: {exc}") from exc
+        return handles
+
+    def execute(self, handle: Any, inputs: list) -> list:
+        """Run a compiled method on its flat user inputs; return the flat outputs."""
+        from .runtime import CompiledMethod
+
+        if not isinstance(handle, CompiledMethod):
+            raise TypeError(
+                f"execute() expects a handle returned by OnnxRuntimeBackend.compile, got {type(handle).__name__}"
+            )
+        return handle.run(inputs)
+
+    def __repr__(self) -> str:
+        return f"<OnnxRuntimeBackend {self.version}>"
+
+
+def _probe() -> str:
+    try:
+        import onnxruntime
+    except Exception as exc:  # ImportError, or a broken native library
+        return f"onnxruntime cannot be imported ({type(exc).__name__}: {exc}); pip install onnxruntime"
+    try:
+        providers = onnxruntime.get_available_providers()
+    except Exception as exc:
+        return f"onnxruntime.get_available_providers() failed: {exc}"
+    if PROVIDER not in providers:
+        return f"onnxruntime {onnxruntime.__version__} offers no {PROVIDER} (it has {', '.join(providers) or 'none'})"
+    return ""

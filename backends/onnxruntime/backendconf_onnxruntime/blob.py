@@ -1,0 +1,180 @@
+"""The blob format: an ONNX model and the tables the runtime needs, checked on read.
+
+A blob is what ``preprocess`` returns and an archive stores. It is
+deterministic (the header is JSON with sorted keys, the model is serialized
+deterministically) and safe to read from an untrusted file: no pickle, the
+length and CRC-32 of every part are checked, and a bad blob raises
+``ValueError`` naming the problem. Neither ``onnx`` nor ``torch.onnx`` is
+needed to read one.
+
+Layout (integers little-endian)::
+
+    magic b"\\x89BCORT\\r\\n" | u32 format version | u32 CRC-32 of the rest
+    | u64 header length | u64 model length | header (UTF-8 JSON) | model (ONNX)
+
+The header (`Header`) says, per flat user input, whether it is fed to the
+model and how; per user output, where it comes from and its dtype and
+shape; for every ONNX node, the debug handle of the FX node it came from;
+and the injected fault, if any.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import zlib
+from typing import Any
+
+MAGIC = b"\x89BCORT\r\n"
+#: Bumped on any incompatible change; a reader refuses blobs newer than itself.
+FORMAT_VERSION = 1
+
+_PREFIX = struct.Struct("<8sIIQQ")
+#: dtype names the header may use (torch's, without the ``torch.`` prefix).
+DTYPES = frozenset(
+    {"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSlot:
+    """A tensor input or output of the method: its ONNX name, dtype and shape.
+
+    ``widened`` is true for float16/bfloat16 tensors that the model carries
+    as float32 (see ``exporter``): inputs are fed widened, outputs narrowed.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    widened: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """An injected fault (DESIGN.md §3.5): raise at node ``node`` with ``handle``.
+
+    ``flag`` is the ONNX output that tells whether the node ran (it sits in
+    a ``torch.cond`` branch); ``None`` when the node runs on every call.
+    """
+
+    node: str
+    op: str
+    handle: int
+    flag: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """What the runtime needs besides the model itself."""
+
+    #: Per flat user input: a `TensorSlot` fed to the model, or ``None`` for
+    #: a Python constant (baked into the model at export, not fed).
+    inputs: tuple[TensorSlot | None, ...]
+    #: Per user output: ``("tensor", TensorSlot)`` or ``("constant", value)``.
+    outputs: tuple[tuple[str, Any], ...]
+    #: ONNX node name -> debug handle of the FX node it was exported from.
+    nodes: dict[str, int]
+    fault: Fault | None = None
+
+    def model_outputs(self) -> list[str]:
+        """The ONNX outputs to fetch, each once, in a fixed order."""
+        names = [slot.name for kind, slot in self.outputs if kind == "tensor"]
+        if self.fault is not None and self.fault.flag is not None:
+            names.append(self.fault.flag)
+        return list(dict.fromkeys(names))
+
+
+def encode(header: Header, model: bytes) -> bytes:
+    """The blob of one method; the same arguments give the same bytes."""
+    text = json.dumps(_header_to_json(header), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    head = text.encode("utf-8")
+    body = head + model
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, zlib.crc32(body), len(head), len(model))
+    return prefix + body
+
+
+def decode(blob: bytes) -> tuple[Header, bytes]:
+    """Check and split a blob; ``ValueError`` naming the problem if it is not one."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError(f"an onnxruntime blob must be bytes, not {type(blob).__name__}")
+    blob = bytes(blob)
+    if len(blob) < _PREFIX.size or not blob.startswith(MAGIC):
+        raise ValueError("not an onnxruntime backend blob (bad magic or too short)")
+    _, version, crc, head_len, model_len = _PREFIX.unpack_from(blob)
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"blob format version {version} is newer than this reader ({FORMAT_VERSION}); "
+            "upgrade backendconf-onnxruntime"
+        )
+    body = blob[_PREFIX.size:]
+    if len(body) != head_len + model_len:
+        raise ValueError(
+            f"blob is truncated or padded: {len(body)} bytes after the prefix, "
+            f"expected {head_len} (header) + {model_len} (model)"
+        )
+    if zlib.crc32(body) != crc:
+        raise ValueError("blob checksum mismatch: the blob is corrupt")
+    try:
+        data = json.loads(body[:head_len].decode("utf-8"))
+        header = _header_from_json(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"blob header is malformed: {exc}") from None
+    return header, body[head_len:]
+
+
+# --- JSON ------------------------------------------------------------------------
+
+
+def _slot_to_json(slot: TensorSlot) -> dict:
+    return {"name": slot.name, "dtype": slot.dtype, "shape": list(slot.shape), "widened": slot.widened}
+
+
+def _slot_from_json(data: Any) -> TensorSlot:
+    if not isinstance(data, dict):
+        raise TypeError(f"a tensor slot must be an object, got {data!r}")
+    name, dtype, shape, widened = data["name"], data["dtype"], data["shape"], data["widened"]
+    if not isinstance(name, str) or dtype not in DTYPES or not isinstance(widened, bool):
+        raise ValueError(f"bad tensor slot {data!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"bad shape in tensor slot {data!r}")
+    return TensorSlot(name, dtype, tuple(shape), widened)
+
+
+def _header_to_json(header: Header) -> dict:
+    fault = header.fault
+    return {
+        "inputs": [None if slot is None else _slot_to_json(slot) for slot in header.inputs],
+        "outputs": [
+            {"kind": "tensor", "slot": _slot_to_json(value)} if kind == "tensor"
+            else {"kind": "constant", "value": value}
+            for kind, value in header.outputs
+        ],
+        "nodes": dict(sorted(header.nodes.items())),
+        "fault": None if fault is None else dataclasses.asdict(fault),
+    }
+
+
+def _header_from_json(data: Any) -> Header:
+    if not isinstance(data, dict):
+        raise TypeError("the header must be a JSON object")
+    inputs = tuple(None if item is None else _slot_from_json(item) for item in data["inputs"])
+    outputs = []
+    for item in data["outputs"]:
+        if item["kind"] == "tensor":
+            outputs.append(("tensor", _slot_from_json(item["slot"])))
+        elif item["kind"] == "constant":
+            outputs.append(("constant", item["value"]))
+        else:
+            raise ValueError(f"unknown output kind {item['kind']!r}")
+    nodes = data["nodes"]
+    if not isinstance(nodes, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in nodes.items()
+    ):
+        raise ValueError("the node table must map node names to integer handles")
+    fault = data["fault"]
+    if fault is not None:
+        fault = Fault(node=str(fault["node"]), op=str(fault["op"]), handle=int(fault["handle"]),
+                      flag=None if fault["flag"] is None else str(fault["flag"]))
+    return Header(inputs=inputs, outputs=tuple(outputs), nodes=dict(nodes), fault=fault)

@@ -1,0 +1,436 @@
+"""Export a ``torch.export`` program to an ONNX blob (host only): the backend's ``preprocess``.
+
+The program goes through PyTorch's own ONNX exporter (``torch.onnx``, the
+``ExportedProgram`` path, with onnxscript's torchlib), run here step by step
+(decompose, check dispatch, translate) so that the torchlib registry is
+built once per process and decompositions are cached; then through our
+passes on the ONNX IR (``passes``: names and debug handles, float16 and
+bfloat16, fault flag, determinism); then ONNX Runtime checks that it can
+load the model.
+
+Every ONNX node is traced back to the FX node of the *given* program it
+came from through the provenance the exporter records
+(``node.meta["from_node"]``). An op the exporter cannot translate, or that
+ONNX Runtime cannot load, is rejected with ``UnsupportedNodeError`` at that
+FX node, so the user sees their own source line.
+
+This module, ``passes``, ``torch.onnx``, ``onnxscript``, ``onnx_ir`` and
+``onnx`` are host-only: the target loads blobs with onnxruntime alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
+
+from pytest_backendconf import UnsupportedNodeError
+
+from . import blob as blob_format
+from .passes import ModelBuilder
+
+#: Compile-spec key asking for an injected fault (DESIGN.md §3.5).
+FAULT_KEY = "__backendconf_fault__"
+#: Every compile-spec key this backend understands.
+KNOWN_KEYS = (FAULT_KEY,)
+
+_SUPPORTED_DTYPES = frozenset(blob_format.DTYPES)
+
+_registry_lock = threading.Lock()
+_registry: Any = None
+# torch.onnx's exporter keeps module-level state (a global "exporting" flag,
+# the tracer of torchlib functions): one export at a time per process.
+_export_lock = threading.Lock()
+# Decomposing a program (torch.export's run_decompositions) is most of the
+# cost of an export, and the same program is often preprocessed again (with
+# another compile spec, fresh debug handles, or to check determinism): keep
+# the decomposed program while the given one lives, and while its graph and
+# weights are unchanged.
+_decomposed: "weakref.WeakKeyDictionary[Any, tuple[tuple, Any]]" = weakref.WeakKeyDictionary()
+
+
+def export_program(
+    program: torch.export.ExportedProgram,
+    compile_spec: Mapping[str, Any] | None,
+    debug_handles: Mapping[torch.fx.Node, int],
+) -> bytes:
+    """Export one method's program to a blob; the same arguments give the same bytes."""
+    fault_name = fault_node_name(compile_spec)
+    originals = _Originals(program)
+    fault_node = originals.fault_node(fault_name) if fault_name else None
+    _check_signature(program, originals)
+    with _export_lock:
+        model = _to_onnx_ir(program, originals)
+    from onnx_ir import serde
+
+    builder = ModelBuilder(model, program, originals, debug_handles)
+    header = builder.finish(fault_node)
+    data = serde.serialize_model(model).SerializeToString(deterministic=True)
+    _check_loads(data, builder)
+    return blob_format.encode(header, data)
+
+
+# --- compile spec ------------------------------------------------------------------
+
+
+def fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
+    """Validate the compile spec; return the node named for fault injection, if any."""
+    if compile_spec is None:
+        return None
+    if not isinstance(compile_spec, Mapping):
+        raise ValueError(
+            f"the onnxruntime backend's compile spec must be a dict, not {type(compile_spec).__name__}"
+        )
+    # A misspelt key silently ignored would make a test pass for the wrong reason.
+    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown compile-spec key {unknown[0]!r} for the onnxruntime backend; "
+            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
+        )
+    fault = compile_spec.get(FAULT_KEY)
+    if fault is None:
+        return None
+    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
+        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
+    return fault["node"]
+
+
+# --- the given program's nodes ------------------------------------------------------
+
+
+class _Originals:
+    """The FX nodes of the given program, found again from the exporter's provenance."""
+
+    def __init__(self, program: torch.export.ExportedProgram) -> None:
+        self.program = program
+        self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
+        self.path: dict[torch.fx.Node, str] = {}  # node -> "" or its subgraph's path + "/"
+        self.nodes: list[torch.fx.Node] = []
+        for path, graph_module in _graph_modules(program.graph_module):
+            for node in graph_module.graph.nodes:
+                self.by_graph[(id(node.graph), node.name)] = node
+                self.path[node] = f"{path}/" if path else ""
+                self.nodes.append(node)
+        self.output = program.graph_module.graph.output_node()
+
+    def origin(self, node: torch.fx.Node | None) -> torch.fx.Node | None:
+        """The node of the given program that ``node`` (of a derived graph) comes from."""
+        if node is None:
+            return None
+        if (id(node.graph), node.name) in self.by_graph:
+            return self.by_graph[(id(node.graph), node.name)]
+        # Breadth first: the nearest recorded ancestor that is one of ours.
+        pending = list(node.meta.get("from_node", ()))
+        seen = 0
+        while pending and seen < 10_000:
+            source = pending.pop(0)
+            seen += 1
+            found = self.by_graph.get((source.graph_id, source.name))
+            if found is not None:
+                return found
+            pending.extend(source.from_node)
+        return None
+
+    def fault_node(self, name: str) -> torch.fx.Node:
+        calls = [node for node in self.nodes if node.op == "call_function"]
+        for node in calls:
+            if node.name == name:
+                return node
+        examples = ", ".join(repr(node.name) for node in calls[:10])
+        more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
+        raise ValueError(
+            f"fault injection names node {name!r}, which is not an op node of this program; "
+            f"its op nodes are {examples}{more}"
+        )
+
+
+def _graph_modules(graph_module: torch.fx.GraphModule) -> Iterator[tuple[str, torch.fx.GraphModule]]:
+    for path, module in graph_module.named_modules(remove_duplicate=False):
+        if isinstance(module, torch.fx.GraphModule):
+            yield path, module
+
+
+def _check_signature(program: torch.export.ExportedProgram, originals: _Originals) -> None:
+    """Reject what the ONNX model cannot express: state updates, non-tensor inputs and outputs."""
+    graph = program.graph_module.graph
+    by_name = {node.name: node for node in graph.nodes}
+    for spec in program.graph_signature.output_specs:
+        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise UnsupportedNodeError(
+                node,
+                f"the program updates {spec.target!r} in place ({spec.kind.name}); the onnxruntime "
+                "backend runs functional programs only (export in eval mode)",
+            )
+        if not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
+            raise UnsupportedNodeError(
+                node, f"output {spec.arg} is a {type(spec.arg).__name__}, not a tensor or a constant"
+            )
+    for spec in program.graph_signature.input_specs:
+        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
+        if spec.kind in (InputKind.CUSTOM_OBJ, InputKind.TOKEN):
+            raise UnsupportedNodeError(node, f"input kind {spec.kind.name} has no ONNX equivalent")
+        if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
+            raise UnsupportedNodeError(node, f"input {spec.arg} is a {type(spec.arg).__name__}, not a tensor")
+    for node in originals.nodes:
+        for tensor in _tensors(node.meta.get("val")):
+            if str(tensor.dtype).removeprefix("torch.") not in _SUPPORTED_DTYPES:
+                raise UnsupportedNodeError(
+                    node, f"dtype {tensor.dtype} is not supported by the onnxruntime backend"
+                )
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+# --- torch.onnx ---------------------------------------------------------------------
+
+
+def _onnx_registry() -> Any:
+    """torchlib's registry of ATen → ONNX functions, built once (it takes seconds)."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            from torch.onnx._internal.exporter import _registration
+
+            with _quiet_exporter():
+                _registry = _registration.ONNXRegistry.from_torchlib()
+        return _registry
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's informational warnings (e.g. "torchvision is not installed")."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) -> Any:
+    """The exporter's ONNX IR model of ``program`` (an ``onnx_ir.Model``).
+
+    This is ``torch.onnx.export(program, dynamo=True, optimize=False)`` in
+    its three steps (decompose, check dispatch, translate) so that the
+    torchlib registry is built once per process rather than once per export
+    (it takes seconds), decompositions are cached, and a failing node is
+    known. The step functions are internal to torch.onnx (as of torch 2.13);
+    where they are missing, the public ``torch.onnx.export`` is used instead.
+    """
+    try:
+        from torch.onnx._internal.exporter import _core, _dispatching, _flags
+
+        _core._prepare_exported_program_for_export, _core._exported_program_to_onnx_program  # noqa: B018
+        _dispatching.dispatch, _flags._is_onnx_exporting  # noqa: B018
+    except (ImportError, AttributeError):
+        return _to_onnx_ir_public(program, originals)
+
+    registry = _onnx_registry()
+    with _quiet_exporter():
+        _flags._is_onnx_exporting = True
+        try:
+            decomposed = _decompose(program, originals, registry, _core)
+            # What the exporter would fail on: an op with no ONNX function.
+            for _, graph_module in _graph_modules(decomposed.graph_module):
+                for node in graph_module.graph.nodes:
+                    if node.op != "call_function" or _is_passthrough(node):
+                        continue
+                    function, message = _dispatching.dispatch(node, registry)
+                    if function is None:
+                        culprit = originals.origin(node) or originals.output
+                        raise UnsupportedNodeError(
+                            culprit,
+                            f"torch.onnx has no ONNX translation of {node.target} "
+                            f"(from {_describe(culprit)}): {message}",
+                        )
+            try:
+                onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
+            except Exception as exc:
+                raise _rejection(exc, originals, decomposed) from exc
+        finally:
+            _flags._is_onnx_exporting = False
+    return onnx_program.model
+
+
+def _to_onnx_ir_public(program: torch.export.ExportedProgram, originals: _Originals) -> Any:
+    """The same through the public API: slower, and failures are mapped from their text only."""
+    try:
+        with _quiet_exporter(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program = torch.onnx.export(program, (), dynamo=True, optimize=False, verbose=False)
+    except Exception as exc:
+        raise _rejection(exc, originals, None) from exc
+    return onnx_program.model
+
+
+def _decompose(program: Any, originals: _Originals, registry: Any, core: Any) -> Any:
+    """The program decomposed to what torchlib translates, with explicit type promotion (cached)."""
+    key = _fingerprint(program, originals)
+    cached = _decomposed.get(program)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        with warnings.catch_warnings():
+            # torch's own deprecation noise from inside run_decompositions.
+            warnings.simplefilter("ignore", FutureWarning)
+            decomposed = core._prepare_exported_program_for_export(program, registry=registry)
+    except Exception as exc:
+        raise _rejection(exc, originals, None) from exc
+    _spell_out_full_reductions(decomposed)
+    _decomposed[program] = (key, decomposed)
+    return decomposed
+
+
+# Reductions whose torchlib translation requires ``dim`` although ATen's
+# default (``dim=[]``) means "every dimension".
+_FULL_REDUCTIONS = ("amax", "amin")
+
+
+def _spell_out_full_reductions(decomposed: Any) -> None:
+    """Rewrite ``amax(x)``/``amin(x)`` as ``amax(x, [0, …, ndim-1])`` in our decomposed copy.
+
+    torchlib's ``aten_amax``/``aten_amin`` (onnxscript 0.7) reject a missing
+    ``dim``; naming every dimension is the same reduction.
+    """
+    targets = {getattr(torch.ops.aten, name).default for name in _FULL_REDUCTIONS}
+    for _, graph_module in _graph_modules(decomposed.graph_module):
+        changed = False
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function" or node.target not in targets:
+                continue
+            args = list(node.args)
+            dim = args[1] if len(args) > 1 else node.kwargs.get("dim", [])
+            value = getattr(args[0], "meta", {}).get("val")
+            if dim or not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue
+            keepdim = args[2] if len(args) > 2 else node.kwargs.get("keepdim", False)
+            node.args = (args[0], list(range(value.dim())), keepdim)
+            node.kwargs = {}
+            changed = True
+        if changed:
+            graph_module.recompile()
+
+
+def _fingerprint(program: Any, originals: _Originals) -> tuple:
+    """What the decomposition depends on: every graph and node, and the identity and version of every tensor.
+
+    Graph identities matter too: the decomposed nodes' provenance names the
+    given program's graphs by ``id``.
+    """
+    graphs = tuple(id(gm.graph) for _, gm in _graph_modules(program.graph_module))
+    nodes = tuple((n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in originals.nodes)
+    tensors = tuple(
+        (name, id(t), t._version, t.dtype, tuple(t.shape))
+        for name, t in (*program.state_dict.items(), *program.constants.items())
+        if isinstance(t, torch.Tensor)
+    )
+    return graphs, nodes, tensors
+
+
+def _is_passthrough(node: torch.fx.Node) -> bool:
+    import operator
+
+    target = node.target
+    return target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator)
+
+
+_TRANSLATING = re.compile(r"Error when translating node (%\S+ : .*?)\. See the stack trace")
+
+
+def _rejection(exc: BaseException, originals: _Originals, decomposed: Any) -> UnsupportedNodeError:
+    """An exporter failure as an ``UnsupportedNodeError`` at the node it names (else the output)."""
+    culprit = None
+    text = str(exc)
+    match = _TRANSLATING.search(text) or _search_chain(exc)
+    if match is not None:
+        formatted = match.group(1)
+        # The node is one of the decomposed program's; without it, try ours by name.
+        graph_modules = [gm for _, gm in _graph_modules(decomposed.graph_module)] if decomposed else []
+        candidates = [n for gm in graph_modules for n in gm.graph.nodes] or originals.nodes
+        for node in candidates:
+            if node.format_node() == formatted or formatted.startswith(f"%{node.name} :"):
+                culprit = originals.origin(node)
+                break
+    cause = _innermost(exc)
+    reason = f"torch.onnx cannot export it: {type(cause).__name__}: {_first_line(cause)}"
+    return UnsupportedNodeError(culprit or originals.output, reason)
+
+
+def _search_chain(exc: BaseException) -> re.Match | None:
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 20:
+        match = _TRANSLATING.search(str(current))
+        if match:
+            return match
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    seen = 0
+    while (exc.__cause__ or exc.__context__) is not None and seen < 20:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else "(no message)"
+
+
+def _describe(node: torch.fx.Node) -> str:
+    return f"FX node {node.name!r}, {node.target}" if node.op == "call_function" else f"FX node {node.name!r}"
+
+
+# --- ONNX Runtime's verdict ------------------------------------------------------------------
+
+_NODE_NAME = re.compile(r"[Nn]ame:? ?'([^']*)'")
+
+
+def _check_loads(data: bytes, builder: ModelBuilder) -> None:
+    """Reject, at its FX node, a model ONNX Runtime cannot load (e.g. a missing kernel).
+
+    ``compile`` must not fail where the backend is available (DESIGN.md
+    §3.4), so the check happens here, where the user's source line can be
+    shown. Skipped when onnxruntime is not installed on the host.
+    """
+    try:
+        from .runtime import create_session
+    except ImportError:
+        return
+    try:
+        create_session(data)
+    except ImportError:
+        return
+    except Exception as exc:  # onnxruntime's exception types are not public API
+        text = str(exc)
+        culprit = None
+        for name in _NODE_NAME.findall(text):
+            culprit = builder.node_by_name.get(name)
+            if culprit is not None:
+                break
+        raise UnsupportedNodeError(
+            culprit or builder.originals.output,
+            f"ONNX Runtime cannot load the exported model: {text.strip().splitlines()[0][:500]}",
+        ) from None

@@ -1,0 +1,271 @@
+"""The onnxruntime backend on its own: export, node → handle mapping, ORT errors, target side.
+
+Every model is exported for real (``torch.onnx``) and run by ONNX Runtime on
+the CPU. The whole conformance suite runs against this backend with
+``pytest --backend=onnxruntime`` (see backends/onnxruntime/README.md); these
+tests pin what the suite cannot see: that an ONNX Runtime failure inside the
+engine comes back as the user's own source line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("onnxruntime", reason="the onnxruntime backend needs onnxruntime (pip install onnxruntime)")
+pytest.importorskip("onnxscript", reason="the onnxruntime backend exports with torch.onnx, which needs onnxscript")
+pytest.importorskip(
+    "backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime"
+)
+
+import pytest_backendconf as bc  # noqa: E402
+from pytest_backendconf._debug_handles import DebugHandleRecorder  # noqa: E402
+from pytest_backendconf._lowering import export_method  # noqa: E402
+
+from backendconf_onnxruntime import OnnxRuntimeBackend, blob  # noqa: E402
+
+BACKEND = "onnxruntime"
+
+
+# --- models --------------------------------------------------------------------------
+
+
+class Lookup(nn.Module):
+    def forward(self, table, index):
+        return torch.index_select(table, 0, index) * 2  # LOOKUP_LINE
+
+
+class Gatherer(nn.Module):
+    """Fails inside ONNX Runtime (a Gather) when an index is out of range."""
+
+    def __init__(self):
+        super().__init__()
+        self.lookup = Lookup()
+
+    def forward(self, table, index):
+        return self.lookup(table, index) + 1  # GATHERER_LINE
+
+
+def _gather_when_positive(table, index):
+    return torch.index_select(table, 0, index).cos()
+
+
+def _gather_otherwise(table, index):
+    return table[:2].sin()
+
+
+class GatherInBranch(nn.Module):
+    """The failing Gather sits in a torch.cond branch (an ONNX If subgraph)."""
+
+    def forward(self, table, index):
+        return torch.cond(table.sum() > 0, _gather_when_positive, _gather_otherwise, (table, index))
+
+
+class Chain(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x * 3 + 1) - x.mean()
+
+
+def _line_of(marker: str) -> int:
+    lines = inspect.getsource(sys.modules[__name__]).splitlines()
+    return next(i for i, text in enumerate(lines, start=1) if text.endswith(f"# {marker}"))
+
+
+TABLE = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+INDEX = torch.tensor([0, 2])
+BAD_INDEX = torch.tensor([0, 7])
+
+
+@pytest.fixture(scope="module")
+def gatherer():
+    return bc.to_backend(Gatherer(), BACKEND, {"forward": {}}, example_inputs=(TABLE, INDEX))
+
+
+# --- runtime failures come back as the user's source ---------------------------------------
+
+
+def test_runtime_failure_shows_module_hierarchy_and_source_line(gatherer):
+    torch.testing.assert_close(gatherer(TABLE, INDEX), Gatherer()(TABLE, INDEX))
+    with pytest.raises(bc.BackendRuntimeError) as caught:
+        gatherer(TABLE, BAD_INDEX)
+    text = str(caught.value)
+    # ONNX Runtime's own message first, naming the node it failed in.
+    assert text.startswith("ONNX Runtime failed at ONNX node 'index_select#")
+    assert "Gather" in text and "out of data bounds" in text
+    assert "  Module hierarchy:top(Gatherer)::forward.lookup(Lookup)::forward.aten::index_select\n" in text
+    assert "Traceback of model source (most recent call last):" in text
+    here = __file__
+    assert f'File "{here}", line {_line_of("GATHERER_LINE")}, in forward' in text
+    assert f'File "{here}", line {_line_of("LOOKUP_LINE")}, in forward' in text
+    assert "    return torch.index_select(table, 0, index) * 2  # LOOKUP_LINE\n" in text
+    assert "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~ <--- HERE" in text
+    # The handle is the index_select node's, found again offline.
+    info = bc.debug_info(gatherer)[caught.value.debug_handle]
+    assert (info.node, info.op) == ("index_select", "aten::index_select")
+
+
+def test_runtime_failure_inside_a_cond_branch_points_at_the_branch_node():
+    lowered = bc.to_backend(GatherInBranch(), BACKEND, {"forward": {}}, example_inputs=(TABLE, INDEX))
+    with pytest.raises(bc.BackendRuntimeError) as caught:
+        lowered(TABLE, BAD_INDEX)  # the sum is positive: the gathering branch runs
+    info = bc.debug_info(lowered)[caught.value.debug_handle]
+    assert info.op == "aten::index_select"
+    assert "Module hierarchy:top(GatherInBranch)::forward.aten::index_select" in str(caught.value)
+    # The other branch does not gather: no error.
+    torch.testing.assert_close(lowered(-TABLE, BAD_INDEX), (-TABLE)[:2].sin())
+
+
+def test_an_error_naming_no_known_node_still_raises_backend_error():
+    method = OnnxRuntimeBackend().compile(
+        {"forward": OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),)))}, {"forward": {}}
+    )["forward"]
+    error = method._runtime_error(RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : out of memory"))
+    assert isinstance(error, bc.BackendError) and error.debug_handle is None
+    assert "out of memory" in error.message
+
+
+# --- preprocess ------------------------------------------------------------------------
+
+
+def _prepared(module, args, spec=None):
+    program = export_method(module, "forward", args, {})
+    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    return program, spec or {}, handles
+
+
+def test_blob_is_deterministic_and_carries_no_exporter_metadata():
+    backend = OnnxRuntimeBackend()
+    prepared = _prepared(Chain(), (torch.randn(2, 3),))
+    first = backend.preprocess(*prepared)
+    assert backend.preprocess(*prepared) == first
+    header, model = blob.decode(first)
+    # Stack traces, file names and Python object names are dropped.
+    assert __file__.encode() not in model and b"pkg.torch.onnx" not in model
+    program, _, handles = prepared
+    by_name = {node.name: handles[node] for node in program.graph_module.graph.nodes}
+    # Every ONNX node carries the handle of the FX node it was exported from.
+    assert set(header.nodes.values()) <= set(by_name.values())
+    assert {name.split("#")[0] for name in header.nodes} == {"mul", "add", "sigmoid", "mean", "sub"}
+    assert all(header.nodes[name] == by_name[name.split("#")[0]] for name in header.nodes)
+
+
+class Mystery(nn.Module):
+    def forward(self, x):
+        return torch.ops.backendconf_ort_test.mystery(x + 1) * 2  # MYSTERY_LINE
+
+
+@pytest.fixture(scope="module")
+def mystery_op():
+    name = "backendconf_ort_test::mystery"
+    if not hasattr(torch.ops.backendconf_ort_test, "mystery"):
+
+        @torch.library.custom_op(name, mutates_args=())
+        def mystery(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @mystery.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+
+def test_an_op_without_onnx_translation_is_rejected_at_its_node(mystery_op):
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(Mystery(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3),))
+    assert caught.value.node.name == "mystery"
+    text = str(caught.value)
+    assert text.startswith("The node of backendconf_ort_test::mystery is not supported in this compiler. Source code:")
+    assert f'line {_line_of("MYSTERY_LINE")}, in forward' in text
+    assert "torch.onnx has no ONNX translation of backendconf_ort_test.mystery.default" in text
+
+
+def test_compile_spec_keys_are_checked():
+    with pytest.raises(ValueError, match="unknown compile-spec key 'fast' for the onnxruntime backend"):
+        OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),), {"fast": True}))
+    with pytest.raises(ValueError, match="fault injection names node 'nope'"):
+        spec = {"__backendconf_fault__": {"node": "nope"}}
+        OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),), spec))
+
+
+# --- dtypes and faults ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_runs_in_float32_rounded_per_op(dtype):
+    # ONNX Runtime's CPU provider has no bfloat16 Add or Mul kernels at all.
+    class Affine(nn.Module):
+        def forward(self, x):
+            return (x * 3 + 1) / 7, x.sum()
+
+    x = torch.randn(4, 8).to(dtype)
+    lowered = bc.to_backend(Affine(), BACKEND, {"forward": {}}, example_inputs=(x,))
+    got, expected = lowered(x), Affine()(x)
+    for a, e in zip(got, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+    # Add, mul and div are correctly rounded in both: bit for bit, as eager
+    # rounds after every op (only the sum's accumulation order may differ).
+    assert torch.equal(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1], rtol=2e-2, atol=1e-2)
+
+
+def test_fault_in_a_cond_branch_fires_only_when_the_branch_runs():
+    spec = {"forward": {"__backendconf_fault__": {"node": "cos"}}}
+    lowered = bc.to_backend(GatherInBranch(), BACKEND, spec, example_inputs=(TABLE, INDEX))
+    torch.testing.assert_close(lowered(-TABLE, INDEX), (-TABLE)[:2].sin())  # the other branch
+    with pytest.raises(bc.BackendRuntimeError, match=r"^injected fault at node 'cos' \(aten::cos\)") as caught:
+        lowered(TABLE, INDEX)
+    assert bc.debug_info(lowered)[caught.value.debug_handle].node == "cos"
+
+
+# --- compile, availability, target ---------------------------------------------------------
+
+
+def test_a_corrupt_blob_is_a_value_error_naming_the_method():
+    good = OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),)))
+    bad = good[:-10] + bytes(10)
+    with pytest.raises(ValueError, match=r"method 'forward': blob checksum mismatch"):
+        OnnxRuntimeBackend().compile({"forward": bad}, {"forward": {}})
+    with pytest.raises(ValueError, match="not an onnxruntime backend blob"):
+        OnnxRuntimeBackend().compile({"forward": b"\x89BCREF\r\n" + bytes(40)}, {"forward": {}})
+
+
+def test_unavailable_without_onnxruntime(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` fail
+    backend = OnnxRuntimeBackend()
+    assert backend.is_available() is False
+    assert "onnxruntime cannot be imported" in backend.unavailable_reason()
+    assert "pip install onnxruntime" in backend.unavailable_reason()
+
+
+def test_target_runs_the_archive_with_the_exporter_blocked(gatherer, tmp_path):
+    path = tmp_path / "gatherer.bcpt"
+    bc.save(gatherer, path)
+    blocked = set(OnnxRuntimeBackend.capabilities.host_only_modules)
+    result = bc.run_on_target(path, {"forward": [(TABLE, INDEX), (TABLE, BAD_INDEX)]}, plugins=[])
+    assert result["loaded"], result["error"]
+    assert blocked <= set(result["blocked"])
+    torch.testing.assert_close(result["outputs"]["forward"][0], Gatherer()(TABLE, INDEX))
+    error = result["errors"]["forward"][1]
+    assert error["type"] == "BackendRuntimeError"
+    assert "Module hierarchy:top(Gatherer)::forward.lookup(Lookup)::forward.aten::index_select" in error["message"]
+
+
+def test_the_runtime_module_never_imports_the_exporter():
+    # What compile and execute import, in a fresh interpreter.
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import backendconf_onnxruntime, backendconf_onnxruntime.plugin, backendconf_onnxruntime.runtime
+        host = backendconf_onnxruntime.OnnxRuntimeBackend.capabilities.host_only_modules
+        print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in host))))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -552,7 +552,7 @@ def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
         work.__class__ = _class_exporting(original, name)
     try:
         with _EXPORT_LOCK:
-            return torch.export.export(work, args, kwargs)
+            return _compat.export(work, args, kwargs)
     except Exception as exc:
         raise LoweringError(
             f"torch.export could not export method {name!r} of {original.__name__}: "

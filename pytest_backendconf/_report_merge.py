@@ -56,6 +56,24 @@ class Report:
     label: str = ""
 
 
+def report_files(paths: Iterable[str]) -> list[str]:
+    """The report files named by ``paths``: a file as given, a directory as its ``*.json`` files.
+
+    A directory lets a CI job merge whatever reports its matrix produced
+    (``backendconf report merge reports/``) without a shell glob.
+    """
+    files = []
+    for path in paths:
+        if Path(path).is_dir():
+            found = sorted(str(p) for p in Path(path).glob("*.json") if p.is_file())
+            if not found:
+                raise ReportError(f"directory {path!r} holds no report (*.json); run the suite with --backendconf-report=FILE first")
+            files += found
+        else:
+            files.append(path)
+    return files
+
+
 def read_report(path: str | Path) -> Report:
     """Read and check one report; a `ReportError` names the file and what is wrong."""
     name = str(path)
@@ -75,11 +93,11 @@ def read_report(path: str | Path) -> Report:
 def parse_report(document: Any, name: str) -> Report:
     """Check ``document`` against the report schema (major version 1, any minor)."""
     if not isinstance(document, dict) or document.get("schema") != REPORT_SCHEMA:
-        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
-        raise ReportError(
-            f"{name!r} is not a backendconf report (its \"schema\" is {found!r}, expected "
-            f"{REPORT_SCHEMA!r}); pass the file --backendconf-report wrote"
+        found = (
+            f"its \"schema\" is {document.get('schema')!r}, expected {REPORT_SCHEMA!r}"
+            if isinstance(document, dict) else f"it holds {_kind(document)}, not an object"
         )
+        raise ReportError(f"{name!r} is not a backendconf report ({found}); pass the file --backendconf-report wrote")
     version = document.get("schema_version")
     if not (isinstance(version, list) and len(version) == 2 and all(_is_int(v) for v in version)):
         raise ReportError(f"report {name!r}: \"schema_version\" must be [major, minor], got {version!r}")
@@ -98,7 +116,7 @@ def parse_report(document: Any, name: str) -> Report:
     summary = {}
     for category, counts in summary_doc.items():
         where = f"summary.{category}"
-        check.mapping(summary_doc, category)
+        check.mapping(summary_doc, category, "summary")
         summary[category] = {
             "total": check.count(counts, "total", where),
             "passed": check.count(counts, "passed", where),
@@ -149,10 +167,11 @@ class _Checker:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def mapping(self, document: dict, key: str) -> dict:
+    def mapping(self, document: dict, key: str, where: str = "") -> dict:
         value = document.get(key)
         if not isinstance(value, dict):
-            raise ReportError(f"report {self.name!r}: {key!r} must be an object, got {_kind(value)}")
+            field = f"{where}.{key}" if where else key
+            raise ReportError(f"report {self.name!r}: {field} must be an object, got {_kind(value)}")
         return value
 
     def string(self, document: dict, key: str, where: str) -> str:

@@ -324,7 +324,10 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "matrix) into one matrix of backend x torch version x category (passed/total and "
         "score), and list every check that passed in one environment and failed in another.",
     )
-    merge.add_argument("reports", metavar="REPORT", nargs="+", help="JSON files written by --backendconf-report")
+    merge.add_argument(
+        "reports", metavar="REPORT", nargs="+",
+        help="a JSON file written by --backendconf-report, or a directory: its *.json files",
+    )
     merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
     merge.add_argument(
         "--fail-on-flips", action="store_true",
@@ -342,10 +345,10 @@ def _report_merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ._gating import atomic_write
-    from ._report_merge import format_markdown, format_text, merge, read_report
+    from ._report_merge import format_markdown, format_text, merge, read_report, report_files
     from .errors import BackendConfError
 
-    merged = merge([read_report(path) for path in args.reports])
+    merged = merge([read_report(path) for path in report_files(args.reports)])
     if args.markdown is not None:
         target = Path(args.markdown)
         if target.is_dir() or not target.parent.is_dir():

@@ -175,8 +175,8 @@ def subjects(ctx: Any) -> list[tuple[str, str]]:
     """(case, dtype) pairs the rows are checked with: suite.toml's cases, first dtype each."""
     found = []
     for name in section("availability")["cases"]:
-        if name in ctx.cases and ctx.dtypes_for(ctx.cases[name]):
-            found.append((name, ctx.dtypes_for(ctx.cases[name])[0]))
+        if ctx.first_dtype(name) is not None:
+            found.append((name, ctx.first_dtype(name)))
     if not found:
         raise Unsupported(f"none of the availability cases {section('availability')['cases']} runs in a dtype the backend declares")
     return found

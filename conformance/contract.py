@@ -10,12 +10,11 @@ import functools
 from typing import Iterator
 
 import torch
-from torch.utils import _pytree as pytree
 
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
 from pytest_backendconf._debug_handles import DebugHandleRecorder
-from pytest_backendconf._lowering import _normalize
+from pytest_backendconf._lowering import user_outputs
 from pytest_backendconf._suite import Check, Unsupported, fail
 
 from ._spec import section
@@ -26,10 +25,8 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     yield Check("contract", "capabilities_are_well_formed", check_capabilities, stage="declaration")
     names = section("contract")["cases"]
     for name in ctx.cases if names == "all" else names:
-        if name not in ctx.cases:
-            continue
-        dtype = ctx.dtypes_for(ctx.cases[name])[:1]
-        if not dtype:
+        dtype = ctx.first_dtype(name)
+        if dtype is None:
             continue
         for check, stage in (
             (check_preprocess_returns_bytes, "preprocess"),
@@ -41,7 +38,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
             yield Check(
                 "contract",
                 f"{check.__name__.removeprefix('check_')}[{name}]",
-                functools.partial(check, case_name=name, dtype=dtype[0]),
+                functools.partial(check, case_name=name, dtype=dtype),
                 stage=stage,
                 case=name,
             )
@@ -124,9 +121,9 @@ def check_execute_matches_the_output_spec(ctx: SuiteContext, *, case_name: str, 
         # One method per compile call: a compile that drops methods is the
         # compile check's finding, not this one's.
         handle = ctx.backend.compile({method: blob}, {method: {}})[method]
-        flat = _user_inputs(ctx, case_name, dtype, method)
+        flat = ctx.flat_inputs(case_name, dtype, method)
         outputs = ctx.backend.execute(handle, flat)
-        expected = _user_outputs(program)
+        expected = [value for _, value in user_outputs(program)]
         if not isinstance(outputs, list):
             fail(f"execute() returned {type(outputs).__name__} for method {method!r}; it must return a list")
         if len(outputs) != len(expected):
@@ -138,25 +135,6 @@ def check_execute_matches_the_output_spec(ctx: SuiteContext, *, case_name: str, 
                         f"execute() output {i} of method {method!r} is {_describe(got)}; the program "
                         f"says {_describe(want)}"
                     )
-
-
-def _user_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str) -> list:
-    """The flat user inputs of the suite's example, defaults bound as at export."""
-    args, kwargs = ctx.example(case_name, dtype, method)
-    module_type = type(ctx.module(case_name, dtype))
-    args, kwargs = _normalize(getattr(module_type, method), method, args, kwargs)
-    return pytree.tree_leaves((args, kwargs))
-
-
-def _user_outputs(program) -> list:
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    produced = {getattr(a, "name", None): a for a in pytree.tree_leaves(output.args[0])}
-    values = []
-    for spec in program.graph_signature.output_specs:
-        if spec.kind.name == "USER_OUTPUT":
-            arg = spec.arg
-            values.append(arg.value if hasattr(arg, "value") else produced[arg.name].meta["val"])
-    return values
 
 
 def _describe(value) -> str:

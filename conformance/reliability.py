@@ -40,7 +40,6 @@ from torch.utils import _pytree as pytree
 
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._lowering import _normalize
 from pytest_backendconf._suite import Check, Unsupported, fail
 
 from ._spec import section
@@ -61,12 +60,12 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     )
     for check, names in per_case:
         for name in names:
-            dtypes = ctx.dtypes_for(ctx.cases[name]) if name in ctx.cases else []
-            if dtypes:
+            dtype = ctx.first_dtype(name)
+            if dtype is not None:
                 yield Check(
                     "reliability",
                     f"{check.__name__.removeprefix('check_')}[{name}]",
-                    functools.partial(check, case_name=name, dtype=dtypes[0]),
+                    functools.partial(check, case_name=name, dtype=dtype),
                     stage="execute",
                     case=name,
                 )
@@ -143,22 +142,22 @@ def _run_child(ctx: SuiteContext) -> IsolatedRun:
     payload = []
     calls = int(spec.get("probe_calls", 3))
     for name in spec.get("cases", ()):
-        dtypes = ctx.dtypes_for(ctx.cases[name]) if name in ctx.cases else []
-        if not dtypes:
+        dtype = ctx.first_dtype(name)
+        if dtype is None:
             continue
         try:
-            lowered = ctx.lower(name, dtypes[0]).lowered
+            lowered = ctx.lower(name, dtype).lowered
         except Exception:
             # Rejected or broken at lowering: the in-process checks of the case report it.
-            run.probes.append(Probe(name, dtypes[0], "*", status="not_lowered"))
+            run.probes.append(Probe(name, dtype, "*", status="not_lowered"))
             continue
         for method in ctx.cases[name].methods:
-            run.probes.append(Probe(name, dtypes[0], method))
+            run.probes.append(Probe(name, dtype, method))
             payload.append({
                 "blobs": dict(lowered.blobs),
                 "specs": {m: s.compile_spec for m, s in lowered.methods.items()},
                 "method": method,
-                "calls": [_flat_inputs(ctx, name, dtypes[0], method, seed) for seed in range(calls)],
+                "calls": [ctx.flat_inputs(name, dtype, method, seed) for seed in range(calls)],
             })
     live = [p for p in run.probes if p.status != "not_lowered"]
     with tempfile.TemporaryDirectory(prefix="backendconf-reliability-") as workdir:
@@ -561,13 +560,6 @@ def _one_intra_op_thread() -> Iterator[None]:
 
 
 # --- values ----------------------------------------------------------------------------
-
-
-def _flat_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str, seed: int) -> list:
-    """What execute() receives: the flat user inputs, defaults bound as at export."""
-    args, kwargs = ctx.example(case_name, dtype, method, seed=seed)
-    args, kwargs = _normalize(getattr(type(ctx.module(case_name, dtype)), method), method, args, kwargs)
-    return pytree.tree_leaves((args, kwargs))
 
 
 def _clone(tree: Any) -> Any:

@@ -31,7 +31,7 @@ from .availability import Lowering, Scenario, session
 
 
 def checks(ctx: Any) -> Iterator[Check]:
-    cases = [(c.name, ctx.dtypes_for(c)[0]) for c in ctx.cases.values() if ctx.dtypes_for(c)]
+    cases = [(name, ctx.first_dtype(name)) for name in ctx.cases if ctx.first_dtype(name) is not None]
     spec = section("serialization")
     per_case = [(check_round_trip, "load"), (check_resave_is_byte_identical, "save")]
     for name, dtype in cases:
@@ -297,7 +297,7 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
     for case in ctx.cases.values():
         if _at_hand(ctx, case.name):
             try:
-                _saved(ctx, case.name, ctx.dtypes_for(case)[0])
+                _saved(ctx, case.name, ctx.first_dtype(case.name))
             except Exception:  # Unsupported, or broken: the case's own checks report it
                 continue
             scenarios.append(_scenario(ctx, case.name))
@@ -305,19 +305,19 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
 
 
 def _at_hand(ctx: Any, case: str) -> bool:
-    dtypes = ctx.dtypes_for(ctx.cases[case])
-    return bool(dtypes) and (case in _SAVED.get(ctx, {}) or _already_lowered(ctx, case, dtypes[0]))
+    dtype = ctx.first_dtype(case)
+    return dtype is not None and (case in _SAVED.get(ctx, {}) or _already_lowered(ctx, case, dtype))
 
 
 def _lowerings(ctx: Any, *, at_hand: bool = False) -> list[Lowering]:
     """The deterministic cases' fresh lowerings. With ``at_hand``, none unless one of them is at hand:
     the process's torch tracing import costs more than lowering the others here."""
-    cases = [c for c in section("serialization")["deterministic_cases"] if c in ctx.cases and ctx.dtypes_for(ctx.cases[c])]
+    cases = [c for c in section("serialization")["deterministic_cases"] if ctx.first_dtype(c) is not None]
     if at_hand and not any(_at_hand(ctx, c) for c in cases):
         return []
     found = []
     for case in cases:
-        dtype = ctx.dtypes_for(ctx.cases[case])[0]
+        dtype = ctx.first_dtype(case)
         try:
             saved = _saved(ctx, case, dtype)
         except Exception:

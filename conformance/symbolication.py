@@ -63,12 +63,12 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
             case=entry["case"],
         )
     for name in spec.get("debug_info_cases", ()):
-        dtypes = ctx.dtypes_for(ctx.cases[name]) if name in ctx.cases else []
-        if dtypes:
+        dtype = ctx.first_dtype(name)
+        if dtype is not None:
             yield Check(
                 "symbolication",
                 f"debug_info_covers_every_node[{name}]",
-                functools.partial(check_debug_info_coverage, case_name=name, dtype=dtypes[0]),
+                functools.partial(check_debug_info_coverage, case_name=name, dtype=dtype),
                 stage="lowering",
                 case=name,
             )

@@ -13,9 +13,11 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ._debug_handles import walk_nodes
 from ._lowering import WrapperModule, export_method, lower_programs
+from ._lowering import _normalize as normalize_call
 from ._registry import RegisteredBackend
 from .capabilities import Capabilities, capabilities_of
 from .cases import FLOAT_DTYPES, ModelCase, TensorInput
@@ -58,6 +60,13 @@ class SuiteContext:
             if declared is None or getattr(torch, d) in declared
         ]
 
+    def first_dtype(self, case_name: str) -> str | None:
+        """The dtype a per-model check uses: the case's first runnable one (``None``: unknown
+        case, or none of its dtypes is declared by the backend)."""
+        case = self.cases.get(case_name)
+        dtypes = self.dtypes_for(case) if case is not None else []
+        return dtypes[0] if dtypes else None
+
     # --- models, inputs, programs, lowerings ----------------------------------------
 
     def module(self, case_name: str, dtype: str) -> torch.nn.Module:
@@ -77,6 +86,13 @@ class SuiteContext:
         generator = torch.Generator().manual_seed(seed)
         args = tuple(make_input(spec, dtype, generator, mode) for spec in case.inputs[method])
         return args, dict(case.kwargs.get(method, {}))
+
+    def flat_inputs(self, case_name: str, dtype: str, method: str, seed: int = 0) -> list:
+        """What ``execute`` receives for an example: the flat user inputs, defaults bound as at export."""
+        args, kwargs = self.example(case_name, dtype, method, seed=seed)
+        module_type = type(self.module(case_name, dtype))
+        args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
+        return pytree.tree_leaves((args, kwargs))
 
     def program(self, case_name: str, dtype: str, method: str) -> Any:
         """The exported program of one method, exported once per session."""

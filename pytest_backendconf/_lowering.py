@@ -628,28 +628,31 @@ def _preprocess(backend: Any, program: Any, spec: dict, handles: Any, infos: dic
     return blob
 
 
-def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = []
-    for input_spec in program.graph_signature.input_specs:
-        if input_spec.kind.name != "USER_INPUT":
-            continue
-        arg = input_spec.arg
-        if hasattr(arg, "value"):
-            inputs.append(value_spec(arg.name, arg.value))
-        else:
-            inputs.append(value_spec(arg.name, placeholders[arg.name].meta["val"]))
+def user_inputs(program: Any) -> list[tuple[str, Any]]:
+    """``(name, example value)`` of each user input: a fake tensor, or the constant baked in."""
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    return _user_values(program.graph_signature.input_specs, "USER_INPUT", nodes)
+
+
+def user_outputs(program: Any) -> list[tuple[str, Any]]:
+    """``(name, example value)`` of each user output, in the program's output order."""
     output_node = next(n for n in program.graph.nodes if n.op == "output")
-    produced = {getattr(a, "name", None): a for a in pytree.tree_leaves(output_node.args[0])}
-    outputs = []
-    for out in program.graph_signature.output_specs:
-        if out.kind.name != "USER_OUTPUT":
-            continue
-        arg = out.arg
-        if hasattr(arg, "value"):
-            outputs.append(value_spec(arg.name, arg.value))
-        else:
-            outputs.append(value_spec(arg.name, produced[arg.name].meta["val"]))
+    nodes = {getattr(a, "name", None): a for a in pytree.tree_leaves(output_node.args[0])}
+    return _user_values(program.graph_signature.output_specs, "USER_OUTPUT", nodes)
+
+
+def _user_values(specs: Any, kind: str, nodes: dict[str, Any]) -> list[tuple[str, Any]]:
+    values = []
+    for spec in specs:
+        if spec.kind.name == kind:
+            arg = spec.arg
+            values.append((arg.name, arg.value if hasattr(arg, "value") else nodes[arg.name].meta["val"]))
+    return values
+
+
+def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:
+    inputs = [value_spec(n, v) for n, v in user_inputs(program)]
+    outputs = [value_spec(n, v) for n, v in user_outputs(program)]
     return MethodSpec(
         name=name,
         compile_spec=spec,

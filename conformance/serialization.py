@@ -11,7 +11,6 @@ fresh lowering run in the availability category's extra process.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 import warnings
@@ -275,17 +274,6 @@ def _scenario(ctx: Any, case: str) -> Scenario:
     return Scenario(f"serialization:{case}", path, saved.calls)
 
 
-def _already_lowered(ctx: Any, case: str, dtype: str) -> bool:
-    """Whether the session holds this case's shared lowering already (parity made it), so saving it is cheap.
-
-    Reads `SuiteContext`'s cache; if its layout changes, this only makes the
-    first extra process carry fewer archives.
-    """
-    spec = {m: {} for m in ctx.cases[case].methods}
-    cache = getattr(ctx, "_lowered", None)
-    return isinstance(cache, dict) and (case, dtype, json.dumps(spec, sort_keys=True)) in cache
-
-
 def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
     """What the session's first extra process can carry without lowering anything here.
 
@@ -306,7 +294,7 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
 
 def _at_hand(ctx: Any, case: str) -> bool:
     dtype = ctx.first_dtype(case)
-    return dtype is not None and (case in _SAVED.get(ctx, {}) or _already_lowered(ctx, case, dtype))
+    return dtype is not None and (case in _SAVED.get(ctx, {}) or ctx.has_lowered(case, dtype))
 
 
 def _lowerings(ctx: Any, *, at_hand: bool = False) -> list[Lowering]:

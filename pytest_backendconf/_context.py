@@ -118,6 +118,12 @@ class SuiteContext:
         ]
         return changes
 
+    def has_lowered(self, case_name: str, dtype: str, spec: dict | None = None) -> bool:
+        """Whether `lower` would return a cached lowering (so reusing it costs nothing)."""
+        spec = spec if spec is not None else {m: {} for m in self.cases[case_name].methods}
+        with self._lock:
+            return (case_name, dtype, json.dumps(spec, sort_keys=True)) in self._lowered
+
     def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Any = None, cache: bool = True) -> WrapperModule:
         """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``."""
         case = self.cases[case_name]

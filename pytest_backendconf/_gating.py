@@ -12,10 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -335,20 +333,9 @@ def score_line(category: str, counts: dict[str, Any]) -> str:
 
 def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` at once: a reader sees the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from ._files import write_atomic
+
+    write_atomic(path, text)
 
 
 def output_path(config: pytest.Config, option: str, value: str) -> Path:

@@ -1,0 +1,395 @@
+"""The archive's manifest: what it records, the verified `Archive`, and the reader that builds one.
+
+``manifest.json`` names the format, the schema version, the backend, the
+torch version, every method's `MethodSpec` and compile spec, and the size
+and SHA-256 of every other entry. `ArchiveReader` verifies the whole file
+(zip layout, every entry's size and hash, every JSON entry's shape) before
+anything in it is used; docs/archive-format.md describes the layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Any
+
+from ._archive_attributes import RESERVED_METHODS, check_attributes, restore_attributes
+from ._archive_checks import REWRITE as _REWRITE
+from ._archive_checks import field as _field
+from ._archive_checks import is_int as _is_int
+from ._archive_checks import kind as _kind
+from ._archive_checks import short as _short
+from ._archive_zip import _STORED, DEBUG, MANIFEST, ZipEntry, ZipReader
+from ._debug_info import DebugInfo
+from ._debug_table import decode_debug
+from ._method_spec import MethodSpec
+from ._tensor_codec import ITEMSIZE, tensor_from_checked
+from .errors import (
+    ArchiveBackendError,
+    ArchiveChecksumError,
+    ArchiveEntryError,
+    ArchiveFormatError,
+    ArchiveManifestError,
+    ArchiveSizeError,
+    ArchiveVersionError,
+    RegistryError,
+)
+
+FORMAT_NAME = "backendconf-archive"
+#: (major, minor): a reader loads any minor of its major; a new major is refused.
+SCHEMA_VERSION = (1, 0)
+ATTRIBUTES = "attributes.json"
+BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
+TENSOR = re.compile(r"tensors/(0|[1-9][0-9]{0,8})\.bin\Z")
+_BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the reader accepts at most; anything larger is an `ArchiveSizeError`.
+
+    The defaults admit every archive `save` can write (a zip without zip64
+    extensions stays below 4 GiB); pass smaller ones to read untrusted files.
+    """
+
+    max_archive_bytes: int = 2**32 - 1
+    max_entries: int = 10_000
+    max_entry_bytes: int = 2**32 - 1
+    max_json_bytes: int = 256 * 2**20
+    #: Sum of the uncompressed sizes of all entries.
+    max_total_bytes: int = 8 * 2**30
+
+
+DEFAULT_LIMITS = Limits()
+
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """One zip entry: its name, uncompressed and stored sizes, compression, SHA-256."""
+
+    name: str
+    size: int
+    stored_size: int
+    compression: str  # "stored" or "deflated"
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Archive:
+    """A verified archive: everything `load` needs except the backend."""
+
+    source: str
+    file_size: int
+    schema_version: tuple[int, int]
+    writer: str | None
+    torch_version: str
+    backend_name: str
+    backend_version: str | None
+    methods: dict[str, MethodSpec]
+    method_compile_spec: dict[str, dict]
+    blobs: dict[str, bytes]
+    debug: dict[int, DebugInfo]
+    entries: tuple[EntryInfo, ...]
+    manifest: dict[str, Any]
+    #: ``(raw, stored)`` bytes of debug.json.
+    debug_sizes: tuple[int, int]
+    _attributes: list[dict[str, Any]] = dataclasses.field(repr=False)
+    _tensor_meta: list[dict[str, Any]] = dataclasses.field(repr=False)
+    _tensor_bytes: list[bytes] = dataclasses.field(repr=False)
+
+    def where(self, entry: str) -> str:
+        return f"archive {self.source!r}, entry {entry!r}"
+
+    def instantiate(self, backend: Any = None) -> Any:
+        """Create the backend, build the lowered module, restore attributes, compile.
+
+        :param backend: a backend object to use instead of the registered one
+            named in the manifest (the suite's availability checks load with
+            stand-ins that force a condition).
+        """
+        from ._lowering import LoweredModule, WrapperModule
+        from ._registry import lookup_backend
+
+        if backend is None:
+            try:
+                backend = lookup_backend(self.backend_name).backend
+            except RegistryError as exc:
+                raise ArchiveBackendError(
+                    f"{self.where(MANIFEST)}: the archive was lowered for backend {self.backend_name!r}, "
+                    f"which cannot be used here: {exc}"
+                ) from None
+        check_trees(self)
+        try:
+            lowered = LoweredModule(
+                backend,
+                dict(self.methods),
+                dict(self.blobs),
+                dict(self.debug),
+                backend_version=self.backend_version,
+            )
+            wrapper = WrapperModule(lowered)
+        except Exception as exc:
+            raise ArchiveManifestError(
+                f"{self.where(MANIFEST)}: its methods cannot be set up: {type(exc).__name__}: {exc}; {_REWRITE}"
+            ) from None
+        tensors = [
+            tensor_from_checked(data, meta, f"{self.where(f'tensors/{i}.bin')}")
+            for i, (meta, data) in enumerate(zip(self._tensor_meta, self._tensor_bytes))
+        ]
+        restore_attributes(wrapper, self._attributes, tensors, self.where(ATTRIBUTES))
+        lowered.compile_now(at="load")
+        return wrapper
+
+
+class ArchiveReader(ZipReader):
+    """Reads the manifest and every entry of an archive in memory into an `Archive`."""
+
+    # The order matters: the manifest's version is checked before the
+    # layout, so that an archive from another major version says so.
+    def read(self) -> Archive:
+        entries = self._parse_zip()
+        if not entries or entries[0].name != MANIFEST:
+            first = entries[0].name if entries else "nothing"
+            raise ArchiveEntryError(
+                f"archive {self.source!r}: its first entry is {first!r}, not {MANIFEST!r}: it is not a "
+                "pytest-backendconf archive, or it was damaged; write archives with pytest_backendconf.save"
+            )
+        manifest = self._json(entries[0])
+        if not isinstance(manifest, dict):
+            raise ArchiveManifestError(f"{self.where(MANIFEST)}: must be a JSON object, got {_kind(manifest)}; {_REWRITE}")
+        version = self._check_format_and_version(manifest)
+        if self.layout_problem:
+            raise ArchiveFormatError(self.layout_problem)
+        by_name = self._check_names(entries)
+        return self._read_contents(manifest, version, entries, by_name)
+
+    def _check_format_and_version(self, manifest: dict) -> tuple[int, int]:
+        if manifest.get("format") != FORMAT_NAME:
+            raise ArchiveFormatError(
+                f"{self.where(MANIFEST)}: format is {manifest.get('format')!r}, not {FORMAT_NAME!r}: this "
+                "is not a pytest-backendconf archive; write archives with pytest_backendconf.save"
+            )
+        version = manifest.get("schema_version")
+        if (
+            not isinstance(version, list)
+            or len(version) != 2
+            or not all(_is_int(v) and 0 <= v < 2**31 for v in version)
+        ):
+            raise ArchiveManifestError(
+                f"{self.where(MANIFEST)}: schema_version must be [major, minor] (two integers), got "
+                f"{_short(version)}; {_REWRITE}"
+            )
+        major, minor = version
+        if major != SCHEMA_VERSION[0]:
+            from . import __version__
+
+            ours = f"{SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}"
+            if major > SCHEMA_VERSION[0]:
+                todo = (
+                    f"upgrade pytest-backendconf to a release that reads schema {major}.x, or re-lower "
+                    f"the model and save it with pytest-backendconf {__version__}"
+                )
+            else:
+                todo = (
+                    f"re-lower the model and save it with pytest-backendconf {__version__}, or load it "
+                    "with the older release that wrote it and save it with this one"
+                )
+            raise ArchiveVersionError(
+                f"{self.where(MANIFEST)}: schema version {major}.{minor}, but pytest-backendconf "
+                f"{__version__} reads schema {SCHEMA_VERSION[0]}.x (it writes {ours}); {todo}"
+            )
+        return major, minor
+
+    def _read_contents(
+        self, manifest: dict, version: tuple[int, int], entries: list[ZipEntry], by_name: dict[str, ZipEntry]
+    ) -> Archive:
+        where = self.where(MANIFEST)
+        newer = version[1] > SCHEMA_VERSION[1]
+        backend = _field(manifest, "backend", dict, where)
+        backend_name = _field(backend, "name", str, f"{where}: backend")
+        if not _BACKEND_NAME.match(backend_name):
+            raise ArchiveManifestError(
+                f"{where}: backend name {_short(backend_name)} is not a backend name ([a-z][a-z0-9_]*); {_REWRITE}"
+            )
+        backend_version = backend.get("version")
+        if backend_version is not None and not isinstance(backend_version, str):
+            raise ArchiveManifestError(f"{where}: backend.version must be a string or null, got {_kind(backend_version)}; {_REWRITE}")
+        torch_version = _field(manifest, "torch_version", str, where)
+        writer = manifest.get("writer")
+        if writer is not None and not isinstance(writer, str):
+            raise ArchiveManifestError(f"{where}: writer must be a string, got {_kind(writer)}; {_REWRITE}")
+        compile_spec = _field(manifest, "method_compile_spec", dict, where)
+        methods = self._methods(_field(manifest, "methods", list, where), compile_spec)
+        listed = _field(manifest, "entries", dict, where)
+
+        # The entry set must be the one the manifest lists.
+        for name in by_name:
+            if name != MANIFEST and name not in listed:
+                raise ArchiveEntryError(
+                    f"{self.where(name)}: is in the zip but not listed in {MANIFEST} (added after the "
+                    f"archive was written?); {_REWRITE}"
+                )
+        for name, record in listed.items():
+            if name == MANIFEST:
+                raise ArchiveManifestError(f"{where}: entries lists {MANIFEST} itself; {_REWRITE}")
+            if name not in by_name:
+                raise ArchiveEntryError(f"{self.where(name)}: listed in {MANIFEST} but missing from the zip; {_REWRITE}")
+            if not isinstance(record, dict) or not _is_int(record.get("size")) or not isinstance(record.get("sha256"), str):
+                raise ArchiveManifestError(
+                    f"{where}: entries[{name!r}] must be {{\"size\": int, \"sha256\": str}}, got {_short(record)}; {_REWRITE}"
+                )
+            known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name)
+            if not known and not newer:
+                raise ArchiveEntryError(
+                    f"{self.where(name)}: not an entry of schema {version[0]}.{version[1]} "
+                    f"({MANIFEST}, {ATTRIBUTES}, {DEBUG}, blobs/<method>.bin, tensors/<n>.bin); {_REWRITE}"
+                )
+        for name in (DEBUG, ATTRIBUTES):
+            if name not in by_name:
+                raise ArchiveEntryError(f"{self.where(name)}: missing from the archive; {_REWRITE}")
+
+        # Verify every entry before using any.
+        contents: dict[str, bytes] = {}
+        for entry in entries[1:]:
+            record = listed[entry.name]
+            if entry.name in (DEBUG, ATTRIBUTES) and entry.size > self.limits.max_json_bytes:
+                raise ArchiveSizeError(
+                    f"{self.where(entry.name)}: {entry.size} bytes of JSON, more than the limit of "
+                    f"{self.limits.max_json_bytes}"
+                )
+            # The hash covers the bytes as stored, before inflating: a deflate
+            # stream has padding bits that can change without changing what
+            # it inflates to, and hostile data is refused before it is inflated.
+            digest = hashlib.sha256(entry.raw).hexdigest()
+            if digest != record["sha256"]:
+                raise ArchiveChecksumError(
+                    f"{self.where(entry.name)}: SHA-256 is {digest}, but {MANIFEST} records "
+                    f"{_short(record['sha256'])}; {_REWRITE}"
+                )
+            data = self._bytes(entry)
+            if record["size"] != len(data):
+                raise ArchiveSizeError(
+                    f"{self.where(entry.name)}: has {len(data)} bytes, but {MANIFEST} records "
+                    f"{record['size']}; {_REWRITE}"
+                )
+            contents[entry.name] = data
+
+        blobs: dict[str, bytes] = {}
+        for name in methods:
+            entry_name = f"blobs/{name}.bin"
+            if entry_name not in contents:
+                raise ArchiveEntryError(f"{self.where(entry_name)}: the blob of method {name!r} is missing; {_REWRITE}")
+            blobs[name] = contents[entry_name]
+        for name in contents:
+            match = BLOB.match(name)
+            if match and match[1] not in methods:
+                raise ArchiveEntryError(f"{self.where(name)}: a blob for method {match[1]!r}, which {MANIFEST} does not list; {_REWRITE}")
+
+        debug = decode_debug(self._parse_json(DEBUG, contents[DEBUG]), self.where(DEBUG), set(methods))
+        attributes, tensor_meta = check_attributes(
+            self._parse_json(ATTRIBUTES, contents[ATTRIBUTES]), self.where(ATTRIBUTES), set(methods)
+        )
+        tensor_bytes = []
+        for i, meta in enumerate(tensor_meta):
+            name = f"tensors/{i}.bin"
+            if name not in contents:
+                raise ArchiveEntryError(f"{self.where(name)}: tensor {i} of {ATTRIBUTES} is missing; {_REWRITE}")
+            expected = meta["numel"] * ITEMSIZE[meta["dtype"]]
+            if len(contents[name]) != expected:
+                raise ArchiveSizeError(
+                    f"{self.where(name)}: has {len(contents[name])} bytes, but a {meta['dtype']} tensor of "
+                    f"shape {meta['shape']} needs {expected}; {_REWRITE}"
+                )
+            tensor_bytes.append(contents[name])
+        for name in contents:
+            match = TENSOR.match(name)
+            if match and int(match[1]) >= len(tensor_meta):
+                raise ArchiveEntryError(f"{self.where(name)}: no tensor of {ATTRIBUTES} refers to it; {_REWRITE}")
+
+        infos = tuple(
+            EntryInfo(
+                e.name, e.size, len(e.raw), "stored" if e.method == _STORED else "deflated",
+                hashlib.sha256(self._bytes(e)).hexdigest() if e.name == MANIFEST else listed[e.name]["sha256"],
+            )
+            for e in entries
+        )
+        return Archive(
+            source=self.source,
+            file_size=len(self.data),
+            schema_version=version,
+            writer=writer,
+            torch_version=torch_version,
+            backend_name=backend_name,
+            backend_version=backend_version,
+            methods=methods,
+            method_compile_spec=compile_spec,
+            blobs=blobs,
+            debug=debug,
+            entries=infos,
+            manifest=manifest,
+            debug_sizes=(by_name[DEBUG].size, len(by_name[DEBUG].raw)),
+            _attributes=attributes,
+            _tensor_meta=tensor_meta,
+            _tensor_bytes=tensor_bytes,
+        )
+
+    def _methods(self, records: list, compile_spec: dict) -> dict[str, MethodSpec]:
+        where = self.where(MANIFEST)
+        if not records:
+            raise ArchiveManifestError(f"{where}: methods is empty; a lowered module has at least one; {_REWRITE}")
+        methods: dict[str, MethodSpec] = {}
+        for i, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise ArchiveManifestError(f"{where}: methods[{i}] must be an object, got {_kind(record)}; {_REWRITE}")
+            try:
+                spec = MethodSpec.from_json(record)
+                spec.signature()
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+                raise ArchiveManifestError(
+                    f"{where}: methods[{i}] is not a valid method spec ({type(exc).__name__}: {exc}); {_REWRITE}"
+                ) from None
+            name = record.get("name")
+            if (
+                not isinstance(name, str)
+                or not name.isidentifier()
+                or name.startswith("_")
+                or name in RESERVED_METHODS
+            ):
+                raise ArchiveManifestError(
+                    f"{where}: methods[{i}] has name {_short(name)}, which cannot be a lowered method's "
+                    f"name; {_REWRITE}"
+                )
+            if name in methods:
+                raise ArchiveManifestError(f"{where}: method {name!r} is listed twice; {_REWRITE}")
+            if name not in compile_spec or compile_spec[name] != spec.compile_spec:
+                raise ArchiveManifestError(
+                    f"{where}: method_compile_spec[{name!r}] does not match the method's own compile spec; {_REWRITE}"
+                )
+            methods[name] = spec
+        extra = sorted(set(compile_spec) - set(methods))
+        if extra:
+            raise ArchiveManifestError(f"{where}: method_compile_spec names {extra}, which methods does not list; {_REWRITE}")
+        return methods
+
+
+def check_trees(archive: Archive) -> None:
+    """The pytree specs must parse and fit the flat inputs and outputs (needs torch)."""
+    from torch.utils import _pytree as pytree
+
+    for name, spec in archive.methods.items():
+        for key, count in (("in_spec", len(spec.inputs)), ("out_spec", len(spec.outputs))):
+            try:
+                tree = pytree.treespec_loads(getattr(spec, key))
+                leaves = tree.num_leaves
+            except Exception as exc:
+                raise ArchiveManifestError(
+                    f"{archive.where(MANIFEST)}: method {name!r} has an unreadable {key} "
+                    f"({type(exc).__name__}: {exc}); {_REWRITE}"
+                ) from None
+            if leaves != count:
+                raise ArchiveManifestError(
+                    f"{archive.where(MANIFEST)}: method {name!r} has {count} flat "
+                    f"{'inputs' if key == 'in_spec' else 'outputs'} but its {key} has {leaves} leaves; {_REWRITE}"
+                )

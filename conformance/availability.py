@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 
 from pytest_backendconf import _archive, _registry, _target
-from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf.errors import (
     BackendContractError,
     BackendUnavailableError,
@@ -40,6 +40,7 @@ from pytest_backendconf.errors import (
     UnsupportedNodeError,
 )
 
+from ._session_work import FreshLowerer, Lowering, Scenario, items_at_hand
 from ._spec import section
 
 if sys.version_info >= (3, 11):
@@ -337,32 +338,6 @@ def _match_eager(ctx: Any, case: str, dtype: str, method: str, seed: int, args: 
 # once in a new process, so one defect costs no other check its result.
 
 
-@dataclasses.dataclass
-class Scenario:
-    """Target phase: load one archive with the backend or a stand-in, then make the calls."""
-
-    key: str
-    archive: str
-    calls: dict[str, list[tuple[tuple, dict]]]
-    #: `StandIn` options, or None for the backend itself.
-    stand_in: dict | None = None
-    #: The availability row the stand-in simulates, for its messages.
-    row: str = ""
-    #: May take the process down (a blob that is not ready): run after every other scenario.
-    last: bool = False
-
-
-@dataclasses.dataclass
-class Lowering:
-    """Host phase: lower one case again, its first debug handle at ``start``; write its archive."""
-
-    key: str
-    case: str
-    dtype: str
-    spec: dict
-    start: int
-
-
 class ExtraProcess:
     """One ``python -m pytest_backendconf.conformance.availability WORKDIR`` run, read as it goes.
 
@@ -563,8 +538,6 @@ def session(ctx: Any) -> Session:
     with _SESSIONS_LOCK:
         if ctx not in _SESSIONS:
             _SESSIONS[ctx] = found = Session(ctx)
-            from .serialization import items_at_hand
-
             scenarios = availability_scenarios(ctx)
             more_scenarios, lowerings = items_at_hand(ctx)
             found.place(scenarios + more_scenarios, lowerings)
@@ -615,8 +588,6 @@ def _child_main(workdir: str) -> int:
     sys.meta_path.remove(blocker)
     _registry.set_active_registry(registry)
     if request["lowerings"]:
-        from .serialization import FreshLowerer
-
         try:
             lowerer = FreshLowerer(real, request["backend_version"], registry)
         except Exception as exc:

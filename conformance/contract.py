@@ -15,7 +15,7 @@ from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
 from pytest_backendconf._debug_handles import DebugHandleRecorder
 from pytest_backendconf._lowering import user_outputs
-from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf._check import Check, Unsupported, fail
 
 from ._spec import section
 

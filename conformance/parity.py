@@ -16,7 +16,7 @@ from hypothesis import given, seed as hypothesis_seed, strategies as st
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf._hypothesis import PROFILES
-from pytest_backendconf._suite import Check, CheckFailed, Unsupported
+from pytest_backendconf._check import Check, CheckFailed, Unsupported
 
 from ._spec import section
 

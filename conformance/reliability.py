@@ -40,7 +40,7 @@ from torch.utils import _pytree as pytree
 
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf._check import Check, Unsupported, fail
 
 from ._spec import section
 

@@ -22,11 +22,12 @@ from torch.utils import _pytree as pytree
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive
-from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf.errors import BackendUnavailableWarning, UnsupportedNodeError
 
 from ._spec import section
-from .availability import Lowering, Scenario, session
+from ._session_work import Lowering, Scenario, offer_at_hand
+from .availability import session
 
 
 def checks(ctx: Any) -> Iterator[Check]:
@@ -258,7 +259,7 @@ def _same_value(got: Any, want: Any) -> str | None:
     return None if got == want else f"{got!r} instead of {want!r}"
 
 
-# --- the target process and the fresh lowering (availability.Session runs both) ----------------
+# --- the target process and the fresh lowering (availability.Session runs both, _session_work has the records)
 
 
 _DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
@@ -274,6 +275,7 @@ def _scenario(ctx: Any, case: str) -> Scenario:
     return Scenario(f"serialization:{case}", path, saved.calls)
 
 
+@offer_at_hand
 def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
     """What the session's first extra process can carry without lowering anything here.
 
@@ -357,48 +359,3 @@ def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
              f"{min(bc.debug_info(saved.lowered))}) gives a different archive: "
              f"{archive_difference(saved.data, fresh)}. Is preprocess() deterministic across processes "
              "(no addresses, process ids, times, or orders of hashed strings in the blob)?")
-
-
-class FreshLowerer:
-    """In the extra process's host phase: lower cases as a fresh process does, handles aligned.
-
-    Debug handles are part of an archive and unique within a process, so it
-    first skips to the handle where the suite's own lowering of the case
-    started; everything else must come out the same byte for byte.
-    """
-
-    def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
-        import tempfile
-
-        from pytest_backendconf._context import SuiteContext
-        from pytest_backendconf._debug_handles import DebugHandleRecorder
-
-        from ._zoo_loader import load_zoo
-
-        self.registered = registered
-        self.backend_version = backend_version
-        extra = registry.cases() if registry is not None else []
-        self.ctx = SuiteContext(registered, load_zoo() + extra, tmp_dir=lambda name: tempfile.mkdtemp(prefix=name))
-        self.recorder = DebugHandleRecorder.default()
-
-    def lower(self, item: dict, workdir: str) -> dict:
-        from pytest_backendconf._lowering import lower_programs
-
-        case, dtype, ctx = item["case"], item["dtype"], self.ctx
-        try:
-            programs = {m: ctx.program(case, dtype, m) for m in item["spec"]}
-            gap = item["start"] - self.recorder.reserve(0).start
-            if gap < 0:
-                raise RuntimeError(f"debug handles here are already past {item['start']}")
-            self.recorder.reserve(gap)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", BackendUnavailableWarning)
-                lowered = lower_programs(programs, self.registered.backend, item["spec"],
-                                         module_type=type(ctx.module(case, dtype)),
-                                         backend_version=self.backend_version)
-            path = os.path.join(workdir, f"fresh-{case}.bcpt")
-            with open(path, "wb") as f:
-                f.write(_archive.to_bytes(lowered))
-            return {"archive": path}
-        except Exception as exc:
-            return {"error": {"type": type(exc).__name__, "message": str(exc)}}

@@ -33,7 +33,7 @@ from pytest_backendconf._context import SuiteContext
 from pytest_backendconf._debug_handles import DebugHandleRecorder, walk_nodes
 from pytest_backendconf._debug_info import build_debug_infos, format_missing, op_name
 from pytest_backendconf._lowering import FAULT_KEY, _preprocess, export_method
-from pytest_backendconf._suite import Check, CheckFailed, Unsupported, fail
+from pytest_backendconf._check import Check, CheckFailed, Unsupported, fail
 
 from ._spec import section
 

@@ -40,6 +40,7 @@ from .errors import (
     LoweringError,
     OutputSpecError,
     RegistryError,
+    StaleKnownFailureWarning,
     UnsupportedNodeError,
 )
 from .hookspecs import hookimpl
@@ -62,7 +63,6 @@ _LAZY = {
     "read_archive": "._archive",
     "Limits": "._archive",
     "run_on_target": "._target",
-    "StaleKnownFailureWarning": "._gating",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }
@@ -80,6 +80,7 @@ __all__ = [
     "LoweringError",
     "OutputSpecError",
     "RegistryError",
+    "StaleKnownFailureWarning",
     "UnsupportedNodeError",
     "hookimpl",
     "register_backend",

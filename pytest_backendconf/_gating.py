@@ -1,341 +1,46 @@
-"""CI gating for the conformance suite: known failures, the JSON report, the score summary.
+"""CI gating for the conformance suite: the pytest plugin that applies known failures and writes the report.
 
 Registered (as ``backendconf_gating``) beside the suite when a backend is
 selected. What each test's outcome means for the suite is decided where the
 test runs and travels on its reports, so that the controller of a
 pytest-xdist run, which collects nothing, can still report and summarize.
-The report schema and the workflow are documented in ``docs/ci-gating.md``.
+The known-failures files are read and written by `_known_failures`, the
+report's schema is `_report`'s; the workflow is in ``docs/ci-gating.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import json
-import platform
-import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._suite import CATEGORIES, ROOT_ID, CheckFailed, ConformanceItem, generate_checks
-from ._suite import id_matches as _suite_id_matches
+from ._check import ROOT_ID
+from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice
+from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
+from ._report import (
+    FAILING,
+    REPORT_ATTR,
+    TestResult,
+    error_of,
+    phase_outcome,
+    report_document,
+    score_line,
+    skip_reason,
+    summarize,
+)
+from ._files import write_atomic
+from ._suite import ConformanceItem, generate_checks
+from ._check import id_matches
+from .errors import StaleKnownFailureWarning
 
 if TYPE_CHECKING:
     from ._registry import RegisteredBackend
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-REPORT_SCHEMA = "backendconf-report"
-#: (major, minor): a consumer accepts any minor version of the major it knows.
-REPORT_SCHEMA_VERSION = (1, 0)
-#: Every outcome a conformance test can have in the report, mildest first.
-OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
-#: The outcomes of a test that did not work (what a known-failures file lists).
-FAILING = ("failed", "error", "known_failure")
-#: The report attribute that carries a conformance test's data (xdist serializes it).
-REPORT_ATTR = "backendconf"
-#: How many lines of an exception's message the report and the summary keep.
-MESSAGE_LINES = 5
-
-ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
-_ENTRY_KEYS = {"reason", "link"}
-_ENTRY_KEY = pytest.StashKey["KnownFailure"]()
-
-
-class StaleKnownFailureWarning(pytest.PytestWarning):
-    """A known-failures entry matches no conformance check of the selected backend."""
-
-
-# --- known-failures files ----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownFailure:
-    """One entry of a known-failures file: a test-id pattern, why it fails, and where that is tracked."""
-
-    pattern: str
-    reason: str
-    link: str = ""
-    #: Where the entry is in its file, for warnings (0 when unknown).
-    line: int = dataclasses.field(default=0, compare=False)
-
-    def as_json(self) -> dict[str, str]:
-        return {"pattern": self.pattern, "reason": self.reason, "link": self.link}
-
-    def matches(self, test_id: str) -> bool:
-        return id_matches(test_id, self.pattern)
-
-
-def id_matches(test_id: str, pattern: str) -> bool:
-    """Whether ``pattern`` names ``test_id`` (the rule of `_suite.id_matches`)."""
-    return _suite_id_matches(test_id.removeprefix(f"{ROOT_ID}::"), pattern)
-
-
-def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
-    """The entries of a known-failures file, in file order; a `pytest.UsageError` for any mistake."""
-    where = f"{option}={path}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise pytest.UsageError(
-            f"{where}: the file does not exist. Fix the path, or write the file from a run with "
-            f"--backendconf-write-known-failures={path}."
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise pytest.UsageError(f"{where}: cannot read the file ({exc}).") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise pytest.UsageError(
-            f"{where} is not valid TOML: {exc}. Each entry is one line, with the test id quoted as a key: "
-            f"{ENTRY_EXAMPLE}"
-        ) from None
-    entries = []
-    for pattern, value in data.items():
-        entry = f"{path}: entry {pattern!r}"
-        if not pattern.strip():
-            raise pytest.UsageError(f"{entry}: the test-id pattern is empty; write the id of a conformance test.")
-        if not isinstance(value, dict):
-            raise pytest.UsageError(
-                f"{entry} is a {type(value).__name__}, not a table. Write it as "
-                f'"{pattern}" = {{ reason = "why it fails", link = "issue URL" }}'
-            )
-        unknown = sorted(set(value) - _ENTRY_KEYS)
-        if unknown:
-            hint = ""
-            if any(isinstance(value[k], dict) for k in unknown):
-                hint = " (a test id with dots must be quoted whole: \"parity::encoder_decoder.decode[float32]\" = { … })"
-            raise pytest.UsageError(
-                f"{entry} has unknown key(s) {', '.join(map(repr, unknown))}; an entry has only "
-                f"`reason` (required) and `link` (optional){hint}."
-            )
-        if "reason" not in value:
-            raise pytest.UsageError(f'{entry} has no reason; add reason = "why it fails" (and link = "issue URL").')
-        reason, link = value["reason"], value.get("link", "")
-        if not isinstance(reason, str) or not reason.strip():
-            raise pytest.UsageError(f"{entry}: reason must be a non-empty string, not {reason!r}.")
-        if not isinstance(link, str):
-            raise pytest.UsageError(f'{entry}: link must be a string (an issue URL, or ""), not {link!r}.')
-        entries.append(KnownFailure(pattern, reason, link, _line_of(text, pattern)))
-    return entries
-
-
-def _line_of(text: str, key: str) -> int:
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.lstrip()
-        for spelling in (json.dumps(key), f"'{key}'", key):
-            if line.startswith(spelling) and line[len(spelling):].lstrip().startswith(("=", ".")):
-                return number
-    return 0
-
-
-def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
-    """A known-failures file: a comment header, then one sorted inline-table line per entry."""
-    lines = [
-        f"# Known conformance failures of backend {backend!r}, for pytest --backendconf-known-failures.",
-        "# Each key is a test id (fnmatch patterns allowed); a listed test that passes fails the run.",
-        "# Written by --backendconf-write-known-failures; edit the reasons and links freely.",
-    ]
-    for entry in sorted(entries, key=lambda e: e.pattern):
-        reason, link = _toml_str(entry.reason), _toml_str(entry.link)
-        lines.append(f"{_toml_str(entry.pattern)} = {{ reason = {reason}, link = {link} }}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml_str(text: str) -> str:
-    # A JSON string is a TOML basic string once DEL is escaped too.
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def merge_known_failures(
-    results: Iterable["TestResult"], existing: Iterable[KnownFailure], stale: set[str] | None
-) -> list[KnownFailure]:
-    """The entries to write after a run: the failing tests, keeping what people wrote where it still holds.
-
-    An existing entry is kept as written when the tests it matched in this
-    run include a failure and no pass, or when it matched no test of this run
-    but still names a check of the suite (it is outside the selection);
-    otherwise it is dropped and its still-failing tests are listed one by
-    one with its reason and link. A failing test no entry covers gets the
-    first line of its failure as the reason.
-    """
-    results = list(results)
-    outcome = {r.id: r.outcome for r in results}
-    kept: dict[str, KnownFailure] = {}
-    covered: set[str] = set()
-    unique: dict[str, KnownFailure] = {}
-    for entry in existing:
-        unique.setdefault(entry.pattern, entry)  # the applied file's entry wins over the target's
-    existing = list(unique.values())
-    for entry in existing:
-        matched = [i for i in outcome if entry.matches(i)]
-        if not matched:
-            if stale is None or entry.pattern not in stale:
-                kept[entry.pattern] = entry
-            continue
-        failing = [i for i in matched if outcome[i] in FAILING]
-        if failing and not any(outcome[i] in ("passed", "unexpected_pass") for i in matched):
-            kept[entry.pattern] = entry
-            covered.update(failing)
-    for result in results:
-        if result.outcome not in FAILING or result.id in covered:
-            continue
-        prior = next((e for e in existing if e.matches(result.id)), None)
-        if prior is not None:
-            kept[result.id] = KnownFailure(result.id, prior.reason, prior.link)
-        else:
-            kept[result.id] = KnownFailure(result.id, result.first_line(), "")
-    return sorted(kept.values(), key=lambda e: e.pattern)
-
-
-# --- per-test outcomes -------------------------------------------------------------
-
-
-def phase_outcome(report: pytest.TestReport, entry: KnownFailure | None) -> str | None:
-    """What one phase's report means for the suite; None for a setup or teardown that passed."""
-    if report.skipped:
-        if hasattr(report, "wasxfail"):
-            return "known_failure"
-        return "unsupported" if skip_reason(report).startswith("unsupported: ") else "skipped"
-    if report.failed:
-        if report.when != "call":
-            return "error"
-        if entry is not None and str(report.longrepr).startswith("[XPASS(strict)]"):
-            return "unexpected_pass"
-        return "failed"
-    if report.when == "call":
-        return "unexpected_pass" if hasattr(report, "wasxfail") else "passed"
-    return None
-
-
-def skip_reason(report: pytest.TestReport) -> str:
-    if isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]).removeprefix("Skipped: ")
-    return ""
-
-
-def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, str] | None:
-    """``{type, module, message}`` of an exception, the message cut to its first lines."""
-    if excinfo is None:
-        return None
-    exc = excinfo.value
-    lines = str(exc).strip().splitlines()
-    message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")
-    return {"type": type(exc).__qualname__, "module": type(exc).__module__, "message": message}
-
-
-@dataclasses.dataclass
-class TestResult:
-    """One conformance test as the report and the summary see it (all its phases combined)."""
-
-    __test__ = False  # not a pytest test class
-
-    id: str
-    category: str
-    case: str | None
-    stage: str
-    reproduce: str
-    outcome: str | None = None
-    duration: float = 0.0
-    error: dict[str, str] | None = None
-    reason: str | None = None
-    known_failure: dict[str, str] | None = None
-
-    def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
-        self.duration += report.duration
-        if data["known_failure"] is not None:
-            self.known_failure = data["known_failure"]
-        new = data["outcome"]
-        if new is not None and (self.outcome is None or OUTCOMES.index(new) > OUTCOMES.index(self.outcome)):
-            self.outcome, self.error, self.reason = new, data["error"], data["reason"]
-
-    def first_line(self) -> str:
-        """The failure's first line, as a known-failures reason."""
-        if self.error is None:
-            return self.outcome or "failed"
-        first = (self.error["message"].splitlines() or [""])[0].strip()
-        if self.error["type"] == CheckFailed.__name__ and first:
-            return first[:200]
-        return f"{self.error['type']}: {first}"[:200] if first else self.error["type"]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "category": self.category,
-            "case": self.case,
-            "stage": self.stage,
-            "outcome": self.outcome,
-            "duration": round(self.duration, 6),
-            "error": self.error,
-            "reason": self.reason,
-            "known_failure": self.known_failure,
-            "reproduce": self.reproduce,
-        }
-
-
-def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
-    """Counts per outcome and the score (passed / total) of each category."""
-    summary = {c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES}
-    for result in results:
-        counts = summary.setdefault(result.category, {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None})
-        counts["total"] += 1
-        counts[result.outcome] += 1
-    for counts in summary.values():
-        if counts["total"]:
-            counts["score"] = round(counts["passed"] / counts["total"], 6)
-    return summary
-
-
-def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
-    """How many tests that did not work failed with each exception type, and in each stage."""
-    by_type: dict[str, int] = {}
-    by_stage: dict[str, int] = {}
-    total = 0
-    for result in results:
-        if result.outcome not in FAILING:
-            continue
-        total += 1
-        by_stage[result.stage] = by_stage.get(result.stage, 0) + 1
-        kind = result.error["type"] if result.error else "unknown"
-        by_type[kind] = by_type.get(kind, 0) + 1
-    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
-
-
-def score_line(category: str, counts: dict[str, Any]) -> str:
-    """``parity   160/165 passed (97.0%); 5 unsupported, … — score = passed / all 165``."""
-    total, passed = counts["total"], counts["passed"]
-    known = counts["known_failure"]
-    parts = [
-        f"{counts['unsupported']} unsupported",
-        f"{known} known failure{'' if known == 1 else 's'}",
-        f"{counts['failed']} failed",
-    ]
-    extra = {"unexpected_pass": "unexpected pass", "error": "error", "skipped": "skipped"}
-    for outcome, label in extra.items():
-        n = counts[outcome]
-        if n:
-            parts.append(f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}")
-    return (
-        f"{category:<14} {passed}/{total} passed ({100 * passed / total:.1f}%); "
-        f"{', '.join(parts)} — score = passed / all {total}"
-    )
-
-
-# --- files -------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` at once: a reader sees the old file or the new one, never half."""
-    from ._files import write_atomic
-
-    write_atomic(path, text)
+_ENTRY_KEY = pytest.StashKey[KnownFailure]()
 
 
 def output_path(config: pytest.Config, option: str, value: str) -> Path:
@@ -348,8 +53,6 @@ def output_path(config: pytest.Config, option: str, value: str) -> Path:
     return path
 
 
-# --- the plugin ----------------------------------------------------------------------
-
 
 class GatingPlugin:
     """Known failures, ``--backendconf-report``, the score summary and JUnit properties."""
@@ -358,9 +61,6 @@ class GatingPlugin:
         self.config = config
         self.selected = selected
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-        if self.workerinput is not None and "backendconf_hypothesis" in self.workerinput:
-            # The controller's profile and seed, so that the seed in its header reproduces the workers' runs.
-            config._backendconf_hypothesis = tuple(self.workerinput["backendconf_hypothesis"])  # type: ignore[attr-defined]
         known = config.getoption("backendconf_known_failures")
         self.known_path = Path(config.invocation_params.dir, known) if known else None
         self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
@@ -389,9 +89,7 @@ class GatingPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        from .plugin import hypothesis_choice
-
-        node.workerinput["backendconf_hypothesis"] = list(hypothesis_choice(self.config))
+        node.workerinput[WORKERINPUT_KEY] = list(hypothesis_choice(self.config))
         self.workers = int(node.workerinput.get("workercount", self.workers + 1))
 
     def pytest_collection_modifyitems(
@@ -467,7 +165,7 @@ class GatingPlugin:
         if not isinstance(item, ConformanceItem):
             return report
         entry = item.stash.get(_ENTRY_KEY, None)
-        outcome = phase_outcome(report, entry)
+        outcome = phase_outcome(report, listed=entry is not None)
         error = reason = None
         if outcome in FAILING:
             error = error_of(call.excinfo)
@@ -520,7 +218,18 @@ class GatingPlugin:
             return
         results = self.finished()
         if self.report_path is not None:
-            atomic_write(self.report_path, json.dumps(self.report(results, int(exitstatus)), indent=2) + "\n")
+            document = report_document(
+                self.config,
+                self.selected,
+                results,
+                int(exitstatus),
+                started=self.started,
+                workers=self.workers,
+                known_path=self.known_path,
+                known=self.known,
+                stale=self.stale,
+            )
+            write_atomic(self.report_path, json.dumps(document, indent=2) + "\n")
             self.notes.append(f"report written to {self.report_path}")
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
@@ -531,68 +240,13 @@ class GatingPlugin:
     def _write_known_failures(self, results: list[TestResult]) -> None:
         assert self.write_path is not None
         entries = merge_known_failures(results, self.previous, self.stale)
-        atomic_write(self.write_path, format_known_failures(entries, self.selected.name))
+        write_atomic(self.write_path, format_known_failures(entries, self.selected.name))
         before = {e.pattern for e in self.previous}
         after = {e.pattern for e in entries}
         self.notes.append(
             f"wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {self.write_path} "
             f"({len(after - before)} added, {len(before - after)} removed)"
         )
-
-    def report(self, results: list[TestResult], exitstatus: int) -> dict[str, Any]:
-        """The ``--backendconf-report`` document (schema in docs/ci-gating.md)."""
-        import torch
-
-        from ._hypothesis import PROFILES
-
-        available, unavailable_reason = self.selected.availability()
-        source = self.selected.source
-        hypothesis = getattr(self.config, "_backendconf_hypothesis", None)
-        return {
-            "schema": REPORT_SCHEMA,
-            "schema_version": list(REPORT_SCHEMA_VERSION),
-            "backend": {
-                "name": self.selected.name,
-                "source": source.description,
-                "distribution": source.distribution,
-                "version": source.version,
-                "available": available,
-                "unavailable_reason": unavailable_reason or None,
-            },
-            "environment": {
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "python_implementation": platform.python_implementation(),
-                "platform": platform.platform(),
-                "machine": platform.machine(),
-                "pytest": pytest.__version__,
-                "pytest_backendconf": _version("pytest-backendconf"),
-            },
-            "hypothesis": None
-            if hypothesis is None
-            else {
-                "profile": hypothesis[0],
-                "seed": hypothesis[1],
-                "derandomized": bool(PROFILES[hypothesis[0]].derandomize) if hypothesis[0] in PROFILES else None,
-            },
-            "run": {
-                "started": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),
-                "duration": round(time.time() - self.started, 3),
-                "exit_status": exitstatus,
-                "select": list(self.config.getoption("backendconf_select") or []),
-                "xdist_workers": self.workers,
-            },
-            "known_failures": None
-            if self.known_path is None
-            else {
-                "file": str(self.known_path),
-                "entries": len(self.known),
-                "stale": sorted(p for p in self.stale or () if any(e.pattern == p for e in self.known)),
-            },
-            "summary": summarize(results),
-            "errors": error_statistics(results),
-            "tests": [r.as_json() for r in results],
-        }
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.workerinput is not None:
@@ -613,12 +267,3 @@ class GatingPlugin:
                 tr.write_line(f"{result.outcome.upper().replace('_', ' ')} {result.id}: {result.reproduce}")
         for note in self.notes:
             tr.write_line(f"backendconf: {note}")
-
-
-def _version(distribution: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None

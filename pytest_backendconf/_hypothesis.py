@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+#: The session's ``(profile, seed)``, chosen once (see `hypothesis_choice`).
+CHOICE_KEY = pytest.StashKey[tuple[str, int]]()
+#: The pytest-xdist ``workerinput`` key that carries the controller's choice to its workers.
+WORKERINPUT_KEY = "backendconf_hypothesis"
 
 _COMMON = dict(
     deadline=None,  # backends may compile lazily on first call; time is not what we check
@@ -36,3 +42,25 @@ def choose_seed(given: int | str | None) -> int:
     if given is not None:
         return int(given)
     return random.SystemRandom().randrange(2**32)
+
+
+def hypothesis_choice(config: pytest.Config) -> tuple[str, int]:
+    """The suite's Hypothesis profile and seed, chosen once per session and kept in ``config.stash``.
+
+    A pytest-xdist worker takes its controller's choice, so that the seed the
+    controller prints in its header reproduces the workers' runs.
+    """
+    if CHOICE_KEY not in config.stash:
+        given = getattr(config, "workerinput", {}).get(WORKERINPUT_KEY)
+        if given is not None:
+            choice = (str(given[0]), int(given[1]))
+        else:
+            profile = config.getoption("backendconf_hypothesis") or default_profile()
+            choice = (profile, choose_seed(config.getoption("hypothesis_seed", None)))
+        config.stash[CHOICE_KEY] = choice
+    return config.stash[CHOICE_KEY]
+
+
+def chosen(config: pytest.Config) -> tuple[str, int] | None:
+    """The choice if one was made this session (the report records it), else None."""
+    return config.stash.get(CHOICE_KEY, None)

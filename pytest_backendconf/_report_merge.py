@@ -14,14 +14,12 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ._gating import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
-from ._suite import CATEGORIES
+from ._check import CATEGORIES
+from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from .errors import BackendConfError
 
-#: Outcomes in which the check worked, and in which it did not. `skipped` and
-#: `unsupported` are neither: a change to or from them is a difference, not a flip.
-PASSING = ("passed", "unexpected_pass")
-FAILING = ("failed", "error", "known_failure")
+# PASSING and FAILING come from the report's schema: `skipped` and `unsupported`
+# are neither, so a change to or from them is a difference, not a flip.
 
 
 class ReportError(BackendConfError):

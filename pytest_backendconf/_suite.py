@@ -11,72 +11,61 @@ suite runs beside the tests found there (a vendor's own regression tests).
 
 from __future__ import annotations
 
-import dataclasses
-import fnmatch
-import importlib
 import shlex
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability")
-ROOT_ID = "backendconf"
+from . import conformance
+from ._check import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
+from ._hypothesis import hypothesis_choice
+from .conformance import availability, contract, parity, reliability, serialization, symbolication
 
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One generated test.
-
-    :param category: one of `CATEGORIES`; also the pytest marker.
-    :param name: unique within the category, e.g. ``small_cnn[float16]``.
-    :param run: called with the `SuiteContext`; raises `CheckFailed`
-        (or any exception) to fail, `Unsupported` to report "unsupported".
-    :param stage: the part of the contract it exercises (``preprocess``,
-        ``compile``, ``execute``, ``load``, ``target`` …), for the report.
-    """
-
-    category: str
-    name: str
-    run: Callable[[Any], None]
-    stage: str
-    case: str | None = None
-
-
-class CheckFailed(AssertionError):
-    """A conformance check failed; the message says what the backend did and what was expected."""
-
-
-class Unsupported(Exception):
-    """The backend rejected the model (`UnsupportedNodeError`): counted apart, never as a pass."""
-
-    @classmethod
-    def from_rejection(cls, exc: Exception) -> "Unsupported":
-        """``The node of aten::mul is not supported in this compiler (reason) at models.py:12``."""
-        first = str(exc).splitlines()[0].removesuffix(" Source code:").rstrip(".")
-        reason = getattr(exc, "reason", "")
-        info = getattr(exc, "debug_info", None)
-        where = f" at {info.file}:{info.line}" if info is not None and info.file else ""
-        return cls(first + (f" ({reason})" if reason else "") + where)
-
-
-def fail(message: str) -> None:
-    raise CheckFailed(message)
+#: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
+CATEGORY_MODULES = {
+    "contract": contract,
+    "parity": parity,
+    "availability": availability,
+    "serialization": serialization,
+    "symbolication": symbolication,
+    "reliability": reliability,
+}
+assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 
 
 def generate_checks(ctx: Any) -> list[Check]:
     """Every check of every category for the context's backend, in a stable order."""
     found: list[Check] = []
-    for category in CATEGORIES:
-        module = importlib.import_module(f"pytest_backendconf.conformance.{category}")
+    for module in CATEGORY_MODULES.values():
         found.extend(module.checks(ctx))
     return found
 
 
 class SuiteCollector(pytest.Collector):
-    """The root of the generated items; it has no file, so its id is fixed."""
+    """The root of the generated items; it has no file, so its id is fixed.
 
-    def collect(self) -> list[pytest.Item]:  # pragma: no cover - items are made by the plugin
-        return []
+    The suite plugin creates it beside whatever pytest collected from the
+    command line and collects it through pytest's collect-report hooks, so the
+    terminal counts its items and a failure to generate them is a collection
+    error like any other.
+    """
+
+    def __init__(self, *, plugin: "SuitePlugin", ctx: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plugin = plugin
+        self.ctx = ctx
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        selected = self.config.getoption("backendconf_select") or []
+        items: list[pytest.Item | pytest.Collector] = []
+        for check in generate_checks(self.ctx):
+            name = f"{check.category}::{check.name}"
+            if selected and not any(id_matches(name, p) for p in selected):
+                continue
+            reproduce = self.plugin.reproduce_command(f"{ROOT_ID}::{name}")
+            items.append(ConformanceItem.from_parent(self, name=name, check=check, ctx=self.ctx, reproduce=reproduce))
+        return items
 
 
 class ConformanceItem(pytest.Item):
@@ -139,18 +128,15 @@ class SuitePlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
         ctx = self.ctx = self._ctx_factory()  # kept for tools (benchmarks) that inspect the session
-        root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
-        root.path = _conformance_dir()
-        selected = config.getoption("backendconf_select") or []
-        for check in generate_checks(ctx):
-            name = f"{check.category}::{check.name}"
-            if selected and not any(id_matches(name, p) for p in selected):
-                continue
-            items.append(
-                ConformanceItem.from_parent(
-                    root, name=name, check=check, ctx=ctx, reproduce=self.reproduce_command(f"{ROOT_ID}::{name}")
-                )
-            )
+        root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID, path=_conformance_dir(), plugin=self, ctx=ctx)
+        # The public collect hooks, as pytest's own collection calls them: the
+        # terminal counts these items (`--co` says how many), and plugins see a
+        # collect report for the suite.
+        root.ihook.pytest_collectstart(collector=root)
+        report = root.ihook.pytest_make_collect_report(collector=root)
+        root.ihook.pytest_collectreport(report=report)
+        # A failed report counts as a collection error (the session plugin sees it too).
+        items.extend(node for node in report.result if isinstance(node, pytest.Item))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
@@ -162,8 +148,6 @@ class SuitePlugin:
         return report
 
     def reproduce_command(self, node_id: str) -> str:
-        from .plugin import hypothesis_choice
-
         parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
         for plugin in self.config.known_args_namespace.plugins or []:
             if not plugin.startswith("no:"):
@@ -176,24 +160,7 @@ class SuitePlugin:
         return shlex.join(parts)
 
 
-def id_matches(name: str, pattern: str) -> bool:
-    """Whether a check (``parity::x[float16]``) matches a selection or known-failure key.
-
-    An exact id always matches itself: ``[float16]`` in an id is not an
-    fnmatch character class. Otherwise the key is an fnmatch pattern, with or
-    without the ``backendconf::`` prefix.
-    """
-    full = f"{ROOT_ID}::{name}"
-    if pattern in (full, name):
-        return True
-    return fnmatch.fnmatchcase(full, pattern) or fnmatch.fnmatchcase(name, pattern)
-
-
-def _conformance_dir() -> Any:
-    from pathlib import Path
-
-    from . import conformance
-
+def _conformance_dir() -> Path:
     return Path(conformance.__file__).parent
 
 

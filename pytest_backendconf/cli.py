@@ -344,7 +344,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _report_merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ._gating import atomic_write
+    from ._files import write_atomic
     from ._report_merge import format_markdown, format_text, merge, read_report, report_files
     from .errors import BackendConfError
 
@@ -359,7 +359,7 @@ def _report_merge(args: argparse.Namespace) -> int:
                 )
             )
         try:
-            atomic_write(target, format_markdown(merged))
+            write_atomic(target, format_markdown(merged))
         except OSError as exc:
             raise BackendConfError(f"cannot write --markdown {args.markdown!r}: {exc.strerror or exc}") from None
     sys.stdout.write(format_text(merged))

@@ -92,6 +92,10 @@ class BackendUnavailableError(BackendConfError, RuntimeError):
     """The backend's ``is_available()`` is false where it must run (§3.4)."""
 
 
+class StaleKnownFailureWarning(UserWarning):
+    """A known-failures entry matches no conformance check of the selected backend."""
+
+
 class BackendUnavailableWarning(UserWarning):
     """Lowering went ahead without compiling: the backend is not available here."""
 

@@ -138,19 +138,11 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
             return factory.mktemp(name)
         return Path(tempfile.mkdtemp(prefix=f"backendconf-{name}-"))
 
+    from ._hypothesis import hypothesis_choice
+
     ctx = SuiteContext(selected, load_zoo() + registry.cases(), tmp_dir=tmp_dir)
     ctx.hypothesis_profile, ctx.hypothesis_seed = hypothesis_choice(config)
     return ctx
-
-
-def hypothesis_choice(config: pytest.Config) -> tuple[str, int]:
-    """The suite's Hypothesis profile and seed (chosen once per session, printed in the header)."""
-    from ._hypothesis import choose_seed, default_profile
-
-    if not hasattr(config, "_backendconf_hypothesis"):
-        profile = config.getoption("backendconf_hypothesis") or default_profile()
-        config._backendconf_hypothesis = (profile, choose_seed(config.getoption("hypothesis_seed", None)))  # type: ignore[attr-defined]
-    return config._backendconf_hypothesis  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -186,6 +178,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = "available" if available else f"not available: {reason}"
     lines = [f"backendconf: backend {selected.name!r} from {selected.source}, {state}"]
     if config.pluginmanager.has_plugin(SUITE_PLUGIN):
+        from ._hypothesis import hypothesis_choice
+
         profile, seed = hypothesis_choice(config)
         lines.append(f"backendconf: hypothesis profile {profile!r}, seed {seed} (reproduce with --hypothesis-seed={seed})")
     return lines

@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backendconf._gating import (
-    KnownFailure,
-    TestResult,
-    format_known_failures,
-    id_matches,
-    merge_known_failures,
-)
+from pytest_backendconf._check import id_matches
+from pytest_backendconf._known_failures import KnownFailure, format_known_failures, merge_known_failures
+from pytest_backendconf._report import TestResult
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pytest_backendconf._gating import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
-from pytest_backendconf._suite import CATEGORIES
+from pytest_backendconf._check import CATEGORIES
+from pytest_backendconf._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from pytest_backendconf.cli import main
 
 SMALL_CNN = "backendconf::parity::small_cnn[float16]"

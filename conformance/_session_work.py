@@ -1,0 +1,111 @@
+"""What the session's extra process is handed: archives to load on the target, cases to lower afresh.
+
+The availability category runs the process (`availability.session`); the
+serialization category hands it work too. Both import the records from here,
+so neither category imports the other's internals, and a category offers the
+work it already has at hand through `offer_at_hand` instead of being imported
+by the process's owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Callable
+
+from pytest_backendconf import _archive
+from pytest_backendconf.errors import BackendUnavailableWarning
+
+
+@dataclasses.dataclass
+class Scenario:
+    """Target phase: load one archive with the backend or a stand-in, then make the calls."""
+
+    key: str
+    archive: str
+    calls: dict[str, list[tuple[tuple, dict]]]
+    #: `StandIn` options, or None for the backend itself.
+    stand_in: dict | None = None
+    #: The availability row the stand-in simulates, for its messages.
+    row: str = ""
+    #: May take the process down (a blob that is not ready): run after every other scenario.
+    last: bool = False
+
+
+@dataclasses.dataclass
+class Lowering:
+    """Host phase: lower one case again, its first debug handle at ``start``; write its archive."""
+
+    key: str
+    case: str
+    dtype: str
+    spec: dict
+    start: int
+
+
+#: What a category can hand the session's first extra process without lowering anything here.
+AtHand = Callable[[Any], "tuple[list[Scenario], list[Lowering]]"]
+_AT_HAND: list[AtHand] = []
+
+
+def offer_at_hand(provider: AtHand) -> AtHand:
+    """Register ``provider(ctx)``; the first extra process of a session carries what it returns."""
+    _AT_HAND.append(provider)
+    return provider
+
+
+def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
+    """Every registered category's work at hand, in registration order."""
+    scenarios: list[Scenario] = []
+    lowerings: list[Lowering] = []
+    for provider in _AT_HAND:
+        more, fresh = provider(ctx)
+        scenarios += more
+        lowerings += fresh
+    return scenarios, lowerings
+
+
+class FreshLowerer:
+    """In the extra process's host phase: lower cases as a fresh process does, handles aligned.
+
+    Debug handles are part of an archive and unique within a process, so it
+    first skips to the handle where the suite's own lowering of the case
+    started; everything else must come out the same byte for byte.
+    """
+
+    def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
+        import tempfile
+
+        from pytest_backendconf._context import SuiteContext
+        from pytest_backendconf._debug_handles import DebugHandleRecorder
+
+        from ._zoo_loader import load_zoo
+
+        self.registered = registered
+        self.backend_version = backend_version
+        extra = registry.cases() if registry is not None else []
+        self.ctx = SuiteContext(registered, load_zoo() + extra, tmp_dir=lambda name: tempfile.mkdtemp(prefix=name))
+        self.recorder = DebugHandleRecorder.default()
+
+    def lower(self, item: dict, workdir: str) -> dict:
+        from pytest_backendconf._lowering import lower_programs
+
+        case, dtype, ctx = item["case"], item["dtype"], self.ctx
+        try:
+            programs = {m: ctx.program(case, dtype, m) for m in item["spec"]}
+            gap = item["start"] - self.recorder.reserve(0).start
+            if gap < 0:
+                raise RuntimeError(f"debug handles here are already past {item['start']}")
+            self.recorder.reserve(gap)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", BackendUnavailableWarning)
+                lowered = lower_programs(programs, self.registered.backend, item["spec"],
+                                         module_type=type(ctx.module(case, dtype)),
+                                         backend_version=self.backend_version)
+            path = os.path.join(workdir, f"fresh-{case}.bcpt")
+            with open(path, "wb") as f:
+                f.write(_archive.to_bytes(lowered))
+            return {"archive": path}
+        except Exception as exc:
+            return {"error": {"type": type(exc).__name__, "message": str(exc)}}

@@ -1,4 +1,4 @@
-"""The performance targets of DESIGN.md §6, measured side by side in one run.
+"""The performance targets of docs/benchmarks.md, measured side by side in one run.
 
     python benchmarks/run.py                 # the full run (a few minutes)
     python benchmarks/run.py --quick         # everything at reduced sizes, under a minute

@@ -1,4 +1,4 @@
-"""availability: the host/target tables of DESIGN.md §3.4, one check per row of ``availability.toml``.
+"""availability: the host/target tables of docs/backend-contract.md#availability, one check per row of ``availability.toml``.
 
 Each row is put into effect with a *stand-in*: a copy of the vendor's backend
 whose class overrides ``is_available``/``compile``/``execute`` to force the
@@ -128,7 +128,7 @@ class StandIn:
         if called:
             fail(
                 f"{where}: {', '.join(f'{m}() was called {n} time(s)' for m, n in called.items())} although "
-                "is_available() returned False; DESIGN.md §3.4 forbids calling them then"
+                "is_available() returned False; docs/backend-contract.md#availability forbids calling them then"
             )
 
 

@@ -1,4 +1,4 @@
-"""contract: the four methods and the declaration keep the shapes of DESIGN.md §3.1.
+"""contract: the four methods and the declaration keep the shapes of docs/backend-contract.md#the-four-hooks.
 
 These call the backend directly, without the lowering in between, so that a
 failure names the method that broke the contract.

@@ -1,6 +1,6 @@
 """reliability: crashes, hangs, input mutation, nondeterminism, races and leaks each fail their own check.
 
-DESIGN.md §6: such a backend is reported as a clear failure of the matching
+docs/benchmarks.md: such a backend is reported as a clear failure of the matching
 check while the rest of the suite still runs. Crashes and hangs cannot be
 caught in the pytest process, so one child process per session runs
 ``compile`` and ``execute`` for every case of ``[reliability]`` in

@@ -1,4 +1,4 @@
-"""serialization: archives keep a lowered module whole (DESIGN.md §3.3, §3.6).
+"""serialization: archives keep a lowered module whole (docs/archive-format.md).
 
 For every model (first dtype): the module loaded from its archive gives the
 same outputs as the one saved, saving it again gives the same bytes, and it

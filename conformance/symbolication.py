@@ -1,4 +1,4 @@
-"""symbolication: every backend error points at the user's own source (DESIGN.md §3.5).
+"""symbolication: every backend error points at the user's own source (docs/backend-contract.md#debug-handles-and-texts).
 
 Three kinds of checks, all driven by ``[symbolication]`` in ``suite.toml``:
 
@@ -32,7 +32,8 @@ from pytest_backendconf import BackendRuntimeError, UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
 from pytest_backendconf._debug_handles import DebugHandleRecorder, walk_nodes
 from pytest_backendconf._debug_info import build_debug_infos, format_missing, op_name
-from pytest_backendconf._lowering import FAULT_KEY, _preprocess, export_method
+from pytest_backendconf._lowering import _preprocess, export_method
+from pytest_backendconf.backend import FAULT_KEY
 from pytest_backendconf._check import Check, CheckFailed, Unsupported, fail
 
 from ._spec import section
@@ -250,7 +251,7 @@ def check_fault(ctx: SuiteContext, *, entry: dict, dtype: str) -> None:
     if not ctx.capabilities.fault_injection:
         pytest.skip(
             f"backend {ctx.name!r} does not declare fault_injection; runtime symbolication is "
-            f"checked through the {FAULT_KEY!r} compile-spec key (DESIGN.md §3.5)"
+            f"checked through the {FAULT_KEY!r} compile-spec key (docs/backend-contract.md#fault-injection)"
         )
     case, method, node = entry["case"], entry["method"], entry["node"]
     spec = {method: {FAULT_KEY: {"node": node}}}
@@ -277,7 +278,7 @@ def check_fault(ctx: SuiteContext, *, entry: dict, dtype: str) -> None:
     if problems:
         fail(
             f"the BackendRuntimeError for the fault injected at node {node!r} of {where} is not the "
-            f"text of DESIGN.md §3.5:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"text of docs/backend-contract.md#debug-handles-and-texts:\n" + "\n".join(f"  - {p}" for p in problems)
             + f"\nthe text was:\n{_indent(_lines(text, 14))}"
         )
 

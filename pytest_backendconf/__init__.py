@@ -27,6 +27,7 @@ import importlib
 from typing import Any
 
 from ._registry import register_backend
+from .backend import Backend
 from .capabilities import Capabilities
 from .errors import (
     ArchiveError,
@@ -69,6 +70,7 @@ _LAZY = {
 
 __all__ = [
     "ArchiveError",
+    "Backend",
     "BackendConfError",
     "BackendContractError",
     "BackendError",

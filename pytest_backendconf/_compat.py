@@ -17,7 +17,7 @@ import torch
 #: The oldest torch the package supports (docs/vendor-ci.md). Below it:
 #: non-strict ``torch.export`` records no ``stack_trace`` on nodes (added in
 #: 2.4, pytorch#121034), so debug info has no source lines and no text of
-#: DESIGN.md §3.5 can show the user's code; and ``torch.library.custom_op``
+#: docs/backend-contract.md#debug-handles-and-texts can show the user's code; and ``torch.library.custom_op``
 #: (2.4), which the suite's symbolication probes use, does not exist.
 MINIMUM_TORCH = (2, 4)
 
@@ -44,7 +44,7 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, **o
     so on 2.8 and later, 2.13 and 2.14 included, this is the plain call.
     Strict tracing records a different module hierarchy inside ``torch.cond``
     branches (an extra ``_export_root`` level) and a frame inside the branch,
-    which changes the pinned texts of DESIGN.md §3.5: on 2.13 with
+    which changes the pinned texts of docs/backend-contract.md#debug-handles-and-texts: on 2.13 with
     ``strict=True`` forced, two symbolication checks of the suite fail. The
     ``strict`` keyword exists since 2.2, so passing it is safe everywhere.
     """

@@ -19,6 +19,7 @@ from ._debug_handles import walk_nodes
 from ._lowering import WrapperModule, export_method, lower_programs
 from ._lowering import _normalize as normalize_call
 from ._registry import RegisteredBackend
+from .backend import Backend
 from .capabilities import Capabilities, capabilities_of
 from .cases import FLOAT_DTYPES, ModelCase, TensorInput
 
@@ -124,7 +125,7 @@ class SuiteContext:
         with self._lock:
             return (case_name, dtype, json.dumps(spec, sort_keys=True)) in self._lowered
 
-    def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Any = None, cache: bool = True) -> WrapperModule:
+    def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Backend | None = None, cache: bool = True) -> WrapperModule:
         """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``."""
         case = self.cases[case_name]
         spec = spec if spec is not None else {m: {} for m in case.methods}

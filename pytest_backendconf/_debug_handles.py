@@ -1,8 +1,8 @@
 """Debug handles: one process-wide recorder issues a unique ``int`` per graph node.
 
 Handles are unique across every lowering in the process, monotonic, safe to
-issue from several threads, and checked against int64 overflow (DESIGN.md
-§3.5). A lowering reserves one contiguous block, so that two fresh processes
+issue from several threads, and checked against int64 overflow (docs/backend-contract.md#debug-handles-and-texts).
+A lowering reserves one contiguous block, so that two fresh processes
 doing the same lowerings in the same order issue the same handles.
 """
 

@@ -1,4 +1,4 @@
-"""Debug info per handle, and the symbolicated texts of DESIGN.md §3.5.
+"""Debug info per handle, and the symbolicated texts of docs/backend-contract.md#debug-handles-and-texts.
 
 A `DebugInfo` says which op a handle stands for, where in the user's source
 it came from (file, line, the expression's columns), and through which

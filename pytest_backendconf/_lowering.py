@@ -1,6 +1,6 @@
 """`to_backend`: lower methods of a module to a backend, and the modules that run them.
 
-The flow (DESIGN.md §3.3–3.5): copy the module, export each method named in
+The flow (docs/backend-contract.md): copy the module, export each method named in
 the method compile spec, give every node a debug handle, ``preprocess`` each
 program into a blob, ``compile`` now if the backend is available (else warn),
 and return a `WrapperModule` around the `LoweredModule` that runs the blobs.
@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from . import _compat
 from ._debug_handles import DebugHandleRecorder
+from .backend import Backend
 from ._debug_info import DebugInfo, build_debug_infos, format_missing, format_runtime
 from ._method_spec import MethodSpec, params_of, value_spec
 from ._registry import check_backend, lookup_backend, Source
@@ -36,8 +37,6 @@ from .errors import (
     OutputSpecError,
     UnsupportedNodeError,
 )
-
-FAULT_KEY = "__backendconf_fault__"
 
 
 def to_backend(
@@ -93,7 +92,7 @@ def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict)
 
 def lower_programs(
     programs: Mapping[str, Any],
-    backend: Any,
+    backend: Backend,
     method_compile_spec: Mapping[str, Mapping[str, Any]],
     *,
     module_type: type,
@@ -140,7 +139,7 @@ class LoweredModule(torch.nn.Module):
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         methods: dict[str, MethodSpec],
         blobs: dict[str, bytes],
         debug: dict[int, DebugInfo],
@@ -170,7 +169,7 @@ class LoweredModule(torch.nn.Module):
             raise BackendContractError(
                 f"backend {self.backend_name!r} reports is_available() == True, but compile() "
                 f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "
-                "here must return False from is_available() (DESIGN.md §3.4)."
+                "here must return False from is_available() (docs/backend-contract.md#availability)."
             ) from exc
         missing = sorted(set(self.methods) - set(handles if isinstance(handles, dict) else ()))
         if not isinstance(handles, dict) or missing:
@@ -441,7 +440,7 @@ def _resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
     return backend, None
 
 
-def _availability(backend: Any) -> bool:
+def _availability(backend: Backend) -> bool:
     available = backend.is_available()
     if not isinstance(available, bool):
         raise BackendContractError(
@@ -612,7 +611,7 @@ def _written_arguments(node: Any) -> list[Any]:
     return written
 
 
-def _preprocess(backend: Any, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str) -> bytes:
+def _preprocess(backend: Backend, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str) -> bytes:
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
     except UnsupportedNodeError as exc:

@@ -1,6 +1,6 @@
 """The backend registry: a pluggy plugin manager, discovery, and validation.
 
-Backends come from three places (DESIGN.md §3.2): the ``backendconf``
+Backends come from three places (docs/backend-contract.md#registration): the ``backendconf``
 entry-point group, any plugin module or ``conftest.py`` defining a
 ``backendconf_*`` hook, and `register_backend` calls. Every backend is
 recorded with where it came from, so that each error names its culprit.
@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from . import hookspecs
+from .backend import Backend
 from .capabilities import Capabilities
 from .errors import (
     DuplicateBackendError,
@@ -55,7 +56,7 @@ class Source:
 class RegisteredBackend:
     """A validated backend and its source."""
 
-    backend: Any
+    backend: Backend
     source: Source
 
     @property

@@ -1,7 +1,7 @@
 """Find the column span of the expression that produced a graph node.
 
 ``torch.export`` records file and line for each frame, not columns. The
-carets of DESIGN.md §3.5 need the exact sub-expression, so we parse the
+carets of docs/backend-contract.md#debug-handles-and-texts need the exact sub-expression, so we parse the
 user's file and pick, on that line, the expression that matches the op
 (``x * h`` for ``aten::mul``) or the call into the next frame
 (``self.m(x)`` for a submodule's ``forward``). When a line holds several

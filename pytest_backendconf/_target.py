@@ -1,4 +1,4 @@
-"""The simulated target (DESIGN.md §3.4): load an archive in a fresh interpreter that cannot import host-only modules.
+"""The simulated target (docs/backend-contract.md#availability): load an archive in a fresh interpreter that cannot import host-only modules.
 
 `run_on_target` starts ``python -m pytest_backendconf._target`` with a
 request directory. Before anything else the child installs an import

@@ -89,10 +89,3 @@ class ModelCase:
         return any(
             isinstance(i, TensorInput) and i.dtype == "float" for args in self.inputs.values() for i in args
         )
-
-    def signature_key(self, dtype: str) -> tuple:
-        """What identifies one export of this case: the same key, the same program."""
-        return (self.name, dtype)
-
-    def describe_inputs(self) -> Mapping[str, Any]:
-        return {m: tuple(i.shape if isinstance(i, TensorInput) else i for i in args) for m, args in self.inputs.items()}

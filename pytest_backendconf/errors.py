@@ -2,7 +2,7 @@
 
 Backend authors raise two of them (`UnsupportedNodeError` from `preprocess`,
 `BackendError` from `execute`); the lowering turns those into the
-symbolicated texts of DESIGN.md §3.5. Importing this module never imports
+symbolicated texts of docs/backend-contract.md#debug-handles-and-texts. Importing this module never imports
 torch.
 """
 
@@ -45,7 +45,7 @@ class UnsupportedNodeError(BackendConfError):
     """Raised by ``preprocess`` for a graph node the backend cannot compile.
 
     ``node`` is the ``torch.fx.Node`` and ``reason`` says why, in the
-    backend's words. ``str()`` gives the symbolicated text of DESIGN.md §3.5:
+    backend's words. ``str()`` gives the symbolicated text of docs/backend-contract.md#debug-handles-and-texts:
     the op, the user's source line with carets, the module hierarchy and the
     call stack.
     """
@@ -101,7 +101,7 @@ class BackendUnavailableWarning(UserWarning):
 
 
 class BackendContractError(BackendConfError):
-    """A backend broke the delegate contract (DESIGN.md §3.1 and §3.4)."""
+    """A backend broke the delegate contract (docs/backend-contract.md)."""
 
 
 class OutputSpecError(BackendContractError):

@@ -25,8 +25,8 @@ def backendconf_register_backends(register: Callable[[object], None]) -> None:
     """Register the backends this plugin provides.
 
     Call ``register(backend)`` once per backend object. The object needs a
-    ``name`` matching ``[a-z][a-z0-9_]*`` and the four methods of DESIGN.md
-    §3.1 (``is_available``, ``preprocess``, ``compile``, ``execute``); it is
+    ``name`` matching ``[a-z][a-z0-9_]*`` and the four methods of
+    docs/backend-contract.md (``is_available``, ``preprocess``, ``compile``, ``execute``); it is
     checked on registration, and a malformed one is an error that names the
     object and what it lacks.
 

@@ -2,7 +2,7 @@
 
 A vendor lowers on a build machine and runs the archive on a device image
 whose torch may lag or lead; the archive records the torch that wrote it
-(DESIGN.md §3.6) but must not depend on it. These tests lower every model of
+(docs/archive-format.md) but must not depend on it. These tests lower every model of
 the zoo with the reference backend, save it, and check in a second Python
 with another torch that the archive loads, runs, and matches eager PyTorch
 there; then the same the other way round.

@@ -1,4 +1,4 @@
-"""The availability checks (DESIGN.md §3.4 tables): the reference backend passes every row,
+"""The availability checks (docs/backend-contract.md#availability): the reference backend passes every row,
 and each defect, in a backend or in the lowering itself, fails exactly the rows that catch it."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_a_lowering_that_compiles_while_unavailable_fails_the_unavailable_rows(p
     assert failed(outcomes) == {HOST_NO_NO, HOST_YES_NO, TARGET_NO_NO}
     result.stdout.fnmatch_lines([
         "*row host-compile_no-execute_no, small_cnn (float32), lowering: compile() was called 1 time(s) although "
-        "is_available() returned False; DESIGN.md §3.4 forbids calling them then",
+        "is_available() returned False; docs/backend-contract.md#availability forbids calling them then",
         "*row host-compile_yes-execute_no, small_cnn (float32): lowering did not warn 'Backend [[]reference] is "
         "not available. *'; warnings seen: none",
         "*row target-compile_no-execute_no, small_cnn (float32) on the target: load must raise "

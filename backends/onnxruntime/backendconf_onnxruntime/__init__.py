@@ -30,7 +30,7 @@ PROVIDER = "CPUExecutionProvider"
 
 
 class OnnxRuntimeBackend:
-    """The delegate-backend protocol (DESIGN.md §3.1) over ONNX Runtime's CPU provider."""
+    """The delegate-backend protocol (docs/backend-contract.md#the-four-hooks) over ONNX Runtime's CPU provider."""
 
     name = "onnxruntime"
     version = __version__

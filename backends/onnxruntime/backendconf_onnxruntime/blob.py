@@ -53,7 +53,7 @@ class TensorSlot:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """An injected fault (DESIGN.md §3.5): raise at node ``node`` with ``handle``.
+    """An injected fault (docs/backend-contract.md#fault-injection): raise at node ``node`` with ``handle``.
 
     ``flag`` is the ONNX output that tells whether the node ran (it sits in
     a ``torch.cond`` branch); ``None`` when the node runs on every call.

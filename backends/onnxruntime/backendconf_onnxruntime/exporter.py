@@ -34,12 +34,11 @@ import torch.fx
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
 
 from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from . import blob as blob_format
 from .passes import ModelBuilder
 
-#: Compile-spec key asking for an injected fault (DESIGN.md §3.5).
-FAULT_KEY = "__backendconf_fault__"
 #: Every compile-spec key this backend understands.
 KNOWN_KEYS = (FAULT_KEY,)
 
@@ -97,12 +96,7 @@ def fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
             f"unknown compile-spec key {unknown[0]!r} for the onnxruntime backend; "
             f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
         )
-    fault = compile_spec.get(FAULT_KEY)
-    if fault is None:
-        return None
-    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
-        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
-    return fault["node"]
+    return requested_fault_node(compile_spec)
 
 
 # --- the given program's nodes ------------------------------------------------------
@@ -411,8 +405,8 @@ _NODE_NAME = re.compile(r"[Nn]ame:? ?'([^']*)'")
 def _check_loads(data: bytes, builder: ModelBuilder) -> None:
     """Reject, at its FX node, a model ONNX Runtime cannot load (e.g. a missing kernel).
 
-    ``compile`` must not fail where the backend is available (DESIGN.md
-    §3.4), so the check happens here, where the user's source line can be
+    ``compile`` must not fail where the backend is available (docs/backend-contract.md
+    of pytest-backendconf, "Availability"), so the check happens here, where the user's source line can be
     shown. Skipped when onnxruntime is not installed on the host.
     """
     try:

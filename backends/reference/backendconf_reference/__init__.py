@@ -28,7 +28,7 @@ __all__ = ["ReferenceBackend", "LoadedProgram"]
 
 
 class ReferenceBackend:
-    """The reference implementation of the delegate-backend protocol (DESIGN.md §3.1)."""
+    """The reference implementation of the delegate-backend protocol (docs/backend-contract.md#the-four-hooks)."""
 
     name = "reference"
     version = __version__

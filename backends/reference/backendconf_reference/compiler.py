@@ -19,12 +19,11 @@ import torch.fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from . import bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
 
-#: Compile-spec key asking for an injected fault (DESIGN.md §3.5).
-FAULT_KEY = "__backendconf_fault__"
 #: Every compile-spec key the reference backend understands.
 KNOWN_KEYS = (FAULT_KEY,)
 
@@ -69,15 +68,7 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
             f"unknown compile-spec key {unknown[0]!r} for the reference backend; "
             f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
         )
-    fault = compile_spec.get(FAULT_KEY)
-    if fault is None:
-        return None
-    well_formed = isinstance(fault, Mapping) and set(fault) == {"node"}
-    if not (well_formed and isinstance(fault["node"], str)):
-        raise ValueError(
-            f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}"
-        )
-    return fault["node"]
+    return requested_fault_node(compile_spec)
 
 
 def _find_fault_node(graph_module: torch.fx.GraphModule, name: str) -> torch.fx.Node:

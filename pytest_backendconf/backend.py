@@ -1,0 +1,87 @@
+"""The delegate-backend contract, in one file: what a vendor implements.
+
+A backend is any object with a ``name`` and the four hooks of `Backend`;
+nothing needs to inherit from anything. The optional parts are separate
+protocols, so that a type checker tells a vendor which ones an object has.
+What each hook must do, and what the conformance suite checks of it, is in
+``docs/backend-contract.md``. Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from .capabilities import Capabilities
+
+#: The compile-spec key that asks a backend declaring ``fault_injection`` to
+#: raise a `BackendError` when execution reaches one node (docs/backend-contract.md,
+#: "Fault injection"). Its value is ``{"node": "<FX node name>"}``.
+FAULT_KEY = "__backendconf_fault__"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The four hooks every backend has (docs/backend-contract.md#the-four-hooks)."""
+
+    #: Unique among registered backends; matches ``[a-z][a-z0-9_]*``.
+    name: str
+
+    def is_available(self) -> bool:
+        """Whether ``compile`` and ``execute`` can run in this process."""
+        ...
+
+    def preprocess(
+        self, program: torch.export.ExportedProgram, compile_spec: dict[str, Any], debug_handles: Mapping[Any, int]
+    ) -> bytes:
+        """Host only: turn one method's exported program into a deterministic blob.
+
+        ``debug_handles[node]`` is the debug handle of any node of ``program``,
+        nested subgraphs included. Raise `UnsupportedNodeError(node, reason)`
+        for a node the backend cannot compile.
+        """
+        ...
+
+    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Turn every method's blob into a handle for `execute`; runs at lowering (if available) and every load."""
+        ...
+
+    def execute(self, handle: Any, inputs: list[Any]) -> list[Any]:
+        """Run one method on its flat user inputs; return its flat outputs.
+
+        A failure tied to a node raises `BackendError(message, debug_handle=h)`.
+        """
+        ...
+
+
+@runtime_checkable
+class DeclaresCapabilities(Protocol):
+    """A backend that declares what the suite may expect of it (`Capabilities`)."""
+
+    capabilities: Capabilities
+
+
+@runtime_checkable
+class ExplainsUnavailability(Protocol):
+    """A backend that says why ``is_available()`` is false (shown in the header, report and errors)."""
+
+    def unavailable_reason(self) -> str: ...
+
+
+def fault_node_name(compile_spec: Mapping[str, Any]) -> str | None:
+    """The FX node name at which ``compile_spec`` asks for an injected fault, or None.
+
+    For a backend's ``preprocess``: when this returns a name, the blob must
+    make ``execute`` raise ``BackendError(..., debug_handle=debug_handles[node])``
+    on reaching that node. A malformed value is a `ValueError` naming the key
+    and the expected shape.
+    """
+    fault = compile_spec.get(FAULT_KEY)
+    if fault is None:
+        return None
+    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
+        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
+    return str(fault["node"])

@@ -36,10 +36,10 @@ from typing import Any, Iterator
 
 import pytest
 import torch
-from torch.utils import _pytree as pytree
 
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf._context import SuiteContext
+from pytest_backendconf._compat import tree_leaves, tree_map
 from pytest_backendconf._check import Check, Unsupported, fail
 
 from ._spec import section
@@ -387,7 +387,7 @@ def check_execute_leaves_inputs_alone(ctx: SuiteContext, *, case_name: str, dtyp
         args, kwargs = ctx.example(case_name, dtype, method)
         before = _clone((args, kwargs))
         getattr(lowered, method)(*args, **kwargs)
-        for i, (old, new) in enumerate(zip(pytree.tree_leaves(before), pytree.tree_leaves((args, kwargs)))):
+        for i, (old, new) in enumerate(zip(tree_leaves(before), tree_leaves((args, kwargs)))):
             diff = _difference(old, new) if isinstance(old, torch.Tensor) else None
             if diff is not None:
                 fail(
@@ -563,7 +563,7 @@ def _one_intra_op_thread() -> Iterator[None]:
 
 
 def _clone(tree: Any) -> Any:
-    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)
+    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)
 
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -586,7 +586,7 @@ def _difference(a: Any, b: Any) -> float | None:
 
 
 def _tree_difference(a: Any, b: Any) -> float | None:
-    leaves_a, leaves_b = pytree.tree_leaves(a), pytree.tree_leaves(b)
+    leaves_a, leaves_b = tree_leaves(a), tree_leaves(b)
     if len(leaves_a) != len(leaves_b):
         return float("inf")
     diffs = [d for d in map(_difference, leaves_a, leaves_b) if d is not None]

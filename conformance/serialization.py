@@ -18,10 +18,10 @@ import weakref
 from typing import Any, Iterator
 
 import torch
-from torch.utils import _pytree as pytree
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive
+from pytest_backendconf._compat import tree_structure
 from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf.errors import BackendUnavailableWarning, UnsupportedNodeError
 
@@ -108,8 +108,8 @@ def _loaded(ctx: Any, case: str, dtype: str) -> tuple[_Saved, Any]:
 
 def _same(actual: Any, expected: Any, *, rtol: float = 0.0, atol: float = 0.0) -> str | None:
     """None if equal (same structure, dtypes, values; NaN equal to NaN), else why not."""
-    if pytree.tree_structure(actual) != pytree.tree_structure(expected):
-        return f"output structure {pytree.tree_structure(actual)} instead of {pytree.tree_structure(expected)}"
+    if tree_structure(actual) != tree_structure(expected):
+        return f"output structure {tree_structure(actual)} instead of {tree_structure(expected)}"
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
     except AssertionError as exc:

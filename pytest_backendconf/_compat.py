@@ -49,3 +49,68 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, **o
     ``strict`` keyword exists since 2.2, so passing it is safe everywhere.
     """
     return torch.export.export(module, args, kwargs, strict=False, **options)
+
+
+# --- private torch APIs ------------------------------------------------------------
+#
+# Every private torch name the package uses is reached through here, each
+# with the versions it was checked on, so that a torch release that moves one
+# breaks one place. Checked on 2.13 and 2.14 (tox.ini runs both); the
+# docstrings say how far back each goes.
+
+#: torch's pytree functions. ``torch.utils._pytree`` is private on every
+#: supported version (2.4-2.14 ship no public ``torch.utils.pytree``); the
+#: functions used here have kept their names and signatures since 2.2.
+#: (The archive's stored structure strings are the archive module's business.)
+from torch.utils import _pytree as _pytree  # noqa: E402
+
+tree_flatten = _pytree.tree_flatten
+tree_unflatten = _pytree.tree_unflatten
+tree_leaves = _pytree.tree_leaves
+tree_map = _pytree.tree_map
+tree_structure = _pytree.tree_structure
+TreeSpec = _pytree.TreeSpec
+
+#: torch's tracing entry points, blocked on a simulated target: ``torch.export.export``,
+#: ``torch.compile`` and dynamo's export import them on first use, and ``import torch``
+#: imports neither (true of 2.4-2.14). Their names are torch-internal module paths.
+TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
+
+#: The only frame name ``torch.export`` keeps in a node's ``stack_trace``
+#: (``torch.fx.proxy._filter_traceback_frames`` on 2.4-2.14 keeps frames of
+#: functions called ``forward``): a method lowered under another name is
+#: renamed to this so that its source lines survive.
+EXPORT_FRAME_NAME = "forward"
+
+
+def spec_children(spec: Any) -> list[Any]:
+    """The child specs of a pytree ``TreeSpec``.
+
+    torch 2.10 added ``TreeSpec.children()`` and deprecated the
+    ``children_specs`` field that 2.4-2.9 have (it still exists on 2.13 and
+    2.14, with a warning).
+    """
+    children = getattr(spec, "children", None)
+    return list(children() if callable(children) else spec.children_specs)
+
+
+def op_schema(target: Any) -> Any:
+    """The ``torch.FunctionSchema`` of an op overload (``aten.mul.Tensor``), or None for anything else.
+
+    ``OpOverload._schema`` is private on 2.4-2.14; ``torch._ops.OpOverload``
+    is the class (no public alias exists).
+    """
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema
+    return None
+
+
+def is_op_overload(target: Any) -> bool:
+    """Whether a node's target is an operator overload (``torch._ops.OpOverload`` on 2.4-2.14)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def is_higher_order_op(target: Any) -> bool:
+    """Whether a node's target is a higher-order op such as ``torch.cond``
+    (``torch._ops.HigherOrderOperator`` on 2.4-2.14)."""
+    return isinstance(target, torch._ops.HigherOrderOperator)

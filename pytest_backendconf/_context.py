@@ -13,8 +13,8 @@ import threading
 from typing import Any, Callable
 
 import torch
-from torch.utils import _pytree as pytree
 
+from . import _compat
 from ._debug_handles import walk_nodes
 from ._lowering import WrapperModule, export_method, lower_programs
 from ._lowering import _normalize as normalize_call
@@ -93,7 +93,7 @@ class SuiteContext:
         args, kwargs = self.example(case_name, dtype, method, seed=seed)
         module_type = type(self.module(case_name, dtype))
         args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
-        return pytree.tree_leaves((args, kwargs))
+        return _compat.tree_leaves((args, kwargs))
 
     def program(self, case_name: str, dtype: str, method: str) -> Any:
         """The exported program of one method, exported once per session."""

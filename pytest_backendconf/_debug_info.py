@@ -167,11 +167,13 @@ def op_name(node: Any) -> str:
     """``aten::mul`` for an aten overload, ``higher_order::cond``, ``getitem``, or the node's op."""
     if node.op != "call_function":
         return node.op
+    from ._compat import is_higher_order_op, op_schema  # a node means torch is loaded already
+
     target = node.target
-    schema = getattr(target, "_schema", None)
+    schema = op_schema(target)
     if schema is not None:
         return schema.name
-    if any(cls.__name__ == "HigherOrderOperator" for cls in type(target).__mro__):
+    if is_higher_order_op(target):
         return f"higher_order::{target.name()}"
     return getattr(target, "__name__", None) or str(target)
 

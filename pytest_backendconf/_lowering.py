@@ -318,7 +318,7 @@ class _MethodRunner:
             except TypeError as exc:
                 raise InputSpecError(f"method {self.spec.name!r}: {exc}; its signature is {self.signature}") from None
             bound.apply_defaults()
-            flat, tree = pytree.tree_flatten((bound.args, bound.kwargs))
+            flat, tree = _compat.tree_flatten((bound.args, bound.kwargs))
             if tree != self.in_tree:
                 raise InputSpecError(
                     f"method {self.spec.name!r} was lowered for inputs shaped like {self.in_tree}, "
@@ -404,8 +404,7 @@ def _rebuilder(tree: Any) -> Any:
     """
     if tree.is_leaf():
         return operator.itemgetter(0)
-    # torch >= 2.10 has children() and deprecates the children_specs field older ones have.
-    children = tree.children() if hasattr(tree, "children") else tree.children_specs
+    children = _compat.spec_children(tree)
     if all(child.is_leaf() for child in children):
         if tree.type is tuple:
             return tuple
@@ -414,7 +413,7 @@ def _rebuilder(tree: Any) -> Any:
         if tree.type is dict:
             keys = tuple(tree.context)
             return lambda outputs: dict(zip(keys, outputs))
-    return lambda outputs: pytree.tree_unflatten(list(outputs), tree)
+    return lambda outputs: _compat.tree_unflatten(list(outputs), tree)
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:
@@ -564,13 +563,14 @@ def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
 def _class_exporting(cls: type, method: str) -> type:
     """A subclass of ``cls`` whose ``forward`` is ``method``, renamed.
 
-    ``torch.export`` keeps only stack frames named ``forward`` (see
-    ``torch.fx.proxy._filter_traceback_frames``); the method's code object is
-    renamed so that its frames, and so the user's source lines, are kept.
+    ``torch.export`` keeps only stack frames of that name
+    (`_compat.EXPORT_FRAME_NAME`); the method's code object is renamed so
+    that its frames, and so the user's source lines, are kept.
     """
+    kept = _compat.EXPORT_FRAME_NAME
     function = getattr(cls, method)
-    code = function.__code__.replace(co_name="forward")
-    forward = types.FunctionType(code, function.__globals__, "forward", function.__defaults__, function.__closure__)
+    code = function.__code__.replace(co_name=kept)
+    forward = types.FunctionType(code, function.__globals__, kept, function.__defaults__, function.__closure__)
     forward.__kwdefaults__ = function.__kwdefaults__
     return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
@@ -585,7 +585,7 @@ def _reject_mutations(program: Any, name: str) -> None:
     # input (a training-mode batch norm's num_batches_tracked.add_) instead of
     # mutation outputs. In-place ops on intermediates (ReLU(inplace=True)) are fine.
     mutated += [
-        f"node {node.name!r} ({node.target._schema.name} on {target.name!r}, in place)"
+        f"node {node.name!r} ({_compat.op_schema(node.target).name} on {target.name!r}, in place)"
         for node in program.graph.nodes
         for target in _written_arguments(node)
         if target.op == "placeholder"
@@ -599,7 +599,7 @@ def _reject_mutations(program: Any, name: str) -> None:
 
 def _written_arguments(node: Any) -> list[Any]:
     """The graph nodes an in-place op writes to (from its schema's alias annotations)."""
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    schema = _compat.op_schema(node.target) if node.op == "call_function" else None
     if schema is None or not schema.is_mutable:
         return []
     written = []
@@ -636,7 +636,7 @@ def user_inputs(program: Any) -> list[tuple[str, Any]]:
 def user_outputs(program: Any) -> list[tuple[str, Any]]:
     """``(name, example value)`` of each user output, in the program's output order."""
     output_node = next(n for n in program.graph.nodes if n.op == "output")
-    nodes = {getattr(a, "name", None): a for a in pytree.tree_leaves(output_node.args[0])}
+    nodes = {getattr(a, "name", None): a for a in _compat.tree_leaves(output_node.args[0])}
     return _user_values(program.graph_signature.output_specs, "USER_OUTPUT", nodes)
 
 

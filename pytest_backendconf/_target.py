@@ -35,8 +35,10 @@ import tempfile
 import types
 from typing import Any, Mapping, Sequence
 
-#: torch's tracing entry points: not needed to load or run an archive.
-TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
+from ._compat import TRACING_MODULES
+
+#: TRACING_MODULES (from _compat, where torch's private names live): torch's
+#: tracing entry points, not needed to load or run an archive.
 _REQUEST = "request.json"
 _RESULT = "result.json"
 

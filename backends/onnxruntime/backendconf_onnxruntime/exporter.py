@@ -37,6 +37,7 @@ from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from . import blob as blob_format
+from ._compat import ExporterSteps, exporter_steps, is_higher_order_op, torchlib_registry
 from .passes import ModelBuilder
 
 #: Every compile-spec key this backend understands.
@@ -200,10 +201,8 @@ def _onnx_registry() -> Any:
     global _registry
     with _registry_lock:
         if _registry is None:
-            from torch.onnx._internal.exporter import _registration
-
             with _quiet_exporter():
-                _registry = _registration.ONNXRegistry.from_torchlib()
+                _registry = torchlib_registry()
         return _registry
 
 
@@ -226,41 +225,33 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
     its three steps (decompose, check dispatch, translate) so that the
     torchlib registry is built once per process rather than once per export
     (it takes seconds), decompositions are cached, and a failing node is
-    known. The step functions are internal to torch.onnx (as of torch 2.13);
+    known. The step functions are internal to torch.onnx (see `_compat`);
     where they are missing, the public ``torch.onnx.export`` is used instead.
     """
-    try:
-        from torch.onnx._internal.exporter import _core, _dispatching, _flags
-
-        _core._prepare_exported_program_for_export, _core._exported_program_to_onnx_program  # noqa: B018
-        _dispatching.dispatch, _flags._is_onnx_exporting  # noqa: B018
-    except (ImportError, AttributeError):
+    steps = exporter_steps()
+    if steps is None:
         return _to_onnx_ir_public(program, originals)
 
     registry = _onnx_registry()
-    with _quiet_exporter():
-        _flags._is_onnx_exporting = True
+    with _quiet_exporter(), steps.exporting():
+        decomposed = _decompose(program, originals, registry, steps)
+        # What the exporter would fail on: an op with no ONNX function.
+        for _, graph_module in _graph_modules(decomposed.graph_module):
+            for node in graph_module.graph.nodes:
+                if node.op != "call_function" or _is_passthrough(node):
+                    continue
+                function, message = steps.dispatch(node, registry)
+                if function is None:
+                    culprit = originals.origin(node) or originals.output
+                    raise UnsupportedNodeError(
+                        culprit,
+                        f"torch.onnx has no ONNX translation of {node.target} "
+                        f"(from {_describe(culprit)}): {message}",
+                    )
         try:
-            decomposed = _decompose(program, originals, registry, _core)
-            # What the exporter would fail on: an op with no ONNX function.
-            for _, graph_module in _graph_modules(decomposed.graph_module):
-                for node in graph_module.graph.nodes:
-                    if node.op != "call_function" or _is_passthrough(node):
-                        continue
-                    function, message = _dispatching.dispatch(node, registry)
-                    if function is None:
-                        culprit = originals.origin(node) or originals.output
-                        raise UnsupportedNodeError(
-                            culprit,
-                            f"torch.onnx has no ONNX translation of {node.target} "
-                            f"(from {_describe(culprit)}): {message}",
-                        )
-            try:
-                onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
-            except Exception as exc:
-                raise _rejection(exc, originals, decomposed) from exc
-        finally:
-            _flags._is_onnx_exporting = False
+            onnx_program = steps.translate(decomposed, registry=registry)
+        except Exception as exc:
+            raise _rejection(exc, originals, decomposed) from exc
     return onnx_program.model
 
 
@@ -275,7 +266,7 @@ def _to_onnx_ir_public(program: torch.export.ExportedProgram, originals: _Origin
     return onnx_program.model
 
 
-def _decompose(program: Any, originals: _Originals, registry: Any, core: Any) -> Any:
+def _decompose(program: Any, originals: _Originals, registry: Any, steps: ExporterSteps) -> Any:
     """The program decomposed to what torchlib translates, with explicit type promotion (cached)."""
     key = _fingerprint(program, originals)
     cached = _decomposed.get(program)
@@ -285,7 +276,7 @@ def _decompose(program: Any, originals: _Originals, registry: Any, core: Any) ->
         with warnings.catch_warnings():
             # torch's own deprecation noise from inside run_decompositions.
             warnings.simplefilter("ignore", FutureWarning)
-            decomposed = core._prepare_exported_program_for_export(program, registry=registry)
+            decomposed = steps.prepare(program, registry=registry)
     except Exception as exc:
         raise _rejection(exc, originals, None) from exc
     _spell_out_full_reductions(decomposed)
@@ -343,7 +334,7 @@ def _is_passthrough(node: torch.fx.Node) -> bool:
     import operator
 
     target = node.target
-    return target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator)
+    return target is operator.getitem or is_higher_order_op(target)
 
 
 _TRANSLATING = re.compile(r"Error when translating node (%\S+ : .*?)\. See the stack trace")

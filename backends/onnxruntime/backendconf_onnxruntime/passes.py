@@ -31,6 +31,7 @@ from torch.export.graph_signature import ConstantArgument, InputKind
 from pytest_backendconf import UnsupportedNodeError
 
 from . import blob as blob_format
+from ._compat import op_schema
 
 #: Name of the extra model output that says whether the fault node ran.
 FAULT_FLAG = "__backendconf_fault_reached__"
@@ -376,6 +377,7 @@ def _graph_values(graph: Any) -> Iterator[Any]:
 
 def _op_name(node: torch.fx.Node) -> str:
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}::{target._schema.name.split('::')[-1]}"
+    schema = op_schema(target)
+    if schema is not None:
+        return f"{target.namespace}::{schema.name.split('::')[-1]}"
     return getattr(target, "__name__", str(target))

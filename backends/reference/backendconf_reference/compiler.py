@@ -22,6 +22,7 @@ from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from . import bytecode, ops
+from ._compat import is_higher_order_op, op_schema
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
 
 #: Every compile-spec key the reference backend understands.
@@ -202,12 +203,12 @@ class _Compiler:
     def _aliased_inputs(self, node: torch.fx.Node) -> frozenset[torch.fx.Node]:
         """The placeholders whose memory the result of ``node`` may share."""
         target = node.target
-        if target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator):
+        schema = op_schema(target)
+        if target is operator.getitem or is_higher_order_op(target):
             # An item of a view list (split), or a branch output that is an operand.
             sources = node.all_input_nodes
-        elif isinstance(target, torch._ops.OpOverload) and (
-            any(r.alias_info is not None for r in target._schema.returns)
-            or str(target) in _UNANNOTATED_ALIASES
+        elif schema is not None and (
+            any(r.alias_info is not None for r in schema.returns) or str(target) in _UNANNOTATED_ALIASES
         ):
             sources = node.args[:1]  # views and in-place ops alias their first argument
         else:
@@ -225,10 +226,10 @@ class _Compiler:
         fresh per call. Writing to anything else would change the caller's
         tensors or the program's state, from one call to the next.
         """
-        target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        schema = op_schema(node.target)
+        if schema is None or not schema.is_mutable:
             return
-        for i, param in enumerate(target._schema.arguments):
+        for i, param in enumerate(schema.arguments):
             if param.alias_info is None or not param.alias_info.is_write:
                 continue
             value = node.args[i] if i < len(node.args) else node.kwargs.get(param.name)
@@ -239,7 +240,7 @@ class _Compiler:
                     bases |= self.aliases.get(v, frozenset())
             if bases:
                 base = min(bases, key=lambda n: n.name)  # deterministic choice of culprit
-                raise UnsupportedNodeError(node, self._write_reason(str(target), base))
+                raise UnsupportedNodeError(node, self._write_reason(str(node.target), base))
 
     def _write_reason(self, name: str, base: torch.fx.Node) -> str:
         spec = self.input_specs.get(base)
@@ -348,9 +349,9 @@ class _Compiler:
 
 def overload_name(target: Any) -> str:
     """The table name of a call target: "aten.mul.Tensor", "_operator.getitem", …"""
-    if isinstance(target, torch._ops.OpOverload):
+    if op_schema(target) is not None:
         return str(target)
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if is_higher_order_op(target):
         return f"higher_order.{target.name()}"
     module = getattr(target, "__module__", None) or "<unknown>"
     return f"{module}.{getattr(target, '__name__', repr(target))}"
@@ -363,10 +364,10 @@ def _schema_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
     a positional one; kernels are only promised to match the schema's order.
     """
     args, kwargs = list(node.args), dict(node.kwargs)
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or not kwargs:
+    schema = op_schema(node.target)
+    if schema is None or not kwargs:
         return tuple(args), kwargs
-    positional = [a for a in target._schema.arguments if not a.kwarg_only]
+    positional = [a for a in schema.arguments if not a.kwarg_only]
     for i in range(len(args), len(positional)):
         if not any(p.name in kwargs for p in positional[i:]):
             break

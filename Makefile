@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime test demo clean
+.PHONY: suite suite-onnxruntime test demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ suite-onnxruntime: $(VENV)/.installed-onnxruntime
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py
+
+# ruff (lint; its configuration and that of mypy are in pyproject.toml) and mypy on the package.
+lint: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[lint]'
+	$(BIN)/ruff check pytest_backendconf conformance backends tests benchmarks examples
+	$(BIN)/mypy
 
 test: $(VENV)/.installed-onnxruntime
 	$(BIN)/python -m pytest -n 2 tests

@@ -406,7 +406,7 @@ def scaling_figures(settings: Settings) -> tuple[list[Figure], dict[str, Any]]:
         nodes = len(program.graph.nodes)
         results = []
 
-        def lower() -> None:
+        def lower(results: list = results, program: Any = program) -> None:
             results.append(lower_programs({"forward": program}, backend, {"forward": {}},
                                           module_type=models.Chain, backend_version=version))
 

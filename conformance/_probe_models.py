@@ -41,7 +41,7 @@ def register_probe_op() -> None:
 
 def _probe_op_defined() -> bool:
     try:
-        torch.ops.backendconf_probe.mystery.default
+        _ = torch.ops.backendconf_probe.mystery.default  # raises until the op is defined
     except (AttributeError, RuntimeError):
         return False
     return True

@@ -234,7 +234,8 @@ def unavailable_on_host(ctx: Any, *, row: dict) -> None:
             fail(f"{where}: saving the module lowered while unavailable raised {type(exc).__name__}: {exc}")
         _expect_unavailable(f"{where}: loading the saved archive", lambda: load_with(stand_in.backend, data))
         for method, [(args, kwargs), *_] in calls_for(ctx, case, dtype).items():
-            _expect_unavailable(f"{where}: calling {method}()", lambda: getattr(lowered, method)(*args, **kwargs))
+            _expect_unavailable(f"{where}: calling {method}()",
+                                lambda m=method, a=args, k=kwargs: getattr(lowered, m)(*a, **k))
         stand_in.expect_no_calls(f"{where}, load and call", "compile", "execute")
 
     _each_supported(ctx, check)
@@ -722,7 +723,7 @@ def _error_text(result: dict) -> str:
 
 def unavailable_on_target(ctx: Any, *, row: dict) -> None:
     prefix = table()["texts"]["unavailable_error"]
-    for case, dtype, where, result in _target_results(ctx, row):
+    for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
             fail(f"{where}: the archive loaded although is_available() is False there; load must raise "
                  f"BackendUnavailableError starting {prefix!r}")
@@ -733,7 +734,7 @@ def unavailable_on_target(ctx: Any, *, row: dict) -> None:
 
 def violation_on_target(ctx: Any, *, row: dict) -> None:
     violation = table()["texts"]["violation"]
-    for case, dtype, where, result in _target_results(ctx, row):
+    for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
             fail(f"{where}: is_available() returned True and compile() raised, yet the archive loaded: "
                  "the contract violation was not reported")
@@ -743,7 +744,7 @@ def violation_on_target(ctx: Any, *, row: dict) -> None:
 
 
 def blob_not_ready(ctx: Any, *, row: dict) -> None:
-    for case, dtype, where, result in _target_results(ctx, row):
+    for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
             fail(f"{where}: the archive with blobs cut to half their length loaded; compile() must reject a "
                  "blob that is not ready, so that load fails with a clear error")

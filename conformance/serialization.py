@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import warnings
 import weakref
 from typing import Any, Iterator
 
@@ -23,7 +22,7 @@ import pytest_backendconf as bc
 from pytest_backendconf import _archive
 from pytest_backendconf._compat import tree_structure
 from pytest_backendconf._check import Check, Unsupported, fail
-from pytest_backendconf.errors import BackendUnavailableWarning, UnsupportedNodeError
+from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
 from ._session_work import Lowering, Scenario, offer_at_hand

@@ -264,6 +264,6 @@ class GatingPlugin:
             tr.write_line("")
             tr.write_line("to reproduce a failure, run its command:")
             for result in broken:
-                tr.write_line(f"{result.outcome.upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+                tr.write_line(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
         for note in self.notes:
             tr.write_line(f"backendconf: {note}")

@@ -19,17 +19,22 @@ CHOICE_KEY = pytest.StashKey[tuple[str, int]]()
 #: The pytest-xdist ``workerinput`` key that carries the controller's choice to its workers.
 WORKERINPUT_KEY = "backendconf_hypothesis"
 
-_COMMON = dict(
-    deadline=None,  # backends may compile lazily on first call; time is not what we check
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
-    print_blob=True,
-)
+def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
+    common = settings(
+        max_examples=max_examples,
+        deadline=None,  # backends may compile lazily on first call; time is not what we check
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+        print_blob=True,
+    )
+    # Derandomized runs keep no example database: the same examples every run, nothing written.
+    return settings(common, derandomize=True, database=None) if derandomize else common
+
 
 PROFILES = {
     # Deterministic and small: a pull request sees the same examples every run.
-    "ci": settings(max_examples=6, derandomize=True, database=None, **_COMMON),
-    "dev": settings(max_examples=12, **_COMMON),
-    "thorough": settings(max_examples=100, **_COMMON),
+    "ci": _profile(6, derandomize=True),
+    "dev": _profile(12),
+    "thorough": _profile(100),
 }
 
 

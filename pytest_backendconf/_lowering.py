@@ -202,7 +202,7 @@ class LoweredModule(torch.nn.Module):
         except BackendError as exc:
             raise self._symbolicate(exc, method) from exc
         except Exception as exc:
-            exc.add_note(f"(raised by backend {self.backend_name!r} executing method {method!r})")
+            _add_note(exc, f"(raised by backend {self.backend_name!r} executing method {method!r})")
             raise
         return runner.unflatten(outputs, self.backend_name)
 
@@ -299,12 +299,12 @@ class _MethodRunner:
         # The common call, all inputs positional tensors, skips binding and pytree.
         self.fast_arity = n if positional and len(spec.params) == n else -1
         self.tensor_checks = [
-            (i, getattr(torch, v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
+            (i, _torch_dtype(v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
         ]
         self.constants = [(i, v) for i, v in enumerate(spec.inputs) if v.kind != "tensor"]
         self.n_outputs = len(spec.outputs)
         self.output_checks = [
-            (getattr(torch, v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
+            (_torch_dtype(v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
             for v in spec.outputs
         ]
         self.rebuild = _rebuilder(self.out_tree)
@@ -414,6 +414,21 @@ def _rebuilder(tree: Any) -> Any:
             keys = tuple(tree.context)
             return lambda outputs: dict(zip(keys, outputs))
     return lambda outputs: _compat.tree_unflatten(list(outputs), tree)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has it (3.11+); 3.10 keeps the exception as it is."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(note)
+
+
+def _torch_dtype(name: str | None) -> torch.dtype:
+    """The torch dtype a tensor spec names (the archive reader checked the name)."""
+    dtype = getattr(torch, name or "", None)
+    if not isinstance(dtype, torch.dtype):
+        raise LoweringError(f"a tensor spec names dtype {name!r}, which is not a torch dtype")
+    return dtype
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:
@@ -636,7 +651,7 @@ def user_inputs(program: Any) -> list[tuple[str, Any]]:
 def user_outputs(program: Any) -> list[tuple[str, Any]]:
     """``(name, example value)`` of each user output, in the program's output order."""
     output_node = next(n for n in program.graph.nodes if n.op == "output")
-    nodes = {getattr(a, "name", None): a for a in _compat.tree_leaves(output_node.args[0])}
+    nodes = {a.name: a for a in _compat.tree_leaves(output_node.args[0]) if hasattr(a, "name")}
     return _user_values(program.graph_signature.output_specs, "USER_OUTPUT", nodes)
 
 

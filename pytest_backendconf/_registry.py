@@ -15,7 +15,7 @@ import inspect
 import re
 import sys
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import pluggy
 
@@ -119,13 +119,12 @@ def register_backend(backend: object) -> object:
     """
     caller = sys._getframe(1).f_globals.get("__name__", "?")
     source = Source(f"register_backend() in module {caller!r}", *_distribution_of(caller))
-    check_backend(backend, source)
-    _EXPLICIT.append(RegisteredBackend(backend, source))
+    _EXPLICIT.append(RegisteredBackend(check_backend(backend, source), source))
     return backend
 
 
-def check_backend(backend: object, source: Source) -> None:
-    """Raise `InvalidBackendError` unless ``backend`` has the §3.1 shape."""
+def check_backend(backend: object, source: Source) -> Backend:
+    """``backend`` as a `Backend`; `InvalidBackendError` unless it has the shape of docs/backend-contract.md."""
     what = _describe(backend)
     if inspect.isclass(backend):
         raise InvalidBackendError(
@@ -152,6 +151,7 @@ def check_backend(backend: object, source: Source) -> None:
             f"{what} (backend {name!r}) from {source} has `capabilities` of type "
             f"{type(declared).__name__}; make it a pytest_backendconf.Capabilities(...)"
         )
+    return cast(Backend, backend)  # its shape was checked above
 
 
 class BackendRegistry:
@@ -262,8 +262,7 @@ class BackendRegistry:
             collected: list[RegisteredBackend] = []
 
             def register(backend: object, _into=collected, _source=source) -> None:
-                check_backend(backend, _source)
-                _into.append(RegisteredBackend(backend, _source))
+                _into.append(RegisteredBackend(check_backend(backend, _source), _source))
 
             impl.function(**{arg: register for arg in impl.argnames})
             yield from collected
@@ -306,7 +305,7 @@ def _describe(obj: object) -> str:
     return f"object {kind.__module__}.{kind.__qualname__}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _packages_to_distributions() -> dict[str, list[str]]:
     return dict(importlib.metadata.packages_distributions())
 

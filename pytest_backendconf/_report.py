@@ -125,11 +125,11 @@ class TestResult:
 
 def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
     """Counts per outcome and the score (passed / total) of each category."""
-    summary = {c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES}
+    summary: dict[str, dict[str, Any]] = {c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES}
     for result in results:
         counts = summary.setdefault(result.category, {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None})
         counts["total"] += 1
-        counts[result.outcome] += 1
+        counts[result.outcome or "error"] += 1
     for counts in summary.values():
         if counts["total"]:
             counts["score"] = round(counts["passed"] / counts["total"], 6)

@@ -180,7 +180,7 @@ class _Checker:
 
     def count(self, document: Any, key: str, where: str) -> int:
         value = document.get(key) if isinstance(document, dict) else None
-        if not _is_int(value) or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ReportError(
                 f"report {self.name!r}: {where}.{key} must be a count (an integer >= 0), got {_kind(value)}"
             )
@@ -197,7 +197,7 @@ def _kind(value: Any) -> str:
         return "null or nothing"
     if isinstance(value, (str, int, float, bool)):
         return json.dumps(value)[:40]
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+    return "an object" if isinstance(value, dict) else "a list" if isinstance(value, list) else type(value).__name__
 
 
 def _error_text(error: Any) -> str | None:

@@ -49,13 +49,13 @@ def expression_span(
     :param occurrence: how many earlier nodes with the same op and stack
         came from this line; picks among several candidates.
     """
-    candidates = _by_op(file, line, op) if op else []
+    candidates: list[ast.AST] = _by_op(file, line, op) if op else []
     callees = set(callees)
     if not candidates and callees:
         candidates = [n for n in _calls(file, line) if _callee_name(n.func) in callees]
     if not candidates:
         calls = _calls(file, line)
-        candidates = calls if len(calls) == 1 else []
+        candidates = [*calls] if len(calls) == 1 else []
     if not candidates:
         return None
     chosen = candidates[occurrence % len(candidates)]
@@ -70,6 +70,7 @@ def source_line(file: str, line: int) -> str | None:
 
 def _by_op(file: str, line: int, op: str) -> list[ast.AST]:
     nodes = _single_line_nodes(file, line)
+    found: list[ast.AST]
     if op in _BINARY:
         found = [n for n in nodes if isinstance(n, ast.BinOp) and isinstance(n.op, _BINARY[op])]
         if op.startswith("logical_") or not found:

@@ -12,7 +12,7 @@ import pytest
 # Import torch once, up front: pytester's in-process runs restore sys.modules
 # afterwards, and a torch first imported inside one of them would be imported
 # a second time by the next run, which crashes its C extension.
-import torch  # noqa: F401
+import torch
 from _pytest import pytester as _pytester
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

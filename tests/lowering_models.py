@@ -5,7 +5,7 @@ import torch
 
 # The nested trio and the small CNN are the zoo's own (one definition for
 # the suite, the docs and these tests).
-from pytest_backendconf.conformance.zoo import L, M, N, SmallCNN  # noqa: E402,F401
+from pytest_backendconf.conformance.zoo import L, M, N, SmallCNN  # noqa: F401
 
 
 class Outputs(torch.nn.Module):

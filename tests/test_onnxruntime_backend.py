@@ -25,11 +25,11 @@ pytest.importorskip(
     "backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime"
 )
 
-import pytest_backendconf as bc  # noqa: E402
-from pytest_backendconf._debug_handles import DebugHandleRecorder  # noqa: E402
-from pytest_backendconf._lowering import export_method  # noqa: E402
+import pytest_backendconf as bc
+from pytest_backendconf._debug_handles import DebugHandleRecorder
+from pytest_backendconf._lowering import export_method
 
-from backendconf_onnxruntime import OnnxRuntimeBackend, blob  # noqa: E402
+from backendconf_onnxruntime import OnnxRuntimeBackend, blob
 
 BACKEND = "onnxruntime"
 

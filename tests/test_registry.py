@@ -13,7 +13,6 @@ from pytest_backendconf._registry import (
     BackendRegistry,
     PluginLoadWarning,
     Source,
-    _EXPLICIT,
     check_backend,
 )
 from pytest_backendconf.errors import (

@@ -264,7 +264,7 @@ class ModelBuilder:
             graph = owner.graph
         flag_value = None
         for graph, owner in chain:
-            for branch_name, attr in owner.attributes.items():
+            for attr in owner.attributes.values():
                 if attr.type != ir.AttributeType.GRAPH:
                     continue
                 branch = attr.value

@@ -33,7 +33,7 @@ import enum
 import struct
 import sys
 import zlib
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -72,8 +72,8 @@ class BlockRef:
 
 
 #: What an argument can be: an immediate, a reference, or a list of values.
-Value = Union[None, bool, int, float, str, list, Reg, Const, BlockRef, torch.dtype,
-              torch.memory_format, torch.layout, torch.device]
+Value = (None | bool | int | float | str | list | Reg | Const | BlockRef | torch.dtype
+         | torch.memory_format | torch.layout | torch.device)
 
 
 @dataclasses.dataclass

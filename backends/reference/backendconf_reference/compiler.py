@@ -377,7 +377,7 @@ def _schema_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
         elif param.has_default_value():
             args.append(param.default_value)
         else:
-            raise UnsupportedNodeError(node, f"{target}: argument {param.name!r} is missing")
+            raise UnsupportedNodeError(node, f"{node.target}: argument {param.name!r} is missing")
     return tuple(args), kwargs
 
 

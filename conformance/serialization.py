@@ -20,7 +20,7 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive
-from pytest_backendconf._compat import tree_structure
+from pytest_backendconf._compat import tree_map, tree_structure
 from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf.errors import UnsupportedNodeError
 
@@ -66,8 +66,8 @@ class _Saved:
 
     @functools.cached_property
     def outputs(self) -> dict[str, list[Any]]:
-        """Per method, the lowered module's outputs for `calls`."""
-        return {m: [getattr(self.lowered, m)(*a, **k) for a, k in examples] for m, examples in self.calls.items()}
+        """Per method, the lowered module's outputs for `calls` (each call on fresh copies of the inputs)."""
+        return {m: [call_fresh(getattr(self.lowered, m), a, k) for a, k in examples] for m, examples in self.calls.items()}
 
     @functools.cached_property
     def loaded(self) -> Any:
@@ -105,6 +105,13 @@ def _loaded(ctx: Any, case: str, dtype: str) -> tuple[_Saved, Any]:
     return saved, saved.loaded
 
 
+def call_fresh(function: Any, args: tuple, kwargs: dict) -> Any:
+    """``function(*args, **kwargs)`` on copies of the inputs: a backend that writes to its inputs
+    (which the parity and reliability checks report) must not make the archive look different here."""
+    args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+    return function(*args, **kwargs)
+
+
 def _same(actual: Any, expected: Any, *, rtol: float = 0.0, atol: float = 0.0) -> str | None:
     """None if equal (same structure, dtypes, values; NaN equal to NaN), else why not."""
     if tree_structure(actual) != tree_structure(expected):
@@ -124,7 +131,7 @@ def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     seeds = section("serialization")["seeds"]
     for method, examples in saved.calls.items():
         for seed, (args, kwargs), expected in zip(seeds, examples, saved.outputs[method]):
-            problem = _same(getattr(loaded, method)(*args, **kwargs), expected)
+            problem = _same(call_fresh(getattr(loaded, method), args, kwargs), expected)
             if problem:
                 fail(f"{case}.{method} ({dtype}), example seed {seed}: the module loaded from its archive "
                      f"differs from the lowered module it was saved from (exact comparison):\n{problem}")

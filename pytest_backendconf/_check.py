@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import inspect
 from typing import Any, Callable
 
 #: The categories of the suite, in the order they run; each is also a pytest marker.
@@ -35,6 +36,15 @@ class Check:
     run: Callable[[Any], None]
     stage: str
     case: str | None = None
+
+    def location(self) -> tuple[str, int]:
+        """``("pytest_backendconf/conformance/parity.py", line)``: where the check's code is (0-based line)."""
+        function = inspect.unwrap(getattr(self.run, "func", self.run))  # through functools.partial
+        code = getattr(function, "__code__", None)
+        module = getattr(function, "__module__", None)
+        if code is None or not module:
+            return f"{ROOT_ID}/{self.category}", 0
+        return module.replace(".", "/") + ".py", code.co_firstlineno - 1
 
 
 class CheckFailed(AssertionError):

@@ -26,6 +26,7 @@ from ._report import (
     REPORT_ATTR,
     TestResult,
     error_of,
+    not_under_test,
     phase_outcome,
     report_document,
     score_line,
@@ -35,6 +36,7 @@ from ._report import (
 from ._files import write_atomic
 from ._suite import ConformanceItem, generate_checks
 from ._check import id_matches
+from .capabilities import capabilities_of
 from .errors import StaleKnownFailureWarning
 
 if TYPE_CHECKING:
@@ -191,14 +193,30 @@ class GatingPlugin:
                 "error": error,
                 "reason": reason,
                 "known_failure": entry.as_json() if entry is not None else None,
+                "location": list(item.check.location()),
             },
         )
         return report
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Any:
         data = getattr(report, REPORT_ATTR, None)
         if data is None or self.workerinput is not None:
-            return
+            return (yield)
+        self._record(report, data)
+        longrepr = report.longrepr
+        if not (report.skipped and isinstance(longrepr, tuple) and longrepr[1] is None):
+            return (yield)
+        # JUnit writes a skip as "{file}:{line}: {reason}", which gives
+        # "<id>:None:" for the check id the terminal shows: while the report is
+        # logged, point it at the check's code, then give the id back.
+        report.longrepr = (data["location"][0], data["location"][1], longrepr[2])
+        try:
+            return (yield)
+        finally:
+            report.longrepr = longrepr
+
+    def _record(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         result = self.results.get(report.nodeid)
         if result is None:
             result = self.results[report.nodeid] = TestResult(
@@ -259,6 +277,9 @@ class GatingPlugin:
         for category, counts in summarize(results).items():
             if counts["total"]:
                 tr.write_line(score_line(category, counts))
+        left_out = not_under_test(capabilities_of(self.selected.backend))
+        if left_out:
+            tr.write_line(f"not under test (as declared): {'; '.join(left_out)}")
         broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
         if broken:
             tr.write_line("")

@@ -65,6 +65,11 @@ def to_backend(
         )
     backend_obj, source = _resolve_backend(backend)
     specs = _check_compile_spec(module, method_compile_spec)
+    if example_kwargs is not None and not isinstance(example_kwargs, Mapping):
+        raise LoweringError(
+            f"example_kwargs must be a dict {{method_name: {{argument: value}}}}, got {type(example_kwargs).__name__} "
+            f"{example_kwargs!r:.80}; e.g. example_kwargs={{'forward': {{'scale': 2.0}}}}"
+        )
     examples = _check_examples(specs, example_inputs, example_kwargs or {})
     work = copy.deepcopy(module)  # to_backend never mutates the caller's module
     programs = {name: export_method(work, name, *examples[name]) for name in specs}
@@ -112,7 +117,16 @@ def lower_programs(
         handles = DebugHandleRecorder.default().assign(program.graph_module)
         infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)
-        blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
+        try:
+            blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
+        except (UnsupportedNodeError, BackendContractError):
+            raise
+        except Exception as exc:
+            # Name the backend and the method: a bare ValueError from deep inside
+            # a vendor's compiler does not say whose it is.
+            raise LoweringError(
+                f"preprocess() of backend {backend.name!r} failed for method {name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         methods[name] = _method_spec(program, name, dict(spec), getattr(module_type, name))
     lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version)
     if _availability(backend):
@@ -455,7 +469,13 @@ def _resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
 
 
 def _availability(backend: Backend) -> bool:
-    available = backend.is_available()
+    try:
+        available = backend.is_available()
+    except Exception as exc:
+        raise BackendContractError(
+            f"is_available() of backend {backend.name!r} raised {type(exc).__name__}: {exc}; it must return "
+            "True or False (False, with unavailable_reason() saying why, when it cannot tell)"
+        ) from exc
     if not isinstance(available, bool):
         raise BackendContractError(
             f"is_available() of backend {backend.name!r} returned {available!r}; it must return a bool"
@@ -490,15 +510,35 @@ def _check_compile_spec(module: torch.nn.Module, spec: Any) -> dict[str, dict[st
     return checked
 
 
-def _check_json(value: Any, where: str, path: str = "") -> None:
+#: How deep a compile spec may nest; JSON readers elsewhere (a target runtime) have limits too.
+_MAX_SPEC_DEPTH = 32
+#: Integers in a compile spec fit in 64 bits, as a JSON reader in another language needs.
+_SPEC_INT_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = ()) -> None:
+    at = path or "the top level"
+    if isinstance(value, (Mapping, list, tuple)):
+        if id(value) in _open:
+            raise LoweringError(f"{where} contains itself at {at}; compile-spec values must be a tree (JSON), not a cycle")
+        if len(_open) >= _MAX_SPEC_DEPTH:
+            raise LoweringError(f"{where} nests deeper than {_MAX_SPEC_DEPTH} levels at {at}; flatten it")
+        _open = (*_open, id(value))
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise LoweringError(f"{where} has key {key!r} at {path or 'top level'}; keys must be strings")
-            _check_json(item, where, f"{path}[{key!r}]")
+                raise LoweringError(f"{where} has key {key!r} at {at}; keys must be strings")
+            _check_json(item, where, f"{path}[{key!r}]", _open)
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _check_json(item, where, f"{path}[{i}]")
+            _check_json(item, where, f"{path}[{i}]", _open)
+    elif isinstance(value, int) and not isinstance(value, bool) and not (
+        _SPEC_INT_RANGE[0] <= value <= _SPEC_INT_RANGE[1]
+    ):
+        raise LoweringError(
+            f"{where} has an integer of {value.bit_length()} bits at {at}; compile-spec integers must fit "
+            "in 64 bits (pass a big number as a string)"
+        )
     elif not (value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and value == value and abs(value) != float("inf")):
         raise LoweringError(
             f"{where} has a value of type {type(value).__name__} at {path}; compile-spec values must "
@@ -630,7 +670,7 @@ def _preprocess(backend: Backend, program: Any, spec: dict, handles: Any, infos:
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
     except UnsupportedNodeError as exc:
-        handle = handles.get(exc.node)
+        handle = handles.get(exc.node) if _hashable(exc.node) else None
         if handle is not None:
             exc.debug_info = infos[handle]
         raise
@@ -640,6 +680,14 @@ def _preprocess(backend: Backend, program: Any, spec: dict, handles: Any, infos:
             f"{name!r}; it must return bytes"
         )
     return blob
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def user_inputs(program: Any) -> list[tuple[str, Any]]:

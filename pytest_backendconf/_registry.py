@@ -119,7 +119,26 @@ def register_backend(backend: object) -> object:
     """
     caller = sys._getframe(1).f_globals.get("__name__", "?")
     source = Source(f"register_backend() in module {caller!r}", *_distribution_of(caller))
-    _EXPLICIT.append(RegisteredBackend(check_backend(backend, source), source))
+    checked = check_backend(backend, source)
+    for registered in _EXPLICIT:
+        if registered.name == checked.name:
+            if registered.backend is backend:
+                return backend  # registering the same object again changes nothing
+            raise DuplicateBackendError(
+                f"backend name {checked.name!r} is registered twice: by {registered.source} and by {source}. "
+                "Register it once, or give one backend another name."
+            )
+    installed = [ep for ep in _entry_points() if ep.name == checked.name]
+    if installed:
+        ep = installed[0]
+        dist = getattr(ep, "dist", None)
+        raise DuplicateBackendError(
+            f"backend name {checked.name!r} is registered twice: by {source} and by the installed entry point "
+            f"'{ep.name} = {ep.value}' (group {ENTRY_POINT_GROUP!r}"
+            + (f", distribution {dist.name} {dist.version}" if dist else "")
+            + "). Give your backend another name, or uninstall that package."
+        )
+    _EXPLICIT.append(RegisteredBackend(checked, source))
     return backend
 
 
@@ -164,6 +183,8 @@ class BackendRegistry:
         self._backends: dict[str, RegisteredBackend] | None = None
         self._loaded_entry_points: set[tuple[str, str]] = set()
         self._all_entry_points_loaded = False
+        #: Entry points that failed to import (not the selected one): ``{name: (source, error)}``.
+        self.failed_entry_points: dict[str, tuple[Source, str]] = {}
 
     # --- discovery ------------------------------------------------------------
 
@@ -204,6 +225,7 @@ class BackendRegistry:
                     raise PluginLoadError(
                         f"{text}. Fix or reinstall that package, or pick another backend."
                     ) from exc
+                self.failed_entry_points[ep.name] = (source, f"{type(exc).__name__}: {exc}")
                 warnings.warn(PluginLoadWarning(text), stacklevel=2)
                 continue
             self._add_loaded(loaded, source)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
-REPORT_SCHEMA_VERSION = (1, 0)
+REPORT_SCHEMA_VERSION = (1, 1)
 #: Every outcome a conformance test can have in the report, mildest first.
 OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
 #: The outcomes of a test that did not work (what a known-failures file lists).
@@ -180,6 +180,46 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def declared(capabilities: Any) -> dict[str, Any]:
+    """The backend's `Capabilities` as JSON: what its scores were measured against."""
+
+    def name(dtype: Any) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    c = capabilities
+    return {
+        "supported_ops": None if c.supported_ops is None else sorted(c.supported_ops),
+        "dtypes": None if c.dtypes is None else sorted(name(d) for d in c.dtypes),
+        "tolerances": None
+        if c.tolerances is None
+        else {name(d): [float(v) for v in pair] for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
+        "host_only_modules": list(c.host_only_modules),
+        "thread_safe": c.thread_safe,
+        "fault_injection": c.fault_injection,
+    }
+
+
+def not_under_test(capabilities: Any) -> list[str]:
+    """What the suite did not check because the backend's declaration left it out, in words.
+
+    Two backends' scores are comparable only when these match: a backend
+    that declares fewer dtypes is measured on fewer checks.
+    """
+    from .cases import FLOAT_DTYPES
+
+    found = []
+    dtypes = declared(capabilities)["dtypes"]
+    if dtypes is not None:
+        left_out = [d for d in FLOAT_DTYPES if d not in dtypes]
+        if left_out:
+            found.append(f"dtypes {', '.join(left_out)} (not in Capabilities.dtypes)")
+    if not capabilities.thread_safe:
+        found.append("calls from several threads (thread_safe=False)")
+    if not capabilities.fault_injection:
+        found.append("runtime symbolication by fault injection (fault_injection=False)")
+    return found
+
+
 def report_document(
     config: pytest.Config,
     selected: RegisteredBackend,
@@ -197,8 +237,11 @@ def report_document(
 
     from ._hypothesis import PROFILES, chosen
 
+    from .capabilities import capabilities_of
+
     available, unavailable_reason = selected.availability()
     source = selected.source
+    capabilities = capabilities_of(selected.backend)
     hypothesis = chosen(config)
     return {
         "schema": REPORT_SCHEMA,
@@ -210,6 +253,8 @@ def report_document(
             "version": source.version,
             "available": available,
             "unavailable_reason": unavailable_reason or None,
+            "capabilities": declared(capabilities),
+            "not_under_test": not_under_test(capabilities),
         },
         "environment": {
             "torch": torch.__version__,

@@ -11,6 +11,7 @@ suite runs beside the tests found there (a vendor's own regression tests).
 
 from __future__ import annotations
 
+import logging
 import shlex
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,10 @@ from . import conformance
 from ._check import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
 from ._hypothesis import hypothesis_choice
 from .conformance import availability, contract, parity, reliability, serialization, symbolication
+
+#: torch's trace-structured logger: it logs a record (mostly empty) for every
+#: export and compile step, which would fill every failure's captured log.
+TORCH_TRACE_LOGGER = "torch.__trace"
 
 #: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
 CATEGORY_MODULES = {
@@ -101,9 +106,15 @@ class SuitePlugin:
         self._ctx_factory = ctx_factory
         self.backend_name = backend_name
         self.ctx: Any = None
+        self._trace_propagated: bool | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
+        # Keep torch's trace logger out of the captured logs (pytest's capture
+        # handler sits on the root logger); torch's own trace handlers, if a
+        # user enabled them with TORCH_TRACE, still get every record.
+        trace = logging.getLogger(TORCH_TRACE_LOGGER)
+        self._trace_propagated, trace.propagate = trace.propagate, False
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
         import os
@@ -120,6 +131,20 @@ class SuitePlugin:
             # gives (benchmarks: 55 s → 35 s for the default suite). Set
             # OMP_NUM_THREADS to choose otherwise.
             torch.set_num_threads(1)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._trace_propagated is not None:
+            logging.getLogger(TORCH_TRACE_LOGGER).propagate = self._trace_propagated
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_header(self, config: pytest.Config) -> Any:
+        lines = yield
+        if not suite_only(config):
+            return lines
+        # Run alone, the suite uses only its own Hypothesis profile (the
+        # "backendconf: hypothesis profile" line); Hypothesis's line about the
+        # global profile, printed with -v, would be a second, unused one.
+        return [line for line in lines if not (isinstance(line, str) and line.startswith("hypothesis profile "))]
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)

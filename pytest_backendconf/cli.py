@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import os
 import re
 import sys
+import unicodedata
 import warnings
 from typing import Iterable, Sequence
 
-from ._registry import BackendRegistry
-from .errors import BackendConfError
+from ._registry import BackendRegistry, Source, source_of_module
+from .errors import BackendConfError, PluginLoadError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except BackendConfError as exc:
-        print(f"backendconf: error: {exc}", file=sys.stderr)
+        print(f"backendconf: error: {printable(exc, keep_newlines=True)}", file=sys.stderr)
         return 1
 
 
@@ -31,7 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="backendconf", description="PyTorch delegate-backend conformance tools"
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    listing = commands.add_parser("list", help="list the registered backends")
+    listing = commands.add_parser(
+        "list",
+        help="list the registered backends",
+        description="List the backends of the installed entry points (with the error of any that fails "
+        "to import) and of the plugins given with -p.",
+    )
+    listing.add_argument(
+        "-p", dest="plugins", metavar="PLUGIN", action="append", default=[],
+        help="a module name or plugin/conftest.py file that registers backends, as `pytest -p` (repeatable)",
+    )
     listing.set_defaults(run=_list)
     _add_archive_commands(commands)
     _add_report_commands(commands)
@@ -40,25 +53,75 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _list(args: argparse.Namespace) -> int:
     registry = BackendRegistry()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    for spec in args.plugins:
+        registry.add_plugin(*_import_plugin(spec))
+    with warnings.catch_warnings():
+        # A broken entry point is listed below with its error, not warned about.
+        warnings.simplefilter("ignore")
         registry.load_entry_points()
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
     backends = registry.backends()
-    if not backends:
+    failed = {n: f for n, f in registry.failed_entry_points.items() if n not in backends}
+    if not backends and not failed:
         print("no backends registered (install one, e.g. `pip install -e backends/reference`)")
         return 0
-    rows = [("NAME", "AVAILABLE", "DISTRIBUTION", "SOURCE")]
+    rows: list[tuple[str, ...]] = [("NAME", "AVAILABLE", "DISTRIBUTION", "SOURCE")]
     for name, registered in sorted(backends.items()):
         available, reason = registered.availability()
-        source = registered.source
-        dist = f"{source.distribution} {source.version}" if source.distribution else "-"
-        rows.append((name, "yes" if available else f"no ({reason})", dist, source.description))
+        rows.append((name, "yes" if available else f"no ({reason})", _distribution(registered.source),
+                     registered.source.description))
+    for name, (source, error) in sorted(failed.items()):
+        rows.append((name, f"no (failed to import: {error})", _distribution(source), source.description))
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
     return 0
+
+
+def _distribution(source: Source) -> str:
+    return f"{source.distribution} {source.version}" if source.distribution else "-"
+
+
+def _import_plugin(spec: str) -> tuple[object, Source]:
+    """A ``-p`` plugin: a module name, or a ``.py`` file (its folder goes on sys.path, as pytest does)."""
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            path = os.path.abspath(spec)
+            directory = os.path.dirname(path)
+            if directory not in sys.path:
+                sys.path.insert(0, directory)
+            name = os.path.splitext(os.path.basename(path))[0]
+            loader = importlib.util.spec_from_file_location(name, path)
+            if loader is None or loader.loader is None:
+                raise ImportError(f"cannot import {path!r}")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+            kind = "conftest" if name == "conftest" else "plugin file"
+            return module, Source(f"{kind} {path}")
+        module = importlib.import_module(spec)
+        return module, source_of_module(module, f"plugin {spec}")
+    except Exception as exc:
+        raise PluginLoadError(
+            f"plugin {spec!r} (-p) failed to import: {type(exc).__name__}: {exc}. Check the module name or "
+            "path; a module in the current folder needs PYTHONPATH=. (or `python -m backendconf`-style sys.path)"
+        ) from exc
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` with control and format characters escaped (``\x1b``, ``\n``, ``\u202e``).
+
+    What the CLI prints from an archive is the file's, not ours: a terminal
+    escape or a newline in a field must not reach the terminal as such.
+    """
+    out = []
+    for ch in str(text):
+        if keep_newlines and ch == "\n":
+            out.append(ch)
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(repr(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 # --- archives: inspect, symbolicate, run-target -------------------------------------
@@ -136,25 +199,27 @@ def _inspect(args: argparse.Namespace) -> int:
     major, minor = archive.schema_version
     handles = sorted(archive.debug)
     span = f" ({handles[0]}..{handles[-1]})" if handles else ""
-    print(f"archive:       {archive.source} ({archive.file_size} bytes)")
+    # Every field below comes from the file: escaped, so that it cannot forge lines or drive the terminal.
+    p = printable
+    print(f"archive:       {p(archive.source)} ({archive.file_size} bytes)")
     print(
-        f"format:        {archive.manifest['format']}, schema version {major}.{minor} "
+        f"format:        {p(archive.manifest['format'])}, schema version {major}.{minor} "
         f"(this reader: {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]})"
     )
-    print(f"written by:    {archive.writer or '-'}, torch {archive.torch_version}")
-    print(f"backend:       {archive.backend_name} (version {archive.backend_version or '-'})")
+    print(f"written by:    {p(archive.writer or '-')}, torch {p(archive.torch_version)}")
+    print(f"backend:       {p(archive.backend_name)} (version {p(archive.backend_version or '-')})")
     print(f"debug handles: {len(handles)}{span}")
     print("methods:")
     for name, spec in archive.methods.items():
-        print(f"  {name}{spec.signature()}")
+        print(f"  {p(name)}{p(spec.signature())}")
         for label, values in (("inputs", spec.inputs), ("outputs", spec.outputs)):
             listed = ", ".join(f"{v.name}: {v.describe()}" for v in values) or "none"
-            print(f"    {label + ':':9}{listed}")
+            print(f"    {label + ':':9}{p(listed)}")
         print(f"    {'compile spec:'} {json.dumps(spec.compile_spec, sort_keys=True)}")
     print("entries:")
-    width = max(len(e.name) for e in archive.entries)
+    width = max(len(p(e.name)) for e in archive.entries)
     for e in archive.entries:
-        print(f"  {e.name:{width}}  {e.size:>10} bytes  {e.compression:8} {e.stored_size:>10} stored  sha256 {e.sha256[:16]}")
+        print(f"  {p(e.name):{width}}  {e.size:>10} bytes  {e.compression:8} {e.stored_size:>10} stored  sha256 {e.sha256[:16]}")
     return 0
 
 
@@ -173,7 +238,7 @@ def _symbolicate(args: argparse.Namespace) -> int:
             raise BackendConfError(f"handle {text!r} is not an integer; write debug handles such as 17") from None
     archive = read_archive(args.archive)
     if handles:
-        print(symbolicate(archive, handles))
+        print(printable(symbolicate(archive, handles), keep_newlines=True))
     if args.log is not None:
         if args.log == "-":
             lines = sys.stdin
@@ -195,7 +260,7 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
         out.write(line if line.endswith("\n") else line + "\n")
         found = dict.fromkeys(int(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
-            out.write(symbolicate(archive, found) + "\n")
+            out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
 
 
 @_file_errors
@@ -226,10 +291,10 @@ def _run_target(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(
+    print(printable(
         f"target: loaded {args.archive!r} (backend {result['backend']!r}; methods "
         f"{', '.join(result['methods'])}) with these modules blocked: {', '.join(result['blocked'])}"
-    )
+    ))
     for method, outputs in result["outputs"].items():
         for i, (value, error) in enumerate(zip(outputs, result["errors"][method]), 1):
             if error is None:

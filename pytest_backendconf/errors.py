@@ -62,6 +62,14 @@ class UnsupportedNodeError(BackendConfError):
 
         info = self.debug_info
         if info is None:
+            if not all(hasattr(self.node, a) for a in ("op", "target", "meta", "name")):
+                # Not a torch.fx.Node: say so rather than fail inside str().
+                reason = f" ({self.reason})" if self.reason else ""
+                return (
+                    f"UnsupportedNodeError was raised with {type(self.node).__name__} {self.node!r:.80}, not a "
+                    f"torch.fx.Node{reason}; pass the node of the program given to preprocess(), "
+                    "so that the error can point at the model's source"
+                )
             info = debug_info_for_node(self.node, method="", handle=-1)
         return format_unsupported(info, self.reason)
 

@@ -8,6 +8,7 @@ defect each (see broken_backends.py).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
@@ -54,10 +55,18 @@ CONFTEST = textwrap.dedent(
         name = "no_mul_wrong_dtype"
 
 
+    class Float32Only(ReferenceBackend):
+        '''Declares less than the reference backend: its scores cover fewer checks.'''
+
+        name = "float32_only"
+        capabilities = bc.Capabilities(dtypes={{torch.float32}}, tolerances={{torch.float32: (1e-5, 1e-6)}})
+
+
     def backendconf_register_backends(register):
         register(WrongOutputDtype())  # name "wrong_dtype"
         register(NoMul())
         register(NoMulWrongDtype())
+        register(Float32Only())
     """
 )
 
@@ -320,7 +329,8 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 0]
+    assert report["schema_version"] == [1, 1]
+    capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
         "source": f"conftest {pytester.path / 'conftest.py'}",
@@ -328,7 +338,11 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "version": None,
         "available": True,
         "unavailable_reason": None,
+        "not_under_test": [],
     }
+    assert {"float32", "float16", "bfloat16"} <= set(capabilities["dtypes"])
+    assert capabilities["thread_safe"] is True and capabilities["fault_injection"] is True
+    assert capabilities["host_only_modules"] == ["backendconf_reference.compiler"]
     import torch
 
     assert report["environment"]["torch"] == torch.__version__
@@ -397,6 +411,7 @@ def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(sui
         f"--backendconf-known-failures={known}",
         "--backendconf-report=report.json",
         "--junitxml=junit.xml",
+        "-rs",
     )
     result.assert_outcomes(passed=1, xfailed=1, skipped=1, failed=1)
     expect(result.stdout, ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"])
@@ -430,3 +445,32 @@ def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(sui
     failure = dropout.find("failure")
     assert failure is not None
     assert failure.text.rstrip().endswith(f"reproduce: {properties['reproduce']}")
+    # An unsupported check's skip text points at the check's code, never "<id>:None:".
+    skipped = cases["backendconf.parity.arithmetic_tensors[float32]"].find("skipped")
+    assert skipped is not None and ":None:" not in skipped.text
+    assert re.match(r"pytest_backendconf/conformance/parity\.py:\d+: unsupported: ", skipped.text), skipped.text
+    # The terminal still names the check by its id.
+    expect(result.stdout, [f"SKIPPED [1] {ARITHMETIC}: unsupported: *"])
+
+
+def test_the_report_and_the_summary_say_what_the_declaration_left_out(suite, pytester):
+    result = suite("float32_only", *select(AVAILABLE), "--backendconf-report=report.json")
+    result.assert_outcomes(passed=1)
+    expect(
+        result.stdout,
+        [
+            "contract       1/1 passed*",
+            "not under test (as declared): dtypes float16, bfloat16 (not in Capabilities.dtypes); calls from "
+            "several threads (thread_safe=False); runtime symbolication by fault injection (fault_injection=False)",
+        ],
+    )
+    backend = json.loads((pytester.path / "report.json").read_text())["backend"]
+    assert backend["capabilities"] == {
+        "supported_ops": None,
+        "dtypes": ["float32"],
+        "tolerances": {"float32": [1e-05, 1e-06]},
+        "host_only_modules": [],
+        "thread_safe": False,
+        "fault_injection": False,
+    }
+    assert backend["not_under_test"][0] == "dtypes float16, bfloat16 (not in Capabilities.dtypes)"

@@ -337,3 +337,62 @@ def test_outputs_are_checked_against_the_program(backend, message):
     with pytest.raises(bc.OutputSpecError) as info:
         lowered(X, X)
     assert message in str(info.value)
+
+
+# --- API misuse: a clear error naming the input, never an internal traceback ----------
+
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_example_kwargs_that_is_not_a_dict_is_named():
+    with pytest.raises(bc.LoweringError, match=r"example_kwargs must be a dict \{method_name: \{argument: value\}\}, got list"):
+        bc.to_backend(_Double(), "reference", {"forward": {}}, example_inputs=(torch.ones(2),), example_kwargs=[1])
+
+
+def test_a_compile_spec_that_contains_itself_is_named():
+    options: dict = {"a": 1}
+    options["self"] = options
+    with pytest.raises(bc.LoweringError, match=r"compile spec of method 'forward' contains itself at \['self'\]"):
+        bc.to_backend(_Double(), "reference", {"forward": options}, example_inputs=(torch.ones(2),))
+    deep: dict = {}
+    for _ in range(100):
+        deep = {"d": deep}
+    with pytest.raises(bc.LoweringError, match=r"nests deeper than 32 levels"):
+        bc.to_backend(_Double(), "reference", {"forward": deep}, example_inputs=(torch.ones(2),))
+
+
+def test_a_compile_spec_integer_beyond_64_bits_is_named():
+    with pytest.raises(bc.LoweringError, match=r"compile spec of method 'forward' has an integer of 16610 bits at \['n'\]"):
+        bc.to_backend(_Double(), "reference", {"forward": {"n": 10**5000}}, example_inputs=(torch.ones(2),))
+
+
+def test_unsupported_node_error_of_a_non_node_still_has_a_text():
+    text = str(bc.UnsupportedNodeError(object(), "no such op"))
+    assert text.startswith("UnsupportedNodeError was raised with object <object object at")
+    assert "not a torch.fx.Node (no such op); pass the node of the program given to preprocess()" in text
+
+
+def test_exceptions_from_is_available_and_preprocess_name_the_backend():
+    from backendconf_reference import ReferenceBackend
+
+    class Flaky(ReferenceBackend):
+        name = "flaky"
+
+        def is_available(self):
+            raise OSError("driver not loaded")
+
+    with pytest.raises(bc.BackendContractError, match=r"is_available\(\) of backend 'flaky' raised OSError: driver not loaded"):
+        bc.to_backend(_Double(), Flaky(), {"forward": {}}, example_inputs=(torch.ones(2),))
+
+    class Crashy(ReferenceBackend):
+        name = "crashy"
+
+        def preprocess(self, program, compile_spec, debug_handles):
+            raise KeyError("register file")
+
+    with pytest.raises(bc.LoweringError, match=r"preprocess\(\) of backend 'crashy' failed for method 'forward': KeyError: 'register file'") as caught:
+        bc.to_backend(_Double(), Crashy(), {"forward": {}}, example_inputs=(torch.ones(2),))
+    assert isinstance(caught.value.__cause__, KeyError)

@@ -300,3 +300,74 @@ def test_missing_torch_is_a_usage_error_with_the_install_command(pytester):
     result = pytester.runpytest_subprocess("--backend=toy", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--backend=toy needs PyTorch*pip install torch==2.13.0*"])
+
+
+# --- duplicates outside pytest, and `backendconf list` ----------------------------------
+
+
+def test_register_backend_twice_under_one_name_names_both(monkeypatch):
+    monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
+    first = register_backend(_Backend())
+    assert register_backend(first) is first  # the same object again is no second backend
+    with pytest.raises(DuplicateBackendError, match=r"backend name 'lib' is registered twice: by register_backend\(\) "
+                       r"in module 'test_registry'.* and by register_backend\(\) in module 'test_registry'"):
+        register_backend(_Backend())
+
+
+def test_register_backend_cannot_shadow_an_installed_backend(monkeypatch):
+    monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
+
+    class Impostor(_Backend):
+        name = "reference"
+
+    with pytest.raises(DuplicateBackendError, match=r"'reference' is registered twice: .* installed entry point "
+                       r"'reference = backendconf_reference.plugin'.*Give your backend another name"):
+        register_backend(Impostor())
+    from pytest_backendconf._registry import lookup_backend
+
+    assert type(lookup_backend("reference").backend).__name__ == "ReferenceBackend"
+
+
+def test_backendconf_list_shows_a_broken_entry_point_with_its_error(pytester, fake_distributions, capsys):
+    from pytest_backendconf.cli import main
+
+    pytester.makepyfile(vendor_toy=CONFTEST_TOY, vendor_broken="raise RuntimeError('driver library missing')")
+    pytester.syspathinsert()
+    fake_distributions(
+        [
+            FakeDistribution("vendor-toy", "1.0", {"toy": "vendor_toy"}),
+            FakeDistribution("vendor-broken", "0.1", {"broken": "vendor_broken"}),
+        ]
+    )
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    broken = next(line for line in lines if line.startswith("broken "))
+    assert "no (failed to import: RuntimeError: driver library missing)" in broken
+    assert "vendor-broken 0.1" in broken
+    assert any(line.startswith("toy ") and " yes " in line for line in lines)
+
+
+def test_backendconf_list_takes_plugins_and_escapes_what_they_print(pytester, fake_distributions, capsys):
+    from pytest_backendconf.cli import main
+
+    fake_distributions([])
+    plugin = pytester.makepyfile(
+        vendor_plugin=TOY_BACKEND
+        + "\nclass Odd(Toy):\n    def is_available(self):\n        return False\n"
+        + "    def unavailable_reason(self):\n        return 'no card\\x1b[2J\\nodd  yes  FORGED'\n"
+        + "\ndef backendconf_register_backends(register):\n    register(Odd('odd'))\n"
+    )
+    assert main(["list", "-p", str(plugin)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "FORGED" in out
+    assert [line for line in out.splitlines() if line.startswith("odd ")] == [
+        next(line for line in out.splitlines() if "FORGED" in line)
+    ]  # the newline did not start a forged row
+    assert "no card\\x1b[2J\\nodd" in out
+
+
+def test_backendconf_list_names_a_plugin_that_fails_to_import(capsys):
+    from pytest_backendconf.cli import main
+
+    assert main(["list", "-p", "no_such_plugin_module"]) == 1
+    assert "plugin 'no_such_plugin_module' (-p) failed to import: ModuleNotFoundError" in capsys.readouterr().err

@@ -169,3 +169,16 @@ def test_an_archive_that_loses_the_compile_spec_fails_that_check_only(pytester):
         f"{STATE[0]} (float32): after load the method compile spec is {{*: {{}}*}}; it was lowered with "
         "{*'__backendconf_fault__': {'node': *}*}",
     ])
+
+
+def test_a_backend_that_writes_to_its_inputs_does_not_fail_the_round_trip(pytester):
+    # Parity and reliability report the writes; the archive itself is fine, so the
+    # round trip (each call on fresh inputs) passes instead of blaming the load.
+    conftest = """
+        from broken_backends import MutatesInputs
+
+        def backendconf_register_backends(register):
+            register(MutatesInputs())
+    """
+    outcomes, result = run_checks(pytester, "mutates_inputs", conftest, "round_trip[[]mlp]", "round_trip[[]small_cnn]")
+    assert outcomes == {"round_trip[mlp]": "passed", "round_trip[small_cnn]": "passed"}, result.stdout.str()

@@ -173,3 +173,26 @@ def test_a_backend_that_runs_any_op_has_no_rejection_to_check(pytester):
     )
     result.assert_outcomes(skipped=len(section("symbolication")["rejections"]))
     result.stdout.fnmatch_lines(["*backend 'eager_fallback' ran the custom op correctly (a fallback for unknown ops?)*"])
+
+
+def test_a_backend_that_lacks_an_op_beside_the_probe_op_gets_unsupported_not_failed(pytester):
+    # Every probe model has an add (or a cond around it) beside the probe op. A backend without
+    # add rejects that node first, in the probe model as in any other: "unsupported" there too.
+    pytester.makeconftest(
+        "import torch\n"
+        "import pytest_backendconf as bc\n"
+        "from backendconf_reference import ReferenceBackend\n"
+        "from pytest_backendconf._debug_handles import walk_nodes\n"
+        "class NoAdd(ReferenceBackend):\n"
+        "    name = 'no_add'\n"
+        "    def preprocess(self, program, compile_spec, debug_handles):\n"
+        "        for node in walk_nodes(program.graph_module):\n"
+        "            if node.op == 'call_function' and node.target is torch.ops.aten.add.Tensor:\n"
+        "                raise bc.UnsupportedNodeError(node, 'no adder on this device')\n"
+        "        return super().preprocess(program, compile_spec, debug_handles)\n"
+        "def backendconf_register_backends(register):\n"
+        "    register(NoAdd())\n"
+    )
+    result = pytester.runpytest("--backend=no_add", "-p", "no:cacheprovider", "-rs", f"--backendconf-select={REJECTIONS}")
+    result.assert_outcomes(skipped=len(section("symbolication")["rejections"]))
+    result.stdout.fnmatch_lines(["*the probe model, also uses aten::add, which backend 'no_add' rejects without the probe op too*"])

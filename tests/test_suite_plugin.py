@@ -1,0 +1,75 @@
+"""The suite as a pytest plugin: what `--co`, `-v` headers and captured logs look like.
+
+Each run selects one fast check, so the file stays cheap.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+AVAILABLE = "backendconf::contract::is_available_is_a_stable_bool"
+
+
+def test_collect_only_counts_the_suite_items(pytester):
+    result = pytester.runpytest("--backend=reference", f"--backendconf-select={AVAILABLE}", "--co", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([AVAILABLE, "1 test collected in *"])
+    result.stdout.no_fnmatch_line("*no tests collected*")
+    assert result.ret == 0
+
+
+def test_collect_only_counts_the_suite_beside_a_vendors_tests(pytester):
+    pytester.makepyfile(test_mine="def test_mine():\n    pass\n")
+    result = pytester.runpytest("--backend=reference", f"--backendconf-select={AVAILABLE}", "--co", "-q", ".")
+    result.stdout.fnmatch_lines(["2 tests collected in *"])
+
+
+def test_with_verbose_the_header_has_one_hypothesis_profile_line(pytester):
+    result = pytester.runpytest("--backend=reference", f"--backendconf-select={AVAILABLE}", "--co", "-v")
+    lines = [line for line in result.outlines if "hypothesis profile" in line]
+    assert len(lines) == 1 and lines[0].startswith("backendconf: hypothesis profile "), lines
+
+
+def test_torch_trace_records_stay_out_of_the_captured_logs(pytester):
+    # A vendor's test beside the suite logs through torch's trace logger and
+    # through another torch logger, then fails: only the second is captured.
+    pytester.makepyfile(
+        test_logs=textwrap.dedent(
+            """
+            import logging
+
+            def test_fails():
+                logging.getLogger("torch.__trace").setLevel(logging.DEBUG)
+                logging.getLogger("torch.__trace").debug("TRACE-RECORD")
+                logging.getLogger("torch.other").warning("OTHER-RECORD")
+                assert False
+            """
+        )
+    )
+    result = pytester.runpytest("--backend=reference", "--backendconf-select=nothing", ".", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*OTHER-RECORD*"])
+    result.stdout.no_fnmatch_line("*TRACE-RECORD*")
+
+
+def test_a_plugin_module_in_the_current_folder_works_with_python_dash_m(pytester):
+    # As docs/writing-a-backend.md says: `python -m pytest -p mymodule` finds ./mymodule.py.
+    import subprocess
+    import sys
+
+    pytester.makepyfile(
+        mymodule=textwrap.dedent(
+            """
+            from backendconf_reference import ReferenceBackend
+
+            class Mine(ReferenceBackend):
+                name = "mine"
+
+            def backendconf_register_backends(register):
+                register(Mine())
+            """
+        )
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "mymodule", "--backend=mine", f"--backendconf-select={AVAILABLE}", "--co", "-q"]
+    done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 test collected" in done.stdout

@@ -12,6 +12,7 @@ suite runs beside the tests found there (a vendor's own regression tests).
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +27,11 @@ from .conformance import availability, contract, parity, reliability, serializat
 #: torch's trace-structured logger: it logs a record (mostly empty) for every
 #: export and compile step, which would fill every failure's captured log.
 TORCH_TRACE_LOGGER = "torch.__trace"
+
+
+class _DropRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 #: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
 CATEGORY_MODULES = {
@@ -106,19 +112,20 @@ class SuitePlugin:
         self._ctx_factory = ctx_factory
         self.backend_name = backend_name
         self.ctx: Any = None
-        self._trace_propagated: bool | None = None
+        self._trace_filter: logging.Filter | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
-        # Keep torch's trace logger out of the captured logs (pytest's capture
-        # handler sits on the root logger); torch's own trace handlers, if a
-        # user enabled them with TORCH_TRACE, still get every record.
-        trace = logging.getLogger(TORCH_TRACE_LOGGER)
-        self._trace_propagated, trace.propagate = trace.propagate, False
+        # Keep torch's trace logger out of the captured logs. It does not
+        # propagate, but pytest attaches its capture handlers to non-propagating
+        # loggers too; its records only matter to torch's own trace handler,
+        # which writes nothing unless TORCH_TRACE names a folder, so drop them
+        # unless it does.
+        if not os.environ.get("TORCH_TRACE"):
+            self._trace_filter = _DropRecords()
+            logging.getLogger(TORCH_TRACE_LOGGER).addFilter(self._trace_filter)
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
-        import os
-
         import torch
 
         workers = getattr(config, "workerinput", {}).get("workercount")
@@ -133,8 +140,8 @@ class SuitePlugin:
             torch.set_num_threads(1)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if self._trace_propagated is not None:
-            logging.getLogger(TORCH_TRACE_LOGGER).propagate = self._trace_propagated
+        if self._trace_filter is not None:
+            logging.getLogger(TORCH_TRACE_LOGGER).removeFilter(self._trace_filter)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_header(self, config: pytest.Config) -> Any:

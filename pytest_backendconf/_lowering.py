@@ -517,7 +517,7 @@ _SPEC_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
 def _check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = ()) -> None:
-    at = path or "the top level"
+    at = path or "top level"
     if isinstance(value, (Mapping, list, tuple)):
         if id(value) in _open:
             raise LoweringError(f"{where} contains itself at {at}; compile-spec values must be a tree (JSON), not a cycle")

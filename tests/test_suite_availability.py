@@ -95,7 +95,8 @@ def test_a_preprocess_that_needs_the_device_fails_the_unavailable_host_rows(pyte
     assert outcomes[HOST_NO_YES] == outcomes[HOST_YES_YES] == "passed"
     result.stdout.fnmatch_lines([
         "*row host-compile_no-execute_no, small_cnn (float32): with is_available() False, lowering must succeed "
-        "with a BackendUnavailableWarning; it raised RuntimeError: cannot preprocess: no NPU device*",
+        "with a BackendUnavailableWarning; it raised LoweringError: preprocess() of backend "
+        "'preprocess_needs_device' failed for method 'forward': RuntimeError: cannot preprocess: no NPU device*",
     ])
 
 

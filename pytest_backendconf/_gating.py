@@ -366,6 +366,8 @@ class GatingPlugin:
         self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
         report = config.getoption("backendconf_report")
         self.report_path = output_path(config, "--backendconf-report", report) if report else None
+        page = config.getoption("backendconf_html", None)
+        self.html_path = output_path(config, "--backendconf-html", page) if page else None
         write = config.getoption("backendconf_write_known_failures")
         self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
         self.previous: list[KnownFailure] = list(self.known)
@@ -519,9 +521,15 @@ class GatingPlugin:
         if self.workerinput is not None:
             return
         results = self.finished()
+        document = self.report(results, int(exitstatus)) if self.report_path or self.html_path else None
         if self.report_path is not None:
-            atomic_write(self.report_path, json.dumps(self.report(results, int(exitstatus)), indent=2) + "\n")
+            atomic_write(self.report_path, json.dumps(document, indent=2) + "\n")
             self.notes.append(f"report written to {self.report_path}")
+        if self.html_path is not None:
+            from ._html import render
+
+            atomic_write(self.html_path, render([document]))  # the page is drawn from the report alone
+            self.notes.append(f"HTML report written to {self.html_path}")
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
                 self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")

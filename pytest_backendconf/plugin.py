@@ -77,6 +77,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write a JSON report of the conformance run to FILE "
         "(schema backendconf-report 1.0, see docs/ci-gating.md)",
     )
+    group.addoption(
+        "--backendconf-html",
+        dest="backendconf_html",
+        metavar="FILE",
+        default=None,
+        help="write the conformance run as one self-contained HTML page to FILE: score cards, "
+        "models x checks matrix, failures by root cause (docs/ci-gating.md)",
+    )
     parser.addini(
         "backendconf_backend",
         "backend the conformance suite checks when --backend is not given",

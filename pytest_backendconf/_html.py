@@ -82,7 +82,7 @@ def root_cause(test: dict[str, Any]) -> str:
     first = (str(error.get("message") or "").strip().splitlines() or [""])[0]
     first = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", first)
     first = re.sub(r"\[[0-9, ]*\]", "[…]", first)
-    first = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", first)
+    first = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b", "N", first)  # not the 32 of float32
     kind = error.get("type") or test.get("outcome") or "failure"
     return f"{kind}: {first}" if first else str(kind)
 
@@ -396,17 +396,28 @@ def _error_statistics(errors: dict[str, Any]) -> str:
 # --- several reports ----------------------------------------------------------------------
 
 
-def flips(reports: Sequence[dict[str, Any]]) -> dict[str, list[str | None]]:
-    """Check id → its outcome in each report, for the checks whose outcome differs between them."""
+def flips(reports: Sequence[dict[str, Any]]) -> dict[str, tuple[list[str | None], bool]]:
+    """Check id → (its outcome in each report, whether it flips), for the checks whose outcome differs.
+
+    As in `backendconf report merge`, only reports of the same backend are
+    compared; a flip is a check that passed in one and failed in another.
+    """
     by_report = [{t["id"]: t["outcome"] for t in _tests(r)} for r in reports]
+    backends = [str((r.get("backend") or {}).get("name")) for r in reports]
     ids: dict[str, None] = {}
     for found in by_report:
         ids.update(dict.fromkeys(found))
-    return {
-        test_id: outcomes
-        for test_id in ids
-        if len(set(outcomes := [found.get(test_id) for found in by_report])) > 1
-    }
+    differing: dict[str, tuple[list[str | None], bool]] = {}
+    for test_id in ids:
+        outcomes = [found.get(test_id) for found in by_report]
+        differs = flip = False
+        for backend in set(backends):
+            group = {o for o, b in zip(outcomes, backends) if b == backend and o is not None}
+            differs |= len(group) > 1
+            flip |= is_flip(group)
+        if differs:
+            differing[test_id] = (outcomes, flip)
+    return differing
 
 
 def is_flip(outcomes: Iterable[str | None]) -> bool:
@@ -438,14 +449,13 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
         f'<tbody>{"".join(rows)}</tbody></table></div>',
     ]
     differences = flips(reports)
-    flipping = {i: o for i, o in differences.items() if is_flip(o)}
+    flipping = [i for i, (_, flip) in differences.items() if flip]
     out.append(f"<h2>Checks that differ ({len(differences)}; {len(flipping)} flip between passing and failing)</h2>")
     if not differences:
         out.append("<p>Every check has the same outcome in every report.</p>")
         return out
     body = []
-    for test_id, outcomes in differences.items():
-        flip = is_flip(outcomes)
+    for test_id, (outcomes, flip) in differences.items():
         cells = "".join(
             '<td class="cell none">·</td>' if o is None
             else f'<td class="cell {o}"><span aria-hidden="true">{_e(SYMBOLS.get(o, ("?",))[0])}</span> {_e(SYMBOLS.get(o, ("", o))[1])}</td>'
@@ -458,7 +468,7 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
         )
     out.append(
         f'<div class="scroll"><table class="side differences"><caption>Rows marked “flip” passed in one report and '
-        f'failed in another.</caption><thead><tr><th scope="col">check</th>{heads}</tr></thead>'
+        f'failed in another (reports of one backend are compared).</caption><thead><tr><th scope="col">check</th>{heads}</tr></thead>'
         f'<tbody>{"".join(body)}</tbody></table></div>'
     )
     return out
@@ -506,7 +516,7 @@ dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; overflow-wrap: anywhere
 table { border-collapse: collapse; margin: .5rem 0; }
 th, td { border: 1px solid #999; padding: .15rem .4rem; }
 th { background: #f0f0f0; text-align: left; font-weight: 600; }
-caption { text-align: left; font-size: .85rem; padding: .2rem 0; }
+caption { text-align: left; font-size: .85rem; padding: .2rem 0; white-space: nowrap; }
 table.matrix thead th { vertical-align: bottom; white-space: nowrap; }
 table.matrix thead th span { writing-mode: vertical-rl; transform: rotate(180deg); }
 table.matrix tbody th { white-space: nowrap; }

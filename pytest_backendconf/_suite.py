@@ -117,6 +117,7 @@ class SuitePlugin:
     def pytest_configure(self, config: pytest.Config) -> None:
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+        config.addinivalue_line("markers", "real_model: conformance checks on a real-world model (--backendconf-zoo)")
         import os
 
         import torch
@@ -142,15 +143,22 @@ class SuitePlugin:
         root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
         root.path = _conformance_dir()
         selected = config.getoption("backendconf_select") or []
+        from .conformance.real_models import zoo_keeps
+
+        zoo = config.getoption("backendconf_zoo", "synthetic")
         for check in generate_checks(ctx):
             name = f"{check.category}::{check.name}"
             if selected and not any(id_matches(name, p) for p in selected):
                 continue
-            items.append(
-                ConformanceItem.from_parent(
-                    root, name=name, check=check, ctx=ctx, reproduce=self.reproduce_command(f"{ROOT_ID}::{name}")
-                )
+            real = zoo_keeps(ctx, check, zoo)
+            if real is None:
+                continue
+            item = ConformanceItem.from_parent(
+                root, name=name, check=check, ctx=ctx, reproduce=self.reproduce_command(f"{ROOT_ID}::{name}")
             )
+            if real:
+                item.add_marker("real_model")
+            items.append(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
@@ -165,6 +173,9 @@ class SuitePlugin:
         from .plugin import hypothesis_choice
 
         parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
+        zoo = self.config.getoption("backendconf_zoo", "synthetic")
+        if zoo != "synthetic":
+            parts.append(f"--backendconf-zoo={zoo}")
         for plugin in self.config.known_args_namespace.plugins or []:
             if not plugin.startswith("no:"):
                 parts += ["-p", plugin]

@@ -145,6 +145,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(
             SuitePlugin(config, lambda: _make_context(config, registry, selected), selected.name), SUITE_PLUGIN
         )
+        if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.is_blocked("backendconf_xdist"):
+            from ._xdist import ModelGrouping
+
+            config.pluginmanager.register(ModelGrouping(), "backendconf_xdist")  # one worker per model
         if not config.pluginmanager.is_blocked("backendconf_gating"):
             from ._gating import GatingPlugin
 

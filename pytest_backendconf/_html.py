@@ -144,9 +144,9 @@ def _report_sections(report: dict[str, Any], prefix: str, level: int) -> list[st
         out.append(f"<{h}>Checks of the whole backend</{h}>")
         out.append(_check_list(others, prefix))
     ops = [t for t in tests if t["category"] == _OP_CATEGORY]
-    if ops:
+    if ops or isinstance(report.get(_OP_CATEGORY), dict):
         out.append(f"<{h}>Operators × dtypes</{h}>")
-        out.append(_op_matrix(ops, prefix))
+        out.append(_op_matrix(report, ops, prefix))
     delegation = _delegation_rows(report, tests)
     if delegation:
         out.append(f"<{h}>Delegation</{h}>")
@@ -257,26 +257,54 @@ def _check_list(tests: list[dict[str, Any]], prefix: str) -> str:
     )
 
 
-def _op_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
-    """Operator × dtype: ``ops::aten.add.Tensor[float16]`` is row ``aten.add.Tensor``, column ``float16``."""
-    columns: dict[str, None] = {}
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
+def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str) -> str:
+    """Operator × dtype, from the report's ``ops`` section (overload → dtype → state) where it has one.
+
+    A cell links to the first failing check of its overload and dtype
+    (``ops::aten.add.Tensor[float16-sample0]``); without an ``ops`` section the
+    cells are read from the ops checks themselves.
+    """
+    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for test in tests:
         name = test["id"].split("::", 2)[-1]
-        match = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", name)
-        op, dtype = (match.group(1) + match.group(3), match.group(2)) if match else (name, "—")
-        op = test.get("op") or op
-        dtype = test.get("dtype") or dtype
-        columns[dtype] = None
-        rows.setdefault(op, {})[dtype] = test
+        match = re.fullmatch(r"(.*?)\[([^\]-]*)[^\]]*\]", name)
+        op, dtype = (match.group(1), match.group(2)) if match else (name, "—")
+        by_cell.setdefault((op, dtype), []).append(test)
+    section = report.get(_OP_CATEGORY)
+    overloads = section.get("overloads") if isinstance(section, dict) else None
+    if isinstance(overloads, dict) and overloads:
+        columns = [str(d) for d in section.get("dtypes") or sorted({d for row in overloads.values() for d in row})]
+        rows = {str(op): {str(d): str(v) for d, v in (row or {}).items()} for op, row in overloads.items()}
+    else:
+        columns = list(dict.fromkeys(d for _, d in by_cell))
+        rows = {}
+        for (op, dtype), group in by_cell.items():
+            outcomes = {t["outcome"] for t in group}
+            rows.setdefault(op, {})[dtype] = (
+                "failed" if outcomes & set(DETAILED) else "unsupported" if outcomes & {"unsupported", "skipped"} else "passed"
+            )
+    states = {"passed": "passed", "failed": "failed", "unsupported": "unsupported"}
     head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)
     body = []
-    for op, found in sorted(rows.items()):
-        keys = " ".join([op, *(t["outcome"] for t in found.values())]).lower()
-        cells = "".join(_cell(found.get(c), prefix) for c in columns)
-        body.append(f'<tr data-filter="{_e(keys)}"><th scope="row">{_e(op)}</th>{cells}</tr>')
+    for op, row in sorted(rows.items()):
+        cells = []
+        for dtype in columns:
+            state = row.get(dtype, "not under test")
+            group = by_cell.get((op, dtype), [])
+            failing = next((t for t in group if t["outcome"] in DETAILED), None)
+            if state in states and failing is not None and state == "failed":
+                cells.append(_cell(failing, prefix))
+            elif state in states:
+                symbol, words = SYMBOLS[states[state]]
+                tip = f"{op} in {dtype}: {words} ({len(group)} samples)" if group else f"{op} in {dtype}: {words}"
+                cells.append(f'<td class="cell {states[state]}" title="{_e(tip)}"><span aria-label="{_e(tip)}">{_e(symbol)}</span></td>')
+            else:
+                cells.append(f'<td class="cell none" title="{_e(op)} in {_e(dtype)}: not under test">·</td>')
+        keys = " ".join([op, *row.values()]).lower()
+        body.append(f'<tr data-filter="{_e(keys)}"><th scope="row">{_e(op)}</th>{"".join(cells)}</tr>')
     return (
-        f'<div class="scroll"><table class="matrix ops"><thead><tr><th scope="col">operator</th>{head}</tr></thead>'
+        f'<div class="scroll"><table class="matrix ops"><caption>One row per operator overload, one column per dtype '
+        f'(· not under test).</caption><thead><tr><th scope="col">operator</th>{head}</tr></thead>'
         f'<tbody>{"".join(body)}</tbody></table></div>'
     )
 

@@ -239,3 +239,19 @@ def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tm
         finally:
             browser.close()
     assert (ARTIFACTS / "html-report.png").stat().st_size > 10_000
+
+
+def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
+    report = json.loads((run / "r.json").read_text())
+    assert "Operators × dtypes" not in render([report]) and "<h2>Delegation</h2>" not in render([report])
+    failing = dict(report["tests"][0], id="backendconf::ops::aten.add.Tensor[float16-sample0]", category="ops",
+                   case=None, outcome="failed", error={"type": "CheckFailed", "module": "m", "message": "mismatch"})
+    report["tests"].append(failing)
+    report["ops"] = {"dtypes": ["float32", "float16"],
+                     "overloads": {"aten.add.Tensor": {"float32": "passed", "float16": "failed"}}}
+    report["delegation"] = {"models": {"small_cnn": {"delegated": 7, "total": 9}}}
+    text = render([report])
+    ops = text[text.index("Operators × dtypes"):text.index("<h2>Delegation</h2>")]
+    assert re.search(r'<th scope="row">aten.add.Tensor</th><td class="cell passed".*?<td class="cell failed"', ops)
+    assert 'data-open="r0-f-' in ops  # the failing cell opens its check's details
+    assert "77.8%" in text and "7/9 nodes" in text

@@ -13,7 +13,13 @@ import textwrap
 
 import pytest
 
-from pytest_backendconf.conformance.real_models import CATEGORIES, MARKER, real_cases
+from pytest_backendconf.conformance.real_models import CATEGORIES, MARKER, real_cases, torchvision_available
+
+# The [models] extra (make installs it; tox's torch environments do not: its
+# torchvision pin is for torch 2.13 and would replace another torch).
+needs_torchvision = pytest.mark.skipif(
+    not torchvision_available(), reason="needs torchvision: pip install 'pytest-backendconf[models]'"
+)
 
 NAMES = ["resnet18", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5", "efficientnet_b0", "vit_tiny", "text_encoder"]
 
@@ -33,6 +39,7 @@ def collect(pytester, *args):
     return [line for line in result.outlines if line.startswith("backendconf::")], result
 
 
+@needs_torchvision
 def test_real_models_run_in_parity_and_serialization_only_and_are_marked(pytester):
     real, _ = collect(pytester, "--backendconf-zoo=real")
     assert real, "no check collected"
@@ -55,6 +62,7 @@ def test_without_torchvision_the_zoo_option_says_what_to_install(pytester, monke
     )
 
 
+@needs_torchvision
 def test_torchvision_models_build_beside_this_torch_whatever_its_build():
     # In a fresh process: the fallback for a torchvision whose compiled operators cannot load.
     code = textwrap.dedent(
@@ -75,6 +83,7 @@ def test_torchvision_models_build_beside_this_torch_whatever_its_build():
     assert out.stdout.split()[-1] == torch.__version__  # torch is never changed
 
 
+@needs_torchvision
 def test_the_text_encoder_passes_parity_on_the_reference_backend(pytester):
     result = pytester.runpytest(
         "--backend=reference", "--backendconf-zoo=real", "-m", MARKER, "-p", "no:cacheprovider",

@@ -378,6 +378,17 @@ class TinyAttention(nn.Module):
         return self.out(torch.matmul(torch.softmax(scores, dim=-1), v))
 
 
+class MultiheadSelfAttention(nn.Module):
+    """torch.nn.MultiheadAttention as transformers use it: heads split with unflatten, fused attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, num_heads=2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
 class ResidualBlock(nn.Module):
     """Two conv-batch_norm stages with a skip connection."""
 

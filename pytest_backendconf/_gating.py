@@ -68,6 +68,8 @@ class GatingPlugin:
         self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
         report = config.getoption("backendconf_report")
         self.report_path = output_path(config, "--backendconf-report", report) if report else None
+        page = config.getoption("backendconf_html", None)
+        self.html_path = output_path(config, "--backendconf-html", page) if page else None
         write = config.getoption("backendconf_write_known_failures")
         self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
         self.previous: list[KnownFailure] = list(self.known)
@@ -235,7 +237,8 @@ class GatingPlugin:
         if self.workerinput is not None:
             return
         results = self.finished()
-        if self.report_path is not None:
+        document = None
+        if self.report_path is not None or self.html_path is not None:
             document = report_document(
                 self.config,
                 self.selected,
@@ -247,8 +250,14 @@ class GatingPlugin:
                 known=self.known,
                 stale=self.stale,
             )
+        if self.report_path is not None:
             write_atomic(self.report_path, json.dumps(document, indent=2) + "\n")
             self.notes.append(f"report written to {self.report_path}")
+        if self.html_path is not None and document is not None:
+            from ._html import render
+
+            write_atomic(self.html_path, render([document]))  # the page is drawn from the report alone
+            self.notes.append(f"HTML report written to {self.html_path}")
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
                 self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")

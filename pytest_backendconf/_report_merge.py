@@ -88,6 +88,22 @@ def read_report(path: str | Path) -> Report:
     return parse_report(document, name)
 
 
+def read_documents(paths: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The checked report documents named by ``paths`` and their column labels, in `merge`'s order.
+
+    For tools that need the whole document (the HTML page) rather than the
+    parts a merge reads; the checks and the errors are those of `read_report`.
+    """
+    documents: dict[int, dict[str, Any]] = {}
+    reports = []
+    for path in report_files(paths):
+        report = read_report(path)
+        documents[id(report)] = json.loads(Path(path).read_text(encoding="utf-8"))
+        reports.append(report)
+    merged = merge(reports)
+    return [documents[id(r)] for r in merged.reports], [f"{r.backend}, {r.label}" for r in merged.reports]
+
+
 def parse_report(document: Any, name: str) -> Report:
     """Check ``document`` against the report schema (major version 1, any minor)."""
     if not isinstance(document, dict) or document.get("schema") != REPORT_SCHEMA:

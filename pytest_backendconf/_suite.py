@@ -68,14 +68,23 @@ class SuiteCollector(pytest.Collector):
         self.ctx = ctx
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
+        from .conformance.real_models import zoo_keeps
+
         selected = self.config.getoption("backendconf_select") or []
+        zoo = self.config.getoption("backendconf_zoo", "synthetic")
         items: list[pytest.Item | pytest.Collector] = []
         for check in generate_checks(self.ctx):
             name = f"{check.category}::{check.name}"
             if selected and not any(id_matches(name, p) for p in selected):
                 continue
+            real = zoo_keeps(self.ctx, check, zoo)
+            if real is None:
+                continue
             reproduce = self.plugin.reproduce_command(f"{ROOT_ID}::{name}")
-            items.append(ConformanceItem.from_parent(self, name=name, check=check, ctx=self.ctx, reproduce=reproduce))
+            item = ConformanceItem.from_parent(self, name=name, check=check, ctx=self.ctx, reproduce=reproduce)
+            if real:
+                item.add_marker("real_model")
+            items.append(item)
         return items
 
 
@@ -126,6 +135,7 @@ class SuitePlugin:
             logging.getLogger(TORCH_TRACE_LOGGER).addFilter(self._trace_filter)
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+        config.addinivalue_line("markers", "real_model: conformance checks on a real-world model (--backendconf-zoo)")
         import torch
 
         workers = getattr(config, "workerinput", {}).get("workercount")
@@ -181,6 +191,9 @@ class SuitePlugin:
 
     def reproduce_command(self, node_id: str) -> str:
         parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
+        zoo = self.config.getoption("backendconf_zoo", "synthetic")
+        if zoo != "synthetic":
+            parts.append(f"--backendconf-zoo={zoo}")
         for plugin in self.config.known_args_namespace.plugins or []:
             if not plugin.startswith("no:"):
                 parts += ["-p", plugin]

@@ -56,6 +56,8 @@ class ModelCase:
     :param float_dtypes: float dtypes this model is checked in.
     :param tags: free-form labels (``"cond"``, ``"multi_method"`` …) for ``-k``.
     :param ops: op overload names the model uses, for the coverage table.
+    :param description: what the model is, in one line, for reports.
+    :param origin: where its code comes from (a package and its entry point, a file), for reports.
     """
 
     name: str
@@ -66,6 +68,7 @@ class ModelCase:
     tags: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
     description: str = ""
+    origin: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):

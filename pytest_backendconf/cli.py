@@ -379,7 +379,7 @@ def _describe(value: object) -> str:
 
 
 def _add_report_commands(commands: argparse._SubParsersAction) -> None:
-    report = commands.add_parser("report", help="work with --backendconf-report files (merge)")
+    report = commands.add_parser("report", help="work with --backendconf-report files (merge, html)")
     actions = report.add_subparsers(title="report commands", metavar="ACTION")
     report.set_defaults(run=lambda args: _usage(report))
     merge = actions.add_parser(
@@ -399,6 +399,20 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         help="exit with status 1 when a check passed in one environment and failed in another",
     )
     merge.set_defaults(run=_report_merge)
+    page = actions.add_parser(
+        "html",
+        help="build the HTML page of one report, or of several side by side with their flips",
+        description="Build the self-contained HTML page of --backendconf-report files (the page "
+        "--backendconf-html writes). Several reports (a tox matrix, several devices) are shown side "
+        "by side, with the checks that flip between them highlighted, then each in full.",
+    )
+    page.add_argument(
+        "reports", metavar="REPORT", nargs="+",
+        help="a JSON file written by --backendconf-report, or a directory: its *.json files",
+    )
+    page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
+    page.add_argument("--title", metavar="TEXT", help="the page's title (default: the backends' names)")
+    page.set_defaults(run=_report_html)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -431,6 +445,31 @@ def _report_merge(args: argparse.Namespace) -> int:
     if args.markdown is not None:
         print(f"backendconf: markdown written to {args.markdown}")
     return 1 if args.fail_on_flips and merged.flips else 0
+
+
+def _report_html(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ._files import write_atomic
+    from ._html import render
+    from ._report_merge import read_documents
+    from .errors import BackendConfError
+
+    documents, labels = read_documents(args.reports)
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"--output {args.output!r}: " + (
+                "that is a directory; give a file name in it" if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    try:
+        write_atomic(target, render(documents, labels if len(documents) > 1 else None, title=args.title))
+    except OSError as exc:
+        raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
+    print(f"backendconf: HTML report of {len(documents)} report{'s' if len(documents) != 1 else ''} written to {args.output}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -77,6 +77,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write a JSON report of the conformance run to FILE "
         "(schema backendconf-report 1.0, see docs/ci-gating.md)",
     )
+    group.addoption(
+        "--backendconf-html",
+        dest="backendconf_html",
+        metavar="FILE",
+        default=None,
+        help="write the conformance run as one self-contained HTML page to FILE: score cards, "
+        "models x checks matrix, failures by root cause (docs/ci-gating.md)",
+    )
+    group.addoption(
+        "--backendconf-zoo",
+        dest="backendconf_zoo",
+        choices=("synthetic", "real", "all"),
+        default="synthetic",
+        help="which models the per-model checks use: synthetic (the built-in zoo, default), real "
+        "(resnet18, mobilenet_v3_small, ... a ViT and a text encoder; marker real_model; needs "
+        "pip install 'pytest-backendconf[models]'), or all",
+    )
     parser.addini(
         "backendconf_backend",
         "backend the conformance suite checks when --backend is not given",
@@ -107,6 +124,16 @@ def pytest_configure(config: pytest.Config) -> None:
         selected = registry.get(name)
     except RegistryError as exc:
         raise pytest.UsageError(str(exc)) from None
+    zoo = config.getoption("backendconf_zoo", "synthetic")
+    if zoo != "synthetic":
+        from .conformance.real_models import torchvision_available
+
+        if not torchvision_available():
+            raise pytest.UsageError(
+                f"--backendconf-zoo={zoo} needs torchvision for its vision models, which is not installed: "
+                "pip install 'pytest-backendconf[models]' (it pins the torchvision built for your torch), "
+                "or run with --backendconf-zoo=synthetic."
+            )
     config.stash[REGISTRY_KEY] = registry
     config.stash[BACKEND_KEY] = selected
     set_active_registry(registry)
@@ -118,6 +145,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(
             SuitePlugin(config, lambda: _make_context(config, registry, selected), selected.name), SUITE_PLUGIN
         )
+        if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.is_blocked("backendconf_xdist"):
+            from ._xdist import ModelGrouping
+
+            config.pluginmanager.register(ModelGrouping(), "backendconf_xdist")  # one worker per model
         if not config.pluginmanager.is_blocked("backendconf_gating"):
             from ._gating import GatingPlugin
 
@@ -140,7 +171,14 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
 
     from ._hypothesis import hypothesis_choice
 
-    ctx = SuiteContext(selected, load_zoo() + registry.cases(), tmp_dir=tmp_dir)
+    zoo = config.getoption("backendconf_zoo", "synthetic")
+    real = []
+    if zoo != "synthetic":
+        from .conformance.real_models import real_cases
+
+        real = real_cases()
+    # The synthetic zoo stays in the context under `real`: checks name some of its models.
+    ctx = SuiteContext(selected, load_zoo() + real + registry.cases(), tmp_dir=tmp_dir)
     ctx.hypothesis_profile, ctx.hypothesis_seed = hypothesis_choice(config)
     return ctx
 

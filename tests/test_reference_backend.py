@@ -282,6 +282,13 @@ def _randn(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
 
+def _zoo_attention() -> nn.Module:
+    # nn.MultiheadAttention: unflatten and scaled_dot_product_attention, as real transformers export.
+    from pytest_backendconf.conformance.zoo import MultiheadSelfAttention
+
+    return MultiheadSelfAttention()
+
+
 CASES = [
     Case("nml", N, lambda: [(torch.randn(2, 3),), (torch.randn(2, 3),)]),
     Case("small_cnn", SmallCNN, lambda: [(torch.randn(2, 3, 8, 8),), (torch.randn(2, 3, 8, 8),)]),
@@ -296,6 +303,7 @@ CASES = [
     Case("conv_pool", ConvPool, lambda: [(torch.randn(1, 4, 6, 6), torch.randn(1, 2, 8))]),
     Case("norm_softmax", NormSoftmax, lambda: [(torch.randn(3, 6),)]),
     Case("shapes", Shapes, lambda: [(torch.randn(2, 3, 4),)]),
+    Case("multihead_attention", _zoo_attention, lambda: [(torch.randn(2, 5, 8),)]),
     Case("embedding", Embedding, lambda: [(torch.tensor([[1, 2, 3], [4, 5, 9]]),)]),
     Case("creation", Creation, lambda: [(torch.randn(2, 3),)]),
     Case("casts", Casts, lambda: [(torch.randn(2, 3), torch.tensor([0, 3, -2]))]),

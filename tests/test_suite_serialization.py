@@ -57,7 +57,7 @@ def test_the_reference_backend_passes_every_serialization_check(pytester):
     outcomes, result = run_checks(pytester, "reference", "", "*")
     assert set(outcomes.values()) == {"passed"}
     cases = {name.split("[")[1].rstrip("]") for name in outcomes}
-    assert len(cases) == 55 and len(outcomes) == 3 * 55 + 2 * len(STATE) + len(DETERMINISTIC)
+    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC)
     for case in ("small_cnn", "encoder_decoder", "dict_output"):
         assert set(every_check(case)) <= set(outcomes)
 

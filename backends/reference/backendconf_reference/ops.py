@@ -352,6 +352,9 @@ _TABLE: list[tuple] = [
     # (lift_fresh_copy) the out-of-place form is equivalent.
     (180, "aten.detach_.default", torch.detach),
     (181, "aten.lift_fresh_copy.default", torch.clone),
+    # nn.MultiheadAttention splits heads with it (torchvision's ViT, nn.TransformerEncoder)
+    (182, "aten.unflatten.int", torch.unflatten),
+    (183, "aten.scaled_dot_product_attention.default", F.scaled_dot_product_attention),
     # tensor creation
     (190, "aten.zeros.default", torch.zeros),
     (191, "aten.ones.default", torch.ones),

@@ -1,0 +1,257 @@
+"""The HTML report: written by a real run, rebuilt from saved reports, and looked at in headless Chromium.
+
+One small run of a broken backend (four checks: a pass, a known failure, an
+unsupported model, a failure) makes the report and the page every test here
+reads. The browser test drives Debian's Chromium with Playwright; it skips
+where either is missing, except under CI, which installs both (.ci/run).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from pytest_backendconf._html import check_column, render, root_cause
+from pytest_backendconf.cli import main
+
+from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, select
+
+CHROMIUM = os.environ.get("BACKENDCONF_CHROMIUM", "/usr/bin/chromium")
+#: Where the browser test leaves its screenshot (CI keeps the folder as an artifact).
+ARTIFACTS = Path(os.environ.get("BACKENDCONF_ARTIFACTS", Path(__file__).parent.parent / "build" / "test-artifacts"))
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One real run of `no_mul_wrong_dtype` writing the JSON report and the page."""
+    pytester_dir = tmp_path_factory.mktemp("html-run")
+    (pytester_dir / "conftest.py").write_text(CONFTEST)
+    (pytester_dir / "known.toml").write_text(f'"{LINEAR}" = {{ reason = "float64 outputs", link = "https://b/7" }}\n')
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--backend=no_mul_wrong_dtype", "--backendconf-hypothesis=ci",
+         "-p", "no:cacheprovider", *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
+         "--backendconf-known-failures=known.toml", "--backendconf-report=r.json", "--backendconf-html=r.html"],
+        cwd=pytester_dir, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"backendconf: HTML report written to {pytester_dir / 'r.html'}" in result.stdout
+    return pytester_dir
+
+
+class _Page(HTMLParser):
+    """The page's element ids, table headers and text, for checks without a browser."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.th_scopes: list[str | None] = []
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        found = dict(attrs)
+        self.tags.append(tag)
+        if "id" in found:
+            self.ids.add(found["id"])
+        if tag == "th":
+            self.th_scopes.append(found.get("scope"))
+        for key in ("src", "href"):
+            value = found.get(key) or ""
+            if tag in ("script", "link", "img") and value:
+                self.external.append(value)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(text: str) -> _Page:
+    page = _Page()
+    page.feed(text)
+    return page
+
+
+def test_the_run_writes_a_self_contained_accessible_page_from_its_report(run):
+    text = (run / "r.html").read_text()
+    report = json.loads((run / "r.json").read_text())
+    # One source of truth: the page a run writes is the page its saved report gives.
+    assert text == render([report])
+    page = parse(text)
+    assert page.external == [] and "http" not in re.sub(r'href="https://b/7"|>https://b/7<', "", text)
+    assert page.tags.count("h1") == 1 and "h2" in page.tags
+    assert page.th_scopes and all(scope in ("col", "row") for scope in page.th_scopes)
+    words = " ".join(page.text)
+    for fact in ("no_mul_wrong_dtype", report["environment"]["torch"], report["environment"]["machine"],
+                 str(report["hypothesis"]["seed"]), "profile ci"):
+        assert fact in words
+    # A failure's details carry its reproduce command and its error.
+    mlp = next(t for t in report["tests"] if t["id"] == MLP)
+    assert mlp["reproduce"].replace("'", "&#x27;") in text
+    assert "OutputSpecError" in words and "float64 outputs" in words
+
+
+def test_matrix_columns_and_root_causes():
+    assert check_column({"id": "backendconf::parity::small_cnn[float16]", "category": "parity", "case": "small_cnn"}) == "parity[float16]"
+    assert check_column({"id": "backendconf::parity::enc.decode[float32]", "category": "parity", "case": "enc"}) == "parity.decode[float32]"
+    assert (
+        check_column({"id": "backendconf::contract::preprocess_returns_bytes[mlp]", "category": "contract", "case": "mlp"})
+        == "contract: preprocess_returns_bytes"
+    )
+    assert (
+        check_column({"id": "backendconf::symbolication::runtime_fault_is_symbolicated[nested:cos]",
+                      "category": "symbolication", "case": "nested"})
+        == "symbolication: runtime_fault_is_symbolicated[*:cos]"
+    )
+    # Two models failing for one reason share a root cause; another message does not.
+    a = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "output 0: expected a float32[4, 3] tensor, got 'x'"}}
+    b = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "output 1: expected a float32[2, 5] tensor, got 'y'"}}
+    c = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "method 'f' returned 3 outputs"}}
+    assert root_cause(a) == root_cause(b) != root_cause(c)
+
+
+def test_report_html_puts_several_reports_side_by_side_and_marks_the_flips(run, tmp_path, capsys):
+    first = json.loads((run / "r.json").read_text())
+    second = copy.deepcopy(first)
+    second["environment"]["torch"] = "2.14.1"
+    for test in second["tests"]:
+        if test["id"] == MLP:  # fixed under the other torch: a flip
+            test.update(outcome="passed", error=None)
+        if test["id"] == ARITHMETIC:  # unsupported → skipped: a difference, not a flip
+            test["outcome"] = "skipped"
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(second))
+    assert main(["report", "html", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "-o", str(tmp_path / "index.html")]) == 0
+    assert "HTML report of 2 reports written to" in capsys.readouterr().out
+    text = (tmp_path / "index.html").read_text()
+    # Columns in torch order, whatever the order given.
+    assert text.index("torch 2.13") < text.index("torch 2.14.1")
+    assert "Checks that differ (2; 1 flip between passing and failing)" in text
+    flip_row = re.search(r'<tr class="flip"[^>]*>(.*?)</tr>', text).group(1)
+    assert MLP in flip_row and "failed" in flip_row and "passed" in flip_row
+    other = re.search(r'<tr class="difference"[^>]*>(.*?)</tr>', text).group(1)
+    assert ARITHMETIC in other
+    # Each report in full below, under its own heading.
+    assert text.count("<h3>Scores</h3>") == 2
+
+
+def test_report_html_names_a_bad_report_or_output(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something-else"}')
+    assert main(["report", "html", str(bad), "-o", str(tmp_path / "x.html")]) == 1
+    assert "is not a backendconf report" in capsys.readouterr().err
+    assert main(["report", "html", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.html")]) == 1
+    assert "cannot read report" in capsys.readouterr().err
+
+
+def test_report_html_refuses_an_output_in_a_missing_folder(run, tmp_path, capsys):
+    assert main(["report", "html", str(run / "r.json"), "-o", str(tmp_path / "no" / "index.html")]) == 1
+    assert "does not exist; create it first" in capsys.readouterr().err
+
+
+def test_an_html_file_in_a_missing_folder_is_a_usage_error(pytester):
+    pytester.makeconftest(CONFTEST)
+    result = pytester.runpytest("--backend=no_mul_wrong_dtype", "--backendconf-html=no/such/r.html")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: --backendconf-html=no/such/r.html: the directory *such does not exist; create it first."])
+
+
+# --- in a real browser ---------------------------------------------------------------------
+
+
+def _browser():
+    """Playwright's sync API and Chromium, or a skip (a failure under CI, which installs both)."""
+    missing = []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("the Python package playwright (pip install playwright)")
+        sync_playwright = None
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        missing.append(f"Chromium at {CHROMIUM} (apt-get install chromium, or set BACKENDCONF_CHROMIUM)")
+    if missing:
+        message = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; .ci/run installs both")
+        pytest.skip(message)
+    return sync_playwright
+
+
+def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tmp_path):
+    sync_playwright = _browser()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            # Any request off the file would fail here: the page must need none.
+            requests = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto((run / "r.html").as_uri())
+            assert [u for u in requests if not u.startswith("file:")] == []
+
+            cards = {c.get_attribute("data-category"): c.inner_text() for c in page.locator(".card").all()}
+            assert set(cards) == {"contract", "parity"}
+            assert "1/1" in cards["contract"] and "100.0%" in cards["contract"]
+            assert "0/3" in cards["parity"] and "1 failed" in cards["parity"] and "1 unsupported" in cards["parity"]
+            assert "1 known failure" in cards["parity"]
+
+            matrix = page.locator("table.matrix").first
+            rows = matrix.locator("tbody tr")
+            assert rows.count() == 3  # arithmetic_tensors, linear, mlp
+            # The failing cell reads without colour (✗) and opens its failure on click.
+            cell = matrix.locator("tbody tr", has_text="mlp").locator("td.failed a")
+            assert cell.inner_text() == "✗"
+            target = cell.get_attribute("data-open")
+            details = page.locator(f"details#{target}")
+            assert details.get_attribute("open") is None
+            page.screenshot(path=str(tmp_path / "before.png"))
+            cell.click()
+            assert details.get_attribute("open") is not None
+            assert details.locator("pre.repro").is_visible()
+            assert "--backendconf-select=" in details.locator("pre.repro").inner_text()
+            assert "OutputSpecError" in details.inner_text()
+
+            # The filter narrows the matrix to the rows that match every word.
+            page.fill("#filter", "mlp")
+            visible = [r for r in rows.all() if r.is_visible()]
+            assert [r.locator("th").inner_text() for r in visible] == ["mlp"]
+            assert page.locator("#filter-count").inner_text() == "1 of 4 rows shown"  # the three models and the one whole-backend check
+            page.fill("#filter", "")
+            assert all(r.is_visible() for r in rows.all())
+
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.set_viewport_size({"width": 1200, "height": 1400})
+            page.goto((run / "r.html").as_uri())
+            page.screenshot(path=str(ARTIFACTS / "html-report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "html-report.png").stat().st_size > 10_000
+
+
+def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
+    report = json.loads((run / "r.json").read_text())
+    assert "Operators × dtypes" not in render([report]) and "<h2>Delegation</h2>" not in render([report])
+    failing = dict(report["tests"][0], id="backendconf::ops::aten.add.Tensor[float16-sample0]", category="ops",
+                   case=None, outcome="failed", error={"type": "CheckFailed", "module": "m", "message": "mismatch"})
+    report["tests"].append(failing)
+    report["ops"] = {"dtypes": ["float32", "float16"],
+                     "overloads": {"aten.add.Tensor": {"float32": "passed", "float16": "failed"}}}
+    report["delegation"] = {"models": {"small_cnn": {"delegated": 7, "total": 9}}}
+    text = render([report])
+    ops = text[text.index("Operators × dtypes"):text.index("<h2>Delegation</h2>")]
+    assert re.search(r'<th scope="row">aten.add.Tensor</th><td class="cell passed".*?<td class="cell failed"', ops)
+    assert 'data-open="r0-f-' in ops  # the failing cell opens its check's details
+    assert "77.8%" in text and "7/9 nodes" in text

@@ -247,9 +247,13 @@ class TestResult:
     error: dict[str, str] | None = None
     reason: str | None = None
     known_failure: dict[str, str] | None = None
+    #: What the check returned, e.g. delegation's ``{"delegation": {"delegated": 41, "total": 47, ...}}``.
+    details: dict[str, Any] | None = None
 
     def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         self.duration += report.duration
+        if data.get("details") is not None:
+            self.details = data["details"]
         if data["known_failure"] is not None:
             self.known_failure = data["known_failure"]
         new = data["outcome"]
@@ -277,6 +281,7 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
+            **({"details": self.details} if self.details is not None else {}),
         }
 
 
@@ -495,6 +500,7 @@ class GatingPlugin:
                 "error": error,
                 "reason": reason,
                 "known_failure": entry.as_json() if entry is not None else None,
+                "details": next((v for k, v in item.user_properties if k == "backendconf"), None),
             },
         )
         return report
@@ -610,9 +616,12 @@ class GatingPlugin:
             return
         tr = terminalreporter
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
+        from ._delegation_summary import delegation_line
+
         for category, counts in summarize(results).items():
             if counts["total"]:
-                tr.write_line(score_line(category, counts))
+                # delegation counts nodes, and "not needed" apart from passes.
+                tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
         broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
         if broken:
             tr.write_line("")

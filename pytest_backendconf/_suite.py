@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability")
+CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation")
 ROOT_ID = "backendconf"
 
 
@@ -31,6 +31,7 @@ class Check:
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
     :param run: called with the `SuiteContext`; raises `CheckFailed`
         (or any exception) to fail, `Unsupported` to report "unsupported".
+        It may return a JSON-compatible dict of details, kept in the report.
     :param stage: the part of the contract it exercises (``preprocess``,
         ``compile``, ``execute``, ``load``, ``target`` …), for the report.
     """
@@ -89,7 +90,9 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         try:
-            self.check.run(self.ctx)
+            details = self.check.run(self.ctx)
+            if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
+                self.user_properties.append(("backendconf", details))
         except Unsupported as exc:
             pytest.skip(f"unsupported: {exc}")
 

@@ -119,3 +119,23 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
         if is_partition_entry(name) and name not in used:
             raise ArchiveEntryError(f"{where(name)}: no partition of manifest.json refers to it; {_REWRITE}")
     return found
+
+
+def delegation(archive: Any) -> dict[str, Any]:
+    """`bc.delegation` of an archive's module, read without a backend (for `backendconf inspect`)."""
+    from ._partition import Delegation
+
+    found = archive.partitions or Partitions()
+    out = {}
+    for method in archive.methods:
+        if method in found.plans:
+            out[method] = found.plans[method].delegation
+            continue
+        nodes = found.op_nodes.get(method)
+        if nodes is None:  # schema 1.0: the op nodes from the debug info
+            nodes = tuple(
+                info.node for _, info in sorted(archive.debug.items())
+                if info.method == method and info.op not in ("placeholder", "output", "get_attr")
+            )
+        out[method] = Delegation(1, nodes, (), (nodes,))
+    return out

@@ -254,7 +254,7 @@ def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
         where = info.frames[-1].render() if info is not None and info.frames else "  (no source recorded)"
         detail = f"\n{info}" if info is not None else ""
         raise OperatorNotRegisteredError(
-            f"operator {exc.operator} ({info.op if info else exc.operator}) is not registered in this "
+            f"operator {info.op if info else exc.operator} ({exc.operator}) is not registered in this "
             f"process; the CPU fallback of {key.split('.')[0]!r} calls it through torch's dispatcher. "
             f"Source code:\n{where}{detail}\nImport the module that registers it (its torch.library "
             f"definition) before loading. (node {exc.node!r}, debug handle {exc.debug_handle})"

@@ -177,3 +177,108 @@ def test_format_delegation_is_a_table_per_method():
         "  partition 0     2 nodes  mul, sub",
         "  fallback        1 nodes  add",
     ]
+
+
+# --- archives, fresh processes, the target ------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from test_archive import entries_of, repack  # noqa: E402
+
+from pytest_backendconf import _archive  # noqa: E402
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_python(code: str, cwd) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def test_saved_partitions_load_and_resave_byte_identical():
+    model = WithCustomOp().eval()
+    lowered, x = lower(model)
+    data = _archive.to_bytes(lowered)
+    loaded = bc.load(data)
+    assert bc.delegation(loaded) == bc.delegation(lowered)
+    assert repr(loaded) == repr(lowered)
+    assert_outputs_match(loaded, model, x)
+    assert _archive.to_bytes(loaded) == data
+    names = set(entries_of(data))
+    assert {"blobs/forward.partition0.bin", "blobs/forward.partition1.bin", "fallback/forward.fallback0.bin"} <= names
+    assert "blobs/forward.bin" not in names
+
+
+def test_a_schema_1_0_archive_still_loads():
+    lowered, x = lower(N(), x=torch.randn(2, 3), partition=None)
+    entries = entries_of(_archive.to_bytes(lowered))
+    manifest = json.loads(entries["manifest.json"])
+    manifest["schema_version"] = [1, 0]
+    del manifest["op_nodes"]  # what 0.1 wrote
+    entries["manifest.json"] = json.dumps(manifest).encode()
+    old = bc.load(repack(entries))
+    torch.testing.assert_close(old(x), N()(x))
+    assert bc.delegation(old)["forward"].delegated == ("mul", "sub", "add")
+
+
+def test_a_missing_fallback_blob_is_an_archive_error_naming_it():
+    lowered, _ = lower(WithCustomOp())
+    entries = entries_of(_archive.to_bytes(lowered))
+    del entries["fallback/forward.fallback0.bin"]
+    with pytest.raises(bc.ArchiveError, match=r"entry 'fallback/forward\.fallback0\.bin'.*missing"):
+        bc.load(repack(entries))
+
+
+def test_loading_where_the_custom_op_is_not_registered_names_it_and_its_line(tmp_path):
+    lowered, x = lower(WithCustomOp())
+    path = tmp_path / "custom.bcpt"
+    bc.save(lowered, path)
+    # A fresh process that never imports partition_models: bcpartition::scale does not exist there.
+    done = run_python(f"import pytest_backendconf as bc\nbc.load({str(path)!r})", tmp_path)
+    assert done.returncode != 0
+    assert "OperatorNotRegisteredError: operator bcpartition::scale (bcpartition.scale.default) is not registered" in done.stderr
+    assert 'partition_models.py", line' in done.stderr
+    assert "h = torch.ops.bcpartition.scale(h, 2.0)" in done.stderr
+    # With the op registered, the same archive loads and matches eager.
+    done = run_python(
+        "import torch, partition_models, pytest_backendconf as bc\n"
+        f"m = bc.load({str(path)!r}); x = torch.ones(2, 4)\n"
+        "print(bc.delegation(m)['forward'].fallback)",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "('scale',)" in done.stdout
+
+
+def test_selective_nml_in_a_fresh_process_and_on_the_target(tmp_path):
+    model = N().eval()
+    x = torch.randn(2, 3)
+    lowered, _ = lower(model, x=x, partition=["m"])
+    path = tmp_path / "nml.bcpt"
+    bc.save(lowered, path)
+    torch.save(x, tmp_path / "x.pt")
+    done = run_python(
+        "import torch, pytest_backendconf as bc\n"
+        f"m = bc.load({str(path)!r}); x = torch.load('x.pt')\n"
+        "print(bc.delegation(m)['forward'].delegated, m(x).tolist())",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"('mul', 'sub') {model(x).tolist()}"
+    target = bc.run_on_target(path, {"forward": [(x,)]})
+    assert target["ok"], target["error"]
+    torch.testing.assert_close(target["outputs"]["forward"][0], model(x))
+    cli = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "backendconf"), "run-target", str(path), "--example-inputs"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "target: ok" in cli.stdout
+    inspect = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "backendconf"), "inspect", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "  method forward: 1 partition, 2/3 nodes delegated\n    partition 0     2 nodes  mul, sub\n" in inspect.stdout

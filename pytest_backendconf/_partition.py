@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import operator
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -62,12 +63,18 @@ class Delegation:
         return f"{self.partitions} partition{plural}, {len(self.delegated)}/{self.total} nodes delegated"
 
     def to_json(self) -> dict[str, Any]:
-        return {"fallback": list(self.fallback), "partitions": [list(p) for p in self.partition_nodes]}
+        return {
+            "delegated": list(self.delegated),
+            "fallback": list(self.fallback),
+            "partitions": [list(p) for p in self.partition_nodes],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Delegation":
         groups = tuple(tuple(str(n) for n in p) for p in data["partitions"])
-        delegated = tuple(n for p in groups for n in p)
+        delegated = tuple(str(n) for n in data["delegated"])
+        if sorted(delegated) != sorted(n for p in groups for n in p):
+            raise ValueError("the delegated nodes are not those of the partitions")
         return cls(len(groups), delegated, tuple(str(n) for n in data["fallback"]), groups)
 
 
@@ -160,10 +167,19 @@ def accepted_nodes(program: Any, backend: Any, spec: dict, handles: DebugHandles
         return {n for n in nodes if n.name in names}
     capabilities = getattr(backend, "capabilities", None)
     ops = getattr(capabilities, "supported_ops", None)
+    # An item of a multi-output op (split's pieces) goes where the op goes:
+    # the list itself never crosses a partition boundary.
+    producers = [n for n in nodes if not _is_item(n)]
     if ops is not None:
         dtypes = getattr(capabilities, "dtypes", None)
-        return {n for n in nodes if op_overload(n) in ops and _dtypes_within(n, dtypes)}
-    return {n for n in nodes if probe(program, n, backend, spec, handles)}
+        accepted = {n for n in producers if op_overload(n) in ops and _dtypes_within(n, dtypes)}
+    else:
+        accepted = {n for n in producers if probe(program, n, backend, spec, handles)}
+    return accepted | {n for n in nodes if _is_item(n) and n.args[0] in accepted}
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
 
 
 def op_overload(node: torch.fx.Node) -> str:
@@ -195,15 +211,22 @@ def probe(program: Any, node: torch.fx.Node, backend: Any, spec: dict, handles: 
     with _PROBES_LOCK:
         if key in _PROBES:
             return _PROBES[key]
-    unit = cut(program, [node], handles, name="probe")
     try:
-        backend.preprocess(unit.program, copy.deepcopy(spec), unit.handles)
-        accepted = True
+        unit = cut(program, [node, *(u for u in node.users if _is_item(u))], handles, name="probe")
+    except LoweringError:
+        unit = None  # a value that cannot leave a partition: only whole-method lowering can take it
+    try:
+        accepted = unit is not None and _accepts(backend, unit, spec)
     except UnsupportedNodeError:
         accepted = False
     with _PROBES_LOCK:
         _PROBES[key] = accepted
     return accepted
+
+
+def _accepts(backend: Any, unit: "CutProgram", spec: dict) -> bool:
+    backend.preprocess(unit.program, copy.deepcopy(spec), unit.handles)
+    return True
 
 
 def op_signature(node: torch.fx.Node) -> tuple:

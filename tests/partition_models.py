@@ -125,3 +125,24 @@ class SwapsPartitionInputs(ReferenceBackend):
 
     def execute(self, handle, inputs):
         return super().execute(handle, list(reversed(inputs)))
+
+
+class ClaimsTooMuch(RejectsSub):
+    """Its supported_nodes() claims every node, sub included, which preprocess then rejects."""
+
+    name = "claims_too_much"
+
+    def supported_nodes(self, program, compile_spec):
+        return [n.name for n in program.graph.nodes if n.op == "call_function"]
+
+
+class DropsOutputWithoutSub(DropsPartitionOutput, RejectsSub):
+    """Partitions (no sub), and drops the last output of any partition with several."""
+
+    name = "drops_output_no_sub"
+
+
+class SwapsInputsWithoutSub(SwapsPartitionInputs, RejectsSub):
+    """Partitions (no sub), and feeds every partition its inputs in reverse order."""
+
+    name = "swaps_inputs_no_sub"

@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Mapping
 
 import torch
+import torch.nn.modules.module as _module_hooks
 from torch.utils import _pytree as pytree
 
 from . import _compat
@@ -256,7 +257,7 @@ class LoweredModule(torch.nn.Module):
         if not isinstance(handles, dict) or missing:
             raise BackendContractError(
                 f"compile() of backend {self.backend_name!r} must return a dict with a handle "
-                f"for every method (and partition); got {type(handles).__name__}"
+                f"for every method; got {type(handles).__name__}"
                 + (f" without {missing}" if isinstance(handles, dict) else "")
             )
         if self.plans:
@@ -346,6 +347,9 @@ class WrapperModule(torch.nn.Module):
     def __init__(self, lowered: LoweredModule) -> None:
         super().__init__()
         self.lowered = lowered
+        # The same module, in __dict__: `self.lowered` goes through
+        # nn.Module.__getattr__ (a Python call) on every access.
+        self.__dict__["_core"] = lowered
         # Instance attributes win over nn.Module's own methods, so a lowered
         # method called `double` or `half` is the user's, not Module.double.
         for name, spec in lowered.methods.items():
@@ -355,6 +359,21 @@ class WrapperModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Reached only when forward was not lowered: run() names the methods that were.
         return self.lowered.run("forward", args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module.__call__ costs about a microsecond of hook checks and
+        # argument repacking before reaching forward; without hooks (the
+        # usual case) go straight to the lowered module. With any hook
+        # registered, on this module or globally, or under the JIT tracer,
+        # nn.Module's own path runs them as usual.
+        if (
+            self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+            or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+            or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks
+            or torch._C._get_tracing_state()
+        ):
+            return super().__call__(*args, **kwargs)
+        return self._core.run("forward", args, kwargs)
 
     def __repr__(self) -> str:
         lowered = self.lowered
@@ -434,7 +453,7 @@ class _MethodRunner:
             value = flat[i]
             if (
                 not isinstance(value, torch.Tensor)
-                or value.dtype != dtype
+                or value.dtype is not dtype  # dtypes are singletons: identity is the cheap test
                 or (value.shape != shape and not _shape_matches(value.shape, shape))
             ):
                 raise InputSpecError(
@@ -468,7 +487,7 @@ class _MethodRunner:
                     self._bad_output(outputs, backend_name)
             elif (
                 not isinstance(value, torch.Tensor)
-                or value.dtype != dtype
+                or value.dtype is not dtype
                 or (value.shape != expected and not _shape_matches(value.shape, expected))
             ):
                 self._bad_output(outputs, backend_name)

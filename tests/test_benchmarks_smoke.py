@@ -25,6 +25,7 @@ def bench():
 
 def expected_keys(settings) -> set[str]:
     keys = {f"call.overhead.{name}" for name in ("small_mlp", "elementwise", "dict_output")}
+    keys |= {"call.eager_dispatch", "call.partition_boundary"}
     keys |= {f"call.vs_eager.{name}" for name in ("small_mlp", "elementwise", "small_cnn", "wide_mlp", "conv_net")}
     for name in ("small_mlp", "conv_net", f"chain_{settings.archive_chain}"):
         keys |= {f"archive.speedup.{name}", f"archive.debug_ratio.{name}"}

@@ -282,3 +282,14 @@ def test_selective_nml_in_a_fresh_process_and_on_the_target(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert "  method forward: 1 partition, 2/3 nodes delegated\n    partition 0     2 nodes  mul, sub\n" in inspect.stdout
+
+
+def test_hooks_on_the_lowered_module_still_run_despite_the_fast_call_path():
+    lowered, x = lower(N(), x=torch.randn(2, 3), partition=None)
+    seen = []
+    handle = lowered.register_forward_hook(lambda module, args, output: seen.append(output))
+    out = lowered(x)
+    handle.remove()
+    assert len(seen) == 1 and seen[0] is out
+    lowered(x)
+    assert len(seen) == 1

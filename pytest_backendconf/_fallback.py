@@ -277,7 +277,7 @@ class PlanRunner:
         for step in plan.steps:
             if step.delegated:
                 checks = tuple(
-                    (getattr(torch, s.dtype), torch.Size(s.shape)) if s.kind == "tensor" else (None, s.value)
+                    (getattr(torch, s.dtype), _expected(s.shape)) if s.kind == "tensor" else (None, s.value)
                     for s in step.output_specs
                 )
                 bound.append((execute, handles[step.key], step.inputs, step.outputs, checks, step))
@@ -310,7 +310,7 @@ class PlanRunner:
         for i, (value, (dtype, expected)) in enumerate(zip(outs, checks)):
             if dtype is None:
                 continue
-            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.shape != expected:
+            if not isinstance(value, torch.Tensor) or value.dtype is not dtype or not _same_shape(value.shape, expected):
                 spec = step.output_specs[i]
                 got = (
                     f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
@@ -321,6 +321,17 @@ class PlanRunner:
                     f"method {self.method!r}, partition {step.key!r} output {i} ({spec.name!r}): expected "
                     f"{spec.describe()}, got {got} from backend {self.backend_name!r}"
                 )
+
+
+def _expected(shape: Any) -> Any:
+    """A `torch.Size` for a static shape; the tuple, ``None`` for each symbolic dimension, else."""
+    return torch.Size(shape) if all(d is not None for d in shape) else tuple(shape)
+
+
+def _same_shape(actual: Any, expected: Any) -> bool:
+    if actual == expected:
+        return True
+    return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected))
 
 
 def _run_fallback(program: Any, inputs: list) -> list:

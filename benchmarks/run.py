@@ -200,7 +200,7 @@ def call_figures(settings: Settings) -> list[Figure]:
     dispatch = eager_dispatch_us(settings)
     figures = [Figure(
         "call.eager_dispatch", "eager single-op dispatch on this machine (torch.add, [4, 5])", dispatch, "µs",
-        "info", "", "the yardstick: divide the call overheads by it to compare machines",
+        "info", "info", "the yardstick: divide the call overheads by it to compare machines",
     )]
     cases = dict(models.SMALL, dict_output=(models.DictOutput, [(4, 5), (4, 5)]))
     with torch.no_grad():  # eager without autograd bookkeeping: the fair comparison

@@ -54,7 +54,7 @@ _LAZY = {
     "WrapperModule": "._lowering",
     "debug_info": "._lowering",
     "delegation": "._lowering",
-    "Delegation": "._partition",
+    "Delegation": "._plan",
     "DebugInfo": "._debug_info",
     "Frame": "._debug_info",
     "DebugHandles": "._debug_handles",

@@ -78,7 +78,7 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
 
     :param where: ``where(entry)`` → "archive 'x', entry 'y'", for messages.
     """
-    from ._fallback import Plan
+    from ._plan import Plan
 
     found = Partitions()
     op_nodes = manifest.get("op_nodes", {})
@@ -123,7 +123,7 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
 
 def delegation(archive: Any) -> dict[str, Any]:
     """`bc.delegation` of an archive's module, read without a backend (for `backendconf inspect`)."""
-    from ._partition import Delegation
+    from ._plan import Delegation
 
     found = archive.partitions or Partitions()
     out = {}

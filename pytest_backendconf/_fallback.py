@@ -20,105 +20,12 @@ import torch
 
 from ._debug_handles import DebugHandles
 from ._debug_info import DebugInfo
-from ._method_spec import ValueSpec, value_spec
+from ._method_spec import value_spec
 from ._partition import Delegation, Unit, cut, op_nodes
+from ._plan import Plan, Step
 from .errors import BackendContractError, OperatorNotRegisteredError, OutputSpecError, UnsupportedNodeError
 
 FAULT_KEY = "__backendconf_fault__"
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One unit of a plan: which blob runs, which values it reads and writes."""
-
-    delegated: bool
-    key: str  # the blob's key: "forward.partition0" or "forward.fallback0"
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    #: What the step returns (checked after a delegated partition runs).
-    output_specs: tuple[ValueSpec, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "delegated": self.delegated,
-            "key": self.key,
-            "inputs": list(self.inputs),
-            "outputs": list(self.outputs),
-            "output_specs": [v.to_json() for v in self.output_specs],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Step":
-        return cls(
-            delegated=bool(data["delegated"]),
-            key=str(data["key"]),
-            inputs=tuple(_index(i) for i in data["inputs"]),
-            outputs=tuple(_index(i) for i in data["outputs"]),
-            output_specs=tuple(ValueSpec.from_json(v) for v in data["output_specs"]),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How one partitioned method runs; round-trips through JSON for the archive."""
-
-    n_inputs: int
-    n_values: int
-    steps: tuple[Step, ...]
-    #: Per method output: a value index, or ``{"constant": v}`` for a value baked into the program.
-    outputs: tuple[Any, ...]
-    delegation: Delegation
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n_inputs": self.n_inputs,
-            "n_values": self.n_values,
-            "steps": [s.to_json() for s in self.steps],
-            "outputs": list(self.outputs),
-            "delegation": self.delegation.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Plan":
-        plan = cls(
-            n_inputs=_index(data["n_inputs"]),
-            n_values=_index(data["n_values"]),
-            steps=tuple(Step.from_json(s) for s in data["steps"]),
-            outputs=tuple(o if isinstance(o, dict) else _index(o) for o in data["outputs"]),
-            delegation=Delegation.from_json(data["delegation"]),
-        )
-        plan.check()
-        return plan
-
-    def check(self) -> None:
-        """Every value is written before it is read, once (a hostile plan is refused, not run)."""
-        written = set(range(self.n_inputs))
-        for step in self.steps:
-            for i in step.inputs:
-                if i not in written:
-                    raise ValueError(f"step {step.key!r} reads value {i} before any step writes it")
-            for i in step.outputs:
-                if i in written or i >= self.n_values:
-                    raise ValueError(f"step {step.key!r} writes value {i} twice or out of range")
-                written.add(i)
-            if len(step.output_specs) != len(step.outputs):
-                raise ValueError(f"step {step.key!r} has {len(step.outputs)} outputs but {len(step.output_specs)} specs")
-        for o in self.outputs:
-            if isinstance(o, dict):
-                if set(o) != {"constant"}:
-                    raise ValueError(f"method output {o!r} is neither a value index nor a constant")
-            elif o not in written:
-                raise ValueError(f"method output reads value {o}, which no step writes")
-
-    @property
-    def blob_keys(self) -> list[str]:
-        return [s.key for s in self.steps]
-
-
-def _index(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{value!r} is not a value index")
-    return value
 
 
 # --- building a plan at lowering --------------------------------------------------------

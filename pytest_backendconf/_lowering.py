@@ -166,7 +166,7 @@ def _lower_partitioned(
 
 def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
     """``{method: Delegation}``: which op nodes each partition runs and which stay on the CPU fallback."""
-    from ._partition import Delegation
+    from ._plan import Delegation
 
     lowered = module.lowered if isinstance(module, WrapperModule) else module
     if not isinstance(lowered, LoweredModule):
@@ -218,7 +218,7 @@ class LoweredModule(torch.nn.Module):
         self.fallback_blobs.update(fallback_blobs)
 
     def delegation_of(self, method: str) -> Any:
-        from ._partition import Delegation
+        from ._plan import Delegation
 
         plan = self.plans.get(method)
         if plan is not None:

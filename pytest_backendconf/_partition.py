@@ -17,7 +17,7 @@ import dataclasses
 import json
 import operator
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,66 +28,10 @@ from torch.utils import _pytree as pytree
 from . import _compat
 from ._debug_handles import DebugHandles, walk_nodes
 from ._debug_info import op_name
+from ._plan import Delegation, format_delegation  # noqa: F401  (re-exported)
 from .errors import BackendContractError, LoweringError, UnsupportedNodeError
 
-#: What ``partition=`` may be (besides None): "supported", submodule names, or a predicate.
-PartitionArg = "str | Sequence[str] | Callable[[torch.fx.Node], bool]"
-
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-
-
-@dataclasses.dataclass(frozen=True)
-class Delegation:
-    """How one lowered method was split between the backend and the CPU fallback.
-
-    Node names are the FX node names of the method's exported program (the
-    ``node`` of its `DebugInfo`); only op nodes are counted.
-    """
-
-    #: Number of delegated partitions (1 for a whole-method lowering).
-    partitions: int
-    #: The op nodes the backend runs, in graph order.
-    delegated: tuple[str, ...]
-    #: The op nodes run on the host CPU by the fallback, in graph order.
-    fallback: tuple[str, ...] = ()
-    #: The op nodes of each delegated partition, in the order they run.
-    partition_nodes: tuple[tuple[str, ...], ...] = ()
-
-    @property
-    def total(self) -> int:
-        return len(self.delegated) + len(self.fallback)
-
-    def summary(self) -> str:
-        """"3 partitions, 41/47 nodes delegated"."""
-        plural = "" if self.partitions == 1 else "s"
-        return f"{self.partitions} partition{plural}, {len(self.delegated)}/{self.total} nodes delegated"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "delegated": list(self.delegated),
-            "fallback": list(self.fallback),
-            "partitions": [list(p) for p in self.partition_nodes],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Delegation":
-        groups = tuple(tuple(str(n) for n in p) for p in data["partitions"])
-        delegated = tuple(str(n) for n in data["delegated"])
-        if sorted(delegated) != sorted(n for p in groups for n in p):
-            raise ValueError("the delegated nodes are not those of the partitions")
-        return cls(len(groups), delegated, tuple(str(n) for n in data["fallback"]), groups)
-
-
-def format_delegation(delegation: dict[str, Delegation]) -> str:
-    """The table `backendconf inspect` prints: per method, each partition's nodes and the fallback's."""
-    lines = []
-    for method, record in delegation.items():
-        lines.append(f"method {method}: {record.summary()}")
-        for i, nodes in enumerate(record.partition_nodes):
-            lines.append(f"  partition {i}  {len(nodes):>4} nodes  {', '.join(nodes)}")
-        if record.fallback:
-            lines.append(f"  fallback     {len(record.fallback):>4} nodes  {', '.join(record.fallback)}")
-    return "\n".join(lines)
 
 
 # --- choosing nodes -------------------------------------------------------------------

@@ -152,7 +152,7 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"    {label + ':':9}{listed}")
         print(f"    {'compile spec:'} {json.dumps(spec.compile_spec, sort_keys=True)}")
     from ._archive_partitions import delegation
-    from ._partition import format_delegation
+    from ._plan import format_delegation
 
     print("delegation:")
     for line in format_delegation(delegation(archive)).splitlines():

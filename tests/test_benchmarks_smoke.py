@@ -63,7 +63,7 @@ def test_main_writes_json(bench, tmp_path, capsys, monkeypatch):
     assert {f["key"] for f in document["figures"]} == {
         "call.overhead.small_mlp", "call.overhead.elementwise", "call.overhead.dict_output",
         "call.vs_eager.small_mlp", "call.vs_eager.elementwise", "call.vs_eager.small_cnn",
-        "call.vs_eager.wide_mlp", "call.vs_eager.conv_net",
+        "call.vs_eager.wide_mlp", "call.vs_eager.conv_net", "call.eager_dispatch", "call.partition_boundary",
     }
     assert "call overhead over execute: small_mlp" in capsys.readouterr().out
 

@@ -130,3 +130,15 @@ LARGE = {
     "wide_mlp": (WideMLP, [(64, 512)]),
     "conv_net": (ConvNet, [(8, 3, 64, 64)]),
 }
+
+
+class ThreeParts(nn.Module):
+    """Elementwise ops split by two subtractions: lowered to a backend without sub, three
+    partitions and two fallback segments (four partition boundaries)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = (x * 2.0).relu()
+        b = a - 1.0
+        c = (b * b).sigmoid()
+        d = c - x
+        return d.exp() + 1.0

@@ -1,6 +1,6 @@
 """Archives: `save` and `load` a lowered module as one zip file, and `symbolicate` handles offline.
 
-Layout (docs/archive-format.md), schema version 1.0. Every entry has fixed
+Layout (docs/archive-format.md), schema version 1.1. Every entry has fixed
 timestamps (1980-01-01 00:00), fixed Unix attributes (0644), no extra
 fields and no comments; ``manifest.json`` comes first, the rest in sorted
 order::
@@ -10,7 +10,8 @@ order::
                                  {entry: {size, sha256}} for every other entry
                                  (sha256 of the bytes as stored, size inflated)
     attributes.json     stored   wrapper attributes; tensors by index
-    blobs/<method>.bin  stored   the processed blob of each method
+    blobs/<method>.bin  stored   the processed blob of each method (partitioned
+                                 methods: see `_archive_partitions`)
     debug.json          deflated debug info: file names, source lines and names
                                  in tables, one row per debug handle
     tensors/<n>.bin     stored   raw little-endian tensor bytes (dtype, shape in
@@ -36,6 +37,7 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
+from . import _archive_partitions
 from ._archive_attributes import RESERVED_METHODS as _RESERVED_METHODS
 from ._archive_attributes import encode_attributes as _encode_attributes
 from ._archive_zip import DEBUG, MANIFEST, deflate, pack, read_input
@@ -121,7 +123,10 @@ def to_bytes(lowered: Any) -> bytes:
                 "starting with '_'; lower the method under another name"
             )
     for name, blob in core.blobs.items():
-        entries[f"blobs/{name}.bin"] = bytes(blob)
+        if name in core.methods:
+            entries[f"blobs/{name}.bin"] = bytes(blob)
+    partition_fields, partition_entries = _archive_partitions.write(core)
+    entries.update(partition_entries)
     entries[DEBUG] = _debug_json(core.debug)
     for i, data in enumerate(attributes.tensor_bytes):
         entries[f"tensors/{i}.bin"] = data
@@ -133,6 +138,7 @@ def to_bytes(lowered: Any) -> bytes:
         "backend": {"name": core.backend_name, "version": core.backend_version},
         "method_compile_spec": {name: spec.compile_spec for name, spec in core.methods.items()},
         "methods": [spec.to_json() for spec in core.methods.values()],
+        **partition_fields,
         "entries": {
             name: {"size": len(data), "sha256": hashlib.sha256(_stored_bytes(name, data)).hexdigest()}
             for name, data in sorted(entries.items())

@@ -14,7 +14,7 @@ import inspect
 from typing import Any, Callable
 
 #: The categories of the suite, in the order they run; each is also a pytest marker.
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability")
+CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation")
 #: The first part of every conformance check's id.
 ROOT_ID = "backendconf"
 
@@ -27,13 +27,14 @@ class Check:
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
     :param run: called with the `SuiteContext`; raises `CheckFailed`
         (or any exception) to fail, `Unsupported` to report "unsupported".
+        It may return a JSON-compatible dict of details, kept in the report.
     :param stage: the part of the contract it exercises (``preprocess``,
         ``compile``, ``execute``, ``load``, ``target`` …), for the report.
     """
 
     category: str
     name: str
-    run: Callable[[Any], None]
+    run: Callable[[Any], Any]
     stage: str
     case: str | None = None
 

@@ -114,3 +114,61 @@ def is_higher_order_op(target: Any) -> bool:
     """Whether a node's target is a higher-order op such as ``torch.cond``
     (``torch._ops.HigherOrderOperator`` on 2.4-2.14)."""
     return isinstance(target, torch._ops.HigherOrderOperator)
+
+
+def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Any) -> list[list[Any]]:
+    """The groups of selected op nodes torch's partitioner proposes, each a list of nodes.
+
+    ``CapabilityBasedPartitioner`` (``torch.fx.passes.infra.partitioner``,
+    there since 1.13, with the same constructor on 2.4 to 2.14) merges
+    connected selected nodes into maximal groups without creating a cycle
+    through unselected ones, and moves each ``getitem`` into the group of the
+    node it reads. Single-node groups are kept: one delegated node is still
+    delegated.
+    """
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class _Selected(OperatorSupportBase):
+        def is_node_supported(self, submodules: Any, node: Any) -> bool:
+            return bool(is_selected(node))
+
+    partitioner = CapabilityBasedPartitioner(graph_module, _Selected(), allows_single_node_partition=True)
+    return [list(p.nodes) for p in partitioner.propose_partitions()]
+
+
+def exported_program(
+    graph_module: torch.fx.GraphModule,
+    input_specs: list,
+    output_specs: list,
+    *,
+    state_dict: dict,
+    constants: dict,
+    range_constraints: dict,
+    n_inputs: int,
+    n_outputs: int,
+) -> Any:
+    """An ``ExportedProgram`` around a graph cut out of another (a partition of a method).
+
+    The constructor takes ``constants`` since 2.3 and ``verifiers`` (keyword)
+    since 2.5; the positional arguments used here are the same on 2.4 to 2.14.
+    The call signature says: ``n_inputs`` flat tensors in, a tuple of
+    ``n_outputs`` out.
+    """
+    from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+    from torch.export.graph_signature import ExportGraphSignature
+    from torch.utils import _pytree as pytree
+
+    in_spec = pytree.tree_structure((tuple(range(n_inputs)), {}))
+    out_spec = pytree.tree_structure(tuple(range(n_outputs)))
+    call = ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
+    return torch.export.ExportedProgram(
+        graph_module,
+        graph_module.graph,
+        ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
+        state_dict,
+        range_constraints,
+        [call],
+        None,
+        constants,
+    )

@@ -196,6 +196,7 @@ class GatingPlugin:
                 "reason": reason,
                 "known_failure": entry.as_json() if entry is not None else None,
                 "location": list(item.check.location()),
+                "details": next((v for k, v in item.user_properties if k == "backendconf"), None),
             },
         )
         return report
@@ -283,9 +284,12 @@ class GatingPlugin:
             return
         tr = terminalreporter
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
+        from ._delegation_summary import delegation_line
+
         for category, counts in summarize(results).items():
             if counts["total"]:
-                tr.write_line(score_line(category, counts))
+                # delegation counts nodes, and "not needed" apart from passes.
+                tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
         left_out = not_under_test(capabilities_of(self.selected.backend))
         if left_out:
             tr.write_line(f"not under test (as declared): {'; '.join(left_out)}")

@@ -313,7 +313,7 @@ def _delegation_rows(report: dict[str, Any], tests: list[dict[str, Any]]) -> lis
     """(model, delegated fraction, detail) from the report's ``delegation`` data, where it has any.
 
     Read from a top-level ``delegation`` object (model → fraction or
-    {fraction, delegated, total}) or from a ``delegation`` field of the
+    {fraction, delegated, total}) or from the ``details.delegation`` of the
     delegation category's tests.
     """
     found: list[tuple[str, float, str]] = []
@@ -327,8 +327,10 @@ def _delegation_rows(report: dict[str, Any], tests: list[dict[str, Any]]) -> lis
                     found.append(row)
     if not found:
         for test in tests:
-            if test["category"] == "delegation" and "delegation" in test:
-                row = _delegation_row(test.get("case") or test["id"], test["delegation"])
+            # The delegation checks report {"details": {"delegation": {"delegated": 41, "total": 47, …}}}.
+            data = test.get("delegation") or (test.get("details") or {}).get("delegation")
+            if test["category"] == "delegation" and data is not None:
+                row = _delegation_row(test["id"].split("::", 2)[-1], data)
                 if row:
                     found.append(row)
     return found

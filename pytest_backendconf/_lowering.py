@@ -18,10 +18,12 @@ import warnings
 from typing import Any, Mapping
 
 import torch
+import torch.nn.modules.module as _module_hooks
 from torch.utils import _pytree as pytree
 
 from . import _compat
 from ._debug_handles import DebugHandleRecorder
+from ._program_io import user_inputs, user_outputs
 from .backend import Backend
 from ._debug_info import DebugInfo, build_debug_infos, format_missing, format_runtime
 from ._method_spec import MethodSpec, params_of, value_spec
@@ -46,6 +48,7 @@ def to_backend(
     *,
     example_inputs: tuple | Mapping[str, tuple],
     example_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    partition: Any = None,
 ) -> "WrapperModule":
     """Lower the methods of ``module`` named in ``method_compile_spec`` to ``backend``.
 
@@ -55,6 +58,11 @@ def to_backend(
     :param example_inputs: positional example inputs per method, or one
         tuple when only ``forward`` is lowered.
     :param example_kwargs: keyword example inputs per method, if any.
+    :param partition: ``None`` lowers each whole method; ``"supported"``
+        delegates the maximal groups of nodes the backend accepts, a list of
+        submodule names (``["encoder"]``) the nodes under them, a function
+        ``node -> bool`` the nodes it picks; every other node runs on the
+        host CPU (docs/writing-a-backend.md, "Partial delegation").
     :returns: a `WrapperModule` with one method per compile-spec key.
     """
     _compat.check_torch_version()
@@ -80,6 +88,7 @@ def to_backend(
         module_type=type(module),
         backend_version=source.version if source else None,
         stacklevel=3,
+        partition=partition,
     )
 
 
@@ -103,6 +112,7 @@ def lower_programs(
     module_type: type,
     backend_version: str | None = None,
     stacklevel: int = 2,
+    partition: Any = None,
 ) -> "WrapperModule":
     """Lower already exported programs (one per method) to ``backend``.
 
@@ -112,14 +122,22 @@ def lower_programs(
     methods: dict[str, MethodSpec] = {}
     blobs: dict[str, bytes] = {}
     debug: dict[int, DebugInfo] = {}
+    partitioned: dict[str, Any] = {}
+    whole: dict[str, tuple[str, ...]] = {}
     for name, spec in method_compile_spec.items():
         program = programs[name]
         handles = DebugHandleRecorder.default().assign(program.graph_module)
         infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)
         try:
-            blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
-        except (UnsupportedNodeError, BackendContractError):
+            if partition is None:
+                blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
+                nodes = tuple(n.name for n in program.graph.nodes if n.op == "call_function")
+                whole[name] = nodes
+            else:
+                partitioned[name] = _lower_partitioned(backend, program, dict(spec), handles, infos, name, partition)
+                blobs.update(partitioned[name].delegated_blobs)
+        except (UnsupportedNodeError, BackendContractError, LoweringError):
             raise
         except Exception as exc:
             # Name the backend and the method: a bare ValueError from deep inside
@@ -129,6 +147,10 @@ def lower_programs(
             ) from exc
         methods[name] = _method_spec(program, name, dict(spec), getattr(module_type, name))
     lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version)
+    for name, nodes in whole.items():
+        lowered.whole_method_nodes[name] = nodes
+    for name, method in partitioned.items():
+        lowered.add_plan(name, method.plan, method.compile_specs, method.fallback_blobs)
     if _availability(backend):
         lowered.compile_now(at="lowering")
     else:
@@ -140,6 +162,29 @@ def lower_programs(
             stacklevel=stacklevel,
         )
     return WrapperModule(lowered)
+
+
+def _lower_partitioned(
+    backend: Any, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str, partition: Any
+) -> Any:
+    from . import _fallback, _partition
+
+    selected = _partition.select_nodes(program, partition, backend, spec, handles, name)
+    units = _partition.plan_units(program, selected)
+
+    def preprocess(piece: Any, unit_spec: dict, unit_handles: Any, key: str) -> bytes:
+        return _preprocess(backend, piece, unit_spec, unit_handles, infos, key)
+
+    return _fallback.lower_units(program, units, handles, infos, name, spec, preprocess)
+
+
+def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
+    """``{method: Delegation}``: which op nodes each partition runs and which stay on the CPU fallback."""
+
+    lowered = module.lowered if isinstance(module, WrapperModule) else module
+    if not isinstance(lowered, LoweredModule):
+        raise TypeError(f"delegation() needs a lowered module (from to_backend or load), got {type(module).__name__}")
+    return {name: lowered.delegation_of(name) for name in lowered.methods}
 
 
 def debug_info(module: "WrapperModule | LoweredModule") -> dict[int, DebugInfo]:
@@ -169,14 +214,50 @@ class LoweredModule(torch.nn.Module):
         self.debug = debug
         self.handles: dict[str, Any] | None = None
         self._runners = {name: _MethodRunner(spec) for name, spec in methods.items()}
+        # Partial delegation (see _fallback): per partitioned method, its plan,
+        # the compile spec of each delegated partition, the fallback's blobs,
+        # and once compiled, the runner of the plan.
+        self.plans: dict[str, Any] = {}
+        self.partition_specs: dict[str, dict] = {}
+        self.fallback_blobs: dict[str, bytes] = {}
+        self._plan_runners: dict[str, Any] = {}
+        #: Op node names of each whole-method lowering, for `delegation` (None when unknown).
+        self.whole_method_nodes: dict[str, tuple[str, ...]] = {}
+
+    def add_plan(self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]) -> None:
+        """Make ``method`` a partitioned one (at lowering, and by the archive reader at load)."""
+        self.plans[method] = plan
+        self.partition_specs.update(compile_specs)
+        self.fallback_blobs.update(fallback_blobs)
+
+    def delegation_of(self, method: str) -> Any:
+        from ._plan import Delegation
+
+        plan = self.plans.get(method)
+        if plan is not None:
+            return plan.delegation
+        nodes = self.whole_method_nodes.get(method)
+        if nodes is None:  # an archive written before partial delegation: from its debug info
+            nodes = tuple(
+                info.node for _, info in sorted(self.debug.items())
+                if info.method == method and info.op not in ("placeholder", "output", "get_attr")
+            )
+        return Delegation(1, nodes, (), (nodes,))
+
+    def _compile_specs(self) -> dict[str, dict]:
+        """The compile spec of every blob the backend compiles: whole methods and partitions."""
+        specs = {n: m.compile_spec for n, m in self.methods.items() if n not in self.plans}
+        specs.update(self.partition_specs)
+        return specs
 
     def compile_now(self, *, at: str = "load") -> None:
         """Compile every blob; `BackendUnavailableError` if the backend is not available."""
         available = _availability(self.backend)
         if not available:
             raise BackendUnavailableError(self._unavailable_text(f"cannot {at} the module"))
+        fallbacks = self._load_fallbacks()
         try:
-            handles = self.backend.compile(dict(self.blobs), {n: m.compile_spec for n, m in self.methods.items()})
+            handles = self.backend.compile(dict(self.blobs), self._compile_specs()) if self.blobs else {}
         except BackendUnavailableError:
             raise
         except Exception as exc:
@@ -185,14 +266,26 @@ class LoweredModule(torch.nn.Module):
                 f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "
                 "here must return False from is_available() (docs/backend-contract.md#availability)."
             ) from exc
-        missing = sorted(set(self.methods) - set(handles if isinstance(handles, dict) else ()))
+        missing = sorted(set(self.blobs) - set(handles if isinstance(handles, dict) else ()))
         if not isinstance(handles, dict) or missing:
             raise BackendContractError(
                 f"compile() of backend {self.backend_name!r} must return a dict with a handle "
                 f"for every method; got {type(handles).__name__}"
                 + (f" without {missing}" if isinstance(handles, dict) else "")
             )
+        if self.plans:
+            from ._fallback import PlanRunner
+
+            self._plan_runners = {
+                name: PlanRunner(plan, self.backend.execute, handles, fallbacks, name, self.backend_name)
+                for name, plan in self.plans.items()
+            }
         self.handles = handles
+
+    def _load_fallbacks(self) -> dict[str, Any]:
+        from ._fallback import load_fallback
+
+        return {key: load_fallback(blob, key, self.debug) for key, blob in self.fallback_blobs.items()}
 
     def run(self, method: str, args: tuple, kwargs: dict) -> Any:
         # The hot path: every call of a lowered method comes through here
@@ -212,7 +305,10 @@ class LoweredModule(torch.nn.Module):
             handles = self.handles
         inputs = runner.flatten(args, kwargs)
         try:
-            outputs = backend.execute(handles[method], inputs)  # type: ignore[index]
+            if method in self._plan_runners:
+                outputs = self._plan_runners[method].run(inputs)
+            else:
+                outputs = backend.execute(handles[method], inputs)  # type: ignore[index]
         except BackendError as exc:
             raise self._symbolicate(exc, method) from exc
         except Exception as exc:
@@ -248,6 +344,11 @@ class LoweredModule(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"backend={self.backend_name!r}, methods={list(self.methods)}"
 
+    def __repr__(self) -> str:
+        # One line: "LoweredModule(backend='x', methods=['forward']; forward: 3 partitions, 41/47 nodes delegated)"
+        parts = [f"{name}: {self.delegation_of(name).summary()}" for name in self.methods]
+        return f"LoweredModule({self.extra_repr()}; {'; '.join(parts)})"
+
 
 class WrapperModule(torch.nn.Module):
     """What `to_backend` returns: one method per compile-spec key, around a `LoweredModule`.
@@ -256,9 +357,15 @@ class WrapperModule(torch.nn.Module):
     lists or dicts of them) are saved with it and restored by `load`.
     """
 
+    #: The lowered module, kept in ``__dict__`` (not a registered submodule) for the fast call path.
+    _core: LoweredModule
+
     def __init__(self, lowered: LoweredModule) -> None:
         super().__init__()
         self.lowered = lowered
+        # The same module, in __dict__: `self.lowered` goes through
+        # nn.Module.__getattr__ (a Python call) on every access.
+        self.__dict__["_core"] = lowered
         # Instance attributes win over nn.Module's own methods, so a lowered
         # method called `double` or `half` is the user's, not Module.double.
         for name, spec in lowered.methods.items():
@@ -268,6 +375,26 @@ class WrapperModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Reached only when forward was not lowered: run() names the methods that were.
         return self.lowered.run("forward", args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module.__call__ costs about a microsecond of hook checks and
+        # argument repacking before reaching forward; without hooks (the
+        # usual case) go straight to the lowered module. With any hook
+        # registered, on this module or globally, or under the JIT tracer,
+        # nn.Module's own path runs them as usual.
+        if (
+            self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+            or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+            or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks
+            or torch._C._get_tracing_state()
+        ):
+            return super().__call__(*args, **kwargs)
+        return self._core.run("forward", args, kwargs)
+
+    def __repr__(self) -> str:
+        lowered = self.lowered
+        parts = [f"{name}: {lowered.delegation_of(name).summary()}" for name in lowered.methods]
+        return f"WrapperModule(backend={lowered.backend_name!r}; {'; '.join(parts)})"
 
     def extra_attributes(self) -> dict[str, Any]:
         """The attributes set after lowering, by name."""
@@ -342,7 +469,7 @@ class _MethodRunner:
             value = flat[i]
             if (
                 not isinstance(value, torch.Tensor)
-                or value.dtype != dtype
+                or value.dtype is not dtype  # dtypes are singletons: identity is the cheap test
                 or (value.shape != shape and not _shape_matches(value.shape, shape))
             ):
                 raise InputSpecError(
@@ -376,7 +503,7 @@ class _MethodRunner:
                     self._bad_output(outputs, backend_name)
             elif (
                 not isinstance(value, torch.Tensor)
-                or value.dtype != dtype
+                or value.dtype is not dtype
                 or (value.shape != expected and not _shape_matches(value.shape, expected))
             ):
                 self._bad_output(outputs, backend_name)
@@ -688,28 +815,6 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def user_inputs(program: Any) -> list[tuple[str, Any]]:
-    """``(name, example value)`` of each user input: a fake tensor, or the constant baked in."""
-    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    return _user_values(program.graph_signature.input_specs, "USER_INPUT", nodes)
-
-
-def user_outputs(program: Any) -> list[tuple[str, Any]]:
-    """``(name, example value)`` of each user output, in the program's output order."""
-    output_node = next(n for n in program.graph.nodes if n.op == "output")
-    nodes = {a.name: a for a in _compat.tree_leaves(output_node.args[0]) if hasattr(a, "name")}
-    return _user_values(program.graph_signature.output_specs, "USER_OUTPUT", nodes)
-
-
-def _user_values(specs: Any, kind: str, nodes: dict[str, Any]) -> list[tuple[str, Any]]:
-    values = []
-    for spec in specs:
-        if spec.kind.name == kind:
-            arg = spec.arg
-            values.append((arg.name, arg.value if hasattr(arg, "value") else nodes[arg.name].meta["val"]))
-    return values
 
 
 def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:

@@ -14,6 +14,8 @@ import hashlib
 import re
 from typing import Any
 
+from ._archive_partitions import is_partition_entry
+from ._archive_partitions import read as read_partitions
 from ._archive_attributes import RESERVED_METHODS, check_attributes, restore_attributes
 from ._archive_checks import REWRITE as _REWRITE
 from ._archive_checks import field as _field
@@ -38,7 +40,8 @@ from .errors import (
 
 FORMAT_NAME = "backendconf-archive"
 #: (major, minor): a reader loads any minor of its major; a new major is refused.
-SCHEMA_VERSION = (1, 0)
+#: 1.1: partitioned methods (`_archive_partitions`); 1.0 archives still load.
+SCHEMA_VERSION = (1, 1)
 ATTRIBUTES = "attributes.json"
 BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
 TENSOR = re.compile(r"tensors/(0|[1-9][0-9]{0,8})\.bin\Z")
@@ -98,6 +101,8 @@ class Archive:
     _attributes: list[dict[str, Any]] = dataclasses.field(repr=False)
     _tensor_meta: list[dict[str, Any]] = dataclasses.field(repr=False)
     _tensor_bytes: list[bytes] = dataclasses.field(repr=False)
+    #: Partitioned methods (schema 1.1), an `_archive_partitions.Partitions`.
+    partitions: Any = dataclasses.field(default=None, repr=False)
 
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
@@ -129,6 +134,8 @@ class Archive:
                 dict(self.debug),
                 backend_version=self.backend_version,
             )
+            if self.partitions is not None:
+                self.partitions.apply(lowered)
             wrapper = WrapperModule(lowered)
         except Exception as exc:
             raise ArchiveManifestError(
@@ -240,7 +247,7 @@ class ArchiveReader(ZipReader):
                 raise ArchiveManifestError(
                     f"{where}: entries[{name!r}] must be {{\"size\": int, \"sha256\": str}}, got {_short(record)}; {_REWRITE}"
                 )
-            known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name)
+            known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name) or is_partition_entry(name)
             if not known and not newer:
                 raise ArchiveEntryError(
                     f"{self.where(name)}: not an entry of schema {version[0]}.{version[1]} "
@@ -276,8 +283,11 @@ class ArchiveReader(ZipReader):
                 )
             contents[entry.name] = data
 
-        blobs: dict[str, bytes] = {}
+        partitions = read_partitions(manifest, contents, set(methods), self.where)
+        blobs: dict[str, bytes] = dict(partitions.delegated_blobs)
         for name in methods:
+            if name in partitions.methods:
+                continue  # its partitions' blobs, read above
             entry_name = f"blobs/{name}.bin"
             if entry_name not in contents:
                 raise ArchiveEntryError(f"{self.where(entry_name)}: the blob of method {name!r} is missing; {_REWRITE}")
@@ -333,6 +343,7 @@ class ArchiveReader(ZipReader):
             _attributes=attributes,
             _tensor_meta=tensor_meta,
             _tensor_bytes=tensor_bytes,
+            partitions=partitions,
         )
 
     def _methods(self, records: list, compile_spec: dict) -> dict[str, MethodSpec]:

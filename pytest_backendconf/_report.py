@@ -90,9 +90,13 @@ class TestResult:
     error: dict[str, str] | None = None
     reason: str | None = None
     known_failure: dict[str, str] | None = None
+    #: What the check returned, e.g. delegation's ``{"delegation": {"delegated": 41, "total": 47, ...}}``.
+    details: dict[str, Any] | None = None
 
     def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         self.duration += report.duration
+        if data.get("details") is not None:
+            self.details = data["details"]
         if data["known_failure"] is not None:
             self.known_failure = data["known_failure"]
         new = data["outcome"]
@@ -120,6 +124,7 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
+            **({"details": self.details} if self.details is not None else {}),
         }
 
 

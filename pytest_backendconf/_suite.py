@@ -22,7 +22,7 @@ import pytest
 from . import conformance
 from ._check import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
 from ._hypothesis import hypothesis_choice
-from .conformance import availability, contract, parity, reliability, serialization, symbolication
+from .conformance import availability, contract, delegation, parity, reliability, serialization, symbolication
 
 #: torch's trace-structured logger: it logs a record (mostly empty) for every
 #: export and compile step, which would fill every failure's captured log.
@@ -41,6 +41,7 @@ CATEGORY_MODULES = {
     "serialization": serialization,
     "symbolication": symbolication,
     "reliability": reliability,
+    "delegation": delegation,
 }
 assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 
@@ -98,7 +99,9 @@ class ConformanceItem(pytest.Item):
 
     def runtest(self) -> None:
         try:
-            self.check.run(self.ctx)
+            details = self.check.run(self.ctx)
+            if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
+                self.user_properties.append(("backendconf", details))
         except Unsupported as exc:
             pytest.skip(f"unsupported: {exc}")
 

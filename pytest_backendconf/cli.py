@@ -216,6 +216,12 @@ def _inspect(args: argparse.Namespace) -> int:
             listed = ", ".join(f"{v.name}: {v.describe()}" for v in values) or "none"
             print(f"    {label + ':':9}{p(listed)}")
         print(f"    {'compile spec:'} {json.dumps(spec.compile_spec, sort_keys=True)}")
+    from ._archive_partitions import delegation
+    from ._plan import format_delegation
+
+    print("delegation:")
+    for line in format_delegation(delegation(archive)).splitlines():
+        print(f"  {line}")
     print("entries:")
     width = max(len(p(e.name)) for e in archive.entries)
     for e in archive.entries:

@@ -120,6 +120,10 @@ class InputSpecError(BackendConfError, ValueError):
     """A lowered method was called with inputs that differ from the exported ones."""
 
 
+class OperatorNotRegisteredError(BackendConfError, RuntimeError):
+    """A partitioned module's CPU fallback calls an operator this process has not registered."""
+
+
 class LoweringError(BackendConfError, ValueError):
     """``to_backend`` was given something it cannot lower; the text names the fix."""
 

@@ -3,7 +3,9 @@
 It is a complete delegate backend for ``torch.export`` programs, written to
 be read and copied: ``compiler`` (host only) turns a program into a compact
 blob (``bytecode``), and ``interpreter`` runs it, calling the kernels of the
-op table (``ops``). It passes the whole conformance suite::
+op table (``ops``). Those modules live in ``pytest_backendconf._reference``,
+because partial delegation runs every node a backend does not take on the
+same interpreter; this package is the backend around them. It passes the whole conformance suite::
 
     pytest --backend=reference
 
@@ -20,11 +22,13 @@ import torch
 
 import pytest_backendconf as bc
 
-from . import ops
-from .interpreter import LoadedProgram, load
+# The compiler, blob format, op table and interpreter are the core package's
+# (shared with partial delegation's CPU fallback); this package is the backend.
+from pytest_backendconf._reference import bytecode, ops
+from pytest_backendconf._reference.interpreter import LoadedProgram, load
 
 __version__ = "0.1.0"
-__all__ = ["ReferenceBackend", "LoadedProgram"]
+__all__ = ["ReferenceBackend", "LoadedProgram", "bytecode", "ops"]
 
 
 class ReferenceBackend:

@@ -400,9 +400,18 @@ BY_OPCODE: dict[int, Op] = {op.opcode: op for op in OPS}
 
 # A duplicated opcode or name would make blobs ambiguous: fail at import.
 if len(BY_NAME) != len(OPS) or len(BY_OPCODE) != len(OPS):
-    raise RuntimeError("backendconf_reference.ops: an opcode or op name appears twice")
+    raise RuntimeError("the reference op table: an opcode or op name appears twice")
 if not all(0 < op.opcode < 2**16 for op in OPS):
-    raise RuntimeError("backendconf_reference.ops: opcodes must fit in u16 and be positive")
+    raise RuntimeError("the reference op table: opcodes must fit in u16 and be positive")
 
 #: Overload names, for ``Capabilities.supported_ops``.
 SUPPORTED_OPS = frozenset(BY_NAME)
+
+#: Not a table op: "call this registered operator through torch's dispatcher".
+#: Only partial delegation's fallback writes it (``compile_program(...,
+#: fallback=True)``), for an operator the table lacks, such as a user's
+#: ``torch.library`` custom op. Its first argument is the overload name
+#: ("mylib.scale.default"); the interpreter looks the operator up at load.
+DISPATCH_OPCODE = 60000
+if DISPATCH_OPCODE in BY_OPCODE:
+    raise RuntimeError("the reference op table: DISPATCH_OPCODE is taken by a table op")

@@ -7,7 +7,10 @@ instruction. ``LoadedProgram.run`` keeps all per-call state in a fresh
 register list, so one program may run from many threads at once.
 
 This module must work where the compiler is absent: it imports neither
-``compiler`` nor ``torch.export``.
+``compiler`` nor ``torch.export``. An instruction that calls an operator
+through the dispatcher (partial delegation's fallback, for operators the op
+table lacks) is resolved at load; an operator not registered in this
+process is an `UnregisteredOperatorError` naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from pytest_backendconf import BackendError
+from ..errors import BackendError
 
 from . import bytecode, ops
 from .bytecode import BlockRef, Const, Reg
@@ -97,9 +100,10 @@ class CodeBlock:
 
     def _error(self, out: int, exc: Exception) -> BackendError:
         ins = self._instructions[out - self.n_inputs]
-        op = ops.BY_OPCODE[ins.opcode]
+        op = ops.BY_OPCODE.get(ins.opcode)
+        name = op.qualified_name if op is not None else _qualified(str(ins.args[0]))
         return BackendError(
-            f"{op.qualified_name} at node '{ins.node}' failed: {type(exc).__name__}: {exc}",
+            f"{name} at node '{ins.node}' failed: {type(exc).__name__}: {exc}",
             debug_handle=ins.debug_handle,
         )
 
@@ -112,6 +116,9 @@ def _build_block(
 ) -> CodeBlock:
     steps = []
     for i, ins in enumerate(block.instructions):
+        if ins.opcode == ops.DISPATCH_OPCODE:
+            steps.append((_dispatch_step(ins, constants, blocks), block.n_inputs + i))
+            continue
         op = ops.BY_OPCODE.get(ins.opcode)
         if op is None:
             raise ValueError(
@@ -161,8 +168,51 @@ def _is_dynamic(value: Any) -> bool:
     return isinstance(value, list) and any(_is_dynamic(v) for v in value)
 
 
-def _fault_step(ins: bytecode.Instruction, op: ops.Op) -> Step:
-    message = f"injected fault at node '{ins.node}' ({op.qualified_name})"
+class UnregisteredOperatorError(ValueError):
+    """A blob calls an operator through the dispatcher that this process has not registered."""
+
+    def __init__(self, operator: str, node: str, debug_handle: int) -> None:
+        super().__init__(
+            f"operator {_qualified(operator)} ({operator}, node {node!r}) is not registered in "
+            "this process; import the module that defines it (its torch.library registration) "
+            "before loading"
+        )
+        self.operator = operator
+        self.node = node
+        self.debug_handle = debug_handle
+
+
+def _qualified(overload: str) -> str:
+    """"mylib::scale" for "mylib.scale.default", as debug info names ops."""
+    namespace, _, rest = overload.partition(".")
+    return f"{namespace}::{rest.split('.')[0]}"
+
+
+def _dispatch_step(ins: bytecode.Instruction, constants: list, blocks: list) -> Step:
+    """An operator the op table lacks, called through torch's dispatcher by overload name."""
+    name = ins.args[0] if ins.args else None
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(
+            f"reference-backend blob: instruction at node {ins.node!r} calls operator {name!r}; "
+            "expected an overload name such as 'mylib.scale.default'"
+        )
+    import torch  # the blob names the operator; only its registry can resolve it
+
+    try:
+        kernel = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        raise UnregisteredOperatorError(name, ins.node, ins.debug_handle) from None
+    if ins.fault:
+        return _fault_step(ins, None)
+    args = [_resolve(a, constants, blocks) for a in ins.args[1:]]
+    kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
+    return _bind(kernel, args, kwargs)
+
+
+def _fault_step(ins: bytecode.Instruction, op: ops.Op | None) -> Step:
+    name = op.qualified_name if op is not None else _qualified(str(ins.args[0]))
+    message = f"injected fault at node '{ins.node}' ({name})"
     handle = ins.debug_handle
 
     def fault(regs: list) -> Any:

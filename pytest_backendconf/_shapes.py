@@ -136,10 +136,13 @@ class DynamicShapes:
                 origin = first[use.symbol]
                 assert origin is not None
                 source = f"input {names[origin.index]!r} dimension {origin.dim}"
+                if (use.times, use.plus) == (1, 0):
+                    rule = f"must equal {source}, which is {bound} (the exported program declares them equal)"
+                else:
+                    rule = (f"must be {_formula(use, f'({source})')} = {use.size_for(bound)} (a derived "
+                            f"dimension of the exported program; {source} is {bound})")
                 raise InputSpecError(
-                    f"method {method!r} input {names[use.index]!r}: dimension {use.dim} is {size}, but it must "
-                    f"be {_formula(use, source)} = {use.size_for(bound)} (the exported program ties them "
-                    f"together; {source} is {flat[origin.index].shape[origin.dim]})"
+                    f"method {method!r} input {names[use.index]!r}: dimension {use.dim} is {size}, but it {rule}"
                 )
         return values
 

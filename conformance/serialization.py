@@ -45,6 +45,9 @@ def checks(ctx: Any) -> Iterator[Check]:
     for name, dtype in cases:
         if name in spec["deterministic_cases"]:
             yield _check(check_deterministic_lowering, name, dtype, "preprocess")
+    from . import _dynamic_archives
+
+    yield from _dynamic_archives.checks(ctx)
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
@@ -264,11 +267,17 @@ def _same_value(got: Any, want: Any) -> str | None:
 _DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
 
+def _directory(ctx: Any) -> str:
+    """The session's folder for the archives the target process loads."""
+    with _LOCK:
+        if ctx not in _DIRECTORIES:
+            _DIRECTORIES[ctx] = str(ctx.tmp_dir("serialization-archives"))
+        return _DIRECTORIES[ctx]
+
+
 def _scenario(ctx: Any, case: str) -> Scenario:
     saved = _SAVED[ctx][case]
-    if ctx not in _DIRECTORIES:
-        _DIRECTORIES[ctx] = str(ctx.tmp_dir("serialization-archives"))
-    path = os.path.join(_DIRECTORIES[ctx], f"{case}.bcpt")
+    path = os.path.join(_directory(ctx), f"{case}.bcpt")
     with open(path, "wb") as f:
         f.write(saved.data)
     return Scenario(f"serialization:{case}", path, saved.calls)
@@ -289,6 +298,9 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
             except Exception:  # Unsupported, or broken: the case's own checks report it
                 continue
             scenarios.append(_scenario(ctx, case.name))
+    from ._dynamic_archives import scenarios_at_hand
+
+    scenarios += scenarios_at_hand(ctx, _directory(ctx))
     return scenarios, _lowerings(ctx, at_hand=True)
 
 

@@ -129,11 +129,12 @@ class SuiteContext:
         ]
         return changes
 
-    def has_lowered(self, case_name: str, dtype: str, spec: dict | None = None) -> bool:
+    def has_lowered(self, case_name: str, dtype: str, spec: dict | None = None, *, dynamic: bool = False) -> bool:
         """Whether `lower` would return a cached lowering (so reusing it costs nothing)."""
         spec = spec if spec is not None else {m: {} for m in self.cases[case_name].methods}
+        key = (case_name, dtype, json.dumps(spec, sort_keys=True)) + (("dynamic",) if dynamic else ())
         with self._lock:
-            return (case_name, dtype, json.dumps(spec, sort_keys=True)) in self._lowered
+            return key in self._lowered
 
     def lower(
         self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Any = None, cache: bool = True,

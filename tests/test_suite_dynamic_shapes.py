@@ -114,3 +114,19 @@ def test_each_dynamic_check_calls_one_lowered_module_at_both_ends_and_more(case_
     assert batches[:2] == [dims["batch"].min, dims["batch"].max]  # the ends come first
     assert len(set(backend.shapes)) >= 3
     assert ctx.export_count == 1  # one dynamic export, one lowering, every shape
+
+
+@pytest.mark.parametrize("backend", [None, "FirstShapeBuffers"])
+def test_archives_of_dynamic_lowerings_run_a_second_shape_after_load_and_on_the_target(pytester, backend):
+    select = ["backendconf::serialization::dynamic_round_trip[linear]",
+              "backendconf::serialization::dynamic_target_round_trip[linear]"]
+    result = run_suite(pytester, backend, *select)
+    if backend is None:
+        result.assert_outcomes(passed=2)
+        return
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    assert "linear.forward (float32) with dynamic shapes, at the max sizes after load: method 'forward' output 0: " \
+        "dimension 0 is 3" in text
+    assert "linear.forward (float32) with dynamic shapes, at the max sizes, before saving: method 'forward' output 0: " \
+        "dimension 0 is 3" in text

@@ -19,8 +19,8 @@ from pytest_backendconf.conformance._zoo_loader import load_zoo
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ZOO = {case.name: case for case in load_zoo()}
-STATIC = "backendconf::parity::small_cnn[float32]"
-DYNAMIC = ["backendconf::parity::small_cnn[float32-dynamic]", "backendconf::parity::tiny_attention[float32-dynamic]"]
+STATIC = "backendconf::parity::linear[float32]"
+DYNAMIC = ["backendconf::parity::linear[float32-dynamic]", "backendconf::parity::mlp[float32-dynamic]"]
 
 
 def run_suite(pytester, backend_class: str | None, *select: str):

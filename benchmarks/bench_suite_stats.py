@@ -7,7 +7,7 @@ pytest-xdist workers each write theirs):
 
 - ``exports``: every ``torch.export.export`` call of the process, however it
   was reached, and ``unique_exports``: how many distinct (model class,
-  method code, input signature, weight dtype) they were for;
+  method code, input signature, weight dtype, dynamic shapes) they were for;
 - ``ctx_export_count`` / ``ctx_programs``: `SuiteContext.export_count` and
   the number of keys in its program cache, read from the context the
   conformance items share (``item.ctx``);
@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
 
     def counted(mod: Any, args: tuple = (), kwargs: Any = None, *rest: Any, **options: Any) -> Any:
-        _exports.append(_signature(mod, args, kwargs))
+        # A dynamic-shape export of a model is another signature than its static one.
+        _exports.append(_signature(mod, args, kwargs) + (repr(options.get("dynamic_shapes")),))
         return original(mod, args, kwargs, *rest, **options)
 
     counted._bench_counted = True  # type: ignore[attr-defined]

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import warnings
+import weakref
 from typing import Any, Callable
 
+import torch
+
 from pytest_backendconf import _archive
+from pytest_backendconf._compat import tree_structure
 from pytest_backendconf.errors import BackendUnavailableWarning
 
 
@@ -109,3 +114,26 @@ class FreshLowerer:
             return {"archive": path}
         except Exception as exc:
             return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
+_DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_DIRECTORIES_LOCK = threading.Lock()
+
+
+def archive_directory(ctx: Any) -> str:
+    """The session's folder for the archives the target process loads."""
+    with _DIRECTORIES_LOCK:
+        if ctx not in _DIRECTORIES:
+            _DIRECTORIES[ctx] = str(ctx.tmp_dir("serialization-archives"))
+        return _DIRECTORIES[ctx]
+
+
+def same_outputs(actual: Any, expected: Any, *, rtol: float = 0.0, atol: float = 0.0) -> str | None:
+    """None if equal (same structure, dtypes, values; NaN equal to NaN), else why not."""
+    if tree_structure(actual) != tree_structure(expected):
+        return f"output structure {tree_structure(actual)} instead of {tree_structure(expected)}"
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as exc:
+        return str(exc)
+    return None

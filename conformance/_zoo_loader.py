@@ -28,7 +28,8 @@ from pytest_backendconf.errors import BackendConfError
 MODELS_FILE = "models.toml"
 
 _REQUIRED = ("name", "class", "inputs")
-_OPTIONAL = ("description", "tags", "float_dtypes", "ops", "kwargs")
+_OPTIONAL = ("description", "tags", "float_dtypes", "ops", "kwargs", "dims")
+_DIM_KEYS = ("min", "max", "example")
 _TENSOR_KEYS = ("shape", "dtype", "low", "high")
 #: "float" is the float dtype under test; the others are fixed.
 INPUT_DTYPES = ("float", *FLOAT_DTYPES, "int64", "bool")
@@ -118,7 +119,11 @@ class _Entry:
         if not isinstance(name, str) or not _NAME.match(name):
             raise self.error("name", f"{name!r} must be lower snake case, matching [a-z][a-z0-9_]*")
         cls = self.model_class(data["class"])
+        self.declared_dims, examples = self.dims(data.get("dims", {}))
         inputs = self.inputs(data["inputs"], cls)
+        unused = sorted(set(self.declared_dims) - self.used_dims)
+        if unused:
+            raise self.error(f"dims.{unused[0]}", "is declared but no input shape names it")
         kwargs = self.kwargs(data.get("kwargs", {}), inputs)
         self.check_call(cls, inputs, kwargs)
         optional: dict[str, Any] = {}
@@ -132,8 +137,37 @@ class _Entry:
             tags=self.strings("tags", data.get("tags", [])),
             ops=self.ops(data.get("ops", [])),
             description=self.text("description", data.get("description", "")),
+            dim_examples=examples,
             **optional,
         )
+
+    def dims(self, value: Any) -> tuple[dict[str, Any], dict[str, int]]:
+        """``[model.dims]``: ``name = {min = ..., max = ..., example = ...}`` per varying dimension."""
+        self.used_dims: set[str] = set()
+        if not isinstance(value, dict):
+            raise self.error("dims", "must be a table {name = {min = ..., max = ..., example = ...}}")
+        if not value:
+            return {}, {}
+        from torch.export import Dim
+
+        dims, examples = {}, {}
+        for name, bounds in value.items():
+            field = f"dims.{name}"
+            if not name.isidentifier():
+                raise self.error(field, "a dimension's name must be an identifier, such as batch or seq")
+            if not isinstance(bounds, dict) or not {"min", "max"} <= set(bounds) <= set(_DIM_KEYS):
+                raise self.error(field, f"must be a table {{min = ..., max = ...}} (example optional), got {bounds!r}")
+            low, high, example = bounds["min"], bounds["max"], bounds.get("example", max(2, bounds["min"]))
+            if not all(type(v) is int for v in (low, high, example)) or not 0 <= low < high:
+                raise self.error(field, f"min {low!r} and max {high!r} must be integers with 0 <= min < max")
+            if not (max(2, low) <= example <= high):
+                raise self.error(
+                    f"{field}.example", f"{example!r} must lie in [max(2, min), max] = [{max(2, low)}, {high}] "
+                    "(torch.export specialises sizes 0 and 1)"
+                )
+            dims[name] = Dim(name, min=low, max=high)
+            examples[name] = example
+        return dims, examples
 
     def model_class(self, value: Any) -> type:
         import torch
@@ -179,8 +213,19 @@ class _Entry:
                 f"a tensor input has {', '.join(_TENSOR_KEYS)}",
             )
         shape = value.get("shape")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise self.error(f"{field}.shape", f"{shape!r} must be an array of non-negative integers")
+        if not isinstance(shape, list) or not all((type(d) is int and d >= 0) or isinstance(d, str) for d in shape):
+            raise self.error(
+                f"{field}.shape", f"{shape!r} must be an array of non-negative integers and names of [model.dims]"
+            )
+        for d in shape:
+            if isinstance(d, str) and d not in self.declared_dims:
+                declared = ", ".join(self.declared_dims) or "none"
+                raise self.error(
+                    f"{field}.shape", f"names dimension {d!r}{_suggest(d, self.declared_dims)}, which [model.dims] "
+                    f"does not declare (declared: {declared})"
+                )
+        self.used_dims.update(d for d in shape if isinstance(d, str))
+        shape = [self.declared_dims[d] if isinstance(d, str) else d for d in shape]
         dtype = value.get("dtype", "float")
         if dtype not in INPUT_DTYPES:
             raise self.error(

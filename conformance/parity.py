@@ -3,6 +3,12 @@
 Inputs come from Hypothesis (uniform values, the range's edge values, and
 both mixed); tolerances from the backend's declaration, else the defaults in
 ``suite.toml``. A model the backend rejects is *unsupported*, never a pass.
+
+Models whose inputs have varying dimensions (``[model.dims]``) also get a
+``[<dtype>-dynamic]`` check: the model lowered once with dynamic shapes, then
+called with sizes Hypothesis draws in the exported ranges (both ends and a
+middle size always first, then a third of the profile's examples), so a backend that specialises on the first
+shape it sees, or keeps its buffers, gives wrong outputs.
 """
 
 from __future__ import annotations
@@ -11,9 +17,9 @@ import functools
 from typing import Iterator
 
 import torch
-from hypothesis import given, seed as hypothesis_seed, strategies as st
+from hypothesis import example, given, seed as hypothesis_seed, settings, strategies as st
 
-from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf import OutputSpecError, UnsupportedNodeError
 from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf._hypothesis import PROFILES
 from pytest_backendconf._check import Check, CheckFailed, Unsupported
@@ -33,12 +39,26 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                     stage="execute",
                     case=case.name,
                 )
+                if case.method_dims(method):
+                    yield Check(
+                        category="parity",
+                        name=f"{case.name}{suffix}[{dtype}-dynamic]",
+                        run=functools.partial(check_dynamic_parity, case_name=case.name, dtype=dtype, method=method),
+                        stage="execute",
+                        case=case.name,
+                    )
 
 
-def lowered_or_unsupported(ctx: SuiteContext, case_name: str, dtype: str):
-    """The case lowered to the backend; `Unsupported` if the backend rejects a node."""
+def lowered_or_unsupported(ctx: SuiteContext, case_name: str, dtype: str, *, dynamic: bool = False):
+    """The case lowered to the backend; `Unsupported` if the backend rejects a node.
+
+    ``dynamic``: lowered with dynamic shapes; `Unsupported` if the backend
+    declares ``Capabilities(dynamic_shapes=False)``.
+    """
+    if dynamic and not ctx.capabilities.dynamic_shapes:
+        raise Unsupported(f"backend {ctx.name!r} declares Capabilities(dynamic_shapes=False)")
     try:
-        return ctx.lower(case_name, dtype)
+        return ctx.lower(case_name, dtype, dynamic=dynamic)
     except UnsupportedNodeError as exc:
         raise Unsupported.from_rejection(exc) from exc
 
@@ -80,3 +100,54 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     if not profile.derandomize:
         compare = hypothesis_seed(ctx.hypothesis_seed)(compare)
     compare()
+
+
+def size_choices(ctx: SuiteContext, case_name: str, method: str) -> tuple[dict, list[dict]]:
+    """A Hypothesis strategy of ``{dim: size}`` in the case's bounds, and the sizes always tried.
+
+    Always tried, in this order: every Dim at its minimum, at its maximum,
+    and at the middle of its range (three distinct shapes for every range
+    of width two or more).
+    """
+    dims = ctx.cases[case_name].method_dims(method)
+    strategy = st.fixed_dictionaries({name: st.integers(d.min, d.max) for name, d in dims.items()})
+    ends = [
+        {name: d.min for name, d in dims.items()},
+        {name: d.max for name, d in dims.items()},
+        {name: (d.min + d.max) // 2 for name, d in dims.items()},
+    ]
+    return strategy, ends
+
+
+def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> None:
+    lowered = lowered_or_unsupported(ctx, case_name, dtype, dynamic=True)
+    eager = getattr(ctx.module(case_name, dtype), method)
+    run = getattr(lowered, method)
+    rtol, atol = tolerance(ctx, dtype)
+    profile = PROFILES[ctx.hypothesis_profile]
+    strategy, always = size_choices(ctx, case_name, method)
+
+    def compare(sizes: dict, seed: int, mode: str) -> None:
+        args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode, sizes=sizes)
+        expected = eager(*args, **kwargs)
+        shapes = ", ".join(f"{n}={v}" for n, v in sizes.items())
+        try:
+            actual = run(*args, **kwargs)
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+        except (AssertionError, OutputSpecError) as exc:
+            raise CheckFailed(
+                f"{case_name}.{method} in {dtype}, lowered once with dynamic shapes and called at {shapes}: the "
+                f"backend's outputs differ from eager PyTorch (rtol={rtol}, atol={atol}) for inputs drawn with "
+                f"seed={seed}, mode={mode!r}. A backend must not specialise on the first shape it runs "
+                f"(or on the example shape of the export):\n{exc}"
+            ) from None
+
+    test = given(sizes=strategy, seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))(compare)
+    for sizes in reversed(always):  # example() stacks: the last applied runs first
+        test = example(sizes=sizes, seed=0, mode="random")(test)
+    # Values are parity's job; here the sizes are: a third of the profile's
+    # draws on top of the three sizes always tried keeps the suite's time.
+    test = settings(profile, max_examples=max(1, profile.max_examples // 3))(test)
+    if not profile.derandomize:
+        test = hypothesis_seed(ctx.hypothesis_seed)(test)
+    test()

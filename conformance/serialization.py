@@ -20,12 +20,14 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive
-from pytest_backendconf._compat import tree_map, tree_structure
+from pytest_backendconf._compat import tree_map
 from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
 from ._session_work import Lowering, Scenario, offer_at_hand
+from ._session_work import archive_directory as _directory
+from ._session_work import same_outputs as _same
 from .availability import session
 
 
@@ -45,6 +47,9 @@ def checks(ctx: Any) -> Iterator[Check]:
     for name, dtype in cases:
         if name in spec["deterministic_cases"]:
             yield _check(check_deterministic_lowering, name, dtype, "preprocess")
+    from . import _dynamic_archives
+
+    yield from _dynamic_archives.checks(ctx)
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
@@ -110,17 +115,6 @@ def call_fresh(function: Any, args: tuple, kwargs: dict) -> Any:
     (which the parity and reliability checks report) must not make the archive look different here."""
     args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
     return function(*args, **kwargs)
-
-
-def _same(actual: Any, expected: Any, *, rtol: float = 0.0, atol: float = 0.0) -> str | None:
-    """None if equal (same structure, dtypes, values; NaN equal to NaN), else why not."""
-    if tree_structure(actual) != tree_structure(expected):
-        return f"output structure {tree_structure(actual)} instead of {tree_structure(expected)}"
-    try:
-        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
-    except AssertionError as exc:
-        return str(exc)
-    return None
 
 
 # --- per case ----------------------------------------------------------------------------------
@@ -268,14 +262,11 @@ def _same_value(got: Any, want: Any) -> str | None:
 # --- the target process and the fresh lowering (availability.Session runs both, _session_work has the records)
 
 
-_DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
 
 def _scenario(ctx: Any, case: str) -> Scenario:
     saved = _SAVED[ctx][case]
-    if ctx not in _DIRECTORIES:
-        _DIRECTORIES[ctx] = str(ctx.tmp_dir("serialization-archives"))
-    path = os.path.join(_DIRECTORIES[ctx], f"{case}.bcpt")
+    path = os.path.join(_directory(ctx), f"{case}.bcpt")
     with open(path, "wb") as f:
         f.write(saved.data)
     return Scenario(f"serialization:{case}", path, saved.calls)
@@ -297,6 +288,9 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
             except Exception:  # Unsupported, or broken: the case's own checks report it
                 continue
             scenarios.append(_scenario(ctx, case.name))
+    from ._dynamic_archives import scenarios_at_hand
+
+    scenarios += scenarios_at_hand(ctx, _directory(ctx))
     return scenarios, _lowerings(ctx, at_hand=True)
 
 

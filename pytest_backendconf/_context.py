@@ -39,9 +39,9 @@ class SuiteContext:
         self._tmp_dir = tmp_dir
         self._lock = threading.RLock()
         self._modules: dict[tuple[str, str], torch.nn.Module] = {}
-        self._programs: dict[tuple[str, str, str], Any] = {}
-        self._fingerprints: dict[tuple[str, str, str], tuple[list[tuple], dict[str, torch.Tensor]]] = {}
-        self._lowered: dict[tuple[str, str, str], WrapperModule] = {}
+        self._programs: dict[tuple[str, ...], Any] = {}
+        self._fingerprints: dict[tuple[str, ...], tuple[list[tuple], dict[str, torch.Tensor]]] = {}
+        self._lowered: dict[tuple[str, ...], WrapperModule] = {}
         self._memo: dict[tuple, Any] = {}
         #: How many exports ran: the benchmark compares it with the unique keys.
         self.export_count = 0
@@ -81,11 +81,17 @@ class SuiteContext:
                 self._modules[key] = module.eval()
             return self._modules[key]
 
-    def example(self, case_name: str, dtype: str, method: str, seed: int = 0, mode: str = "random") -> tuple[tuple, dict]:
-        """Deterministic example ``(args, kwargs)`` for one method (the export uses seed 0)."""
+    def example(
+        self, case_name: str, dtype: str, method: str, seed: int = 0, mode: str = "random", sizes: dict | None = None
+    ) -> tuple[tuple, dict]:
+        """Deterministic example ``(args, kwargs)`` for one method (the export uses seed 0).
+
+        ``sizes`` gives some `Dim`s of a dynamic case other sizes than the example's.
+        """
         case = self.cases[case_name]
         generator = torch.Generator().manual_seed(seed)
-        args = tuple(make_input(spec, dtype, generator, mode) for spec in case.inputs[method])
+        sizes = {**case.example_sizes(), **(sizes or {})} if case.dims else None
+        args = tuple(make_input(spec, dtype, generator, mode, sizes) for spec in case.inputs[method])
         return args, dict(case.kwargs.get(method, {}))
 
     def flat_inputs(self, case_name: str, dtype: str, method: str, seed: int = 0) -> list:
@@ -95,13 +101,18 @@ class SuiteContext:
         args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
         return _compat.tree_leaves((args, kwargs))
 
-    def program(self, case_name: str, dtype: str, method: str) -> Any:
-        """The exported program of one method, exported once per session."""
-        key = (case_name, dtype, method)
+    def program(self, case_name: str, dtype: str, method: str, *, dynamic: bool = False) -> Any:
+        """The exported program of one method, exported once per session.
+
+        ``dynamic``: exported with the case's `Dim`s as ``dynamic_shapes`` (a
+        separate program: the static one stays what every other check uses).
+        """
+        key = (case_name, dtype, method, "dynamic") if dynamic else (case_name, dtype, method)
         with self._lock:
             if key not in self._programs:
                 args, kwargs = self.example(case_name, dtype, method)
-                program = export_method(self.module(case_name, dtype), method, args, kwargs)
+                shapes = self.cases[case_name].dynamic_shapes(method) if dynamic else None
+                program = export_method(self.module(case_name, dtype), method, args, kwargs, dynamic_shapes=shapes)
                 self._programs[key] = program
                 self._fingerprints[key] = _fingerprint(program)
                 self.export_count += 1
@@ -119,22 +130,29 @@ class SuiteContext:
         ]
         return changes
 
-    def has_lowered(self, case_name: str, dtype: str, spec: dict | None = None) -> bool:
+    def has_lowered(self, case_name: str, dtype: str, spec: dict | None = None, *, dynamic: bool = False) -> bool:
         """Whether `lower` would return a cached lowering (so reusing it costs nothing)."""
         spec = spec if spec is not None else {m: {} for m in self.cases[case_name].methods}
+        key = (case_name, dtype, json.dumps(spec, sort_keys=True)) + (("dynamic",) if dynamic else ())
         with self._lock:
-            return (case_name, dtype, json.dumps(spec, sort_keys=True)) in self._lowered
+            return key in self._lowered
 
-    def lower(self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Backend | None = None, cache: bool = True) -> WrapperModule:
-        """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``."""
+    def lower(
+        self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Backend | None = None, cache: bool = True,
+        dynamic: bool = False,
+    ) -> WrapperModule:
+        """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``.
+
+        ``dynamic``: the programs exported with dynamic shapes (see `program`).
+        """
         case = self.cases[case_name]
         spec = spec if spec is not None else {m: {} for m in case.methods}
-        key = (case_name, dtype, json.dumps(spec, sort_keys=True))
+        key = (case_name, dtype, json.dumps(spec, sort_keys=True)) + (("dynamic",) if dynamic else ())
         use_cache = cache and backend is None
         with self._lock:
             if use_cache and key in self._lowered:
                 return self._lowered[key]
-            programs = {m: self.program(case_name, dtype, m) for m in spec}
+            programs = {m: self.program(case_name, dtype, m, dynamic=dynamic) for m in spec}
         lowered = lower_programs(
             programs,
             backend or self.backend,
@@ -176,8 +194,10 @@ def _graph_structure(program: Any) -> list[tuple]:
 INPUT_MODES = ("random", "edges", "mixed")
 
 
-def make_input(spec: Any, dtype: str, generator: torch.Generator, mode: str = "random") -> Any:
+def make_input(spec: Any, dtype: str, generator: torch.Generator, mode: str = "random", sizes: dict | None = None) -> Any:
     """One input from a `TensorInput` (drawn from ``generator``) or a constant.
+
+    ``sizes`` gives the size of each `Dim` in the shape (default ``max(2, min)``).
 
     ``edges`` fills the tensor with the boundary values of its range (low,
     high, 0, ±1, a tiny number, where they lie in the range); ``mixed``
@@ -185,28 +205,29 @@ def make_input(spec: Any, dtype: str, generator: torch.Generator, mode: str = "r
     """
     if not isinstance(spec, TensorInput):
         return spec
+    shape = spec.concrete_shape(sizes)
     name = dtype if spec.dtype == "float" else spec.dtype
     torch_dtype = getattr(torch, "float32" if name == FIXED else name)
     if torch_dtype == torch.bool:
         if mode == "edges":
-            return torch.full(spec.shape, bool(torch.randint(0, 2, (), generator=generator)))
-        return torch.randint(0, 2, spec.shape, generator=generator).bool()
+            return torch.full(shape, bool(torch.randint(0, 2, (), generator=generator)))
+        return torch.randint(0, 2, shape, generator=generator).bool()
     floating = torch_dtype.is_floating_point
     low = spec.low if spec.low is not None else (-1.0 if floating else -100)
     high = spec.high if spec.high is not None else (1.0 if floating else 100)
     if floating:
-        values = torch.rand(spec.shape, generator=generator, dtype=torch.float64) * (high - low) + low
+        values = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
     else:
-        values = torch.randint(int(low), int(high) + 1, spec.shape, generator=generator, dtype=torch.float64)
+        values = torch.randint(int(low), int(high) + 1, shape, generator=generator, dtype=torch.float64)
     if mode != "random" and values.numel():
         edges = [v for v in (low, high, 0.0, -0.0, 1.0, -1.0, 1e-3, -1e-3) if low <= v <= high]
         if not floating:
             edges = sorted({float(int(v)) for v in edges})
-        pick = torch.randint(0, len(edges), spec.shape, generator=generator)
+        pick = torch.randint(0, len(edges), shape, generator=generator)
         edge_values = torch.tensor(edges, dtype=torch.float64)[pick]
         if mode == "edges":
             values = edge_values
         else:
-            mask = torch.rand(spec.shape, generator=generator) < 0.3
+            mask = torch.rand(shape, generator=generator) < 0.3
             values = torch.where(mask, edge_values, values)
     return values.to(torch_dtype)

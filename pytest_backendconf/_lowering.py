@@ -21,7 +21,7 @@ import torch
 import torch.nn.modules.module as _module_hooks
 from torch.utils import _pytree as pytree
 
-from . import _compat
+from . import _compat, _shapes
 from ._debug_handles import DebugHandleRecorder
 from ._program_io import user_inputs, user_outputs
 from .backend import Backend
@@ -49,6 +49,7 @@ def to_backend(
     example_inputs: tuple | Mapping[str, tuple],
     example_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     partition: Any = None,
+    dynamic_shapes: Any = None,
 ) -> "WrapperModule":
     """Lower the methods of ``module`` named in ``method_compile_spec`` to ``backend``.
 
@@ -63,6 +64,10 @@ def to_backend(
         submodule names (``["encoder"]``) the nodes under them, a function
         ``node -> bool`` the nodes it picks; every other node runs on the
         host CPU (docs/writing-a-backend.md, "Partial delegation").
+    :param dynamic_shapes: the sizes that may vary from call to call, in
+        ``torch.export.export``'s forms (``{"x": {0: Dim("batch", min=1,
+        max=64)}}``), or ``{method_name: that}`` when several methods are
+        lowered. Calls are checked against the exported ranges.
     :returns: a `WrapperModule` with one method per compile-spec key.
     """
     _compat.check_torch_version()
@@ -79,8 +84,9 @@ def to_backend(
             f"{example_kwargs!r:.80}; e.g. example_kwargs={{'forward': {{'scale': 2.0}}}}"
         )
     examples = _check_examples(specs, example_inputs, example_kwargs or {})
+    dynamic = _shapes.per_method(dynamic_shapes, specs, module)
     work = copy.deepcopy(module)  # to_backend never mutates the caller's module
-    programs = {name: export_method(work, name, *examples[name]) for name in specs}
+    programs = {name: export_method(work, name, *examples[name], dynamic_shapes=dynamic.get(name)) for name in specs}
     return lower_programs(
         programs,
         backend_obj,
@@ -92,14 +98,15 @@ def to_backend(
     )
 
 
-def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
+def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict, *, dynamic_shapes: Any = None) -> Any:
     """Export one method of ``module`` the way `to_backend` does (defaults bound, checked).
 
     The suite calls this once per (model, input signature) and lowers the
     cached program many times with `lower_programs`.
     """
     args, kwargs = _normalize(getattr(type(module), name), name, args, kwargs)
-    program = _export(module, name, args, kwargs)
+    options = {} if dynamic_shapes is None else {"dynamic_shapes": _shapes.fit_positional(dynamic_shapes, len(args))}
+    program = _export(module, name, args, kwargs, **options)
     _reject_mutations(program, name)
     return program
 
@@ -304,6 +311,7 @@ class LoweredModule(torch.nn.Module):
             self.compile_now(at="call")
             handles = self.handles
         inputs = runner.flatten(args, kwargs)
+        sizes = runner.check_sizes(inputs) if runner.dynamic is not None else None
         try:
             if method in self._plan_runners:
                 outputs = self._plan_runners[method].run(inputs)
@@ -314,7 +322,10 @@ class LoweredModule(torch.nn.Module):
         except Exception as exc:
             _add_note(exc, f"(raised by backend {self.backend_name!r} executing method {method!r})")
             raise
-        return runner.unflatten(outputs, self.backend_name)
+        result = runner.unflatten(outputs, self.backend_name)
+        if sizes is not None:
+            runner.dynamic.check_outputs(method, self.backend_name, outputs, sizes)  # type: ignore[union-attr]
+        return result
 
     def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
         handle = exc.debug_handle
@@ -449,6 +460,8 @@ class _MethodRunner:
             for v in spec.outputs
         ]
         self.rebuild = _rebuilder(self.out_tree)
+        self.dynamic = spec.dynamic_shapes
+        self.input_names = [v.name for v in spec.inputs]
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
         if not kwargs and len(args) == self.fast_arity:
@@ -479,6 +492,10 @@ class _MethodRunner:
         if self.constants:
             self._check_constants(flat)
         return flat
+
+    def check_sizes(self, inputs: list) -> list[int | None]:
+        """The exported ranges and equalities of the symbolic sizes (dynamic shapes only)."""
+        return self.dynamic.check_inputs(self.spec.name, self.input_names, inputs)  # type: ignore[union-attr]
 
     def _check_constants(self, flat: list) -> None:
         for i, spec in self.constants:
@@ -726,13 +743,13 @@ def _normalize(function: Any, name: str, args: tuple, kwargs: dict) -> tuple[tup
 _EXPORT_LOCK = threading.Lock()
 
 
-def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict) -> Any:
+def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict, **options: Any) -> Any:
     original = type(work)
     if name != "forward":
         work.__class__ = _class_exporting(original, name)
     try:
         with _EXPORT_LOCK:
-            return _compat.export(work, args, kwargs)
+            return _compat.export(work, args, kwargs, **options)
     except Exception as exc:
         raise LoweringError(
             f"torch.export could not export method {name!r} of {original.__name__}: "
@@ -818,9 +835,11 @@ def _hashable(value: Any) -> bool:
 
 
 def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:
-    inputs = [value_spec(n, v) for n, v in user_inputs(program)]
-    outputs = [value_spec(n, v) for n, v in user_outputs(program)]
+    example_inputs, example_outputs = user_inputs(program), user_outputs(program)
+    inputs = [value_spec(n, v) for n, v in example_inputs]
+    outputs = [value_spec(n, v) for n, v in example_outputs]
     return MethodSpec(
+        dynamic_shapes=_shapes.DynamicShapes.from_program(example_inputs, example_outputs, program.range_constraints),
         name=name,
         compile_spec=spec,
         params=params_of(function),

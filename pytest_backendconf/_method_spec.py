@@ -14,6 +14,8 @@ import inspect
 import math
 from typing import Any
 
+from ._shapes import DynamicShapes
+
 _KIND_BY_NAME = {
     "POSITIONAL_ONLY": inspect.Parameter.POSITIONAL_ONLY,
     "POSITIONAL_OR_KEYWORD": inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -110,6 +112,8 @@ class MethodSpec:
     out_spec: str  # likewise for the outputs
     inputs: tuple[ValueSpec, ...]
     outputs: tuple[ValueSpec, ...]
+    #: The exported ranges and equalities of symbolic dimensions (None: every shape is static).
+    dynamic_shapes: DynamicShapes | None = None
 
     def signature(self) -> inspect.Signature:
         """The original method's signature, for ``inspect`` and for binding calls."""
@@ -120,7 +124,7 @@ class MethodSpec:
         return inspect.Signature(params)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "compile_spec": self.compile_spec,
             "params": [p.to_json() for p in self.params],
@@ -129,6 +133,9 @@ class MethodSpec:
             "inputs": [v.to_json() for v in self.inputs],
             "outputs": [v.to_json() for v in self.outputs],
         }
+        if self.dynamic_shapes is not None:
+            out["dynamic_shapes"] = self.dynamic_shapes.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "MethodSpec":
@@ -137,14 +144,18 @@ class MethodSpec:
         for key in ("in_spec", "out_spec"):
             if not isinstance(data.get(key), str):
                 raise ValueError(f"{key} is not a string")
+        inputs = tuple(ValueSpec.from_json(v) for v in data["inputs"])
+        outputs = tuple(ValueSpec.from_json(v) for v in data["outputs"])
+        dynamic = data.get("dynamic_shapes")
         return cls(
             name=str(data["name"]),
             compile_spec=data["compile_spec"],
             params=tuple(ParamSpec.from_json(p) for p in data["params"]),
             in_spec=data["in_spec"],
             out_spec=data["out_spec"],
-            inputs=tuple(ValueSpec.from_json(v) for v in data["inputs"]),
-            outputs=tuple(ValueSpec.from_json(v) for v in data["outputs"]),
+            inputs=inputs,
+            outputs=outputs,
+            dynamic_shapes=None if dynamic is None else DynamicShapes.from_json(dynamic, inputs, outputs),
         )
 
 
@@ -177,6 +188,11 @@ def value_spec(name: str, value: Any) -> ValueSpec:
 
 
 def _is_static(dim: Any) -> bool:
+    node = getattr(dim, "node", None)
+    if node is not None:
+        # Never int() a SymInt: that guards on its example value and
+        # specialises the symbol in the program's shape environment.
+        return node.maybe_as_int() is not None
     try:
         int(dim)
     except (TypeError, ValueError):

@@ -26,6 +26,10 @@ class Capabilities:
     thread_safe: bool = False
     #: Honours the ``"__backendconf_fault__"`` compile-spec key (§3.5).
     fault_injection: bool = False
+    #: Runs programs exported with ``dynamic_shapes`` (sizes that vary per call,
+    #: within ``program.range_constraints``). ``False``: the suite reports its
+    #: dynamic-shape checks as unsupported instead of running them.
+    dynamic_shapes: bool = True
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set-like fields, store frozen copies so
@@ -64,7 +68,7 @@ class Capabilities:
         bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
         if bad_modules:
             found.append(f"host_only_modules has {bad_modules!r}: write module names")
-        for flag in ("thread_safe", "fault_injection"):
+        for flag in ("thread_safe", "fault_injection", "dynamic_shapes"):
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
         return found

@@ -10,6 +10,13 @@ availability check with the ``backendconf_register_cases`` hook::
             build=lambda: MyBlock().eval(),
             inputs={"forward": (bc.TensorInput(shape=(1, 16, 8, 8)),)},
         ))
+
+A dimension that may vary from call to call is a ``torch.export.Dim``; the
+suite then also lowers the model with dynamic shapes and calls that one
+lowered module with sizes drawn inside the bounds, both ends included::
+
+    batch = torch.export.Dim("batch", min=1, max=16)
+    bc.TensorInput(shape=(batch, 16, 8, 8))
 """
 
 from __future__ import annotations
@@ -30,18 +37,43 @@ class TensorInput:
     ``float_dtypes`` that the backend declares); any other value is a fixed
     dtype name such as ``"int64"`` or ``"bool"``. ``low``/``high`` bound the
     generated values (integers: inclusive range; floats: the range edge
-    values are drawn from).
+    values are drawn from). A ``shape`` entry may be a ``torch.export.Dim``:
+    that dimension varies (the same `Dim` in two places: always equal).
     """
 
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]
     dtype: str = "float"
     low: float | None = None
     high: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(self.shape))
-        if not all(isinstance(d, int) and d >= 0 for d in self.shape):
-            raise ValueError(f"TensorInput shape {self.shape!r} must be a tuple of non-negative ints")
+        for d in self.shape:
+            if is_dim(d):
+                if not (type(d.min) is int and type(d.max) is int and 0 <= d.min < d.max):
+                    raise ValueError(
+                        f"TensorInput shape {self.shape!r}: Dim {d.__name__!r} needs bounds, "
+                        f"e.g. torch.export.Dim({d.__name__!r}, min=1, max=16)"
+                    )
+            elif not (type(d) is int and d >= 0):
+                raise ValueError(
+                    f"TensorInput shape {self.shape!r} must hold non-negative ints and torch.export.Dim objects"
+                )
+
+    @property
+    def dims(self) -> dict[int, Any]:
+        """``{position: Dim}`` of the dimensions that vary."""
+        return {i: d for i, d in enumerate(self.shape) if is_dim(d)}
+
+    def concrete_shape(self, sizes: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """The shape with each `Dim` replaced by its size in ``sizes`` (default ``max(2, min)``)."""
+        sizes = sizes or {}
+        return tuple(sizes.get(d.__name__, max(2, d.min)) if is_dim(d) else d for d in self.shape)
+
+
+def is_dim(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.export.Dim`` (checked without importing torch)."""
+    return type(value).__name__ == "Dim" and hasattr(value, "min") and hasattr(value, "max")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,6 +90,9 @@ class ModelCase:
     :param ops: op overload names the model uses, for the coverage table.
     :param description: what the model is, in one line, for reports.
     :param origin: where its code comes from (a package and its entry point, a file), for reports.
+    :param dim_examples: the size each `Dim` of the inputs takes in the
+        example every static check uses (and the dynamic export starts
+        from); a Dim not named here takes ``max(2, min)``.
     """
 
     name: str
@@ -69,6 +104,7 @@ class ModelCase:
     ops: tuple[str, ...] = ()
     description: str = ""
     origin: str = ""
+    dim_examples: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -81,10 +117,59 @@ class ModelCase:
         if bad:
             raise ValueError(f"ModelCase {self.name!r}: float_dtypes {bad} are not among {FLOAT_DTYPES}")
         object.__setattr__(self, "inputs", {m: tuple(v) for m, v in self.inputs.items()})
+        object.__setattr__(self, "dim_examples", dict(self.dim_examples))
+        dims = self.dims
+        for name, size in self.dim_examples.items():
+            dim = dims.get(name)
+            if dim is None:
+                raise ValueError(f"ModelCase {self.name!r}: dim_examples names {name!r}, which no input uses")
+            if not (type(size) is int and dim.min <= size <= dim.max):
+                raise ValueError(
+                    f"ModelCase {self.name!r}: dim_examples[{name!r}] = {size!r} is outside [{dim.min}, {dim.max}]"
+                )
+        for name, dim in dims.items():
+            if name not in self.dim_examples and max(2, dim.min) > dim.max:
+                raise ValueError(
+                    f"ModelCase {self.name!r}: Dim {name!r} with bounds [{dim.min}, {dim.max}] needs a size >= 2 "
+                    "in dim_examples (torch.export specialises sizes 0 and 1)"
+                )
 
     @property
     def methods(self) -> tuple[str, ...]:
         return tuple(self.inputs)
+
+    @property
+    def dims(self) -> dict[str, Any]:
+        """``{name: Dim}`` of every varying dimension, over all methods (empty: static shapes only)."""
+        found: dict[str, Any] = {}
+        for args in self.inputs.values():
+            for spec in args:
+                for dim in spec.dims.values() if isinstance(spec, TensorInput) else ():
+                    other = found.setdefault(dim.__name__, dim)
+                    if (other.min, other.max) != (dim.min, dim.max):
+                        raise ValueError(
+                            f"ModelCase {self.name!r}: two Dims named {dim.__name__!r} have different bounds "
+                            f"[{other.min}, {other.max}] and [{dim.min}, {dim.max}]; use one Dim object"
+                        )
+        return found
+
+    def method_dims(self, method: str) -> dict[str, Any]:
+        """``{name: Dim}`` of the varying dimensions of one method's inputs."""
+        return {
+            d.__name__: d for spec in self.inputs[method] if isinstance(spec, TensorInput) for d in spec.dims.values()
+        }
+
+    def example_sizes(self) -> dict[str, int]:
+        """The size of each Dim in the static example."""
+        return {name: self.dim_examples.get(name, max(2, dim.min)) for name, dim in self.dims.items()}
+
+    def dynamic_shapes(self, method: str) -> tuple[Any, ...] | None:
+        """``torch.export``'s ``dynamic_shapes`` for one method's positional inputs (None: all static)."""
+        if not self.method_dims(method):
+            return None
+        return tuple(
+            (spec.dims or None) if isinstance(spec, TensorInput) else None for spec in self.inputs[method]
+        )
 
     @property
     def uses_float(self) -> bool:

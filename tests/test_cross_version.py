@@ -58,7 +58,10 @@ def write_archives(directory: Path, only: set[str] | None = None) -> dict[str, A
             if dtype != FIXED:
                 module = module.to(getattr(torch, dtype))
             generator = torch.Generator().manual_seed(0)
-            inputs = {m: tuple(make_input(s, dtype, generator) for s in specs) for m, specs in case.inputs.items()}
+            inputs = {
+                m: tuple(make_input(s, dtype, generator, sizes=case.example_sizes()) for s in specs)
+                for m, specs in case.inputs.items()
+            }
             lowered = bc.to_backend(
                 module, "reference", {m: {} for m in case.methods},
                 example_inputs=inputs, example_kwargs=case.kwargs,

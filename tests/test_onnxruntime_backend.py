@@ -269,3 +269,24 @@ def test_the_runtime_module_never_imports_the_exporter():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_dynamic_shapes_export_named_onnx_dimensions_and_run_any_size_in_the_range():
+    import onnx
+
+    from pytest_backendconf.conformance import zoo
+
+    model = zoo.build(zoo.TinyAttention)
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=16)
+    lowered = bc.to_backend(model, BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 5, 8),),
+                            dynamic_shapes={"x": {0: batch, 1: seq}})
+    header, data = blob.decode(lowered.lowered.blobs["forward"])
+    (x,) = [slot for slot in header.inputs if slot is not None]
+    assert x.shape == (None, None, 8)
+    dims = onnx.load_from_string(data).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param != "" for d in dims] == [True, True, False]
+    for b, s in [(1, 1), (4, 16), (3, 7)]:
+        x = torch.randn(b, s, 8)
+        torch.testing.assert_close(lowered(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(bc.InputSpecError, match=r"input 'x': dimension 1 is 17, outside the range \[1, 16\]"):
+        lowered(torch.randn(2, 17, 8))

@@ -9,10 +9,12 @@ import textwrap
 import pytest
 
 from pytest_backendconf.conformance._spec import section
+from pytest_backendconf.conformance._zoo_loader import load_zoo
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 DETERMINISTIC = section("serialization")["deterministic_cases"]
 STATE = section("serialization")["state_cases"]
+ZOO = {case.name: case for case in load_zoo()}
 
 
 def run_checks(pytester, backend: str, conftest: str, *select: str) -> tuple[dict[str, str], pytest.RunResult]:
@@ -50,6 +52,8 @@ def every_check(case: str) -> list[str]:
         names += [f"compile_spec_and_debug_info_survive[{case}]", f"wrapper_attributes_survive[{case}]"]
     if case in DETERMINISTIC:
         names.append(f"deterministic_lowering[{case}]")
+    if ZOO[case].dims:
+        names += [f"dynamic_round_trip[{case}]", f"dynamic_target_round_trip[{case}]"]
     return names
 
 
@@ -57,7 +61,9 @@ def test_the_reference_backend_passes_every_serialization_check(pytester):
     outcomes, result = run_checks(pytester, "reference", "", "*")
     assert set(outcomes.values()) == {"passed"}
     cases = {name.split("[")[1].rstrip("]") for name in outcomes}
-    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC)
+    dynamic = sum(1 for name in outcomes if name.startswith("dynamic_round_trip["))
+    assert dynamic >= 12
+    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC) + 2 * dynamic
     for case in ("small_cnn", "encoder_decoder", "dict_output"):
         assert set(every_check(case)) <= set(outcomes)
 
@@ -66,7 +72,8 @@ def test_a_backend_whose_loaded_modules_lose_their_constants_fails_the_round_tri
     # The blob is compiled a second time in the same process only by the in-process round trip.
     outcomes, result = run_checks(pytester, "loses_state", registering("LosesState"), "*[[]mlp]", "*[[]tuple_output]")
     assert set(outcomes) == set(every_check("mlp") + every_check("tuple_output"))
-    assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]"}
+    # mlp has varying dimensions: its dynamic-shape archive loses its constants too.
+    assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]", "dynamic_round_trip[mlp]"}
     result.stdout.fnmatch_lines([
         "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
         "lowered module it was saved from (exact comparison):",

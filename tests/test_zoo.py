@@ -31,16 +31,17 @@ def make_inputs(case: bc.ModelCase, method: str, dtype: str, seed: int = 0) -> t
             args.append(spec)
             continue
         name = dtype if spec.dtype == "float" else spec.dtype
+        shape = spec.concrete_shape(case.example_sizes())
         if name == "bool":
-            args.append(torch.rand(spec.shape, generator=generator) < 0.5)
+            args.append(torch.rand(shape, generator=generator) < 0.5)
         elif name == "int64":
             low = int(spec.low) if spec.low is not None else -100
             high = int(spec.high) if spec.high is not None else 100
-            args.append(torch.randint(low, high + 1, spec.shape, generator=generator))
+            args.append(torch.randint(low, high + 1, shape, generator=generator))
         else:
             low = spec.low if spec.low is not None else -1.0
             high = spec.high if spec.high is not None else 1.0
-            values = torch.rand(spec.shape, generator=generator, dtype=torch.float64) * (high - low) + low
+            values = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
             args.append(values.to(getattr(torch, name)))
     return tuple(args)
 
@@ -257,6 +258,32 @@ def test_parse_models_reads_text_and_files(tmp_path):
     torch.testing.assert_close(from_file.build()(torch.ones(1)), torch.tensor([6.0]))
 
 
+def test_parse_models_reads_varying_dimensions():
+    (case,) = parse_models(
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = {min = 1, max = 8, example = 4}\n"
+    )
+    (spec,) = case.inputs["forward"]
+    dim = spec.shape[0]
+    assert (type(dim), dim.__name__, dim.min, dim.max) == (torch.export.Dim("b", min=1, max=2).__class__, "batch", 1, 8)
+    assert case.example_sizes() == {"batch": 4}
+    assert spec.concrete_shape(case.example_sizes()) == (4, 3)
+    assert case.dynamic_shapes("forward") == ({0: dim},)
+
+
+def test_model_case_checks_its_dims():
+    batch = torch.export.Dim("batch", min=1, max=16)
+    case = bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (bc.TensorInput(shape=(batch, 3)),)})
+    assert case.example_sizes() == {"batch": 2}
+    with pytest.raises(ValueError, match=r"dim_examples\['batch'\] = 40 is outside \[1, 16\]"):
+        bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (bc.TensorInput(shape=(batch, 3)),)},
+                     dim_examples={"batch": 40})
+    with pytest.raises(ValueError, match=r"Dim 'n' needs bounds"):
+        bc.TensorInput(shape=(torch.export.Dim("n"), 3))
+    with pytest.raises(ValueError, match=r"two Dims named 'batch' have different bounds"):
+        bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (
+            bc.TensorInput(shape=(batch, 3)), bc.TensorInput(shape=(torch.export.Dim("batch", min=1, max=4),)))})
+
+
 def test_parse_models_reads_constants_kwargs_and_default_dtypes():
     scalar, keyword = parse_models(
         """
@@ -372,6 +399,32 @@ BAD_ENTRIES = [
         VALID.replace('"aten.mul.Tensor"', '"mul"'),
         "field 'ops': 'mul' is not an overload name such as 'aten.mul.Tensor'",
         id="bad-op-name",
+    ),
+    pytest.param(
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = {min = 1, max = 8, example = 1}\n",
+        "field 'dims.batch.example': 1 must lie in [max(2, min), max] = [2, 8] (torch.export specialises sizes 0 and 1)",
+        id="dim-example-below-two",
+    ),
+    pytest.param(
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = {min = 4, max = 2}\n",
+        "field 'dims.batch': min 4 and max 2 must be integers with 0 <= min < max",
+        id="dim-empty-range",
+    ),
+    pytest.param(
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = 8\n",
+        "field 'dims.batch': must be a table {min = ..., max = ...} (example optional), got 8",
+        id="dim-not-a-table",
+    ),
+    pytest.param(
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatches = {min = 1, max = 8}\n",
+        "field 'inputs.forward[0].shape': names dimension 'batch' (did you mean 'batches'?), which [model.dims] "
+        "does not declare (declared: batches)",
+        id="dim-not-declared",
+    ),
+    pytest.param(
+        VALID + "[model.dims]\nbatch = {min = 1, max = 8}\n",
+        "field 'dims.batch': is declared but no input shape names it",
+        id="dim-unused",
     ),
     pytest.param(
         "[models]\nname = 1\n",

@@ -47,7 +47,7 @@ class TensorSlot:
 
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]  # None: a symbolic size (dynamic shapes)
     widened: bool = False
 
 
@@ -137,7 +137,7 @@ def _slot_from_json(data: Any) -> TensorSlot:
     name, dtype, shape, widened = data["name"], data["dtype"], data["shape"], data["widened"]
     if not isinstance(name, str) or dtype not in DTYPES or not isinstance(widened, bool):
         raise ValueError(f"bad tensor slot {data!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(d is None or (type(d) is int and d >= 0) for d in shape):
         raise ValueError(f"bad shape in tensor slot {data!r}")
     return TensorSlot(name, dtype, tuple(shape), widened)
 

@@ -335,12 +335,11 @@ def _inline_functions(model: Any) -> None:
 def _slot(name: str, val: Any, widened: bool, node: torch.fx.Node) -> blob_format.TensorSlot:
     if not isinstance(val, torch.Tensor):
         raise UnsupportedNodeError(node, f"value {name!r} is a {type(val).__name__}, not a tensor")
-    shape = []
-    for dim in val.shape:
-        if not isinstance(dim, int):
-            raise UnsupportedNodeError(node, f"value {name!r} has a dynamic shape {tuple(val.shape)}")
-        shape.append(dim)
-    return blob_format.TensorSlot(name, str(val.dtype).removeprefix("torch."), tuple(shape), widened)
+    # A symbolic size (dynamic shapes) is None: the ONNX model has a named
+    # dimension there, and the lowered module checks each call's sizes
+    # against the program's ranges before execute sees them.
+    shape = tuple(dim if isinstance(dim, int) else None for dim in val.shape)
+    return blob_format.TensorSlot(name, str(val.dtype).removeprefix("torch."), shape, widened)
 
 
 def _graph_parents(model: Any) -> dict[int, tuple[Any, str]]:

@@ -1,0 +1,132 @@
+"""The suite's dynamic-shape checks catch backends that specialise, and only them.
+
+Each broken backend of tests/broken_backends_dynamic.py passes the static
+parity check of a model and must fail its dynamic one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+from pytest_backendconf._context import SuiteContext
+from pytest_backendconf._registry import RegisteredBackend, Source
+from pytest_backendconf.conformance import parity
+from pytest_backendconf.conformance._zoo_loader import load_zoo
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ZOO = {case.name: case for case in load_zoo()}
+STATIC = "backendconf::parity::linear[float32]"
+DYNAMIC = ["backendconf::parity::linear[float32-dynamic]", "backendconf::parity::mlp[float32-dynamic]"]
+
+
+def run_suite(pytester, backend_class: str | None, *select: str):
+    pytester.syspathinsert(TESTS_DIR)
+    name = "reference"
+    if backend_class:
+        import broken_backends_dynamic
+
+        name = getattr(broken_backends_dynamic, backend_class).name
+        pytester.makeconftest(
+            f"from broken_backends_dynamic import {backend_class}\n"
+            f"def backendconf_register_backends(register):\n    register({backend_class}())\n"
+        )
+    args = [f"--backendconf-select={s}" for s in select]
+    return pytester.runpytest(f"--backend={name}", "-p", "no:cacheprovider", "-rfEs", "--backendconf-hypothesis=ci", *args)
+
+
+def outcomes(result) -> dict[str, str]:
+    found = {}
+    for kind in ("FAILED", "SKIPPED"):
+        for m in re.finditer(rf"^{kind} (?:\[\d+\] )?(backendconf::\S+?):? ", result.stdout.str(), re.M):
+            found[m.group(1)] = kind
+    return found
+
+
+def test_at_least_twelve_zoo_models_have_varying_dimensions():
+    dynamic = [c for c in ZOO.values() if c.dims]
+    assert len(dynamic) >= 12
+    vision = {"small_cnn", "conv2d_stride_padding", "pools", "residual_block", "batch_norm_eval"}
+    assert all("batch" in ZOO[n].dims for n in vision)
+    assert all("seq" in ZOO[n].dims for n in ("tiny_attention", "causal_mask", "layer_norm"))
+    assert sum(len(c.dims) >= 2 for c in dynamic) >= 3
+    for case in dynamic:
+        for dim in case.dims.values():
+            assert dim.max - dim.min >= 2, (case.name, dim)  # min, middle and max differ
+
+
+def test_the_reference_backend_passes_the_dynamic_checks(pytester):
+    result = run_suite(pytester, None, STATIC, *DYNAMIC)
+    result.assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize(
+    "backend, message",
+    [
+        ("FirstShapeBuffers", r"dimension 0 is 1 from backend 'first_shape_buffers', but this call's input sizes make it \d+"),
+        ("IgnoresRanges", r"lowered once with dynamic shapes and called at batch=\d+"),
+    ],
+)
+def test_a_backend_that_specialises_fails_the_dynamic_checks_only(pytester, backend, message):
+    result = run_suite(pytester, backend, STATIC, *DYNAMIC)
+    result.assert_outcomes(passed=1, failed=2)
+    assert set(outcomes(result)) == set(DYNAMIC)
+    assert re.search(message, result.stdout.str()), result.stdout.str()[-3000:]
+
+
+def test_a_static_only_backend_gets_the_dynamic_checks_as_unsupported(pytester):
+    result = run_suite(pytester, "StaticOnly", STATIC, *DYNAMIC)
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*unsupported: backend 'static_only' declares Capabilities(dynamic_shapes=False)*"])
+
+
+class RecordsShapes:
+    """The reference backend, recording the input shapes each handle is called with."""
+
+    def __init__(self):
+        from backendconf_reference import ReferenceBackend
+
+        self.inner = ReferenceBackend()
+        self.name = "records_shapes"
+        self.capabilities = self.inner.capabilities
+        self.shapes: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, handle, inputs):
+        self.shapes.append(tuple(tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)))
+        return self.inner.execute(handle, inputs)
+
+
+@pytest.mark.parametrize("case_name", ["linear", "causal_mask"])
+def test_each_dynamic_check_calls_one_lowered_module_at_both_ends_and_more(case_name, tmp_path):
+    backend = RecordsShapes()
+    registered = RegisteredBackend(backend, Source("a test"))
+    ctx = SuiteContext(registered, [ZOO[case_name]], tmp_dir=lambda name: tmp_path)
+    ctx.hypothesis_profile = "ci"
+    parity.check_dynamic_parity(ctx, case_name=case_name, dtype="float32", method="forward")
+    dims = ZOO[case_name].dims
+    batches = [shapes[0][0] for shapes in backend.shapes]
+    assert batches[:2] == [dims["batch"].min, dims["batch"].max]  # the ends come first
+    assert len(set(backend.shapes)) >= 3
+    assert ctx.export_count == 1  # one dynamic export, one lowering, every shape
+
+
+@pytest.mark.parametrize("backend", [None, "FirstShapeBuffers"])
+def test_archives_of_dynamic_lowerings_run_a_second_shape_after_load_and_on_the_target(pytester, backend):
+    select = ["backendconf::serialization::dynamic_round_trip[linear]",
+              "backendconf::serialization::dynamic_target_round_trip[linear]"]
+    result = run_suite(pytester, backend, *select)
+    if backend is None:
+        result.assert_outcomes(passed=2)
+        return
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    assert "linear.forward (float32) with dynamic shapes, at the max sizes after load: method 'forward' output 0: " \
+        "dimension 0 is 3" in text
+    assert "linear.forward (float32) with dynamic shapes, at the max sizes, before saving: method 'forward' output 0: " \
+        "dimension 0 is 3" in text

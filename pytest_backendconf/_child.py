@@ -168,6 +168,7 @@ class ChildProcess:
         self._ready = False
         self._setup_error: dict[str, str] | None = None
         self._stderr = bytearray()
+        self._stderr_total = 0
         self._stderr_lock = threading.Lock()
         self._records: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
@@ -277,6 +278,17 @@ class ChildProcess:
         with self._stderr_lock:
             return bytes(self._stderr).decode("utf-8", "replace")
 
+    def stderr_mark(self) -> int:
+        """A position in the child's stderr, for `stderr_since`."""
+        with self._stderr_lock:
+            return self._stderr_total
+
+    def stderr_since(self, mark: int) -> str:
+        """What the child wrote to stderr since ``mark`` (as much of it as is kept)."""
+        with self._stderr_lock:
+            new = min(self._stderr_total - mark, len(self._stderr))
+            return bytes(self._stderr[len(self._stderr) - new:]).decode("utf-8", "replace") if new > 0 else ""
+
     def rss(self) -> int | None:
         """The child's resident memory in bytes (Linux; ``None`` elsewhere or once it is gone)."""
         try:
@@ -351,6 +363,7 @@ class ChildProcess:
                 return
             with self._stderr_lock:
                 self._stderr += chunk
+                self._stderr_total += len(chunk)
                 del self._stderr[:-STDERR_KEPT]
 
     def _write(self) -> None:

@@ -178,6 +178,29 @@ class SuiteContext:
         return self._tmp_dir(name)
 
 
+def build_context(
+    selected: RegisteredBackend, registry: Any, tmp_dir: Callable[[str], Any], profile: str, seed: int,
+    *, zoo: str = "synthetic",
+) -> SuiteContext:
+    """The session's context: the zoo (``--backendconf-zoo``) and the registry's cases, the
+    Hypothesis profile and seed.
+
+    The pytest process and the backend host (`pytest_backendconf._host`) both
+    build it here, so that both generate the same checks.
+    """
+    from .conformance._zoo_loader import load_zoo
+
+    real = []
+    if zoo != "synthetic":
+        from .conformance.real_models import real_cases
+
+        real = real_cases()
+    # The synthetic zoo stays in the context under `real`: checks name some of its models.
+    ctx = SuiteContext(selected, load_zoo() + real + registry.cases(), tmp_dir=tmp_dir)
+    ctx.hypothesis_profile, ctx.hypothesis_seed = profile, seed
+    return ctx
+
+
 def _fingerprint(program: Any) -> tuple[list[tuple], dict[str, torch.Tensor]]:
     # The nodes themselves, not graph_module.code: an edit of the graph without
     # recompile() leaves the code as it was. Tensors are copied: they are what

@@ -226,9 +226,15 @@ def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, s
     if excinfo is None:
         return None
     exc = excinfo.value
-    lines = str(exc).strip().splitlines()
+    kind, module, text = type(exc).__qualname__, type(exc).__module__, str(exc)
+    remote = getattr(exc, "error_record", None)  # a check that failed in the backend host
+    if remote:
+        kind, module = remote["type"], remote["module"]
+        if kind != "CheckFailed" and not module.startswith("pytest_backendconf."):
+            text = remote["message"]
+    lines = text.strip().splitlines()
     message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")
-    return {"type": type(exc).__qualname__, "module": type(exc).__module__, "message": message}
+    return {"type": kind, "module": module, "message": message}
 
 
 @dataclasses.dataclass

@@ -59,6 +59,9 @@ def checks(ctx: Any) -> Iterator[Check]:
             row["id"],
             functools.partial(OUTCOMES[row["expect"]], row=row),
             stage="is_available" if row["where"] == "host" else "target",
+            # A row whose stand-in decides is_available() runs wherever the backend is; the others
+            # need the backend itself available.
+            needs_available=row.get("stand_in", {}).get("available", "backend") == "backend",
         )
 
 

@@ -231,12 +231,21 @@ class ChildProcess:
             returned text kills the child (`Ended.killed_because`).
         """
         self.send(message)
-        if not self._ready and not self._wait_ready():
+        if not self.wait_ready():
             return self.ended  # type: ignore[return-value]
         deadline = None if timeout is None else time.monotonic() + timeout
+        next_watch = 0.0
         while True:
-            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
-            record = self.receive(wait)
+            now = time.monotonic()
+            # Checked on the clock, not only in silence: a child streaming records can hang or leak too.
+            if watch is not None and now >= next_watch:
+                next_watch = now + 0.05
+                why = watch()
+                if why:
+                    return self.kill(killed_because=why)
+            if deadline is not None and now >= deadline:
+                return self.kill(timed_out=timeout)
+            record = self.receive(0.05 if deadline is None else max(0.0, min(0.05, deadline - now)))
             if isinstance(record, Ended):
                 return record
             if record is not None:
@@ -244,12 +253,10 @@ class ChildProcess:
                     return record
                 if on_record is not None:
                     on_record(record)
-                continue
-            why = watch() if watch is not None else None
-            if why:
-                return self.kill(killed_because=why)
-            if deadline is not None and time.monotonic() >= deadline:
-                return self.kill(timed_out=timeout)
+
+    def wait_ready(self) -> bool:
+        """Wait until the child is set up; ``False`` if it ended instead (see `ended`)."""
+        return self._ready or self._wait_ready()
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.startup_timeout
@@ -491,6 +498,19 @@ class Channel:
         with self._lock:
             self._stream.write(line)
             self._stream.flush()
+
+
+class Echo:
+    """A handler for the protocol's own tests: answers ``say``, sleeps ``sleep`` seconds, exits with ``exit``."""
+
+    def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
+        pass
+
+    def __call__(self, message: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
+        if "exit" in message:
+            os._exit(int(message["exit"]))
+        time.sleep(float(message.get("sleep", 0)))
+        return {"said": message.get("say")}
 
 
 def _handler_factory(name: str) -> Callable[..., Any]:

@@ -60,6 +60,7 @@ class BackendHost:
         self.timeout = timeout
         self.max_rss = max_rss
         self._child: Any = None
+        self._broken: dict[str, Any] | None = None
         self._lock = threading.Lock()
         #: How many hosts were started (a crash, a hang or the memory limit starts another).
         self.started = 0
@@ -75,6 +76,8 @@ class BackendHost:
         from ._child import ChildProcess, Ended
 
         with self._lock:
+            if self._broken is not None:  # it cannot start: every check would pay for finding out again
+                return dict(self._broken)
             if self._child is None or not self._child.alive:
                 self._child = ChildProcess(
                     "pytest_backendconf._host:HostHandler", dataclasses.asdict(self.options),
@@ -83,6 +86,11 @@ class BackendHost:
                 self.started += 1
             child = self._child
         calls: list[dict] = []
+        if not child.wait_ready():  # the memory at the start is the host's, not a half-started interpreter's
+            ended = child.ended
+            self._broken = {"outcome": "failed", "message": self._died(ended, check_id, subject, [], None, None, at_setup=True),
+                            "error": {"type": "BackendHostDied", "module": __name__, "message": ended.describe()}}
+            return dict(self._broken)
         mark = child.stderr_mark()
         peak = {"rss": None}
         start_rss = child.rss()
@@ -101,8 +109,7 @@ class BackendHost:
             with self._lock:
                 self._child = None
             return {"outcome": "failed", "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
-                    "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()},
-                    "stderr": stderr}
+                    "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()}}
         self.exports += result.pop("exports", 0)
         self.programs.update(tuple(p) for p in result.pop("programs", []))
         result["stderr"] = stderr
@@ -127,29 +134,28 @@ class BackendHost:
         return result
 
     def _died(self, ended: Any, check_id: str, subject: str, calls: list[dict], start_rss: int | None,
-              peak: int | None) -> str:
+              peak: int | None, *, at_setup: bool = False) -> str:
         from ._child import tail_text
 
+        stderr = f"\nits stderr ended with:\n{tail_text(ended.stderr.strip(), 3000)}" if ended.stderr.strip() else ""
+        if at_setup:
+            why = (f"{ended.setup_error['type']}: {ended.setup_error['message']}" if ended.setup_error is not None
+                   else f"it {ended.describe()}")
+            return (f"the suite could not be set up in its child process (the backend host): {why}\nThe checks "
+                    "run in a child process that imports the plugins that registered the backend (conftest files, "
+                    "-p modules, entry points) and builds the same checks; --backendconf-in-process runs them in "
+                    "the pytest process instead." + stderr)
         if ended.timed_out is not None:
             head = (f"{check_id} did not finish within {ended.timed_out:g} s (--backendconf-timeout); the process "
                     "running it was killed")
         elif ended.killed_because:
             grew = f" (from {_mib(start_rss)} at the start of this check)" if start_rss is not None else ""
             head = f"the process running {check_id} was killed: {ended.killed_because}{grew}"
-        elif ended.setup_error is not None:
-            error = ended.setup_error
-            return (f"the suite could not be set up in its child process (the backend host): {error['type']}: "
-                    f"{error['message']}\nThe checks run in a child process that imports the plugins that "
-                    "registered the backend (conftest files, -p modules, entry points); run with "
-                    "--backendconf-in-process to run them in the pytest process instead.")
         else:
             head = (f"the backend took down the process running {check_id}: it {ended.describe()} — in the "
                     "pytest process this would have ended the whole run. A backend must report failures as "
                     "exceptions (BackendError), never by crashing its host process")
-        text = f"{head}.\n{_subject_text(subject, calls)}\nA fresh process runs the next checks."
-        if ended.stderr.strip():
-            text += f"\nits stderr ended with:\n{tail_text(ended.stderr.strip(), 3000)}"
-        return text
+        return f"{head}.\n{_subject_text(subject, calls)}\nA fresh process runs the next checks.{stderr}"
 
     def close(self) -> None:
         with self._lock:
@@ -186,6 +192,9 @@ class HostHandler:
 
         opts = HostOptions(**options)
         torch.set_num_threads(max(1, int(opts.torch_threads)))
+        # torch.export's first use imports its tracing machinery (seconds): do it while starting, so
+        # that the first check's --backendconf-timeout measures the check, not the import.
+        import torch.export._trace  # noqa: F401
         registry = _registry._ACTIVE or _registry.BackendRegistry()
         registry.load_entry_points(select=opts.backend)
         _registry.set_active_registry(registry)

@@ -230,7 +230,7 @@ def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, s
     remote = getattr(exc, "error_record", None)  # a check that failed in the backend host
     if remote:
         kind, module = remote["type"], remote["module"]
-        if kind != "CheckFailed" and not module.startswith("pytest_backendconf."):
+        if kind != "CheckFailed" and module != "pytest_backendconf._host":  # else the text is the message
             text = remote["message"]
     lines = text.strip().splitlines()
     message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import importlib
+import os
 import shlex
 import sys
 import warnings
@@ -23,6 +24,9 @@ import pytest
 
 CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation")
 ROOT_ID = "backendconf"
+#: ``1`` runs the checks in the pytest process, as ``--backendconf-in-process`` does (the project's
+#: own tests set it for the many small runs that do not test isolation: each host costs a torch import).
+IN_PROCESS_ENV = "BACKENDCONF_IN_PROCESS"
 #: Stages that only lower (export, preprocess) or ask the backend about itself: they run where the
 #: backend is not available too (``is_available()`` False); every other stage needs it available.
 LOWERING_STAGES = frozenset({"declaration", "is_available", "preprocess", "lowering"})
@@ -174,7 +178,7 @@ class SuitePlugin:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
         options = self.config.option
         return bool(getattr(options, "backendconf_in_process", False) or getattr(options, "usepdb", False)
-                    or getattr(options, "trace", False))
+                    or getattr(options, "trace", False) or os.environ.get(IN_PROCESS_ENV) == "1")
 
     def host(self) -> Any:
         """The backend host the checks run in, or None when they run in this process."""

@@ -18,6 +18,12 @@ from pytest_backendconf import _child
 TESTS_DIR = Path(__file__).parent
 ROOT = TESTS_DIR.parent
 
+@pytest.fixture(autouse=True)
+def in_the_host(monkeypatch):
+    """These runs test the backend host: undo the project's in-process default (tests/conftest.py)."""
+    monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
+
+
 CONFTEST = """
 import sys
 sys.path.insert(0, {tests!r})

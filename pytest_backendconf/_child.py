@@ -49,28 +49,16 @@ STDERR_KEPT = 64 * 1024
 
 def pack_value(value: Any, where: str) -> dict[str, Any]:
     """``value`` (tensors, scalars, lists/tuples/dicts of them) as one JSON-compatible document."""
-    import base64
+    from ._tensor_codec import to_message
 
-    from ._archive import ValueEncoder
-
-    encoder = ValueEncoder()
-    tree = encoder.encode(value, where)
-    tensors = [dict(meta, data=base64.b64encode(data).decode("ascii")) for meta, data in zip(encoder.meta, encoder.data)]
-    return {"value": tree, "tensors": tensors}
+    return to_message(value, where)
 
 
 def unpack_value(message: Any, where: str) -> Any:
     """Inverse of `pack_value`; anything malformed is an `ArchiveError` naming ``where``."""
-    import base64
+    from ._tensor_codec import from_message
 
-    from ._archive import check_value, decode_value, tensor_from_bytes
-
-    tensors = [
-        tensor_from_bytes(base64.b64decode(t["data"]), {k: v for k, v in t.items() if k != "data"}, f"{where}, tensor {i}")
-        for i, t in enumerate(message["tensors"])
-    ]
-    check_value(message["value"], len(tensors), where)
-    return decode_value(message["value"], tensors, where)
+    return from_message(message, where)
 
 
 def error_record(exc: BaseException) -> dict[str, str]:

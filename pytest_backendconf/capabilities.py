@@ -30,6 +30,11 @@ class Capabilities:
     #: within ``program.range_constraints``). ``False``: the suite reports its
     #: dynamic-shape checks as unsupported instead of running them.
     dynamic_shapes: bool = True
+    #: torch's tracing modules (``torch._dynamo``, ``torch.export._trace``) that
+    #: the backend's runtime imports without tracing; the target allows these
+    #: imports, and still fails a ``compile`` that calls ``torch.export.export``
+    #: or ``torch.compile``.
+    target_runtime_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set-like fields, store frozen copies so
@@ -41,6 +46,7 @@ class Capabilities:
         if self.tolerances is not None:
             object.__setattr__(self, "tolerances", dict(self.tolerances))
         object.__setattr__(self, "host_only_modules", tuple(self.host_only_modules))
+        object.__setattr__(self, "target_runtime_modules", tuple(self.target_runtime_modules))
 
     def problems(self) -> list[str]:
         """Return what is malformed in this declaration (empty when well formed)."""
@@ -68,6 +74,14 @@ class Capabilities:
         bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
         if bad_modules:
             found.append(f"host_only_modules has {bad_modules!r}: write module names")
+        from ._target import TRACING_MODULES
+
+        odd = [m for m in self.target_runtime_modules if m not in TRACING_MODULES]
+        if odd:
+            found.append(
+                f"target_runtime_modules has {odd!r}: it names modules among {list(TRACING_MODULES)} "
+                "that the runtime imports without tracing; other modules are not blocked on the target"
+            )
         for flag in ("thread_safe", "fault_injection", "dynamic_shapes"):
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")

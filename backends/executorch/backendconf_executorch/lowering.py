@@ -77,8 +77,7 @@ def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_ha
     partitioners, fault_name = parse_spec(compile_spec)
     originals = _Originals(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
-    edge, executorch_program = _lower(program, partitioners, originals)
-    origin_of_handle = _origins(edge.exported_program(), originals)
+    executorch_program, origin_of_handle = _lower(program, partitioners, originals)
     method = "forward"
     plan = next(p for p in executorch_program.executorch_program.execution_plan if p.name == method)
     handle_map = executorch_program.debug_handle_map.get(method, {})
@@ -188,7 +187,15 @@ def _op_name(node: torch.fx.Node) -> str:
 # --- lowering -------------------------------------------------------------------------
 
 
-def _lower(program: Any, partitioners: tuple[str, ...], originals: _Originals) -> tuple[Any, Any]:
+def _lower(
+    program: Any, partitioners: tuple[str, ...], originals: _Originals
+) -> tuple[Any, dict[int, list[torch.fx.Node]]]:
+    """``(ExecutorchProgramManager, ExecuTorch debug handle -> our nodes)``.
+
+    The provenance is read from the edge program before ``to_executorch``,
+    whose passes renumber the nodes' debug handles in place; the debug
+    handle map refers to the edge program's numbers.
+    """
     from executorch.exir import to_edge_transform_and_lower
 
     partitioner = []
@@ -198,7 +205,8 @@ def _lower(program: Any, partitioners: tuple[str, ...], originals: _Originals) -
         partitioner.append(XnnpackPartitioner())
     try:
         edge = to_edge_transform_and_lower(program, partitioner=partitioner or None)
-        return edge, edge.to_executorch()
+        origin_of_handle = _origins(edge.exported_program(), originals)
+        return edge.to_executorch(), origin_of_handle
     except UnsupportedNodeError:
         raise
     except Exception as exc:  # ExecuTorch's lowering raises plain exceptions

@@ -19,6 +19,7 @@ Needs the ExecuTorch runtime (``executorch.runtime``, which imports
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -56,20 +57,26 @@ def registered_operators() -> frozenset[str]:
 
 @contextlib.contextmanager
 def captured_native_log() -> Iterator[list[str]]:
-    """Capture what native code writes to file descriptor 2; the text lands in the yielded list."""
+    """Capture the runtime's log; the text lands in the yielded list.
+
+    The pybindings forward C++ ``std::cerr`` to Python's ``sys.stderr``;
+    other native code writes to file descriptor 2. Both are captured.
+    """
     text: list[str] = []
     with _LOG_LOCK, tempfile.TemporaryFile(mode="w+b") as sink:
         sys.stderr.flush()
+        saved_stream, forwarded = sys.stderr, io.StringIO()
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
+        sys.stderr = forwarded
         try:
             yield text
         finally:
-            sys.stderr.flush()
+            sys.stderr = saved_stream
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            text.append(sink.read().decode("utf-8", "replace"))
+            text.append(forwarded.getvalue() + sink.read().decode("utf-8", "replace"))
 
 
 def try_load(pte: bytes, method: str) -> tuple[str | None, str]:

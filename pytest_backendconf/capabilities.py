@@ -6,6 +6,11 @@ import dataclasses
 from typing import Any, Mapping
 
 
+#: torch's tracing entry points, blocked on the simulated target unless a
+#: backend names them in ``target_runtime_modules``.
+TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Capabilities:
     """A backend's declaration; ``None`` means "make no assumption".
@@ -74,8 +79,6 @@ class Capabilities:
         bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
         if bad_modules:
             found.append(f"host_only_modules has {bad_modules!r}: write module names")
-        from ._target import TRACING_MODULES
-
         odd = [m for m in self.target_runtime_modules if m not in TRACING_MODULES]
         if odd:
             found.append(

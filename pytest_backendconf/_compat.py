@@ -10,6 +10,7 @@ docs/vendor-ci.md ("Which torch versions").
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -107,3 +108,22 @@ def exported_program(
         None,
         constants,
     )
+
+
+def treespec_node(spec: Any) -> tuple[Any, Any, list]:
+    """``(type, context, children)`` of a ``torch.utils._pytree.TreeSpec``; ``type`` is None for a leaf.
+
+    The archive writes its own structure JSON from this (docs/archive-format.md,
+    "Structures") instead of torch's private ``treespec_dumps`` strings.
+    torch >= 2.10 has ``children()`` and deprecates the ``children_specs``
+    field that 2.4 to 2.9 have.
+    """
+    if spec.is_leaf():
+        return None, None, []
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    kind, context = spec.type, spec.context
+    if kind is collections.namedtuple and isinstance(context, type):
+        # Named tuples: torch 2.13 and 2.14 record the type as collections.namedtuple and
+        # the class as the context; older versions record the class as the type.
+        kind, context = context, None
+    return kind, context, list(children)

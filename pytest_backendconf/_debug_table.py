@@ -21,6 +21,8 @@ from ._debug_info import DebugInfo, Frame
 from .errors import ArchiveManifestError
 
 INT64_MAX = 2**63 - 1
+#: Source line numbers are below this (a file of a billion lines is not a model).
+MAX_LINE = 2**31
 
 
 class _Table:
@@ -95,19 +97,27 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
         what = f"frames[{i}]"
         if not isinstance(row, list) or len(row) not in (4, 6):
             raise bad(f"{what} must be [file, line, name, source(, col, end_col)], got {_short(row)}")
-        if not _is_int(row[1]) or row[1] < 0:
-            raise bad(f"{what} has line {_short(row[1])}")
+        if not _is_int(row[1]) or not 0 <= row[1] < MAX_LINE:
+            raise bad(f"{what} has line {_short(row[1])}; lines are integers from 0 to {MAX_LINE - 1}")
+        source = index(row[3], lines, f"{what} source", optional=True)
         col = end_col = None
         if len(row) == 6:
             col, end_col = row[4], row[5]
+            # Carets are drawn under the source line: a column past its end is a lie, and
+            # an unbounded one would make symbolication allocate at will.
+            width = len(source) if source is not None else 0
             for v in (col, end_col):
-                if v is not None and (not _is_int(v) or v < 0):
-                    raise bad(f"{what} has column {_short(v)}")
+                if v is not None and (not _is_int(v) or not 0 <= v <= width):
+                    raise bad(
+                        f"{what} has column {_short(v)}, outside its source line of {width} characters"
+                    )
+            if col is not None and end_col is not None and end_col < col:
+                raise bad(f"{what} has end column {end_col} before its column {col}")
         frames.append(Frame(
             file=index(row[0], files, f"{what} file"),
             line=row[1],
             name=index(row[2], names, f"{what} name"),
-            source=index(row[3], lines, f"{what} source", optional=True),
+            source=source,
             col=col,
             end_col=end_col,
         ))

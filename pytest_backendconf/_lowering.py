@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-import operator
 import threading
 import types
 import warnings
@@ -22,6 +21,7 @@ import torch.nn.modules.module as _module_hooks
 from torch.utils import _pytree as pytree
 
 from . import _compat, _shapes
+from . import _structure as structure
 from ._debug_handles import DebugHandleRecorder
 from ._debug_info import DebugInfo, build_debug_infos, format_missing, format_runtime
 from ._method_spec import MethodSpec, params_of, value_spec
@@ -419,20 +419,18 @@ class _MethodRunner:
 
     Everything that does not depend on the call is worked out here, once:
     the checks of each tensor are ``(dtype, torch.Size)`` pairs compared in
-    C, and the output structure is rebuilt without pytree when it is a
+    C, and the output structure is rebuilt directly when it is a
     tensor, or a flat tuple, list or dict of them.
     """
 
     def __init__(self, spec: MethodSpec) -> None:
         self.spec = spec
         self.signature = spec.signature()
-        self.in_tree = pytree.treespec_loads(spec.in_spec)
-        self.out_tree = pytree.treespec_loads(spec.out_spec)
         n = len(spec.inputs)
         positional = all(
             p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and not p.has_default for p in spec.params
         )
-        # The common call, all inputs positional tensors, skips binding and pytree.
+        # The common call, all inputs positional tensors, skips binding and the structure walk.
         self.fast_arity = n if positional and len(spec.params) == n else -1
         self.tensor_checks = [
             (i, getattr(torch, v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
@@ -443,7 +441,7 @@ class _MethodRunner:
             (getattr(torch, v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
             for v in spec.outputs
         ]
-        self.rebuild = _rebuilder(self.out_tree)
+        self.rebuild = structure.rebuilder(spec.out_structure)
         self.dynamic = spec.dynamic_shapes
         self.input_names = [v.name for v in spec.inputs]
 
@@ -456,11 +454,13 @@ class _MethodRunner:
             except TypeError as exc:
                 raise InputSpecError(f"method {self.spec.name!r}: {exc}; its signature is {self.signature}") from None
             bound.apply_defaults()
-            flat, tree = pytree.tree_flatten((bound.args, bound.kwargs))
-            if tree != self.in_tree:
+            call = (bound.args, bound.kwargs)
+            flat = structure.flatten(self.spec.in_structure, call)
+            if flat is None:
                 raise InputSpecError(
-                    f"method {self.spec.name!r} was lowered for inputs shaped like {self.in_tree}, "
-                    f"but was called with {tree}; lower it again for this call's structure"
+                    f"method {self.spec.name!r} was lowered for inputs shaped like "
+                    f"{structure.describe(self.spec.in_structure)}, but was called with "
+                    f"{structure.describe_value(call)}; lower it again for this call's structure"
                 )
         for i, dtype, shape, spec in self.tensor_checks:
             value = flat[i]
@@ -535,28 +535,6 @@ def _expected_shape(shape: Any) -> Any:
     if shape is not None and all(d is not None for d in shape):
         return torch.Size(shape)
     return shape
-
-
-def _rebuilder(tree: Any) -> Any:
-    """A function from the flat outputs to the method's output structure.
-
-    A single tensor, and a flat tuple, list or dict of outputs, are rebuilt
-    directly (what ``tree_unflatten`` would give, without its per-node
-    Python calls); anything nested goes through pytree.
-    """
-    if tree.is_leaf():
-        return operator.itemgetter(0)
-    # torch >= 2.10 has children() and deprecates the children_specs field older ones have.
-    children = tree.children() if hasattr(tree, "children") else tree.children_specs
-    if all(child.is_leaf() for child in children):
-        if tree.type is tuple:
-            return tuple
-        if tree.type is list:
-            return list
-        if tree.type is dict:
-            keys = tuple(tree.context)
-            return lambda outputs: dict(zip(keys, outputs))
-    return lambda outputs: pytree.tree_unflatten(list(outputs), tree)
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:
@@ -800,9 +778,16 @@ def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSp
         name=name,
         compile_spec=spec,
         params=params_of(function),
-        in_spec=pytree.treespec_dumps(program.call_spec.in_spec),
-        out_spec=pytree.treespec_dumps(program.call_spec.out_spec),
+        in_structure=_structure_of(program.call_spec.in_spec, name, "inputs"),
+        out_structure=_structure_of(program.call_spec.out_spec, name, "outputs"),
         inputs=tuple(inputs),
         outputs=tuple(outputs),
     )
 
+
+def _structure_of(spec: Any, method: str, what: str) -> Any:
+    """The archive's structure JSON of an exported program's input or output pytree."""
+    try:
+        return structure.from_treespec(spec, f"the {what} of method {method!r}")
+    except structure.StructureError as exc:
+        raise LoweringError(f"{exc}; change the method's signature or return value") from None

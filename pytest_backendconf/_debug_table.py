@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import sys
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ._archive_checks import REWRITE as _REWRITE
@@ -46,13 +48,14 @@ def encode_debug(debug: Mapping[int, DebugInfo]) -> bytes:
     ``[handle - previous handle, op, node, method, hierarchy, stack]``."""
     files, lines, names = _Table(), _Table(), _Table()
     frames, stacks, hierarchies = _Table(), _Table(), _Table()
+    portable = PortablePaths()
     rows = []
     previous = 0
     for handle in sorted(debug):
         info = debug[handle]
         stack = []
         for f in info.frames:
-            row: tuple = (files(f.file), f.line, names(f.name), -1 if f.source is None else lines(f.source))
+            row: tuple = (files(portable.relative(f.file)), f.line, names(f.name), -1 if f.source is None else lines(f.source))
             if f.col is not None or f.end_col is not None:
                 row += (f.col, f.end_col)
             stack.append(frames(row))
@@ -84,6 +87,8 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
             if not isinstance(s, str):
                 raise bad(f"{key}[{i}] must be a string, got {_kind(s)}")
     files, lines, names = tables["files"], tables["lines"], tables["names"]
+    portable = PortablePaths()
+    files = [portable.absolute(f) for f in files]
 
     def index(value: Any, table: list, what: str, optional: bool = False) -> Any:
         if optional and value == -1 and _is_int(value):
@@ -232,3 +237,43 @@ def _values_of(document: Any, key: str) -> Iterator[str]:
                     stack.append(v)
         elif isinstance(item, list):
             stack.extend(item)
+
+
+class PortablePaths:
+    """Source paths as the archive stores them: relative to the import root, as a module path is.
+
+    The same code checked out elsewhere gives the same archive, and the
+    build machine's layout stays out of it. Reading resolves a stored path
+    against this process's ``sys.path``, so tracebacks point at the local
+    file when it exists; otherwise they show the stored path.
+    """
+
+    def __init__(self) -> None:
+        roots = []
+        for entry in sys.path:
+            root = os.path.abspath(entry or os.curdir)
+            if root not in roots and os.path.isdir(root):
+                roots.append(root)
+        self.roots = roots
+        self._cache: dict[str, str] = {}
+
+    def relative(self, file: str) -> str:
+        found = self._cache.get(file)
+        if found is None:
+            found = file
+            if os.path.isabs(file):
+                # The deepest root holding the file: "pkg/model.py", as the module pkg.model is found.
+                under = [os.path.relpath(file, r) for r in self.roots if file.startswith(r.rstrip(os.sep) + os.sep)]
+                found = min(under, key=len) if under else os.path.basename(file)
+                found = found.replace(os.sep, "/")
+            self._cache[file] = found
+        return found
+
+    def absolute(self, stored: str) -> str:
+        if os.path.isabs(stored) or stored.startswith("<") or ".." in stored.split("/"):
+            return stored
+        for root in self.roots:
+            candidate = os.path.join(root, *stored.split("/"))
+            if os.path.isfile(candidate) and self.relative(candidate) == stored:
+                return candidate
+        return stored

@@ -255,6 +255,17 @@ class LoweredModule(torch.nn.Module):
         except BackendUnavailableError:
             raise
         except Exception as exc:
+            if at == "load":
+                # The blobs come from a file: a blob the backend rejects is as likely damaged (the
+                # checksums only prove it is the file that was written) or from another backend
+                # version as the sign of a backend that cannot compile here. Say all three.
+                raise BackendContractError(
+                    f"backend {self.backend_name!r}: compile() failed at load: {type(exc).__name__}: {exc}. "
+                    "It failed on this archive's blobs: the file may be damaged or written by another "
+                    f"version of the backend (the archive records version {self.backend_version or 'unknown'}); "
+                    "lower and save the model again with this backend. If instead the backend cannot "
+                    "compile on this machine, it must report is_available() == False here."
+                ) from exc
             raise BackendContractError(
                 f"backend {self.backend_name!r} reports is_available() == True, but compile() "
                 f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "

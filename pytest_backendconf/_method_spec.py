@@ -67,7 +67,7 @@ class ValueSpec:
                 raise ValueError(f"unknown dtype {dtype!r}")
             shape = data["shape"]
             if not isinstance(shape, list) or not all(
-                d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape
+                d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63) for d in shape
             ):
                 raise ValueError(f"shape {shape!r} is not a list of sizes")
             return cls(name=str(data["name"]), kind=kind, dtype=dtype, shape=tuple(shape))

@@ -242,36 +242,68 @@ def _values_of(document: Any, key: str) -> Iterator[str]:
 class PortablePaths:
     """Source paths as the archive stores them: relative to the import root, as a module path is.
 
-    The same code checked out elsewhere gives the same archive, and the
-    build machine's layout stays out of it. Reading resolves a stored path
-    against this process's ``sys.path``, so tracebacks point at the local
-    file when it exists; otherwise they show the stored path.
+    A file of an imported module is stored as its module's path
+    (``pytest_backendconf/conformance/zoo.py`` for the module
+    ``pytest_backendconf.conformance.zoo``), whatever the installation; any
+    other file relative to the deepest ``sys.path`` entry holding it, else
+    by its name. The same code checked out elsewhere gives the same
+    archive, and the build machine's layout stays out of it. Reading
+    resolves a stored path against this process's loaded modules and
+    ``sys.path`` (nothing is imported), so tracebacks point at the local
+    file when there is one; otherwise they show the stored path.
     """
 
     def __init__(self) -> None:
-        roots = []
-        for entry in sys.path:
-            root = os.path.abspath(entry or os.curdir)
-            if root not in roots and os.path.isdir(root):
-                roots.append(root)
-        self.roots = roots
+        self._roots: list[str] | None = None
+        self._modules: dict[str, str] | None = None
         self._cache: dict[str, str] = {}
+
+    @property
+    def roots(self) -> list[str]:
+        if self._roots is None:
+            roots: list[str] = []
+            for entry in sys.path:
+                root = os.path.abspath(entry or os.curdir)
+                if root not in roots and os.path.isdir(root):
+                    roots.append(root)
+            self._roots = roots
+        return self._roots
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """``{absolute file: stored path}`` of the loaded modules."""
+        if self._modules is None:
+            found: dict[str, str] = {}
+            for name, module in list(sys.modules.items()):
+                file = getattr(module, "__file__", None)
+                if isinstance(file, str) and file.endswith(".py") and name != "__main__":
+                    parts = name.split(".")
+                    base = os.path.basename(file)
+                    stored = "/".join(parts + [base] if base == "__init__.py" else parts[:-1] + [base])
+                    found.setdefault(os.path.abspath(file), stored)
+            self._modules = found
+        return self._modules
 
     def relative(self, file: str) -> str:
         found = self._cache.get(file)
         if found is None:
             found = file
             if os.path.isabs(file):
-                # The deepest root holding the file: "pkg/model.py", as the module pkg.model is found.
-                under = [os.path.relpath(file, r) for r in self.roots if file.startswith(r.rstrip(os.sep) + os.sep)]
-                found = min(under, key=len) if under else os.path.basename(file)
-                found = found.replace(os.sep, "/")
+                found = self.modules.get(file) or self._under_root(file) or os.path.basename(file)
             self._cache[file] = found
         return found
+
+    def _under_root(self, file: str) -> str | None:
+        # The deepest root holding the file: "pkg/model.py", as the module pkg.model is found.
+        under = [os.path.relpath(file, r) for r in self.roots if file.startswith(r.rstrip(os.sep) + os.sep)]
+        return min(under, key=len).replace(os.sep, "/") if under else None
 
     def absolute(self, stored: str) -> str:
         if os.path.isabs(stored) or stored.startswith("<") or ".." in stored.split("/"):
             return stored
+        for file, path in self.modules.items():
+            if path == stored:
+                return file
         for root in self.roots:
             candidate = os.path.join(root, *stored.split("/"))
             if os.path.isfile(candidate) and self.relative(candidate) == stored:

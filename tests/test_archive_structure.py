@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive, _archive_zip, _structure
-from pytest_backendconf.errors import ArchiveError, ArchiveManifestError, InputSpecError, LoweringError
+from pytest_backendconf.errors import ArchiveManifestError, InputSpecError, LoweringError
 
 DATA = Path(__file__).parent / "data"
 OLD = DATA / "archive-0.1.0.bcpt"

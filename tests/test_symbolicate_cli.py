@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,10 +17,15 @@ from test_archive import registry  # noqa: F401  (the module-scoped fixture: thi
 TEST_ARCHIVE_FILE = sys.modules[TinyBackend.__module__].__file__
 
 
-def backendconf(*args, stdin=None):
+def backendconf(*args, stdin=None, model_code_importable=True):
+    # Archives store source paths relative to the import root; with the model's code on the
+    # path (as where it was lowered) tracebacks show the local file, as in this process.
+    env = dict(os.environ)
+    if model_code_importable:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(TEST_ARCHIVE_FILE), env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "pytest_backendconf.cli", *map(str, args)],
-        capture_output=True, text=True, input=stdin, timeout=120,
+        capture_output=True, text=True, input=stdin, timeout=120, env=env,
     )
 
 
@@ -59,6 +65,8 @@ def test_symbolicate_handles(archive, handles):
     assert done.stdout == bc.symbolicate(archive, [mul, 123456]) + "\n"
     assert done.stdout.startswith(f"debug handle {mul} (method 'forward', node 'mul', aten::mul):\n")
     assert done.stdout.endswith("Debug info for handle(s): debug_handles:{123456}, was not found.\n")
+    elsewhere = backendconf("symbolicate", archive, mul, model_code_importable=False)
+    assert '  File "test_archive.py", line ' in elsewhere.stdout  # the stored path, never the build machine's
 
 
 def test_symbolicate_rewrites_a_log(archive, handles, tmp_path):

@@ -278,7 +278,7 @@ def test_layout_manifest_first_sorted_fixed_timestamps_and_readable_by_zipfile(s
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert {i.external_attr for i in infos} == {0o100644 << 16}
     assert manifest["format"] == "backendconf-archive"
-    assert manifest["schema_version"] == [1, 1]
+    assert manifest["schema_version"] == [1, 2]
     assert manifest["backend"] == {"name": "tiny", "version": None}
     assert manifest["torch_version"] == torch.__version__
     assert manifest["method_compile_spec"] == {"forward": {}}
@@ -440,7 +440,7 @@ def test_newer_minor_loads_ignoring_unknown_keys_and_entries(small):
 def test_unknown_entry_in_the_same_minor_is_refused(small):
     entries = entries_of(small)
     entries["extras/notes.txt"] = b"?"
-    with pytest.raises(ArchiveEntryError, match=r"entry 'extras/notes\.txt'.*not an entry of schema 1\.1"):
+    with pytest.raises(ArchiveEntryError, match=r"entry 'extras/notes\.txt'.*not an entry of schema 1\.2"):
         bc.load(repack(entries))
 
 
@@ -458,7 +458,7 @@ def test_other_major_names_both_versions_and_what_to_do(small, version, advice):
         bc.load(data)
     text = str(error.value)
     assert f"schema version {version[0]}.{version[1]}" in text
-    assert "reads schema 1.x (it writes 1.1)" in text
+    assert "reads schema 1.x (it writes 1.2)" in text
     assert advice in text and "manifest.json" in text
 
 

@@ -64,6 +64,26 @@ def old_node(kind=None, context=None, children=()):
 LEAF_1_0 = old_node()
 
 
+def as_treespec_1_0(structure) -> str:
+    """The ``treespec_dumps`` string 0.1.0 wrote for a structure of leaves, tuples, lists and dicts."""
+    def node(s):
+        if s == "leaf":
+            return LEAF_1_0
+        ((tag, body),) = s.items()
+        if tag == "dict":
+            return old_node("builtins.dict", json.dumps([k for k, _ in body]), [node(c) for _, c in body])
+        return old_node(f"builtins.{tag}", "null", [node(c) for c in body])
+    return json.dumps([1, node(structure)])
+
+
+def as_schema_1_0(manifest: dict) -> None:
+    """Rewrite a manifest's method structures as schema 1.0 wrote them."""
+    manifest["schema_version"] = [1, 0]
+    for method in manifest["methods"]:
+        method["in_spec"] = as_treespec_1_0(method.pop("in_structure"))
+        method["out_spec"] = as_treespec_1_0(method.pop("out_structure"))
+
+
 def with_old_in_spec(node) -> bytes:
     """The 0.1.0 fixture with its forward method's in_spec replaced (checksums kept valid)."""
     def edit(manifest):
@@ -96,7 +116,7 @@ def test_saving_a_0_1_0_archive_writes_the_new_schema_without_torch_strings(tmp_
     module = bc.load(OLD)
     bc.save(module, tmp_path / "new.bcpt")
     archive = bc.read_archive(tmp_path / "new.bcpt")
-    assert archive.schema_version == _archive.SCHEMA_VERSION == (1, 1)
+    assert archive.schema_version == _archive.SCHEMA_VERSION == (1, 2)
     manifest = entries_of((tmp_path / "new.bcpt").read_bytes())["manifest.json"].decode()
     for private in ("in_spec", "out_spec", "children_spec", "builtins.", "treespec"):
         assert private not in manifest

@@ -45,7 +45,7 @@ def test_inspect_shows_versions_backend_methods_entries_and_handles(archive):
     done = backendconf("inspect", archive)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "format:        backendconf-archive, schema version 1.1 (this reader: 1.1)" in out
+    assert "format:        backendconf-archive, schema version 1.2 (this reader: 1.2)" in out
     assert "backend:       tiny (version -)" in out
     assert "torch 2." in out and "pytest-backendconf 0.1.0" in out
     assert "debug handles: 14 (" in out

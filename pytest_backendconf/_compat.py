@@ -127,3 +127,28 @@ def treespec_node(spec: Any) -> tuple[Any, Any, list]:
         # the class as the context; older versions record the class as the type.
         kind, context = context, None
     return kind, context, list(children)
+
+
+def opinfo_database() -> tuple[list[Any] | None, str]:
+    """PyTorch's OpInfo list (``op_db``) and ``""``, or ``None`` and a one-line reason.
+
+    ``torch.testing._internal.common_methods_invocations.op_db`` is private
+    API: the same on 2.4 to 2.14, but it may move or break in any release, so
+    the ops category degrades to a notice instead of failing the session. Its
+    import needs the ``expecttest`` package (a PyTorch test dependency) and
+    takes several seconds, which is why the suite ships what it needs from it
+    as data (conformance/ops_data/) and imports it only to rebuild that data.
+    """
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ModuleNotFoundError as exc:
+        return None, (
+            f"PyTorch's OpInfo database needs the module {exc.name!r}, which is not installed "
+            f"(pip install 'pytest-backendconf[ops]' installs it)"
+        )
+    except Exception as exc:  # a private module: anything may go wrong on import
+        return None, (
+            f"PyTorch's OpInfo database (torch.testing._internal.common_methods_invocations.op_db) "
+            f"cannot be imported on torch {torch.__version__}: {type(exc).__name__}: {exc}"
+        )
+    return list(op_db), ""

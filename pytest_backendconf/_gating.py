@@ -287,7 +287,8 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
-            **({"details": self.details} if self.details is not None else {}),
+            **({"details": rest} if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"}) else {}),
+            "numerics": (self.details or {}).get("numerics"),
         }
 
 
@@ -611,8 +612,15 @@ class GatingPlugin:
             },
             "summary": summarize(results),
             "errors": error_statistics(results),
+            "ops": self._ops_matrix(results),
             "tests": [r.as_json() for r in results],
         }
+
+    def _ops_matrix(self, results: list[TestResult]) -> dict[str, Any] | None:
+        from ._ops_report import ops_matrix
+
+        declared = getattr(self.selected.backend, "capabilities", None)
+        return ops_matrix((r.as_json() for r in results), getattr(declared, "supported_ops", None))
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.workerinput is not None:
@@ -624,11 +632,24 @@ class GatingPlugin:
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
         from ._delegation_summary import delegation_line
 
+        matrix = self._ops_matrix(results)
         for category, counts in summarize(results).items():
-            if counts["total"]:
+            if counts["total"] and not (category == "ops" and matrix is not None):
                 # delegation counts nodes, and "not needed" apart from passes.
                 tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
+        if matrix is not None:
+            from ._ops_report import flagged_lines, summary_line
+
+            for line in [summary_line(matrix), *flagged_lines(matrix)]:
+                tr.write_line(line)
         broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+        if len(broken) > 1:
+            from ._failure_groups import group_failures, summary_lines
+
+            tr.write_line("")
+            tr.write_line("failures grouped by message (numbers and names masked):")
+            for line in summary_lines(group_failures(r.as_json() for r in broken)):
+                tr.write_line(line)
         if broken:
             tr.write_line("")
             tr.write_line("to reproduce a failure, run its command:")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import pytest
 
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation")
+CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation", "ops")
 ROOT_ID = "backendconf"
 #: ``1`` runs the checks in the pytest process, as ``--backendconf-in-process`` does (the project's
 #: own tests set it for the many small runs that do not test isolation: each host costs a torch import).
@@ -40,7 +40,8 @@ class Check:
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
     :param run: called with the `SuiteContext`; raises `CheckFailed`
         (or any exception) to fail, `Unsupported` to report "unsupported".
-        It may return a JSON-compatible dict of details, kept in the report.
+        It may return a JSON-compatible dict of details, kept in the report
+        (``{"numerics": ...}`` of a comparison, passes included).
     :param stage: the part of the contract it exercises (``preprocess``,
         ``compile``, ``execute``, ``load``, ``target`` …), for the report.
     """
@@ -238,7 +239,10 @@ class SuitePlugin:
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)
-        return f"backendconf: {count} conformance checks for backend {self.backend_name!r}"
+        lines = [f"backendconf: {count} conformance checks for backend {self.backend_name!r}"]
+        # One-line notices from the categories (e.g. ops data missing for this torch).
+        lines += [f"backendconf: {text}" for text in getattr(self.ctx, "notices", None) or []]
+        return "\n".join(lines)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -61,6 +61,7 @@ def write_tensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tens
             out.write(encoded)
             for chunk in chunks:
                 out.write(chunk)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a data file is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -101,6 +102,12 @@ def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
         else:
             tensors[name] = torch.frombuffer(bytearray(body[start:end]), dtype=dtype).reshape(shape)
     return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:

@@ -397,11 +397,28 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
     page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
     page.add_argument("--title", metavar="TEXT", help="the page's title (default: the backends' names)")
     page.set_defaults(run=_report_html)
+    ops = actions.add_parser(
+        "ops",
+        help="the operator x dtype matrix of a report's ops checks, or a Capabilities declaration",
+        description="Print the ops category's operator x dtype matrix from a --backendconf-report file; "
+        "with --capabilities, a ready-to-paste Capabilities(supported_ops=...) of the overloads that passed.",
+    )
+    ops.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    ops.add_argument("--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix")
+    ops.set_defaults(run=_report_ops)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
+
+
+def _report_ops(args: argparse.Namespace) -> int:
+    from ._ops_report import capabilities_text, matrix_text, read_matrix
+
+    matrix = read_matrix(args.report)
+    print(capabilities_text(matrix) if args.capabilities else matrix_text(matrix))
+    return 0
 
 
 def _report_merge(args: argparse.Namespace) -> int:

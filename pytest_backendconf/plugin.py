@@ -120,6 +120,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the conformance checks in the pytest process, not in the backend host process: for "
         "debuggers (--pdb does it too); a crashing, hanging or leaking backend then takes the run down",
     )
+    group.addoption(
+        "--backendconf-ops",
+        dest="backendconf_ops",
+        choices=("default", "all"),
+        default="default",
+        help="samples of the ops category: default (float32 and float16, one sample per operator overload and dtype, shipped as data) "
+        "or all (every OpInfo sample; discovered once per torch version, which takes minutes)",
+    )
     parser.addini(
         "backendconf_backend",
         "backend the conformance suite checks when --backend is not given",
@@ -194,9 +202,13 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
             return factory.mktemp(name)
         return Path(tempfile.mkdtemp(prefix=f"backendconf-{name}-"))
 
-    return build_context(
+    ctx = build_context(
         selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
     )
+    ctx.ops_mode = config.getoption("backendconf_ops", "default")
+    # The -p plugins of this run, for commands that rerun one comparison outside pytest.
+    ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
+    return ctx
 
 
 def hypothesis_choice(config: pytest.Config) -> tuple[str, int]:

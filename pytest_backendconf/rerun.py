@@ -1,0 +1,88 @@
+"""Rerun one saved comparison from the inputs file a failing check wrote.
+
+    python -m pytest_backendconf.rerun INPUTS.safetensors --backend=NAME
+
+A failing ``ops`` check saves its inputs and the op call (a tensor file: no
+code in it) under pytest's temporary directory and prints this command. It
+lowers the same single-op program to the backend again, compares it with the
+same reference and tolerance, and prints the same statistics; the exit
+status is 0 when it passes, 1 when it fails, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_backendconf.rerun", description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", type=Path, help="the inputs file a failing check saved")
+    parser.add_argument("--backend", required=True, help="the registered backend to run it on")
+    options = parser.parse_args(argv)
+
+    from ._registry import BackendRegistry
+    from ._tensorfile import TensorFileError, read_tensors
+    from .errors import RegistryError
+
+    try:
+        tensors, metadata = read_tensors(options.inputs)
+    except (OSError, TensorFileError) as exc:
+        print(f"error: cannot read {options.inputs}: {exc}", file=sys.stderr)
+        return 2
+    if metadata.get("kind") != "ops":
+        print(f"error: {options.inputs} is not an inputs file of an ops check (kind {metadata.get('kind')!r})", file=sys.stderr)
+        return 2
+    registry = BackendRegistry()
+    try:
+        registry.load_entry_points(select=options.backend)
+        registered = registry.get(options.backend)
+    except RegistryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .conformance._ops_discovery import OpSample
+
+    record = json.loads(metadata["sample"])
+    inputs = [tensors[f"input{i}"] for i in range(record["inputs"])]
+    sample = OpSample(record["overload"], record["dtype"], record["index"], record["opinfo"], record["args"],
+                      record["kwargs"], record["outputs"], inputs)
+    return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
+
+
+def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ._lowering import lower_programs
+    from ._numerics import StructureMismatch, compare_outputs
+    from .capabilities import capabilities_of
+    from .conformance._ops_program import build_program, op_call_class
+    from .conformance.ops import reference_outputs, tolerance_for
+
+    program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+    backend = registered.backend  # type: ignore[attr-defined]
+    lowered = lower_programs({"forward": program}, backend, {"forward": {}}, module_type=op_call_class(len(sample.inputs)))  # type: ignore[attr-defined]
+    expected, how = reference_outputs(sample, program, low_precision)  # type: ignore[arg-type]
+
+    class _Ctx:  # what tolerance_for reads of a suite context
+        capabilities = capabilities_of(backend)
+
+    tolerance = tolerance_for(_Ctx(), sample, how.startswith("eager in float64"))  # type: ignore[arg-type]
+    with torch.no_grad():
+        actual = pytree.tree_leaves(lowered(*[t.clone() for t in sample.inputs]))  # type: ignore[attr-defined]
+    try:
+        results = compare_outputs(actual, expected, tolerance)
+    except StructureMismatch as exc:
+        print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
+        return 1
+    failed = any(not r.passed for r in results)
+    print(f"{sample.name} on backend {registered.name!r} against {how}: {'FAILED' if failed else 'passed'}")  # type: ignore[attr-defined]
+    for r in results:
+        print(r.text())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

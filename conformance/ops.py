@@ -202,7 +202,7 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
 
 def _headline(sample: discovery.OpSample, is_declared: bool) -> str:
     text = f"{sample.overload} in {sample.dtype} (sample {sample.index}, from OpInfo {sample.opinfo!r})"
-    return text + (", declared in Capabilities.supported_ops," if is_declared else "")
+    return text + (" (declared in Capabilities.supported_ops)" if is_declared else "")
 
 
 def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> Path:

@@ -65,6 +65,7 @@ _LAZY = {
     "read_archive": "._archive",
     "Limits": "._archive",
     "run_on_target": "._target",
+    "locate_divergence": "._divergence",
     "StaleKnownFailureWarning": "._gating",
     "ModelCase": ".cases",
     "TensorInput": ".cases",

@@ -23,8 +23,10 @@ class Capabilities:
     supported_ops: frozenset[str] | None = None
     #: Tensor dtypes the backend executes, e.g. ``{torch.float32}``.
     dtypes: frozenset[Any] | None = None
-    #: Per-dtype ``(rtol, atol)`` used by the parity checks.
-    tolerances: Mapping[Any, tuple[float, float]] | None = None
+    #: ``(rtol, atol)`` per dtype (``{torch.float16: (1e-3, 1e-5)}``), and overrides keyed by an
+    #: op overload or a model case name, most specific first: ``{"aten.exp.default": (rtol, atol)}``
+    #: or ``{"small_cnn": {torch.float16: (rtol, atol)}}`` (docs/writing-a-backend.md, "Tolerances").
+    tolerances: Mapping[Any, Any] | None = None
     #: Modules only ``preprocess`` needs; the target side blocks their import.
     host_only_modules: tuple[str, ...] = ()
     #: ``execute`` may be called from several threads at once.
@@ -66,16 +68,14 @@ class Capabilities:
             bad = [d for d in self.dtypes if type(d).__name__ != "dtype"]
             if bad:
                 found.append(f"dtypes has {bad!r}: write torch dtypes such as torch.float32")
-        for dtype, pair in (self.tolerances or {}).items():
-            ok = (
-                isinstance(pair, tuple)
-                and len(pair) == 2
-                and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
-            )
-            if not ok:
-                found.append(
-                    f"tolerances[{dtype}] is {pair!r}: write a pair (rtol, atol) of non-negative numbers"
-                )
+        for key, value in (self.tolerances or {}).items():
+            # An op overload or model name may map to a pair or to {dtype: pair}.
+            pairs = value.items() if isinstance(key, str) and isinstance(value, Mapping) else [(None, value)]
+            for dtype, pair in pairs:
+                if not _is_pair(pair):
+                    where = f"tolerances[{key}]"
+                    where += f"[{dtype}]" if dtype is not None else ""
+                    found.append(f"{where} is {pair!r}: write a pair (rtol, atol) of non-negative numbers")
         bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
         if bad_modules:
             found.append(f"host_only_modules has {bad_modules!r}: write module names")
@@ -89,6 +89,14 @@ class Capabilities:
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
         return found
+
+
+def _is_pair(pair: object) -> bool:
+    return (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
+    )
 
 
 def _is_overload_name(op: object) -> bool:

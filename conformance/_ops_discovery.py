@@ -396,7 +396,8 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
     tensors, _ = read_tensors(tensors_path)
     samples = [
         OpSample(r["overload"], r["dtype"], r["index"], r["opinfo"], r["args"], r["kwargs"], r["outputs"],
-                 [tensors[f"{n}.{i}"] for i in range(r["inputs"])])
+                 # clone: a tensor of its own, not a view into the file's buffer (fake tensors of views are slow)
+                 [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])])
         for n, r in enumerate(document["samples"])
     ]
     return OpsData(version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0))

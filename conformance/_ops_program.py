@@ -92,7 +92,6 @@ def build_program(sample: OpSample, inputs: list[torch.Tensor]) -> ExportedProgr
             item.meta["tensor_meta"] = _extract_tensor_metadata(result[i])
             outputs.append(item)
     graph.output(tuple(outputs))
-    module = torch.fx.GraphModule(torch.nn.Module(), graph)
     signature = ExportGraphSignature(
         input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
         output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(o.name), None) for o in outputs],
@@ -100,8 +99,8 @@ def build_program(sample: OpSample, inputs: list[torch.Tensor]) -> ExportedProgr
     in_spec = pytree.tree_flatten((tuple(inputs), {}))[1]
     out_spec = pytree.tree_flatten(tuple(o.meta["val"] for o in outputs))[1]
     return ExportedProgram(
-        root=module,
-        graph=module.graph,
+        root=torch.nn.Module(),  # ExportedProgram makes the one GraphModule of root and graph
+        graph=graph,
         graph_signature=signature,
         state_dict={},
         range_constraints={},

@@ -227,4 +227,5 @@ def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> P
 
 
 def rerun_command(ctx: SuiteContext, path: Path) -> str:
-    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}"])
+    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
+    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])

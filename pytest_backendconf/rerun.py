@@ -1,6 +1,6 @@
 """Rerun one saved comparison from the inputs file a failing check wrote.
 
-    python -m pytest_backendconf.rerun INPUTS.safetensors --backend=NAME
+    python -m pytest_backendconf.rerun INPUTS.safetensors --backend=NAME [-p MODULE]
 
 A failing ``ops`` check saves its inputs and the op call (a tensor file: no
 code in it) under pytest's temporary directory and prints this command. It
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_backendconf.rerun", description=__doc__.splitlines()[0])
     parser.add_argument("inputs", type=Path, help="the inputs file a failing check saved")
     parser.add_argument("--backend", required=True, help="the registered backend to run it on")
+    parser.add_argument("-p", dest="plugins", metavar="MODULE", action="append", default=[],
+                        help="a module that registers backends (as with pytest -p); repeatable")
     options = parser.parse_args(argv)
 
     from ._registry import BackendRegistry
@@ -37,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     registry = BackendRegistry()
     try:
+        for name in options.plugins:
+            import importlib
+
+            from ._registry import source_of_module
+
+            module = importlib.import_module(name)
+            registry.add_plugin(module, source_of_module(module, f"plugin {name}"))
         registry.load_entry_points(select=options.backend)
         registered = registry.get(options.backend)
     except RegistryError as exc:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 import subprocess
 import sys
 
@@ -55,7 +57,7 @@ def test_rebuilt_program_is_what_torch_export_makes(overload):
 
     def shape(program):
         nodes = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
-        return [(str(n.target), [str(getattr(a, "meta", {}).get("val", a)) if not isinstance(a, torch.fx.Node) else "node" for a in n.args]) for n in nodes]
+        return [(str(n.target), str(torch.fx.node.map_arg(n.args, lambda a: "input")), n.kwargs.keys()) for n in nodes]
 
     assert shape(rebuilt) == shape(exported)
     out_rebuilt = [n.meta["val"] for n in rebuilt.graph_module.graph.output_node().args[0]]
@@ -194,7 +196,7 @@ def test_failures_sharing_a_template_form_one_group():
 def _run(pytester, backend, *selects, extra=()):
     args = ["-p", "broken_backends_ops", f"--backend={backend}", "-p", "no:cacheprovider", "-p", "no:randomly", *extra]
     args += [f"--backendconf-select={s}" for s in selects]
-    return pytester.runpytest_subprocess(*args)
+    return pytester.runpytest(*args)
 
 
 @pytest.fixture
@@ -229,9 +231,12 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
     assert text.index("failures grouped by message") < text.index("short test summary info")
     # the saved inputs rerun the comparison alone, from the file
     saved = next(line.split("inputs: ", 1)[1].strip() for line in text.splitlines() if "  inputs: " in line)
-    rerun = subprocess.run([sys.executable, "-m", "pytest_backendconf.rerun", saved, "--backend=wrong_half_sub"],
-                           capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(ops_pytester.path.parent) + ":" + __import__("os").path.dirname(__file__)})
-    assert "FAILED" in rerun.stdout or rerun.returncode != 0, rerun.stderr
+    command = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line)
+    assert command.endswith("--backend=wrong_half_sub -p broken_backends_ops")
+    rerun = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert rerun.returncode == 1 and "FAILED" in rerun.stdout and "max abs error" in rerun.stdout, rerun.stderr
+    assert saved in command
 
 
 @needs_data

@@ -14,6 +14,8 @@ shape it sees, or keeps its buffers, gives wrong outputs.
 from __future__ import annotations
 
 import functools
+import shlex
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -24,6 +26,7 @@ from pytest_backendconf import OutputSpecError, UnsupportedNodeError
 from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf._context import normalize_call
 from pytest_backendconf._divergence import locate_in_program
+from pytest_backendconf._tensorfile import write_tensors
 from pytest_backendconf._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
 from pytest_backendconf._hypothesis import PROFILES
 from pytest_backendconf._suite import Check, CheckFailed, Unsupported
@@ -124,7 +127,11 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     except CheckFailed as exc:
         if "failed" not in seen:
             raise
-        raise CheckFailed(f"{exc}{divergence_text(ctx, case_name, dtype, method, *seen['failed'], tol)}") from None
+        saved = save_inputs(ctx, case_name, dtype, method, *seen["failed"])
+        raise CheckFailed(
+            f"{exc}{divergence_text(ctx, case_name, dtype, method, *seen['failed'], tol)}\n"
+            f"  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
+        ) from None
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 
@@ -196,3 +203,17 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     if not profile.derandomize:
         test = hypothesis_seed(ctx.hypothesis_seed)(test)
     test()
+
+
+def save_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict) -> Path:
+    """The failing example's tensors in a tensor file (no code in it) for `pytest_backendconf.rerun`."""
+    leaves = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    path = ctx.tmp_dir("parity-inputs") / f"{case_name}.{method}-{dtype}.safetensors"
+    write_tensors(path, {f"input{i}": t for i, t in enumerate(leaves)},
+                  {"kind": "parity", "case": case_name, "dtype": dtype, "method": method, "backend": ctx.name})
+    return path
+
+
+def rerun_command(ctx: SuiteContext, path: Path) -> str:
+    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
+    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])

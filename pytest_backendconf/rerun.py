@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, TensorFileError) as exc:
         print(f"error: cannot read {options.inputs}: {exc}", file=sys.stderr)
         return 2
-    if metadata.get("kind") != "ops":
-        print(f"error: {options.inputs} is not an inputs file of an ops check (kind {metadata.get('kind')!r})", file=sys.stderr)
+    if metadata.get("kind") not in ("ops", "parity"):
+        print(f"error: {options.inputs} is not an inputs file of an ops or parity check (kind {metadata.get('kind')!r})", file=sys.stderr)
         return 2
     registry = BackendRegistry()
     try:
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     except RegistryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if metadata["kind"] == "parity":
+        return _rerun_parity(metadata, tensors, registered, registry)
     from .conformance._ops_discovery import OpSample
 
     record = json.loads(metadata["sample"])
@@ -58,6 +60,37 @@ def main(argv: list[str] | None = None) -> int:
     sample = OpSample(record["overload"], record["dtype"], record["index"], record["opinfo"], record["args"],
                       record["kwargs"], record["outputs"], inputs)
     return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
+
+
+def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: object) -> int:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ._context import SuiteContext
+    from ._numerics import compare_outputs
+    from .conformance._zoo_loader import load_zoo
+    from .conformance.parity import tolerance_for
+
+    case, dtype, method = metadata["case"], metadata["dtype"], metadata["method"]
+    ctx = SuiteContext(registered, load_zoo() + registry.cases(), tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)))  # type: ignore[arg-type, attr-defined]
+    if case not in ctx.cases:
+        print(f"error: no model case {case!r} here (a vendor case needs its plugin: add -p MODULE)", file=sys.stderr)
+        return 2
+    args, kwargs = ctx.example(case, dtype, method)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    saved = iter(tensors[f"input{i}"] for i in range(len(tensors)))
+    args, kwargs = pytree.tree_unflatten([next(saved) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
+    actual = getattr(ctx.lower(case, dtype), method)(*args, **kwargs)
+    results = compare_outputs(actual, expected, tolerance_for(ctx, dtype, case))
+    failed = any(not r.passed for r in results)
+    print(f"{case}.{method} in {dtype} on backend {ctx.name!r} against eager: {'FAILED' if failed else 'passed'}")
+    for r in results:
+        print(r.text())
+    return 1 if failed else 0
 
 
 def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:

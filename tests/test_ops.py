@@ -237,6 +237,11 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
                            env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
     assert rerun.returncode == 1 and "FAILED" in rerun.stdout and "max abs error" in rerun.stdout, rerun.stderr
     assert saved in command
+    parity = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines()
+                  if "rerun this comparison: " in line and "parity-inputs" in line)
+    rerun = subprocess.run([sys.executable, *shlex.split(parity)[1:]], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert rerun.returncode == 1 and "nested_nml.forward in float16" in rerun.stdout, rerun.stderr
 
 
 @needs_data

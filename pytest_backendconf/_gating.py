@@ -34,7 +34,7 @@ else:  # pragma: no cover
 
 REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
-REPORT_SCHEMA_VERSION = (1, 0)
+REPORT_SCHEMA_VERSION = (1, 1)  # 1.1: "ops" (the operator x dtype matrix) and tests[].numerics
 #: Every outcome a conformance test can have in the report, mildest first.
 OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
 #: The outcomes of a test that did not work (what a known-failures file lists).

@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime test demo lint clean
+.PHONY: suite suite-onnxruntime suite-executorch test demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,34 @@ $(VENV)/.installed-onnxruntime: $(VENV)/.installed backends/onnxruntime/pyprojec
 suite-onnxruntime: $(VENV)/.installed-onnxruntime
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=onnxruntime \
 	    --backendconf-known-failures=$(abspath backends/onnxruntime/known-failures.toml)
+
+# The ExecuTorch backend (XNNPACK delegate, portable kernels), as a user installs
+# it: executorch with --no-deps (its requirements pull coremltools,
+# scikit-learn, hydra... that lowering does not need), then the few packages
+# lowering and the runtime do need. A missing flatbuffers shows up as a
+# misleading "prebuilt extension ... _C is not found". executorch 1.5.1 is
+# built against torch 2.13 (its extension links libtorch); the recipe must
+# never change torch, so the last step checks that it did not.
+EXECUTORCH_PINS ?= executorch==1.5.1 torchao==0.18.0
+EXECUTORCH_DEPS ?= numpy ruamel.yaml flatbuffers tabulate packaging pyyaml
+$(VENV)/.installed-executorch: $(VENV)/.installed backends/executorch/pyproject.toml
+	$(BIN)/python -c 'import torch; print(torch.__version__)' > $(VENV)/.torch-before-executorch
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(EXECUTORCH_PINS)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(EXECUTORCH_DEPS)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e backends/executorch
+	@before="$$(cat $(VENV)/.torch-before-executorch)"; \
+	after="$$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	if [ "$$before" != "$$after" ]; then \
+	    echo "installing ExecuTorch changed torch from $$before to $$after; reinstall torch==$(TORCH)" >&2; exit 1; \
+	fi
+	touch $@
+
+# The suite against ExecuTorch, two workers, each model's checks on one worker
+# (the suite's xdist grouping), so each worker lowers its own models, once each.
+# SUITE_ARGS adds options, e.g. SUITE_ARGS=--backendconf-report=$$PWD/executorch.json
+suite-executorch: $(VENV)/.installed-executorch
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=executorch -n 2 \
+	    --backendconf-known-failures=$(abspath backends/executorch/known-failures.toml) $(SUITE_ARGS)
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py

@@ -8,7 +8,7 @@ backend's host-only modules and torch's tracing modules cannot be imported
 and the stand-in is registered under the backend's name. The serialization
 category sends its target loads and fresh lowerings to the same process.
 
-``python -m pytest_backendconf.conformance.availability WORKDIR`` is that process.
+That process is a `pytest_backendconf._child` child running `ExtraProcessHandler`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import collections
 import copy
 import dataclasses
 import functools
-import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -62,6 +60,9 @@ def checks(ctx: Any) -> Iterator[Check]:
             row["id"],
             functools.partial(OUTCOMES[row["expect"]], row=row),
             stage="is_available" if row["where"] == "host" else "target",
+            # A row whose stand-in decides is_available() runs wherever the backend is; the others
+            # need the backend itself available.
+            needs_available=row.get("stand_in", {}).get("available", "backend") == "backend",
         )
 
 
@@ -234,8 +235,9 @@ def unavailable_on_host(ctx: Any, *, row: dict) -> None:
             fail(f"{where}: saving the module lowered while unavailable raised {type(exc).__name__}: {exc}")
         _expect_unavailable(f"{where}: loading the saved archive", lambda: load_with(stand_in.backend, data))
         for method, [(args, kwargs), *_] in calls_for(ctx, case, dtype).items():
-            _expect_unavailable(f"{where}: calling {method}()",
-                                lambda m=method, a=args, k=kwargs: getattr(lowered, m)(*a, **k))
+            _expect_unavailable(
+                f"{where}: calling {method}()", lambda m=method, a=args, k=kwargs: getattr(lowered, m)(*a, **k)
+            )
         stand_in.expect_no_calls(f"{where}, load and call", "compile", "execute")
 
     _each_supported(ctx, check)
@@ -340,7 +342,7 @@ def _match_eager(ctx: Any, case: str, dtype: str, method: str, seed: int, args: 
 
 
 class ExtraProcess:
-    """One ``python -m pytest_backendconf.conformance.availability WORKDIR`` run, read as it goes.
+    """One child process (`pytest_backendconf._child`) doing a batch of items, read as it goes.
 
     A scenario's result is ``{"loaded", "error", "outputs", "errors",
     "blocked", "returncode", "stderr"}`` (outputs and errors per method, one
@@ -352,113 +354,78 @@ class ExtraProcess:
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
 
     def __init__(self, ctx: Any, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float) -> None:
+        from pytest_backendconf._child import ChildProcess, pack_value
+
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
         self.keys = [s.key for s in self.scenarios] + [item.key for item in self.lowerings]
         self.workdir = str(ctx.tmp_dir("backendconf-process"))
-        self.blocked = list(dict.fromkeys([*ctx.capabilities.host_only_modules, *_target.TRACING_MODULES]))
+        self.blocked = list(_target.blocked_modules(ctx.capabilities.host_only_modules))
         self.timeout = timeout
-        encoder = _archive.ValueEncoder()
-        request = {
-            "backend": ctx.name,
-            "backend_version": ctx.registered.source.version,
-            "blocked": self.blocked,
-            "plugins": [os.path.abspath(p) if _target.is_path(p) else p for p in _target.active_plugins()],
-            "sys_path": [p for p in sys.path if p],
+        self._records: dict[str, dict] = {}
+        self._running: str | None = None
+        self._end: Any = None
+        self._lock = threading.RLock()
+        self._deadline = time.monotonic() + timeout
+        # A fresh lowering must not depend on the hash seed: a pinned one gets another one there.
+        self._child = ChildProcess(
+            "pytest_backendconf.conformance.availability:ExtraProcessHandler",
+            {"backend": ctx.name, "backend_version": ctx.registered.source.version, "workdir": self.workdir},
+            blocked=self.blocked, startup_timeout=timeout, vary_hash_seed=True,
+        )
+        self._child.send({
             "scenarios": [
                 {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
-                 "calls": encoder.encode(s.calls, f"inputs of {s.key}")}
+                 "calls": pack_value(s.calls, f"inputs of {s.key}")}
                 for s in self.scenarios
             ],
             "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
-            "tensors": encoder.meta,
-        }
-        os.makedirs(os.path.join(self.workdir, "in"))
-        for i, data in enumerate(encoder.data):
-            with open(os.path.join(self.workdir, "in", f"{i}.bin"), "wb") as f:
-                f.write(data)
-        with open(os.path.join(self.workdir, "request.json"), "w", encoding="utf-8") as f:
-            json.dump(request, f)
-        env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(_target.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        if env.get("PYTHONHASHSEED", "random") != "random":  # a pinned seed: pin another one
-            seed = env["PYTHONHASHSEED"]
-            env["PYTHONHASHSEED"] = str((int(seed) + 1) % 2**32) if seed.isdigit() else "random"
-        self._records: dict[str, dict] = {}
-        self._running: str | None = None
-        self._setup_error: dict | None = None
-        self._offset = 0
-        self._end: tuple[int | None, str, bool] | None = None
-        self._deadline = time.monotonic() + timeout
-        # stderr goes to a file: a pipe nobody reads yet could fill up and stall the process.
-        with open(os.path.join(self.workdir, "stderr.txt"), "wb") as stderr:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "pytest_backendconf.conformance.availability", self.workdir],
-                stdout=subprocess.DEVNULL, stderr=stderr, env=env,
-            )
+        })
         ExtraProcess._live.add(self)
         # Once the session that wanted it is gone, so is a process still working for it.
-        weakref.finalize(self, _kill, self._process)
+        weakref.finalize(self, self._child.kill)
 
     def result(self, key: str) -> dict:
-        """The item's result, as soon as the process has written it."""
-        while key not in self._records and self._end is None:
-            self._read()
-            if key in self._records:
-                break
-            if self._process.poll() is not None:
-                self._finish(timed_out=False)
-            elif time.monotonic() > self._deadline:
-                self._process.kill()
-                self._finish(timed_out=True)
-            else:
-                time.sleep(0.02)
-        return self._records[key]
+        """The item's result, as soon as the process has sent it."""
+        from pytest_backendconf._child import Ended
 
-    def _read(self) -> None:
-        path = os.path.join(self.workdir, "results.jsonl")
-        if not os.path.exists(path):
-            return
-        with open(path, encoding="utf-8") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next read
-        self._offset += len(complete.encode("utf-8"))
-        for line in complete.splitlines():
-            record = json.loads(line)
-            if "setup_error" in record:
-                self._setup_error = record["setup_error"]
-            elif "started" in record:
-                self._running = record["started"]
-            else:
-                self._records[record["key"]] = self._decode(record)
-                self._running = None
+        with self._lock:
+            while key not in self._records and self._end is None:
+                record = self._child.receive(max(0.0, self._deadline - time.monotonic()))
+                if record is None:
+                    self._finish(self._child.kill(timed_out=self.timeout))
+                elif isinstance(record, Ended):
+                    self._finish(record)
+                elif record.get("kind") == "started":
+                    self._running = record["key"]
+                elif record.get("kind") == "item":
+                    self._records[record["key"]] = self._decode(record)
+                    self._running = None
+                elif record.get("kind") == "result":
+                    self._finish(None)
+            return self._records[key]
 
     def _decode(self, record: dict) -> dict:
-        if "slot" not in record:
-            return record
-        tensors = []
-        for i, meta in enumerate(record["tensors"]):
-            with open(os.path.join(self.workdir, "out", f"{record['slot']}-{i}.bin"), "rb") as f:
-                tensors.append(_archive.tensor_from_bytes(f.read(), meta, f"target output {i}"))
-        outputs = {m: [None if v is None else _archive.decode_value(v, tensors, "target output") for v in values]
-                   for m, values in record["outputs"].items()}
+        from pytest_backendconf._child import unpack_value
+
+        if "outputs" not in record:
+            return {k: v for k, v in record.items() if k != "kind"}
+        outputs = unpack_value(record["outputs"], "target outputs") if record["outputs"] else {}
         return {"loaded": record["loaded"], "error": record["error"], "outputs": outputs, "errors": record["errors"],
                 "blocked": self.blocked, "returncode": None, "stderr": ""}
 
-    def _finish(self, *, timed_out: bool) -> None:
-        self._process.wait()
-        self._read()
-        with open(os.path.join(self.workdir, "stderr.txt"), encoding="utf-8", errors="replace") as f:
-            stderr = f.read()
-        code = None if timed_out else self._process.returncode
+    def _finish(self, ended: Any) -> None:
+        """The process is done (``ended`` None: it answered everything it was asked)."""
+        self._child.close()
+        stderr = self._child.stderr()
+        code = ended.returncode if ended is not None else None
+        timed_out = ended is not None and ended.timed_out is not None
         self._end = (code, stderr, timed_out)
         for key in self.keys:
             if key in self._records:
                 continue
-            if self._setup_error is not None:
-                error = self._setup_error
+            if ended is not None and ended.setup_error is not None:
+                error = {"type": ended.setup_error["type"], "message": ended.setup_error["message"]}
             elif key == self._running:
                 how = f"did not finish within {self.timeout} s and was killed" if timed_out else f"exited with code {code}"
                 error = {"type": "TargetTimeoutError" if timed_out else "TargetCrashError",
@@ -474,13 +441,7 @@ class ExtraProcess:
     def kill_unread(cls) -> None:
         """At exit: a process whose checks were deselected has nobody waiting for it."""
         for extra in list(cls._live):
-            _kill(extra._process)
-
-
-def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+            extra._child.kill()
 
 
 atexit.register(ExtraProcess.kill_unread)
@@ -545,89 +506,65 @@ def session(ctx: Any) -> Session:
         return _SESSIONS[ctx]
 
 
-def _child_main(workdir: str) -> int:
-    """The extra process: target phase with the blocker, then host phase without."""
-    import faulthandler
+class ExtraProcessHandler:
+    """In the child: the target phase with the blocker in place, then the host phase without it."""
 
-    faulthandler.enable()
-    with open(os.path.join(workdir, "request.json"), encoding="utf-8") as f:
-        request = json.load(f)
-    for entry in request["sys_path"]:
-        if entry not in sys.path:
-            sys.path.append(entry)
-    blocker = _target.install_blocker(request["blocked"])
-    log = open(os.path.join(workdir, "results.jsonl"), "a", encoding="utf-8")
+    def __init__(self, options: dict, channel: Any) -> None:
+        self.registry = _registry._ACTIVE
+        self.real = _registry.lookup_backend(options["backend"])
+        self.backend_version = options["backend_version"]
+        self.workdir = options["workdir"]
+        self.blocker = channel.blocker
+        _target.block_host_only(self.blocker, self.real.name)
 
-    def emit(record: dict) -> None:
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-
-    try:
-        _target.import_plugins(request["plugins"])
-        registry = _registry._ACTIVE
-        real = _registry.lookup_backend(request["backend"])
-        from pytest_backendconf.capabilities import capabilities_of
-
-        already = blocker.add(capabilities_of(real.backend).host_only_modules)
-        if already:
-            raise BackendContractError(
-                f"importing backend {real.name!r} imported its host-only module(s) {', '.join(already)}; a "
-                "target does not have them, so the backend may import them only inside preprocess()"
-            )
-        tensors = []
-        for i, meta in enumerate(request["tensors"]):
-            with open(os.path.join(workdir, "in", f"{i}.bin"), "rb") as f:
-                tensors.append(_archive.tensor_from_bytes(f.read(), meta, f"target input {i}"))
-    except Exception as exc:
-        emit({"setup_error": _target.error_record(exc)})
-        return 0
-    os.makedirs(os.path.join(workdir, "out"), exist_ok=True)
-    for slot, scenario in enumerate(request["scenarios"]):
-        emit({"started": scenario["key"]})
-        emit({"key": scenario["key"], "slot": slot, **_run_scenario(scenario, real.backend, tensors, workdir, slot)})
-    # The host phase: lifting the blocker lets the compiler and torch's tracing import from here on.
-    sys.meta_path.remove(blocker)
-    _registry.set_active_registry(registry)
-    if request["lowerings"]:
-        try:
-            lowerer = FreshLowerer(real, request["backend_version"], registry)
-        except Exception as exc:
+    def __call__(self, request: dict, channel: Any) -> dict:
+        for scenario in request["scenarios"]:
+            channel.send({"kind": "started", "key": scenario["key"]})
+            channel.send({"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend)})
+        # The host phase: lifting the blocker lets the compiler and torch's tracing import from here on.
+        if self.blocker in sys.meta_path:
+            sys.meta_path.remove(self.blocker)
+        _registry.set_active_registry(self.registry)
+        if request["lowerings"]:
+            try:
+                lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
+            except Exception as exc:
+                for item in request["lowerings"]:
+                    channel.send({"kind": "item", "key": item["key"],
+                                  "error": f"setting up failed: {type(exc).__name__}: {exc}"})
+                return {}
             for item in request["lowerings"]:
-                emit({"key": item["key"], "error": f"setting up failed: {type(exc).__name__}: {exc}"})
-            return 0
-        for item in request["lowerings"]:
-            emit({"started": item["key"]})
-            emit({"key": item["key"], **lowerer.lower(item, workdir)})
-    return 0
+                channel.send({"kind": "started", "key": item["key"]})
+                channel.send({"kind": "item", "key": item["key"], **lowerer.lower(item, self.workdir)})
+        return {}
 
 
-def _run_scenario(scenario: dict, backend: Any, tensors: list, workdir: str, slot: int) -> dict:
+def _run_scenario(scenario: dict, backend: Any) -> dict:
+    from pytest_backendconf._child import error_record, pack_value, unpack_value
+
     options = scenario["stand_in"]
     if options is not None:
         backend = StandIn(backend, **options, row=scenario["row"]).backend
     _registry.set_active_registry(_registry_of(backend))
-    record: dict[str, Any] = {"loaded": False, "error": None, "outputs": {}, "errors": {}, "tensors": []}
+    record: dict[str, Any] = {"loaded": False, "error": None, "outputs": None, "errors": {}}
     try:
         wrapper = _archive.load(scenario["archive"])
         record["loaded"] = True
     except Exception as exc:
-        record["error"] = _target.error_record(exc)
+        record["error"] = error_record(exc)
         return record
-    encoder = _archive.ValueEncoder()
-    calls = _archive.decode_value(scenario["calls"], tensors, "target inputs")
+    outputs: dict[str, list] = {}
+    calls = unpack_value(scenario["calls"], "target inputs")
     for method, examples in calls.items():
-        outputs, errors = record["outputs"].setdefault(method, []), record["errors"].setdefault(method, [])
+        values, errors = outputs.setdefault(method, []), record["errors"].setdefault(method, [])
         for args, kwargs in examples:
             try:
-                outputs.append(encoder.encode(getattr(wrapper, method)(*args, **kwargs), f"output of {method}"))
+                values.append(getattr(wrapper, method)(*args, **kwargs))
                 errors.append(None)
             except Exception as exc:
-                outputs.append(None)
-                errors.append(_target.error_record(exc))
-    for i, data in enumerate(encoder.data):
-        with open(os.path.join(workdir, "out", f"{slot}-{i}.bin"), "wb") as f:
-            f.write(data)
-    record["tensors"] = encoder.meta
+                values.append(None)
+                errors.append(error_record(exc))
+    record["outputs"] = pack_value(outputs, "target outputs")
     return record
 
 
@@ -792,6 +729,3 @@ OUTCOMES = {
     "runs_on_target": runs_on_target,
 }
 
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1]))

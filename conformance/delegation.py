@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import pytest_backendconf as bc
+from pytest_backendconf import _compat
 from pytest_backendconf._context import SuiteContext
 from pytest_backendconf._lowering import lower_programs
 from pytest_backendconf._partition import op_overload
@@ -177,7 +178,7 @@ def _declared_but_rejected(ctx: SuiteContext, case_name: str, dtype: str, exc: U
         return None
     declared = ctx.capabilities.supported_ops
     dtypes = ctx.capabilities.dtypes
-    values = [v for v in torch.utils._pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    values = [v for v in _compat.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     if declared is not None and op in declared and (dtypes is None or all(v.dtype in dtypes for v in values)):
         return (
             f"{case_name} ({dtype}): backend {ctx.backend.name!r} declares {op} in Capabilities.supported_ops, "

@@ -14,13 +14,20 @@ shape it sees, or keeps its buffers, gives wrong outputs.
 from __future__ import annotations
 
 import functools
+import shlex
+from pathlib import Path
 from typing import Iterator
 
 import torch
+from pytest_backendconf import _compat
 from hypothesis import example, given, seed as hypothesis_seed, settings, strategies as st
 
 from pytest_backendconf import OutputSpecError, UnsupportedNodeError
 from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
+from pytest_backendconf._context import normalize_call
+from pytest_backendconf._divergence import locate_in_program
+from pytest_backendconf._tensorfile import write_tensors
+from pytest_backendconf._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
 from pytest_backendconf._hypothesis import PROFILES
 from pytest_backendconf._check import Check, CheckFailed, Unsupported
 
@@ -64,20 +71,25 @@ def lowered_or_unsupported(ctx: SuiteContext, case_name: str, dtype: str, *, dyn
 
 
 def tolerance(ctx: SuiteContext, dtype: str) -> tuple[float, float]:
-    declared = ctx.capabilities.tolerances or {}
+    found = tolerance_for(ctx, dtype)
+    return found.rtol, found.atol
+
+
+def tolerance_for(ctx: SuiteContext, dtype: str, case_name: str | None = None) -> Tolerance:
+    """The tolerance of a (model, dtype): the backend's per-model override, its per-dtype one, the default."""
     torch_dtype = getattr(torch, "float32" if dtype == FIXED else dtype)
-    if torch_dtype in declared:
-        return declared[torch_dtype]
-    rtol, atol = section("parity")["tolerances"].get(str(torch_dtype).removeprefix("torch."), (0.0, 0.0))
-    return float(rtol), float(atol)
+    keys = [case_name] if case_name else []
+    return resolve_tolerance(torch_dtype, keys, ctx.capabilities.tolerances, section("parity")["tolerances"])
 
 
-def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> None:
+def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> dict:
     lowered = lowered_or_unsupported(ctx, case_name, dtype)
     eager = getattr(ctx.module(case_name, dtype), method)
     run = getattr(lowered, method)
-    rtol, atol = tolerance(ctx, dtype)
+    tol = tolerance_for(ctx, dtype, case_name)
     profile = PROFILES[ctx.hypothesis_profile]
+    #: The worst comparison among the passing examples, and the last failing one.
+    seen: dict = {}
 
     @profile
     @given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))
@@ -86,20 +98,60 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         expected = eager(*args, **kwargs)
         actual = run(*args, **kwargs)
+        where = f"{case_name}.{method} in {dtype}"
+        drawn = f"inputs drawn with seed={seed}, mode={mode!r}"
+        if _compat.tree_structure(actual) != _compat.tree_structure(expected):
+            raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's for {drawn}")
         try:
-            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
-        except AssertionError as exc:
+            results = compare_outputs(actual, expected, tol)
+        except StructureMismatch as exc:
+            raise CheckFailed(f"{where}: {exc} for {drawn}") from None
+        failing = [r for r in results if not r.passed]
+        if failing:
+            seen["failed"] = (args, kwargs)
             raise CheckFailed(
-                f"{case_name}.{method} in {dtype}: the backend's outputs differ from eager PyTorch "
-                f"(rtol={rtol}, atol={atol}) for inputs drawn with seed={seed}, mode={mode!r}:\n{exc}"
-            ) from None
+                f"{where}: the backend's outputs differ from eager PyTorch for {drawn}:\n"
+                + "\n".join(r.text() for r in failing)
+            )
+        top = worst(results)
+        if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
+            seen["worst"] = results
         for i, (before, after) in enumerate(zip(originals, args)):
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
 
     if not profile.derandomize:
         compare = hypothesis_seed(ctx.hypothesis_seed)(compare)
-    compare()
+    try:
+        compare()
+    except CheckFailed as exc:
+        if "failed" not in seen:
+            raise
+        saved = save_inputs(ctx, case_name, dtype, method, *seen["failed"])
+        raise CheckFailed(
+            f"{exc}{divergence_text(ctx, case_name, dtype, method, *seen['failed'], tol)}\n"
+            f"  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
+        ) from None
+    return {"numerics": summary_json(seen.get("worst") or [])}
+
+
+def divergence_text(ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict,
+                    tol: Tolerance) -> str:
+    """``Diverges first at node 'sub' (aten::sub): …`` and the node's source, for a multi-node model."""
+    program = ctx.program(case_name, dtype, method)
+    ops = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
+    if len(ops) < 2:
+        return ""
+    module_type = type(ctx.module(case_name, dtype))
+    args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
+    try:
+        found = locate_in_program(program, ctx.backend, list(_compat.tree_leaves((args, kwargs))),
+                                  top_class=module_type.__name__, method=method, tolerance=tol)
+    except Exception as exc:  # localisation is a diagnosis: never hide the failure behind it
+        return f"\n(could not locate the divergence: {type(exc).__name__}: {exc})"
+    if found is None:
+        return "\n(no single node or prefix of the program is out of tolerance on its own)"
+    return "\n" + found.text()
 
 
 def size_choices(ctx: SuiteContext, case_name: str, method: str) -> tuple[dict, list[dict]]:
@@ -151,3 +203,17 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     if not profile.derandomize:
         test = hypothesis_seed(ctx.hypothesis_seed)(test)
     test()
+
+
+def save_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict) -> Path:
+    """The failing example's tensors in a tensor file (no code in it) for `pytest_backendconf.rerun`."""
+    leaves = [leaf for leaf in _compat.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+    path = ctx.tmp_dir("parity-inputs") / f"{case_name}.{method}-{dtype}.safetensors"
+    write_tensors(path, {f"input{i}": t for i, t in enumerate(leaves)},
+                  {"kind": "parity", "case": case_name, "dtype": dtype, "method": method, "backend": ctx.name})
+    return path
+
+
+def rerun_command(ctx: SuiteContext, path: Path) -> str:
+    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
+    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])

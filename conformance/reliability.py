@@ -17,18 +17,12 @@ calls. Timeouts, repetitions, cases and limits are in ``suite.toml``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import functools
 import gc
-import json
 import os
-import pickle
-import queue
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import tracemalloc
 import weakref
@@ -135,7 +129,7 @@ def execute_timeout() -> float:
 
 
 def _run_child(ctx: SuiteContext) -> IsolatedRun:
-    from pytest_backendconf._target import active_plugins
+    from pytest_backendconf._child import ChildProcess, pack_value
 
     spec = section("reliability")
     run = IsolatedRun(probes=[], timeout=execute_timeout())
@@ -154,94 +148,68 @@ def _run_child(ctx: SuiteContext) -> IsolatedRun:
         for method in ctx.cases[name].methods:
             run.probes.append(Probe(name, dtype, method))
             payload.append({
-                "blobs": dict(lowered.blobs),
+                "blobs": {m: base64.b64encode(b).decode("ascii") for m, b in lowered.blobs.items()},
                 "specs": {m: s.compile_spec for m, s in lowered.methods.items()},
                 "method": method,
-                "calls": [ctx.flat_inputs(name, dtype, method, seed) for seed in range(calls)],
+                "calls": pack_value([ctx.flat_inputs(name, dtype, method, seed) for seed in range(calls)],
+                                    f"probe inputs of {name}.{method}"),
             })
     live = [p for p in run.probes if p.status != "not_lowered"]
-    with tempfile.TemporaryDirectory(prefix="backendconf-reliability-") as workdir:
-        # pickle is safe here: the child reads a file its own parent just wrote.
-        with open(os.path.join(workdir, "request.pkl"), "wb") as f:
-            pickle.dump({
-                "backend": ctx.name, "plugins": active_plugins(), "timeout": run.timeout, "probes": payload,
-            }, f)
-        with open(os.path.join(workdir, "sys_path.json"), "w", encoding="utf-8") as f:
-            json.dump([str(p) for p in sys.path], f)  # the child imports what this process imports
-        with open(os.path.join(workdir, "stderr.txt"), "w+b") as stderr:
-            child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, workdir],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-            )
-            try:
-                _follow(child, live, run, float(spec.get("child_startup_timeout_s", 120)))
-            finally:
-                if child.poll() is None:
-                    child.kill()
-                child.wait()
-                child.stdout.close()
-                stderr.seek(0)
-                run.stderr = stderr.read().decode("utf-8", "replace")
+    child = ChildProcess(
+        "pytest_backendconf.conformance.reliability:ProbeRunner", {"backend": ctx.name},
+        startup_timeout=float(spec.get("child_startup_timeout_s", 120)),
+    )
+    try:
+        child.send({"probes": payload, "timeout": run.timeout})
+        _follow(child, live, run)
+    finally:
+        child.close()
+        run.stderr = child.stderr()
     return run
 
 
-def _follow(child: subprocess.Popen, probes: list[Probe], run: IsolatedRun, startup: float) -> None:
+def _follow(child: Any, probes: list[Probe], run: IsolatedRun) -> None:
     """Read the child's reports; the probe under way when it dies crashed, when it falls silent hung."""
-    lines: queue.Queue = queue.Queue()
+    from pytest_backendconf._child import Ended
 
-    def read() -> None:
-        for raw in child.stdout:
-            lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
     current: Probe | None = None
-    ready = False
     while True:
-        try:
-            line = lines.get(timeout=run.timeout if ready else startup)
-        except queue.Empty:
-            child.kill()
+        record = child.receive(run.timeout)
+        if record is None:  # silence: the step under way hangs
+            child.kill(timed_out=run.timeout)
             if current is not None:
                 current.status = "hung"
-            else:
-                run.setup_error = f"the child process did not start within {startup:g} s"
             return
-        if line is None:
-            code = child.wait()
-            if current is not None:
-                current.status, current.detail = "crashed", f" ({_exit_status(code)})"
-            elif run.setup_error is None and (not ready or any(p.status == "not_run" for p in probes)):
-                run.setup_error = f"the child process exited ({_exit_status(code)}) before running every probe"
+        if isinstance(record, Ended):
+            if record.setup_error is not None:
+                run.setup_error = f"creating backend in the child failed: {record.setup_error['type']}: " \
+                                  f"{record.setup_error['message']}"
+            elif record.timed_out is not None:
+                run.setup_error = f"the child process did not start within {child.startup_timeout:g} s"
+            elif current is not None:
+                current.status, current.detail = "crashed", f" ({exit_status(record.returncode)})"
+            elif any(p.status == "not_run" for p in probes):
+                run.setup_error = f"the child process {record.describe()}, before running every probe"
             return
-        kind, _, rest = line.partition(" ")
-        if kind == "ready":
-            ready = True
-        elif kind == "setup_error":
-            run.setup_error = json.loads(rest)
-        elif kind == "begin":
-            index, step = rest.split(" ", 1)
-            current = probes[int(index)]
-            current.step = step
+        kind = record.get("kind")
+        if kind == "begin":
+            current = probes[record["probe"]]
+            current.step = record["step"]
         elif kind == "end":
-            index, step, outcome = rest.split(" ", 2)
-            probe = probes[int(index)]
-            if outcome != "ok":
-                probe.status, probe.detail = "raised", json.loads(outcome.partition(" ")[2])
+            probe = probes[record["probe"]]
+            if record["error"] is not None:
+                probe.status, probe.detail = "raised", record["error"]
             elif probe.status == "not_run":
                 probe.status = "ok"
             current = None
-        elif kind == "finished":
-            ready = True
+        elif kind == "result":
+            return
 
 
-def _exit_status(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {-code}, {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
+def exit_status(code: int | None) -> str:
+    from pytest_backendconf._child import exit_status as status
+
+    return status(code).replace(" (", ", ").rstrip(")")
 
 
 def _stderr_tail(text: str, limit: int = 1500) -> str:
@@ -251,62 +219,45 @@ def _stderr_tail(text: str, limit: int = 1500) -> str:
     return "\nthe child's stderr ended with:\n" + (text if len(text) <= limit else "..." + text[-limit:])
 
 
-_CHILD_CODE = (
-    "import json, sys\n"
-    "sys.path[:] = json.load(open(sys.argv[1] + '/sys_path.json'))\n"
-    "from pytest_backendconf.conformance.reliability import child_main\n"
-    "sys.exit(child_main(sys.argv[1]))\n"
-)
+class ProbeRunner:
+    """In the child: the backend as the session created it; compile and execute every probe, report each step."""
 
-
-def child_main(workdir: str) -> int:
-    """In the child: create the backend as the session did, run every probe, report each step."""
-    import faulthandler
-
-    # Reports go to a private copy of stdout; the backend's own prints go to stderr.
-    reports = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    faulthandler.enable()  # a segfault leaves the Python stack in stderr, for the failure message
-
-    def send(*parts: Any) -> None:
-        reports.write(" ".join(str(p) for p in parts) + "\n")
-        reports.flush()
-
-    try:
-        with open(os.path.join(workdir, "request.pkl"), "rb") as f:
-            request = pickle.load(f)
+    def __init__(self, options: dict, channel: Any) -> None:
         from pytest_backendconf._registry import lookup_backend
-        from pytest_backendconf._target import import_plugins
 
-        import_plugins(request["plugins"])
-        backend = lookup_backend(request["backend"]).backend
-    except Exception as exc:
-        send("setup_error", json.dumps(f"creating backend in the child failed: {type(exc).__name__}: {exc}"))
-        return 1
-    send("ready")
-    for i, probe in enumerate(request["probes"]):
-        send("begin", i, "compile")
-        try:
-            handles = backend.compile(dict(probe["blobs"]), probe["specs"])
-            handle = handles[probe["method"]]
-        except Exception as exc:
-            send("end", i, "compile", "raised", json.dumps(f"{type(exc).__name__}: {exc}"))
-            continue
-        send("end", i, "compile", "ok")
-        for k, inputs in enumerate(probe["calls"]):
-            step = f"call:{k + 1}/{len(probe['calls'])}"
-            send("begin", i, step)
-            # Where a hung call is stuck, for the failure message (before the parent kills us).
-            faulthandler.dump_traceback_later(max(request["timeout"] - 1.0, 0.5))
+        self.backend = lookup_backend(options["backend"]).backend
+
+    def __call__(self, request: dict, channel: Any) -> dict:
+        import faulthandler
+
+        from pytest_backendconf._child import unpack_value
+
+        def send(probe: int, step: str, kind: str, error: str | None = None) -> None:
+            channel.send({"kind": kind, "probe": probe, "step": step, "error": error})
+
+        for i, probe in enumerate(request["probes"]):
+            send(i, "compile", "begin")
             try:
-                backend.execute(handle, list(inputs))
-                send("end", i, step, "ok")
+                blobs = {m: base64.b64decode(b) for m, b in probe["blobs"].items()}
+                handle = self.backend.compile(blobs, probe["specs"])[probe["method"]]
             except Exception as exc:
-                send("end", i, step, "raised", json.dumps(f"{type(exc).__name__}: {exc}"))
-            finally:
-                faulthandler.cancel_dump_traceback_later()
-    send("finished")
-    return 0
+                send(i, "compile", "end", f"{type(exc).__name__}: {exc}")
+                continue
+            send(i, "compile", "end")
+            calls = unpack_value(probe["calls"], "probe inputs")
+            for k, inputs in enumerate(calls):
+                step = f"call:{k + 1}/{len(calls)}"
+                send(i, step, "begin")
+                # Where a hung call is stuck, for the failure message (before the parent kills us).
+                faulthandler.dump_traceback_later(max(request["timeout"] - 1.0, 0.5))
+                try:
+                    self.backend.execute(handle, list(inputs))
+                    send(i, step, "end")
+                except Exception as exc:
+                    send(i, step, "end", f"{type(exc).__name__}: {exc}")
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
+        return {}
 
 
 def check_no_crash(ctx: SuiteContext) -> None:

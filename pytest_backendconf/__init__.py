@@ -67,6 +67,7 @@ _LAZY = {
     "read_archive": "._archive",
     "Limits": "._archive",
     "run_on_target": "._target",
+    "locate_divergence": "._divergence",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

@@ -27,7 +27,8 @@ This module is the public API; the work is split by job: `_archive_zip`
 (the strict zip container), `_manifest` (the manifest and the verified
 `Archive`), `_tensor_codec` (values and tensors), `_archive_attributes`
 (``attributes.json``), `_debug_table` (``debug.json``) and
-`_symbolication` (handle texts).
+`_symbolication` (handle texts), `_structure` (input and output
+structures), `_limits` (what the reader accepts).
 """
 
 from __future__ import annotations
@@ -45,17 +46,8 @@ from ._archive_zip import stored_bytes as _stored_bytes
 from ._debug_table import DebugInfoSizes, torch_stack_trace_bytes
 from ._debug_table import encode_debug as _debug_json
 from ._files import write_atomic
-from ._manifest import (
-    ATTRIBUTES,
-    BLOB,
-    DEFAULT_LIMITS,
-    FORMAT_NAME,
-    SCHEMA_VERSION,
-    Archive,
-    ArchiveReader,
-    EntryInfo,
-    Limits,
-)
+from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
+from ._manifest import ATTRIBUTES, BLOB, FORMAT_NAME, SCHEMA_VERSION, Archive, ArchiveReader, EntryInfo
 from ._symbolication import SymbolTable, cached_table, check_handles
 from ._tensor_codec import ValueEncoder, check_value, decode_value
 from ._tensor_codec import decode_tensor as tensor_from_bytes
@@ -175,12 +167,13 @@ def load(file: Any, *, limits: Limits | None = None) -> Any:
 
 def read_archive(file: Any, *, limits: Limits | None = None) -> "Archive":
     """Read and verify an archive without creating its backend (and without torch)."""
-    data, source = read_input(file, limits or DEFAULT_LIMITS)
-    return ArchiveReader(data, source, limits or DEFAULT_LIMITS).read()
+    limits = check_limits(limits)
+    data, source = read_input(file, limits)
+    return ArchiveReader(data, source, limits).read()
 
 
-def symbolicate(source: Any, handles: int | Iterable[int]) -> str:
-    """The §3.5 text for each debug handle, offline, from the archive's debug info alone.
+def symbolicate(source: Any, handles: int | Iterable[int], *, limits: Limits | None = None) -> str:
+    """The symbolicated text of each debug handle, offline, from the archive's debug info alone.
 
     ``source`` is an archive path, bytes, a binary file, an `Archive`, or a
     lowered module. Each known handle gives a header line, e.g.
@@ -189,7 +182,7 @@ def symbolicate(source: Any, handles: int | Iterable[int]) -> str:
     The backend is never created or imported.
     """
     handles = check_handles(handles)
-    text = _symbol_table(source).text
+    text = _symbol_table(source, check_limits(limits)).text
     return "\n".join([text(h) for h in handles])
 
 
@@ -221,7 +214,7 @@ def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:
     return DebugInfoSizes(stored, torch_bytes, raw)
 
 
-def _symbol_table(source: Any) -> SymbolTable:
+def _symbol_table(source: Any, limits: Limits) -> SymbolTable:
     if isinstance(source, Archive):
         return cached_table(("archive", id(source)), source, lambda: source.debug)
     lowered = getattr(source, "lowered", source)
@@ -232,7 +225,7 @@ def _symbol_table(source: Any) -> SymbolTable:
         try:
             st = os.stat(path)
         except OSError:
-            return SymbolTable(read_archive(source).debug)  # raises the clear error
-        key = ("path", path, st.st_size, st.st_mtime_ns, st.st_ino)
-        return cached_table(key, None, lambda: read_archive(source).debug)
-    return SymbolTable(read_archive(source).debug)
+            return SymbolTable(read_archive(source, limits=limits).debug)  # raises the clear error
+        key = ("path", path, st.st_size, st.st_mtime_ns, st.st_ino, limits)
+        return cached_table(key, None, lambda: read_archive(source, limits=limits).debug)
+    return SymbolTable(read_archive(source, limits=limits).debug)

@@ -41,8 +41,8 @@ _DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01
 _DOS_TIME = 0
 _EXTERNAL_ATTR = 0o100644 << 16
 _STORED, _DEFLATED = 0, 8
-# Deflate cannot expand data more than ~1032:1; a larger declared ratio is a bomb.
-_MAX_DEFLATE_RATIO = 1032
+# Bytes a deflated entry may inflate to beyond Limits.max_expansion_ratio times its size.
+_RATIO_ALLOWANCE = 4096
 
 
 @dataclasses.dataclass
@@ -155,10 +155,13 @@ class ZipReader:
                     f"{self.where(name)}: is stored uncompressed but declares {usize} bytes of content "
                     f"in {csize} stored bytes; {_REWRITE}"
                 )
-            if method == _DEFLATED and usize > csize * _MAX_DEFLATE_RATIO + 64:
+            ratio = self.limits.max_expansion_ratio
+            # The allowance lets a tiny entry (a few hundred bytes of JSON) inflate freely.
+            if method == _DEFLATED and usize > csize * ratio + _RATIO_ALLOWANCE:
                 raise ArchiveSizeError(
                     f"{self.where(name)}: declares {usize} bytes from {csize} deflated bytes, more than "
-                    "deflate can produce (a zip bomb?)"
+                    f"the limit of {ratio} times (a zip bomb?); pass limits=Limits(max_expansion_ratio=...) "
+                    "if the archive is trusted"
                 )
             data_start = offset + _LOCAL.size + name_len
             data_end = data_start + csize
@@ -273,7 +276,7 @@ class ZipReader:
         if entry.size > self.limits.max_json_bytes:
             raise ArchiveSizeError(
                 f"{self.where(entry.name)}: {entry.size} bytes of JSON, more than the limit of "
-                f"{self.limits.max_json_bytes}"
+                f"{self.limits.max_json_bytes}; pass limits=Limits(max_json_bytes=...) if the archive is trusted"
             )
         return self._parse_json(entry.name, self._bytes(entry))
 
@@ -335,7 +338,12 @@ def deflate(data: bytes) -> bytes:
 
 
 def read_input(file: Any, limits: Any) -> tuple[bytes, str]:
-    """The bytes of an archive given as bytes, a path or a binary file object, and its name for messages."""
+    """The bytes of an archive given as bytes, a path or a binary file object, and its name for messages.
+
+    A file is read by its size and a stream in chunks, stopping at
+    ``limits.max_archive_bytes``: nothing is allocated for a limit the
+    file does not reach.
+    """
     cap = limits.max_archive_bytes
     if isinstance(file, (bytes, bytearray, memoryview)):
         data, source = bytes(file), "<bytes>"
@@ -344,18 +352,39 @@ def read_input(file: Any, limits: Any) -> tuple[bytes, str]:
         with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > cap:
-                raise ArchiveSizeError(f"archive {source!r} is {size} bytes, more than the limit of {cap}")
-            data = f.read(cap + 1)
+                raise ArchiveSizeError(
+                    f"archive {source!r} is {size} bytes, more than the limit of {cap}; pass "
+                    "limits=Limits(max_archive_bytes=...) if the archive is trusted"
+                )
+            data = _read_stream(f, cap, source, size)
     elif hasattr(file, "read"):
         source = str(getattr(file, "name", None) or f"<{type(file).__name__}>")
-        data = file.read(cap + 1)
-        if not isinstance(data, (bytes, bytearray)):
-            raise ArchiveError(f"archive {source!r}: the file object must be opened in binary mode ('rb')")
-        data = bytes(data)
+        data = _read_stream(file, cap, source, None)
     else:
         raise ArchiveError(f"load() reads a path, bytes, or a binary file object, got {type(file).__name__}")
     if len(data) > cap:
-        raise ArchiveSizeError(f"archive {source!r} is more than the limit of {cap} bytes")
+        raise ArchiveSizeError(
+            f"archive {source!r} is more than the limit of {cap} bytes; pass "
+            "limits=Limits(max_archive_bytes=...) if the archive is trusted"
+        )
     return data, source
 
 
+_CHUNK = 1 << 20
+
+
+def _read_stream(f: Any, cap: int, source: str, size: int | None) -> bytes:
+    chunks = []
+    total = 0
+    while total <= cap:
+        want = min(_CHUNK, cap + 1 - total) if size is None else min(_CHUNK, size + 1 - total)
+        if want <= 0:
+            break
+        chunk = f.read(want)
+        if not isinstance(chunk, (bytes, bytearray)):
+            raise ArchiveError(f"archive {source!r}: the file object must be opened in binary mode ('rb')")
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)

@@ -14,9 +14,12 @@ import inspect
 from typing import Any, Callable
 
 #: The categories of the suite, in the order they run; each is also a pytest marker.
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation")
+CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation", "ops")
 #: The first part of every conformance check's id.
 ROOT_ID = "backendconf"
+#: Stages that only lower (export, preprocess) or ask the backend about itself: they run where the
+#: backend is not available too (``is_available()`` False); every other stage needs it available.
+LOWERING_STAGES = frozenset({"declaration", "is_available", "preprocess", "lowering"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,8 @@ class Check:
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
     :param run: called with the `SuiteContext`; raises `CheckFailed`
         (or any exception) to fail, `Unsupported` to report "unsupported".
-        It may return a JSON-compatible dict of details, kept in the report.
+        It may return a JSON-compatible dict of details, kept in the report
+        (``{"numerics": ...}`` of a comparison, passes included).
     :param stage: the part of the contract it exercises (``preprocess``,
         ``compile``, ``execute``, ``load``, ``target`` …), for the report.
     """
@@ -37,6 +41,16 @@ class Check:
     run: Callable[[Any], Any]
     stage: str
     case: str | None = None
+    #: Whether the check needs ``is_available()`` True; ``None``: decided by `stage` (`LOWERING_STAGES`).
+    needs_available: bool | None = None
+
+    @property
+    def id(self) -> str:
+        """``parity::small_cnn[float16]``: the id the backend host knows the check by."""
+        return f"{self.category}::{self.name}"
+
+    def requires_available(self) -> bool:
+        return self.needs_available if self.needs_available is not None else self.stage not in LOWERING_STAGES
 
     def location(self) -> tuple[str, int]:
         """``("pytest_backendconf/conformance/parity.py", line)``: where the check's code is (0-based line)."""

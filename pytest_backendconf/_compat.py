@@ -10,6 +10,7 @@ docs/vendor-ci.md ("Which torch versions").
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -116,6 +117,40 @@ def is_higher_order_op(target: Any) -> bool:
     return isinstance(target, torch._ops.HigherOrderOperator)
 
 
+def tracing_state() -> Any:
+    """Whether ``torch.jit.trace`` is tracing right now (``torch._C._get_tracing_state()``, private on 2.4-2.14)."""
+    return torch._C._get_tracing_state()
+
+
+def import_export_tracer() -> None:
+    """Import ``torch.export``'s tracing machinery (``torch.export._trace``, 2.4-2.14), which its first use
+    imports otherwise: a process that will export does it up front, outside any timed work."""
+    import torch.export._trace  # noqa: F401
+
+
+def fake_tensor_mode(**options: Any) -> Any:
+    """A new ``FakeTensorMode`` (``torch._subclasses.fake_tensor``, private on 2.4-2.14): shapes without data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(**options)
+
+
+def tensor_metadata(tensor: torch.Tensor) -> Any:
+    """The ``tensor_meta`` an exported node carries (``torch.fx.passes.shape_prop._extract_tensor_metadata``,
+    private on 2.4-2.14)."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    return _extract_tensor_metadata(tensor)
+
+
+def dispatch_mode_base() -> type:
+    """``torch.utils._python_dispatch.TorchDispatchMode`` (2.4-2.14): the base class of a mode that sees
+    every aten call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Any) -> list[list[Any]]:
     """The groups of selected op nodes torch's partitioner proposes, each a list of nodes.
 
@@ -172,3 +207,47 @@ def exported_program(
         None,
         constants,
     )
+
+
+def treespec_node(spec: Any) -> tuple[Any, Any, list]:
+    """``(type, context, children)`` of a ``torch.utils._pytree.TreeSpec``; ``type`` is None for a leaf.
+
+    The archive writes its own structure JSON from this (docs/archive-format.md,
+    "Structures") instead of torch's private ``treespec_dumps`` strings.
+    torch >= 2.10 has ``children()`` and deprecates the ``children_specs``
+    field that 2.4 to 2.9 have.
+    """
+    if spec.is_leaf():
+        return None, None, []
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    kind, context = spec.type, spec.context
+    if kind is collections.namedtuple and isinstance(context, type):
+        # Named tuples: torch 2.13 and 2.14 record the type as collections.namedtuple and
+        # the class as the context; older versions record the class as the type.
+        kind, context = context, None
+    return kind, context, list(children)
+
+
+def opinfo_database() -> tuple[list[Any] | None, str]:
+    """PyTorch's OpInfo list (``op_db``) and ``""``, or ``None`` and a one-line reason.
+
+    ``torch.testing._internal.common_methods_invocations.op_db`` is private
+    API: the same on 2.4 to 2.14, but it may move or break in any release, so
+    the ops category degrades to a notice instead of failing the session. Its
+    import needs the ``expecttest`` package (a PyTorch test dependency) and
+    takes several seconds, which is why the suite ships what it needs from it
+    as data (conformance/ops_data/) and imports it only to rebuild that data.
+    """
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ModuleNotFoundError as exc:
+        return None, (
+            f"PyTorch's OpInfo database needs the module {exc.name!r}, which is not installed "
+            f"(pip install 'pytest-backendconf[ops]' installs it)"
+        )
+    except Exception as exc:  # a private module: anything may go wrong on import
+        return None, (
+            f"PyTorch's OpInfo database (torch.testing._internal.common_methods_invocations.op_db) "
+            f"cannot be imported on torch {torch.__version__}: {type(exc).__name__}: {exc}"
+        )
+    return list(op_db), ""

@@ -17,7 +17,7 @@ import torch
 from . import _compat
 from ._debug_handles import walk_nodes
 from ._lowering import WrapperModule, export_method, lower_programs
-from ._lowering import _normalize as normalize_call
+from ._lowering_args import normalize as normalize_call
 from ._registry import RegisteredBackend
 from .backend import Backend
 from .capabilities import Capabilities, capabilities_of
@@ -48,6 +48,10 @@ class SuiteContext:
         #: Set by the plugin from --backendconf-hypothesis and --hypothesis-seed.
         self.hypothesis_profile = "ci"
         self.hypothesis_seed = 0
+        #: ``--backendconf-ops``: which operator samples the ops category runs.
+        self.ops_mode = "default"
+        #: The ``-p`` plugins of the run, for commands that rerun one comparison outside pytest.
+        self.plugin_modules: list[str] = []
 
     # --- dtypes ---------------------------------------------------------------
 
@@ -177,6 +181,29 @@ class SuiteContext:
     def tmp_dir(self, name: str) -> Any:
         """A fresh temporary directory (a `pathlib.Path`) for one check."""
         return self._tmp_dir(name)
+
+
+def build_context(
+    selected: RegisteredBackend, registry: Any, tmp_dir: Callable[[str], Any], profile: str, seed: int,
+    *, zoo: str = "synthetic",
+) -> SuiteContext:
+    """The session's context: the zoo (``--backendconf-zoo``) and the registry's cases, the
+    Hypothesis profile and seed.
+
+    The pytest process and the backend host (`pytest_backendconf._host`) both
+    build it here, so that both generate the same checks.
+    """
+    from .conformance._zoo_loader import load_zoo
+
+    real = []
+    if zoo != "synthetic":
+        from .conformance.real_models import real_cases
+
+        real = real_cases()
+    # The synthetic zoo stays in the context under `real`: checks name some of its models.
+    ctx = SuiteContext(selected, load_zoo() + real + registry.cases(), tmp_dir=tmp_dir)
+    ctx.hypothesis_profile, ctx.hypothesis_seed = profile, seed
+    return ctx
 
 
 def _fingerprint(program: Any) -> tuple[list[tuple], dict[str, torch.Tensor]]:

@@ -149,7 +149,7 @@ def format_runtime(message: str, info: DebugInfo) -> str:
     return f"{message}\n{info}\n{_locator(info)}"
 
 
-def format_missing(handles: Iterable[int]) -> str:
+def format_missing(handles: Iterable[int | str]) -> str:
     """The pinned text for handles that have no debug info."""
     listed = ", ".join(str(h) for h in handles)
     return f"Debug info for handle(s): debug_handles:{{{listed}}}, was not found."

@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import sys
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ._archive_checks import REWRITE as _REWRITE
@@ -21,6 +23,8 @@ from ._debug_info import DebugInfo, Frame
 from .errors import ArchiveManifestError
 
 INT64_MAX = 2**63 - 1
+#: Source line numbers are below this (a file of a billion lines is not a model).
+MAX_LINE = 2**31
 
 
 class _Table:
@@ -44,13 +48,14 @@ def encode_debug(debug: Mapping[int, DebugInfo]) -> bytes:
     ``[handle - previous handle, op, node, method, hierarchy, stack]``."""
     files, lines, names = _Table(), _Table(), _Table()
     frames, stacks, hierarchies = _Table(), _Table(), _Table()
+    portable = PortablePaths()
     rows = []
     previous = 0
     for handle in sorted(debug):
         info = debug[handle]
         stack = []
         for f in info.frames:
-            row: tuple = (files(f.file), f.line, names(f.name), -1 if f.source is None else lines(f.source))
+            row: tuple = (files(portable.relative(f.file)), f.line, names(f.name), -1 if f.source is None else lines(f.source))
             if f.col is not None or f.end_col is not None:
                 row += (f.col, f.end_col)
             stack.append(frames(row))
@@ -82,6 +87,8 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
             if not isinstance(s, str):
                 raise bad(f"{key}[{i}] must be a string, got {_kind(s)}")
     files, lines, names = tables["files"], tables["lines"], tables["names"]
+    portable = PortablePaths()
+    files = [portable.absolute(f) for f in files]
 
     def index(value: Any, table: list, what: str, optional: bool = False) -> Any:
         if optional and value == -1 and _is_int(value):
@@ -95,19 +102,27 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
         what = f"frames[{i}]"
         if not isinstance(row, list) or len(row) not in (4, 6):
             raise bad(f"{what} must be [file, line, name, source(, col, end_col)], got {_short(row)}")
-        if not _is_int(row[1]) or row[1] < 0:
-            raise bad(f"{what} has line {_short(row[1])}")
+        if not _is_int(row[1]) or not 0 <= row[1] < MAX_LINE:
+            raise bad(f"{what} has line {_short(row[1])}; lines are integers from 0 to {MAX_LINE - 1}")
+        source = index(row[3], lines, f"{what} source", optional=True)
         col = end_col = None
         if len(row) == 6:
             col, end_col = row[4], row[5]
+            # Carets are drawn under the source line: a column past its end is a lie, and
+            # an unbounded one would make symbolication allocate at will.
+            width = len(source) if source is not None else 0
             for v in (col, end_col):
-                if v is not None and (not _is_int(v) or v < 0):
-                    raise bad(f"{what} has column {_short(v)}")
+                if v is not None and (not _is_int(v) or not 0 <= v <= width):
+                    raise bad(
+                        f"{what} has column {_short(v)}, outside its source line of {width} characters"
+                    )
+            if col is not None and end_col is not None and end_col < col:
+                raise bad(f"{what} has end column {end_col} before its column {col}")
         frames.append(Frame(
             file=index(row[0], files, f"{what} file"),
             line=row[1],
             name=index(row[2], names, f"{what} name"),
-            source=index(row[3], lines, f"{what} source", optional=True),
+            source=source,
             col=col,
             end_col=end_col,
         ))
@@ -222,3 +237,75 @@ def _values_of(document: Any, key: str) -> Iterator[str]:
                     stack.append(v)
         elif isinstance(item, list):
             stack.extend(item)
+
+
+class PortablePaths:
+    """Source paths as the archive stores them: relative to the import root, as a module path is.
+
+    A file of an imported module is stored as its module's path
+    (``pytest_backendconf/conformance/zoo.py`` for the module
+    ``pytest_backendconf.conformance.zoo``), whatever the installation; any
+    other file relative to the deepest ``sys.path`` entry holding it, else
+    by its name. The same code checked out elsewhere gives the same
+    archive, and the build machine's layout stays out of it. Reading
+    resolves a stored path against this process's loaded modules and
+    ``sys.path`` (nothing is imported), so tracebacks point at the local
+    file when there is one; otherwise they show the stored path.
+    """
+
+    def __init__(self) -> None:
+        self._roots: list[str] | None = None
+        self._modules: dict[str, str] | None = None
+        self._cache: dict[str, str] = {}
+
+    @property
+    def roots(self) -> list[str]:
+        if self._roots is None:
+            roots: list[str] = []
+            for entry in sys.path:
+                root = os.path.abspath(entry or os.curdir)
+                if root not in roots and os.path.isdir(root):
+                    roots.append(root)
+            self._roots = roots
+        return self._roots
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """``{absolute file: stored path}`` of the loaded modules."""
+        if self._modules is None:
+            found: dict[str, str] = {}
+            for name, module in list(sys.modules.items()):
+                file = getattr(module, "__file__", None)
+                if isinstance(file, str) and file.endswith(".py") and name != "__main__":
+                    parts = name.split(".")
+                    base = os.path.basename(file)
+                    stored = "/".join(parts + [base] if base == "__init__.py" else parts[:-1] + [base])
+                    found.setdefault(os.path.abspath(file), stored)
+            self._modules = found
+        return self._modules
+
+    def relative(self, file: str) -> str:
+        found = self._cache.get(file)
+        if found is None:
+            found = file
+            if os.path.isabs(file):
+                found = self.modules.get(file) or self._under_root(file) or os.path.basename(file)
+            self._cache[file] = found
+        return found
+
+    def _under_root(self, file: str) -> str | None:
+        # The deepest root holding the file: "pkg/model.py", as the module pkg.model is found.
+        under = [os.path.relpath(file, r) for r in self.roots if file.startswith(r.rstrip(os.sep) + os.sep)]
+        return min(under, key=len).replace(os.sep, "/") if under else None
+
+    def absolute(self, stored: str) -> str:
+        if os.path.isabs(stored) or stored.startswith("<") or ".." in stored.split("/"):
+            return stored
+        for file, path in self.modules.items():
+            if path == stored:
+                return file
+        for root in self.roots:
+            candidate = os.path.join(root, *stored.split("/"))
+            if os.path.isfile(candidate) and self.relative(candidate) == stored:
+                return candidate
+        return stored

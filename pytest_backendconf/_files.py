@@ -1,10 +1,31 @@
-"""The one way the package replaces a file: atomically, so a reader sees the old file or the new one."""
+"""The one way the package replaces a file: atomically, so a reader sees the old file or the new one.
+
+A write goes to a temporary file next to the target, named
+``.<target>.backendconf-<random>.tmp`` and locked (``flock``) while it is
+written. A process killed mid-write leaves its temporary file behind,
+unlocked; the next write to that folder removes such leftovers, and never
+a file another process is still writing.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
+import time
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: leftovers are recognised by age instead
+    fcntl = None  # type: ignore[assignment]
+
+_MARK = ".backendconf-"
+_LEFTOVER = re.compile(r"\..+\.backendconf-[A-Za-z0-9_]+\.tmp\Z")
+#: Without flock, a leftover is one older than this (no write takes a day).
+_STALE_AFTER_S = 24 * 3600
+#: With flock, a file this young is left alone: its writer may not have locked it yet.
+_YOUNG_S = 10
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
@@ -20,8 +41,11 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         data = data.encode("utf-8")
     directory = os.path.dirname(os.path.abspath(path))
     mode = _new_file_mode(path)
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    remove_leftovers(directory)
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{_MARK}", suffix=".tmp", dir=directory)
     try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file is closed
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -53,3 +77,35 @@ def _new_file_mode(path: str) -> int:
     except (OSError, ValueError):
         pass
     return 0o644
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Remove the temporary files of writes to ``directory`` that were killed; return their names."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(directory) if _MARK in n and _LEFTOVER.match(n)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            age = time.time() - os.fstat(fd).st_mtime
+            if fcntl is not None:
+                if age < _YOUNG_S:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live write holds it
+            elif age < _STALE_AFTER_S:
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(name)
+        finally:
+            os.close(fd)
+    return removed

@@ -27,6 +27,7 @@ from ._report import (
     TestResult,
     error_of,
     not_under_test,
+    ops_matrix_of,
     phase_outcome,
     report_document,
     score_line,
@@ -34,7 +35,8 @@ from ._report import (
     summarize,
 )
 from ._files import write_atomic
-from ._suite import ConformanceItem, generate_checks
+from ._categories import generate_checks
+from ._suite import ConformanceItem
 from ._check import id_matches
 from .capabilities import capabilities_of
 from .errors import StaleKnownFailureWarning
@@ -286,14 +288,27 @@ class GatingPlugin:
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
         from ._delegation_summary import delegation_line
 
+        matrix = ops_matrix_of(self.selected, results)
         for category, counts in summarize(results).items():
-            if counts["total"]:
+            if counts["total"] and not (category == "ops" and matrix is not None):
                 # delegation counts nodes, and "not needed" apart from passes.
                 tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
+        if matrix is not None:
+            from ._ops_report import flagged_lines, summary_line
+
+            for line in [summary_line(matrix), *flagged_lines(matrix)]:
+                tr.write_line(line)
         left_out = not_under_test(capabilities_of(self.selected.backend))
         if left_out:
             tr.write_line(f"not under test (as declared): {'; '.join(left_out)}")
         broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+        if len(broken) > 1:
+            from ._failure_groups import group_failures, summary_lines
+
+            tr.write_line("")
+            tr.write_line("failures grouped by message (numbers and names masked):")
+            for line in summary_lines(group_failures(r.as_json() for r in broken)):
+                tr.write_line(line)
         if broken:
             tr.write_line("")
             tr.write_line("to reproduce a failure, run its command:")

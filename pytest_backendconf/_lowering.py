@@ -9,9 +9,6 @@ and return a `WrapperModule` around the `LoweredModule` that runs the blobs.
 from __future__ import annotations
 
 import copy
-import inspect
-import json
-import operator
 import threading
 import types
 import warnings
@@ -19,15 +16,15 @@ from typing import Any, Mapping
 
 import torch
 import torch.nn.modules.module as _module_hooks
-from torch.utils import _pytree as pytree
 
 from . import _compat, _shapes
+from . import _structure as structure
 from ._debug_handles import DebugHandleRecorder
 from ._program_io import user_inputs, user_outputs
 from .backend import Backend
 from ._debug_info import DebugInfo, build_debug_infos, format_missing, format_runtime
 from ._method_spec import MethodSpec, params_of, value_spec
-from ._registry import check_backend, lookup_backend, Source
+from ._lowering_args import availability, check_compile_spec, check_examples, normalize, resolve_backend
 from .errors import (
     BackendContractError,
     BackendError,
@@ -76,14 +73,14 @@ def to_backend(
             f"to_backend() needs a torch.nn.Module, got {type(module).__name__}; "
             "wrap a function in a Module whose forward calls it"
         )
-    backend_obj, source = _resolve_backend(backend)
-    specs = _check_compile_spec(module, method_compile_spec)
+    backend_obj, source = resolve_backend(backend)
+    specs = check_compile_spec(module, method_compile_spec)
     if example_kwargs is not None and not isinstance(example_kwargs, Mapping):
         raise LoweringError(
             f"example_kwargs must be a dict {{method_name: {{argument: value}}}}, got {type(example_kwargs).__name__} "
             f"{example_kwargs!r:.80}; e.g. example_kwargs={{'forward': {{'scale': 2.0}}}}"
         )
-    examples = _check_examples(specs, example_inputs, example_kwargs or {})
+    examples = check_examples(specs, example_inputs, example_kwargs or {})
     dynamic = _shapes.per_method(dynamic_shapes, specs, module)
     work = copy.deepcopy(module)  # to_backend never mutates the caller's module
     programs = {name: export_method(work, name, *examples[name], dynamic_shapes=dynamic.get(name)) for name in specs}
@@ -104,7 +101,7 @@ def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict,
     The suite calls this once per (model, input signature) and lowers the
     cached program many times with `lower_programs`.
     """
-    args, kwargs = _normalize(getattr(type(module), name), name, args, kwargs)
+    args, kwargs = normalize(getattr(type(module), name), name, args, kwargs)
     options = {} if dynamic_shapes is None else {"dynamic_shapes": _shapes.fit_positional(dynamic_shapes, len(args))}
     program = _export(module, name, args, kwargs, **options)
     _reject_mutations(program, name)
@@ -158,7 +155,7 @@ def lower_programs(
         lowered.whole_method_nodes[name] = nodes
     for name, method in partitioned.items():
         lowered.add_plan(name, method.plan, method.compile_specs, method.fallback_blobs)
-    if _availability(backend):
+    if availability(backend):
         lowered.compile_now(at="lowering")
     else:
         warnings.warn(
@@ -259,7 +256,7 @@ class LoweredModule(torch.nn.Module):
 
     def compile_now(self, *, at: str = "load") -> None:
         """Compile every blob; `BackendUnavailableError` if the backend is not available."""
-        available = _availability(self.backend)
+        available = availability(self.backend)
         if not available:
             raise BackendUnavailableError(self._unavailable_text(f"cannot {at} the module"))
         fallbacks = self._load_fallbacks()
@@ -268,6 +265,17 @@ class LoweredModule(torch.nn.Module):
         except BackendUnavailableError:
             raise
         except Exception as exc:
+            if at == "load":
+                # The blobs come from a file: a blob the backend rejects is as likely damaged (the
+                # checksums only prove it is the file that was written) or from another backend
+                # version as the sign of a backend that cannot compile here. Say all three.
+                raise BackendContractError(
+                    f"backend {self.backend_name!r}: compile() failed at load: {type(exc).__name__}: {exc}. "
+                    "It failed on this archive's blobs: the file may be damaged or written by another "
+                    f"version of the backend (the archive records version {self.backend_version or 'unknown'}); "
+                    "lower and save the model again with this backend. If instead the backend cannot "
+                    "compile on this machine, it must report is_available() == False here."
+                ) from exc
             raise BackendContractError(
                 f"backend {self.backend_name!r} reports is_available() == True, but compile() "
                 f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "
@@ -397,7 +405,7 @@ class WrapperModule(torch.nn.Module):
             self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
             or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
             or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks
-            or torch._C._get_tracing_state()
+            or _compat.tracing_state()
         ):
             return super().__call__(*args, **kwargs)
         return self._core.run("forward", args, kwargs)
@@ -435,20 +443,18 @@ class _MethodRunner:
 
     Everything that does not depend on the call is worked out here, once:
     the checks of each tensor are ``(dtype, torch.Size)`` pairs compared in
-    C, and the output structure is rebuilt without pytree when it is a
+    C, and the output structure is rebuilt directly when it is a
     tensor, or a flat tuple, list or dict of them.
     """
 
     def __init__(self, spec: MethodSpec) -> None:
         self.spec = spec
         self.signature = spec.signature()
-        self.in_tree = pytree.treespec_loads(spec.in_spec)
-        self.out_tree = pytree.treespec_loads(spec.out_spec)
         n = len(spec.inputs)
         positional = all(
             p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and not p.has_default for p in spec.params
         )
-        # The common call, all inputs positional tensors, skips binding and pytree.
+        # The common call, all inputs positional tensors, skips binding and the structure walk.
         self.fast_arity = n if positional and len(spec.params) == n else -1
         self.tensor_checks = [
             (i, _torch_dtype(v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
@@ -459,7 +465,7 @@ class _MethodRunner:
             (_torch_dtype(v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
             for v in spec.outputs
         ]
-        self.rebuild = _rebuilder(self.out_tree)
+        self.rebuild = structure.rebuilder(spec.out_structure)
         self.dynamic = spec.dynamic_shapes
         self.input_names = [v.name for v in spec.inputs]
 
@@ -472,12 +478,15 @@ class _MethodRunner:
             except TypeError as exc:
                 raise InputSpecError(f"method {self.spec.name!r}: {exc}; its signature is {self.signature}") from None
             bound.apply_defaults()
-            flat, tree = _compat.tree_flatten((bound.args, bound.kwargs))
-            if tree != self.in_tree:
+            call = (bound.args, bound.kwargs)
+            leaves = structure.flatten(self.spec.in_structure, call)
+            if leaves is None:
                 raise InputSpecError(
-                    f"method {self.spec.name!r} was lowered for inputs shaped like {self.in_tree}, "
-                    f"but was called with {tree}; lower it again for this call's structure"
+                    f"method {self.spec.name!r} was lowered for inputs shaped like "
+                    f"{structure.describe(self.spec.in_structure)}, but was called with "
+                    f"{structure.describe_value(call)}; lower it again for this call's structure"
                 )
+            flat = leaves
         for i, dtype, shape, spec in self.tensor_checks:
             value = flat[i]
             if (
@@ -553,27 +562,6 @@ def _expected_shape(shape: Any) -> Any:
     return shape
 
 
-def _rebuilder(tree: Any) -> Any:
-    """A function from the flat outputs to the method's output structure.
-
-    A single tensor, and a flat tuple, list or dict of outputs, are rebuilt
-    directly (what ``tree_unflatten`` would give, without its per-node
-    Python calls); anything nested goes through pytree.
-    """
-    if tree.is_leaf():
-        return operator.itemgetter(0)
-    children = _compat.spec_children(tree)
-    if all(child.is_leaf() for child in children):
-        if tree.type is tuple:
-            return tuple
-        if tree.type is list:
-            return list
-        if tree.type is dict:
-            keys = tuple(tree.context)
-            return lambda outputs: dict(zip(keys, outputs))
-    return lambda outputs: _compat.tree_unflatten(list(outputs), tree)
-
-
 def _add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)`` where Python has it (3.11+); 3.10 keeps the exception as it is."""
     add = getattr(exc, "add_note", None)
@@ -599,142 +587,6 @@ def _describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
     return f"{type(value).__name__} {value!r}"
-
-
-# --- checking to_backend's arguments ---------------------------------------------
-
-
-def _resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
-    if isinstance(backend, str):
-        registered = lookup_backend(backend)
-        return registered.backend, registered.source
-    check_backend(backend, Source("the backend object given to to_backend()"))
-    return backend, None
-
-
-def _availability(backend: Backend) -> bool:
-    try:
-        available = backend.is_available()
-    except Exception as exc:
-        raise BackendContractError(
-            f"is_available() of backend {backend.name!r} raised {type(exc).__name__}: {exc}; it must return "
-            "True or False (False, with unavailable_reason() saying why, when it cannot tell)"
-        ) from exc
-    if not isinstance(available, bool):
-        raise BackendContractError(
-            f"is_available() of backend {backend.name!r} returned {available!r}; it must return a bool"
-        )
-    return available
-
-
-def _check_compile_spec(module: torch.nn.Module, spec: Any) -> dict[str, dict[str, Any]]:
-    if not isinstance(spec, Mapping) or not spec:
-        raise LoweringError(
-            f"the method compile spec must be a non-empty dict {{method_name: {{key: value}}}}, "
-            f"got {spec!r}; e.g. {{'forward': {{}}}}"
-        )
-    checked = {}
-    for name, options in spec.items():
-        method = getattr(type(module), name, None) if isinstance(name, str) else None
-        if not isinstance(name, str) or not inspect.isfunction(method):
-            methods = sorted(
-                n for n, v in vars(type(module)).items() if inspect.isfunction(v) and not n.startswith("_")
-            )
-            raise LoweringError(
-                f"compile-spec key {name!r} is not a method of {type(module).__name__}; "
-                f"its methods: {', '.join(methods) or 'none'}"
-            )
-        if not isinstance(options, Mapping):
-            raise LoweringError(
-                f"the compile spec of method {name!r} must be a dict of options, got {type(options).__name__}"
-            )
-        _check_json(options, f"compile spec of method {name!r}")
-        # A deep copy through JSON: later changes to the caller's dict cannot leak in.
-        checked[name] = json.loads(json.dumps(options))
-    return checked
-
-
-#: How deep a compile spec may nest; JSON readers elsewhere (a target runtime) have limits too.
-_MAX_SPEC_DEPTH = 32
-#: Integers in a compile spec fit in 64 bits, as a JSON reader in another language needs.
-_SPEC_INT_RANGE = (-(2**63), 2**64 - 1)
-
-
-def _check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = ()) -> None:
-    at = path or "top level"
-    if isinstance(value, (Mapping, list, tuple)):
-        if id(value) in _open:
-            raise LoweringError(f"{where} contains itself at {at}; compile-spec values must be a tree (JSON), not a cycle")
-        if len(_open) >= _MAX_SPEC_DEPTH:
-            raise LoweringError(f"{where} nests deeper than {_MAX_SPEC_DEPTH} levels at {at}; flatten it")
-        _open = (*_open, id(value))
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise LoweringError(f"{where} has key {key!r} at {at}; keys must be strings")
-            _check_json(item, where, f"{path}[{key!r}]", _open)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_json(item, where, f"{path}[{i}]", _open)
-    elif isinstance(value, int) and not isinstance(value, bool) and not (
-        _SPEC_INT_RANGE[0] <= value <= _SPEC_INT_RANGE[1]
-    ):
-        raise LoweringError(
-            f"{where} has an integer of {value.bit_length()} bits at {at}; compile-spec integers must fit "
-            "in 64 bits (pass a big number as a string)"
-        )
-    elif not (value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and value == value and abs(value) != float("inf")):
-        raise LoweringError(
-            f"{where} has a value of type {type(value).__name__} at {path}; compile-spec values must "
-            "be JSON-compatible (dict with string keys, list, str, int, finite float, bool, None)"
-        )
-
-
-def _check_examples(
-    specs: dict[str, Any], example_inputs: Any, example_kwargs: Mapping[str, Any]
-) -> dict[str, tuple[tuple, dict]]:
-    if isinstance(example_inputs, tuple):
-        example_inputs = {"forward": example_inputs}
-    if not isinstance(example_inputs, Mapping):
-        raise LoweringError(
-            "example_inputs must be a tuple (for forward) or a dict {method_name: tuple}, "
-            f"got {type(example_inputs).__name__}"
-        )
-    out = {}
-    for name in specs:
-        if name not in example_inputs:
-            raise LoweringError(
-                f"no example inputs for method {name!r}: pass example_inputs={{{name!r}: (...)}} "
-                "with one tuple of example arguments per lowered method"
-            )
-        args = example_inputs[name]
-        if not isinstance(args, tuple):
-            raise LoweringError(
-                f"example inputs of method {name!r} must be a tuple, got {type(args).__name__}; "
-                "write (x,) for a single input"
-            )
-        kwargs = example_kwargs.get(name, {})
-        if not isinstance(kwargs, Mapping):
-            raise LoweringError(f"example_kwargs of method {name!r} must be a dict, got {type(kwargs).__name__}")
-        out[name] = (args, dict(kwargs))
-    extra = sorted(set(example_inputs) - set(specs))
-    if extra:
-        raise LoweringError(f"example inputs given for {extra}, which the compile spec does not lower")
-    return out
-
-
-def _normalize(function: Any, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Bind the example call to the method's signature and fill in defaults,
-
-    so that the exported structure is the one every later call is normalized to.
-    """
-    signature = inspect.signature(function)
-    try:
-        bound = signature.bind(None, *args, **kwargs)
-    except TypeError as exc:
-        raise LoweringError(f"example inputs do not fit method {name!r}{signature}: {exc}") from None
-    bound.apply_defaults()
-    return tuple(bound.args[1:]), dict(bound.kwargs)
 
 
 # torch.export keeps global tracing state (mode stacks, the module hierarchy)
@@ -843,9 +695,16 @@ def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSp
         name=name,
         compile_spec=spec,
         params=params_of(function),
-        in_spec=pytree.treespec_dumps(program.call_spec.in_spec),
-        out_spec=pytree.treespec_dumps(program.call_spec.out_spec),
+        in_structure=_structure_of(program.call_spec.in_spec, name, "inputs"),
+        out_structure=_structure_of(program.call_spec.out_spec, name, "outputs"),
         inputs=tuple(inputs),
         outputs=tuple(outputs),
     )
 
+
+def _structure_of(spec: Any, method: str, what: str) -> Any:
+    """The archive's structure JSON of an exported program's input or output pytree."""
+    try:
+        return structure.from_treespec(spec, f"the {what} of method {method!r}")
+    except structure.StructureError as exc:
+        raise LoweringError(f"{exc}; change the method's signature or return value") from None

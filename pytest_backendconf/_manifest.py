@@ -17,14 +17,16 @@ from typing import Any
 from ._archive_partitions import is_partition_entry
 from ._archive_partitions import read as read_partitions
 from ._archive_attributes import RESERVED_METHODS, check_attributes, restore_attributes
+from . import _structure as structure
 from ._archive_checks import REWRITE as _REWRITE
 from ._archive_checks import field as _field
 from ._archive_checks import is_int as _is_int
 from ._archive_checks import kind as _kind
 from ._archive_checks import short as _short
-from ._archive_zip import _STORED, DEBUG, MANIFEST, ZipEntry, ZipReader
+from ._archive_zip import _STORED, DEBUG, MANIFEST, ZipEntry, ZipReader, method_for
 from ._debug_info import DebugInfo
 from ._debug_table import decode_debug
+from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
 from ._tensor_codec import ITEMSIZE, tensor_from_checked
 from .errors import (
@@ -41,31 +43,13 @@ from .errors import (
 FORMAT_NAME = "backendconf-archive"
 #: (major, minor): a reader loads any minor of its major; a new major is refused.
 #: 1.1: partitioned methods (`_archive_partitions`); 1.0 archives still load.
-SCHEMA_VERSION = (1, 1)
+#: 1.2: method structures in the project's own JSON (`_structure`) instead of torch's treespec
+#: strings; 1.0 and 1.1 strings are still read, by a parser that imports nothing.
+SCHEMA_VERSION = (1, 2)
 ATTRIBUTES = "attributes.json"
 BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
 TENSOR = re.compile(r"tensors/(0|[1-9][0-9]{0,8})\.bin\Z")
 _BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What the reader accepts at most; anything larger is an `ArchiveSizeError`.
-
-    The defaults admit every archive `save` can write (a zip without zip64
-    extensions stays below 4 GiB); pass smaller ones to read untrusted files.
-    """
-
-    max_archive_bytes: int = 2**32 - 1
-    max_entries: int = 10_000
-    max_entry_bytes: int = 2**32 - 1
-    max_json_bytes: int = 256 * 2**20
-    #: Sum of the uncompressed sizes of all entries.
-    max_total_bytes: int = 8 * 2**30
-
-
-DEFAULT_LIMITS = Limits()
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +109,6 @@ class Archive:
                     f"{self.where(MANIFEST)}: the archive was lowered for backend {self.backend_name!r}, "
                     f"which cannot be used here: {exc}"
                 ) from None
-        check_trees(self)
         try:
             lowered = LoweredModule(
                 backend,
@@ -163,6 +146,8 @@ class ArchiveReader(ZipReader):
                 f"archive {self.source!r}: its first entry is {first!r}, not {MANIFEST!r}: it is not a "
                 "pytest-backendconf archive, or it was damaged; write archives with pytest_backendconf.save"
             )
+        if entries[0].method != _STORED:
+            raise ArchiveFormatError(f"{self.where(MANIFEST)}: is deflated, but this format stores it; {_REWRITE}")
         manifest = self._json(entries[0])
         if not isinstance(manifest, dict):
             raise ArchiveManifestError(f"{self.where(MANIFEST)}: must be a JSON object, got {_kind(manifest)}; {_REWRITE}")
@@ -228,7 +213,7 @@ class ArchiveReader(ZipReader):
         if writer is not None and not isinstance(writer, str):
             raise ArchiveManifestError(f"{where}: writer must be a string, got {_kind(writer)}; {_REWRITE}")
         compile_spec = _field(manifest, "method_compile_spec", dict, where)
-        methods = self._methods(_field(manifest, "methods", list, where), compile_spec)
+        methods = self._methods(_field(manifest, "methods", list, where), compile_spec, version)
         listed = _field(manifest, "entries", dict, where)
 
         # The entry set must be the one the manifest lists.
@@ -253,6 +238,12 @@ class ArchiveReader(ZipReader):
                     f"{self.where(name)}: not an entry of schema {version[0]}.{version[1]} "
                     f"({MANIFEST}, {ATTRIBUTES}, {DEBUG}, blobs/<method>.bin, tensors/<n>.bin); {_REWRITE}"
                 )
+            # Only debug.json is deflated: a deflated tensor or blob would be a bomb's vehicle.
+            if known and by_name[name].method != method_for(name):
+                raise ArchiveFormatError(
+                    f"{self.where(name)}: is {'deflated' if by_name[name].method != _STORED else 'stored'}, "
+                    f"but this format {'deflates' if method_for(name) != _STORED else 'stores'} it; {_REWRITE}"
+                )
         for name in (DEBUG, ATTRIBUTES):
             if name not in by_name:
                 raise ArchiveEntryError(f"{self.where(name)}: missing from the archive; {_REWRITE}")
@@ -261,10 +252,15 @@ class ArchiveReader(ZipReader):
         contents: dict[str, bytes] = {}
         for entry in entries[1:]:
             record = listed[entry.name]
-            if entry.name in (DEBUG, ATTRIBUTES) and entry.size > self.limits.max_json_bytes:
+            cap, option = (
+                (self.limits.max_debug_bytes, "max_debug_bytes") if entry.name == DEBUG
+                else (self.limits.max_json_bytes, "max_json_bytes") if entry.name == ATTRIBUTES
+                else (None, None)
+            )
+            if cap is not None and entry.size > cap:
                 raise ArchiveSizeError(
                     f"{self.where(entry.name)}: {entry.size} bytes of JSON, more than the limit of "
-                    f"{self.limits.max_json_bytes}"
+                    f"{cap}; pass limits=Limits({option}=...) if the archive is trusted"
                 )
             # The hash covers the bytes as stored, before inflating: a deflate
             # stream has padding bits that can change without changing what
@@ -346,7 +342,7 @@ class ArchiveReader(ZipReader):
             partitions=partitions,
         )
 
-    def _methods(self, records: list, compile_spec: dict) -> dict[str, MethodSpec]:
+    def _methods(self, records: list, compile_spec: dict, version: tuple[int, int]) -> dict[str, MethodSpec]:
         where = self.where(MANIFEST)
         if not records:
             raise ArchiveManifestError(f"{where}: methods is empty; a lowered module has at least one; {_REWRITE}")
@@ -354,6 +350,8 @@ class ArchiveReader(ZipReader):
         for i, record in enumerate(records):
             if not isinstance(record, dict):
                 raise ArchiveManifestError(f"{where}: methods[{i}] must be an object, got {_kind(record)}; {_REWRITE}")
+            if version < (1, 2):
+                record = self._structures_1_0(record, i, version)
             try:
                 spec = MethodSpec.from_json(record)
                 spec.signature()
@@ -384,23 +382,20 @@ class ArchiveReader(ZipReader):
             raise ArchiveManifestError(f"{where}: method_compile_spec names {extra}, which methods does not list; {_REWRITE}")
         return methods
 
-
-def check_trees(archive: Archive) -> None:
-    """The pytree specs must parse and fit the flat inputs and outputs (needs torch)."""
-    from torch.utils import _pytree as pytree
-
-    for name, spec in archive.methods.items():
-        for key, count in (("in_spec", len(spec.inputs)), ("out_spec", len(spec.outputs))):
-            try:
-                tree = pytree.treespec_loads(getattr(spec, key))
-                leaves = tree.num_leaves
-            except Exception as exc:
+    def _structures_1_0(self, record: dict, i: int, version: tuple[int, int]) -> dict:
+        """A schema 1.0/1.1 method record with its treespec strings read as structures (nothing imported)."""
+        record = dict(record)
+        for old, new in (("in_spec", "in_structure"), ("out_spec", "out_structure")):
+            if new in record:
                 raise ArchiveManifestError(
-                    f"{archive.where(MANIFEST)}: method {name!r} has an unreadable {key} "
-                    f"({type(exc).__name__}: {exc}); {_REWRITE}"
-                ) from None
-            if leaves != count:
-                raise ArchiveManifestError(
-                    f"{archive.where(MANIFEST)}: method {name!r} has {count} flat "
-                    f"{'inputs' if key == 'in_spec' else 'outputs'} but its {key} has {leaves} leaves; {_REWRITE}"
+                    f"{self.where(MANIFEST)}: methods[{i}] has {new}, which schema {version[0]}.{version[1]} "
+                    f"does not have; {_REWRITE}"
                 )
+            try:
+                record[new] = structure.from_treespec_1_0(record.pop(old, None))
+            except structure.StructureError as exc:
+                raise ArchiveManifestError(
+                    f"{self.where(MANIFEST)}: method {_short(record.get('name'))} has an unreadable {old} "
+                    f"({exc}); {_REWRITE}"
+                ) from None
+        return record

@@ -4,7 +4,8 @@ A `MethodSpec` is everything the lowered module needs besides the backend to
 call a method: how to turn ``(args, kwargs)`` into the flat input list, what
 to check on the way in and out, and how to rebuild the output structure. It
 round-trips through JSON (`to_json` / `from_json`) for the archive; nothing
-in it is pickled.
+in it is pickled, and the input and output structures are the project's own
+structure JSON (`_structure`), never a name to import.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 import math
 from typing import Any
 
+from . import _structure as structure
 from ._shapes import DynamicShapes
 
 _KIND_BY_NAME = {
@@ -65,7 +67,7 @@ class ValueSpec:
                 raise ValueError(f"unknown dtype {dtype!r}")
             shape = data["shape"]
             if not isinstance(shape, list) or not all(
-                d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in shape
+                d is None or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63) for d in shape
             ):
                 raise ValueError(f"shape {shape!r} is not a list of sizes")
             return cls(name=str(data["name"]), kind=kind, dtype=dtype, shape=tuple(shape))
@@ -108,8 +110,8 @@ class MethodSpec:
     name: str
     compile_spec: dict[str, Any]
     params: tuple[ParamSpec, ...]
-    in_spec: str  # torch.utils._pytree.treespec_dumps of the (args, kwargs) structure
-    out_spec: str  # likewise for the outputs
+    in_structure: Any  # the (args, kwargs) structure, in _structure's JSON
+    out_structure: Any  # likewise for the outputs
     inputs: tuple[ValueSpec, ...]
     outputs: tuple[ValueSpec, ...]
     #: The exported ranges and equalities of symbolic dimensions (None: every shape is static).
@@ -128,8 +130,8 @@ class MethodSpec:
             "name": self.name,
             "compile_spec": self.compile_spec,
             "params": [p.to_json() for p in self.params],
-            "in_spec": self.in_spec,
-            "out_spec": self.out_spec,
+            "in_structure": self.in_structure,
+            "out_structure": self.out_structure,
             "inputs": [v.to_json() for v in self.inputs],
             "outputs": [v.to_json() for v in self.outputs],
         }
@@ -141,18 +143,24 @@ class MethodSpec:
     def from_json(cls, data: dict[str, Any]) -> "MethodSpec":
         if not isinstance(data.get("compile_spec"), dict):
             raise ValueError("compile_spec is not an object")
-        for key in ("in_spec", "out_spec"):
-            if not isinstance(data.get(key), str):
-                raise ValueError(f"{key} is not a string")
         inputs = tuple(ValueSpec.from_json(v) for v in data["inputs"])
         outputs = tuple(ValueSpec.from_json(v) for v in data["outputs"])
+        for key, values, what in (("in_structure", inputs, "inputs"), ("out_structure", outputs, "outputs")):
+            if key not in data:
+                raise ValueError(f"{key} is missing")
+            try:
+                leaves = structure.check(data[key])
+            except structure.StructureError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+            if leaves != len(values):
+                raise ValueError(f"{key} has {leaves} leaves but the method has {len(values)} flat {what}")
         dynamic = data.get("dynamic_shapes")
         return cls(
             name=str(data["name"]),
             compile_spec=data["compile_spec"],
             params=tuple(ParamSpec.from_json(p) for p in data["params"]),
-            in_spec=data["in_spec"],
-            out_spec=data["out_spec"],
+            in_structure=data["in_structure"],
+            out_structure=data["out_structure"],
             inputs=inputs,
             outputs=outputs,
             dynamic_shapes=None if dynamic is None else DynamicShapes.from_json(dynamic, inputs, outputs),

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.fx
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils import _pytree as pytree
 
 from . import _compat
 from ._debug_handles import DebugHandles, walk_nodes
@@ -129,9 +128,9 @@ def _is_item(node: torch.fx.Node) -> bool:
 def op_overload(node: torch.fx.Node) -> str:
     """The name ``supported_ops`` uses: "aten.mul.Tensor", "_operator.getitem", "higher_order.cond"."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if _compat.is_op_overload(target):
         return str(target)
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if _compat.is_higher_order_op(target):
         return f"higher_order.{target.name()}"
     return f"{getattr(target, '__module__', None) or '<unknown>'}.{getattr(target, '__name__', repr(target))}"
 
@@ -139,7 +138,7 @@ def op_overload(node: torch.fx.Node) -> str:
 def _dtypes_within(node: torch.fx.Node, dtypes: Any) -> bool:
     if dtypes is None:
         return True
-    values = pytree.tree_leaves(node.meta.get("val"))
+    values = _compat.tree_leaves(node.meta.get("val"))
     return all(v.dtype in dtypes for v in values if isinstance(v, torch.Tensor))
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
-REPORT_SCHEMA_VERSION = (1, 1)
+REPORT_SCHEMA_VERSION = (1, 2)  # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test
 #: Every outcome a conformance test can have in the report, mildest first.
 OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
 #: The outcomes of a test that did not work (what a known-failures file lists).
@@ -69,9 +69,15 @@ def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, s
     if excinfo is None:
         return None
     exc = excinfo.value
-    lines = str(exc).strip().splitlines()
+    kind, module, text = type(exc).__qualname__, type(exc).__module__, str(exc)
+    remote = getattr(exc, "error_record", None)  # a check that failed in the backend host
+    if remote:
+        kind, module = remote["type"], remote["module"]
+        if kind != "CheckFailed" and module != "pytest_backendconf._host":  # else the text is the message
+            text = remote["message"]
+    lines = text.strip().splitlines()
     message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")
-    return {"type": type(exc).__qualname__, "module": type(exc).__module__, "message": message}
+    return {"type": kind, "module": module, "message": message}
 
 
 @dataclasses.dataclass
@@ -124,7 +130,8 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
-            **({"details": self.details} if self.details is not None else {}),
+            **({"details": rest} if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"}) else {}),
+            "numerics": (self.details or {}).get("numerics"),
         }
 
 
@@ -225,6 +232,14 @@ def not_under_test(capabilities: Any) -> list[str]:
     return found
 
 
+def ops_matrix_of(selected: RegisteredBackend, results: list[TestResult]) -> dict[str, Any] | None:
+    """The operator x dtype matrix of the run's ``ops`` checks, or None when none ran."""
+    from ._ops_report import ops_matrix
+
+    declared = getattr(selected.backend, "capabilities", None)
+    return ops_matrix((r.as_json() for r in results), getattr(declared, "supported_ops", None))
+
+
 def report_document(
     config: pytest.Config,
     selected: RegisteredBackend,
@@ -293,5 +308,6 @@ def report_document(
         },
         "summary": summarize(results),
         "errors": error_statistics(results),
+        "ops": ops_matrix_of(selected, results),
         "tests": [r.as_json() for r in results],
     }

@@ -16,14 +16,10 @@ from typing import Any, Iterable, Sequence
 
 from ._check import CATEGORIES
 from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
-from .errors import BackendConfError
+from .errors import ReportError
 
 # PASSING and FAILING come from the report's schema: `skipped` and `unsupported`
 # are neither, so a change to or from them is a difference, not a flip.
-
-
-class ReportError(BackendConfError):
-    """A report file cannot be merged: unreadable, not JSON, or not the schema we read."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,15 +15,29 @@ from typing import Any, Callable, Iterable, Mapping
 from ._debug_info import DebugInfo, format_missing, hierarchy_prefix, traceback_text
 
 
+INT64_MAX = 2**63 - 1
+#: Texts kept per table: each is formatted once per handle, but a table's
+#: memory must not grow with the number of distinct handles a log names.
+MAX_CACHED_TEXTS = 50_000
+
+
 def check_handles(handles: int | Iterable[int]) -> list[int]:
     """``handles`` as a list of ints; anything else is a `TypeError` naming the first bad one."""
     if isinstance(handles, int):
         handles = (handles,)
     handles = list(handles)
-    wrong = next((h for h in handles if type(h) is not int), None)
-    if wrong is not None:
-        raise TypeError(f"debug handles are integers, got {wrong!r} ({type(wrong).__name__})")
+    for h in handles:
+        if type(h) is not int:
+            raise TypeError(f"debug handles are integers, got {short_repr(h)} ({type(h).__name__})")
     return handles
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr`` for messages, cut short; an int too long to print says how many digits it has."""
+    if type(value) is int and not -(10**limit) < value < 10**limit:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class SymbolTable:
@@ -46,9 +60,13 @@ class SymbolTable:
         if found is None:
             info = self.debug.get(handle)
             if info is None:
-                found = format_missing([handle])
-            else:
-                found = f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+                # Not cached: a log can name any number of distinct unknown handles.
+                if not 0 <= handle <= INT64_MAX:
+                    return format_missing([short_repr(handle)])
+                return format_missing([handle])
+            found = f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+            if len(self.cache) >= MAX_CACHED_TEXTS:
+                self.cache.clear()  # bounded; refilled by the handles the log uses most
             self.cache[handle] = found
         return found
 

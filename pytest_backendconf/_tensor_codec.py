@@ -145,7 +145,7 @@ def check_tensor_meta(meta: Any, where: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ArchiveManifestError(f"{where}: tensor record must be an object, got {_kind(meta)}; {_REWRITE}")
     dtype, shape = meta.get("dtype"), meta.get("shape")
-    if dtype not in ITEMSIZE:
+    if type(dtype) is not str or dtype not in ITEMSIZE:
         raise ArchiveManifestError(
             f"{where}: unknown tensor dtype {_short(dtype)}; archives hold {', '.join(DTYPE_NAMES)}; {_REWRITE}"
         )

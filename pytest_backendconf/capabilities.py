@@ -6,6 +6,11 @@ import dataclasses
 from typing import Any, Mapping
 
 
+#: torch's tracing entry points, blocked on the simulated target unless a
+#: backend names them in ``target_runtime_modules``.
+TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Capabilities:
     """A backend's declaration; ``None`` means "make no assumption".
@@ -18,8 +23,10 @@ class Capabilities:
     supported_ops: frozenset[str] | None = None
     #: Tensor dtypes the backend executes, e.g. ``{torch.float32}``.
     dtypes: frozenset[Any] | None = None
-    #: Per-dtype ``(rtol, atol)`` used by the parity checks.
-    tolerances: Mapping[Any, tuple[float, float]] | None = None
+    #: ``(rtol, atol)`` per dtype (``{torch.float16: (1e-3, 1e-5)}``), and overrides keyed by an
+    #: op overload or a model case name, most specific first: ``{"aten.exp.default": (rtol, atol)}``
+    #: or ``{"small_cnn": {torch.float16: (rtol, atol)}}`` (docs/writing-a-backend.md, "Tolerances").
+    tolerances: Mapping[Any, Any] | None = None
     #: Modules only ``preprocess`` needs; the target side blocks their import.
     host_only_modules: tuple[str, ...] = ()
     #: ``execute`` may be called from several threads at once.
@@ -30,6 +37,11 @@ class Capabilities:
     #: within ``program.range_constraints``). ``False``: the suite reports its
     #: dynamic-shape checks as unsupported instead of running them.
     dynamic_shapes: bool = True
+    #: torch's tracing modules (``torch._dynamo``, ``torch.export._trace``) that
+    #: the backend's runtime imports without tracing; the target allows these
+    #: imports, and still fails a ``compile`` that calls ``torch.export.export``
+    #: or ``torch.compile``.
+    target_runtime_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set-like fields, store frozen copies so
@@ -41,6 +53,7 @@ class Capabilities:
         if self.tolerances is not None:
             object.__setattr__(self, "tolerances", dict(self.tolerances))
         object.__setattr__(self, "host_only_modules", tuple(self.host_only_modules))
+        object.__setattr__(self, "target_runtime_modules", tuple(self.target_runtime_modules))
 
     def problems(self) -> list[str]:
         """Return what is malformed in this declaration (empty when well formed)."""
@@ -55,23 +68,35 @@ class Capabilities:
             bad = [d for d in self.dtypes if type(d).__name__ != "dtype"]
             if bad:
                 found.append(f"dtypes has {bad!r}: write torch dtypes such as torch.float32")
-        for dtype, pair in (self.tolerances or {}).items():
-            ok = (
-                isinstance(pair, tuple)
-                and len(pair) == 2
-                and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
-            )
-            if not ok:
-                found.append(
-                    f"tolerances[{dtype}] is {pair!r}: write a pair (rtol, atol) of non-negative numbers"
-                )
+        for key, value in (self.tolerances or {}).items():
+            # An op overload or model name may map to a pair or to {dtype: pair}.
+            pairs = value.items() if isinstance(key, str) and isinstance(value, Mapping) else [(None, value)]
+            for dtype, pair in pairs:
+                if not _is_pair(pair):
+                    where = f"tolerances[{key}]"
+                    where += f"[{dtype}]" if dtype is not None else ""
+                    found.append(f"{where} is {pair!r}: write a pair (rtol, atol) of non-negative numbers")
         bad_modules = [m for m in self.host_only_modules if not isinstance(m, str) or not m]
         if bad_modules:
             found.append(f"host_only_modules has {bad_modules!r}: write module names")
+        odd = [m for m in self.target_runtime_modules if m not in TRACING_MODULES]
+        if odd:
+            found.append(
+                f"target_runtime_modules has {odd!r}: it names modules among {list(TRACING_MODULES)} "
+                "that the runtime imports without tracing; other modules are not blocked on the target"
+            )
         for flag in ("thread_safe", "fault_injection", "dynamic_shapes"):
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
         return found
+
+
+def _is_pair(pair: object) -> bool:
+    return (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
+    )
 
 
 def _is_overload_name(op: object) -> bool:

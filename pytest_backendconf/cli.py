@@ -128,10 +128,13 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
 
 
 def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
+    from ._limits import add_limit_options
+
     inspect = commands.add_parser(
         "inspect", help="show an archive's versions, backend, methods, entries and debug handles"
     )
     inspect.add_argument("archive", metavar="ARCHIVE", help="a file written by pytest_backendconf.save")
+    add_limit_options(inspect)
     inspect.set_defaults(run=_inspect)
 
     symbolicate = commands.add_parser(
@@ -144,6 +147,7 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
     symbolicate.add_argument("archive", metavar="ARCHIVE")
     symbolicate.add_argument("handles", metavar="HANDLE", nargs="*", help="debug handles (integers)")
     symbolicate.add_argument("--log", metavar="FILE", help="a log to rewrite ('-' reads stdin)")
+    add_limit_options(symbolicate)
     symbolicate.set_defaults(run=_symbolicate)
 
     target = commands.add_parser(
@@ -173,6 +177,7 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
         help="another module to block on the target (repeatable)",
     )
     target.add_argument("--timeout", type=float, default=60, metavar="SECONDS")
+    add_limit_options(target)
     target.set_defaults(run=_run_target)
 
 
@@ -182,6 +187,14 @@ def _file_errors(run):
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return run(args)
+        except BrokenPipeError:
+            # The reader went away (`... | head -1`): what it wanted was written. Point stdout
+            # at /dev/null so that the interpreter's final flush does not fail again.
+            import os
+
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
         except OSError as exc:
             name = exc.filename if exc.filename is not None else getattr(args, "archive", "?")
             print(f"backendconf: error: cannot read {name!r}: {exc.strerror or exc}", file=sys.stderr)
@@ -194,8 +207,9 @@ def _file_errors(run):
 @_file_errors
 def _inspect(args: argparse.Namespace) -> int:
     from ._archive import SCHEMA_VERSION, read_archive
+    from ._limits import limits_from_options
 
-    archive = read_archive(args.archive)
+    archive = read_archive(args.archive, limits=limits_from_options(args))
     major, minor = archive.schema_version
     handles = sorted(archive.debug)
     span = f" ({handles[0]}..{handles[-1]})" if handles else ""
@@ -232,17 +246,18 @@ def _inspect(args: argparse.Namespace) -> int:
 @_file_errors
 def _symbolicate(args: argparse.Namespace) -> int:
     from ._archive import read_archive, symbolicate
+    from ._limits import limits_from_options
     from .errors import BackendConfError
 
     if not args.handles and args.log is None:
         raise BackendConfError("symbolicate needs debug handles (integers) or --log FILE")
     handles = []
     for text in args.handles:
-        try:
-            handles.append(int(text))
-        except ValueError:
-            raise BackendConfError(f"handle {text!r} is not an integer; write debug handles such as 17") from None
-    archive = read_archive(args.archive)
+        if not re.fullmatch(r"-?[0-9]+", text.strip()):
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise BackendConfError(f"handle {shown!r} is not an integer; write debug handles such as 17")
+        handles.append(_handle(text.strip()))
+    archive = read_archive(args.archive, limits=limits_from_options(args))
     if handles:
         print(printable(symbolicate(archive, handles), keep_newlines=True))
     if args.log is not None:
@@ -258,13 +273,19 @@ def _symbolicate(args: argparse.Namespace) -> int:
 _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
 
 
+def _handle(digits: str) -> int:
+    """The handle a run of digits names; one too long to be a handle becomes one no archive has."""
+    # int() refuses more than 4300 digits; no handle has more than 19.
+    return int(digits) if len(digits.lstrip("-")) <= 19 else -1
+
+
 def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
     from ._archive import symbolicate
 
     out = sys.stdout
     for line in lines:
         out.write(line if line.endswith("\n") else line + "\n")
-        found = dict.fromkeys(int(m) for m in _HANDLE_IN_LOG.findall(line))
+        found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
 
@@ -272,10 +293,12 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
 @_file_errors
 def _run_target(args: argparse.Namespace) -> int:
     from ._archive import read_archive
+    from ._limits import limits_from_options
     from ._target import run_on_target
     from .errors import BackendConfError
 
-    archive = read_archive(args.archive)  # a bad file is reported here, before a process starts
+    limits = limits_from_options(args)
+    archive = read_archive(args.archive, limits=limits)  # a bad file is reported here, before a process starts
     calls = None
     if args.inputs is not None:
         with open(args.inputs, encoding="utf-8") as f:
@@ -285,7 +308,7 @@ def _run_target(args: argparse.Namespace) -> int:
                 raise BackendConfError(f"--inputs {args.inputs!r} is not valid JSON: {exc}") from None
         calls = _calls_from_json(archive, document, args.inputs)
     elif args.example_inputs:
-        calls = _example_calls(archive)
+        calls = _example_calls(archive, limits)
     result = run_on_target(
         args.archive, calls, blocked_modules=args.blocked, plugins=args.plugins, timeout=args.timeout
     )
@@ -346,9 +369,29 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
     return calls
 
 
-def _example_calls(archive: object) -> dict:
+def _example_calls(archive: object, limits: object = None) -> dict:
     import torch
 
+    from ._limits import check_limits
+    from ._tensor_codec import ITEMSIZE
+    from .errors import ArchiveSizeError
+
+    # The shapes come from the file: add up what they would allocate before allocating any.
+    cap = check_limits(limits).max_example_input_bytes
+    total = 0
+    for method, spec in archive.methods.items():  # type: ignore[attr-defined]
+        for value in spec.inputs:
+            if value.kind == "tensor":
+                numel = 1
+                for d in value.shape:
+                    numel *= 2 if d is None else d
+                total += numel * ITEMSIZE[value.dtype]
+                if total > cap:
+                    raise ArchiveSizeError(
+                        f"archive {archive.source!r}: the example inputs of its methods need more than "  # type: ignore[attr-defined]
+                        f"{cap} bytes (method {method!r}, input {value.name!r} of shape {list(value.shape)}); "
+                        "pass --max-example-input-bytes N if the archive is trusted, or give --inputs"
+                    )
     generator = torch.Generator().manual_seed(0)
     calls = {}
     for method, spec in archive.methods.items():  # type: ignore[attr-defined]
@@ -419,11 +462,28 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
     page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
     page.add_argument("--title", metavar="TEXT", help="the page's title (default: the backends' names)")
     page.set_defaults(run=_report_html)
+    ops = actions.add_parser(
+        "ops",
+        help="the operator x dtype matrix of a report's ops checks, or a Capabilities declaration",
+        description="Print the ops category's operator x dtype matrix from a --backendconf-report file; "
+        "with --capabilities, a ready-to-paste Capabilities(supported_ops=...) of the overloads that passed.",
+    )
+    ops.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    ops.add_argument("--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix")
+    ops.set_defaults(run=_report_ops)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
+
+
+def _report_ops(args: argparse.Namespace) -> int:
+    from ._ops_report import capabilities_text, matrix_text, read_matrix
+
+    matrix = read_matrix(args.report)
+    print(capabilities_text(matrix) if args.capabilities else matrix_text(matrix))
+    return 0
 
 
 def _report_merge(args: argparse.Namespace) -> int:

@@ -161,3 +161,7 @@ class ArchiveManifestError(ArchiveError):
 
 class ArchiveBackendError(ArchiveError):
     """The archive names a backend that is not registered here."""
+
+
+class ReportError(BackendConfError):
+    """A report file cannot be read or merged: unreadable, not JSON, or not the schema we read."""

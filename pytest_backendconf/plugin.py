@@ -94,6 +94,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(resnet18, mobilenet_v3_small, ... a ViT and a text encoder; marker real_model; needs "
         "pip install 'pytest-backendconf[models]'), or all",
     )
+    group.addoption(
+        "--backendconf-timeout",
+        dest="backendconf_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds one conformance check may take before the process running it is killed and the "
+        "check fails (default 120; 0: no limit); see docs/isolation.md",
+    )
+    group.addoption(
+        "--backendconf-max-rss",
+        dest="backendconf_max_rss",
+        metavar="MIB",
+        type=float,
+        default=None,
+        help="memory (resident, MiB) the process running the checks may reach; the check during which it "
+        "grows past this fails and a fresh process runs the next ones (default 4096; 0: no limit)",
+    )
+    group.addoption(
+        "--backendconf-in-process",
+        dest="backendconf_in_process",
+        action="store_true",
+        default=False,
+        help="run the conformance checks in the pytest process, not in the backend host process: for "
+        "debuggers (--pdb does it too); a crashing, hanging or leaking backend then takes the run down",
+    )
+    group.addoption(
+        "--backendconf-ops",
+        dest="backendconf_ops",
+        choices=("default", "all"),
+        default="default",
+        help="samples of the ops category: default (float32 and float16, one sample per operator overload and dtype, shipped as data) "
+        "or all (every OpInfo sample; discovered once per torch version, which takes minutes)",
+    )
     parser.addini(
         "backendconf_backend",
         "backend the conformance suite checks when --backend is not given",
@@ -159,8 +193,8 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     import tempfile
     from pathlib import Path
 
-    from ._context import SuiteContext
-    from .conformance._zoo_loader import load_zoo
+    from ._context import build_context
+    from ._hypothesis import hypothesis_choice
 
     factory = getattr(config, "_tmp_path_factory", None)
 
@@ -169,17 +203,12 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
             return factory.mktemp(name)
         return Path(tempfile.mkdtemp(prefix=f"backendconf-{name}-"))
 
-    from ._hypothesis import hypothesis_choice
-
-    zoo = config.getoption("backendconf_zoo", "synthetic")
-    real = []
-    if zoo != "synthetic":
-        from .conformance.real_models import real_cases
-
-        real = real_cases()
-    # The synthetic zoo stays in the context under `real`: checks name some of its models.
-    ctx = SuiteContext(selected, load_zoo() + real + registry.cases(), tmp_dir=tmp_dir)
-    ctx.hypothesis_profile, ctx.hypothesis_seed = hypothesis_choice(config)
+    ctx = build_context(
+        selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
+    )
+    ctx.ops_mode = config.getoption("backendconf_ops", "default")
+    # The -p plugins of this run, for commands that rerun one comparison outside pytest.
+    ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx
 
 

@@ -21,6 +21,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 from hypothesis import settings
 
+# The many small suite runs of these tests check what the checks find, not the isolation, and a
+# backend host per run costs a fresh torch import: they run the checks in-process. test_isolation.py
+# (and `make suite`) run them in the host, as users do.
+os.environ.setdefault("BACKENDCONF_IN_PROCESS", "1")
+
 # The project's own property tests read these global profiles
 # (`pytest --hypothesis-profile=thorough`); Hypothesis registers `ci` itself.
 for _name, _examples in (("dev", 100), ("thorough", 2000)):

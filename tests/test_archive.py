@@ -119,7 +119,6 @@ class N(torch.nn.Module):
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 import warnings  # noqa: E402
 import zipfile  # noqa: E402
 
@@ -278,7 +277,7 @@ def test_layout_manifest_first_sorted_fixed_timestamps_and_readable_by_zipfile(s
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert {i.external_attr for i in infos} == {0o100644 << 16}
     assert manifest["format"] == "backendconf-archive"
-    assert manifest["schema_version"] == [1, 1]
+    assert manifest["schema_version"] == [1, 2]
     assert manifest["backend"] == {"name": "tiny", "version": None}
     assert manifest["torch_version"] == torch.__version__
     assert manifest["method_compile_spec"] == {"forward": {}}
@@ -440,7 +439,7 @@ def test_newer_minor_loads_ignoring_unknown_keys_and_entries(small):
 def test_unknown_entry_in_the_same_minor_is_refused(small):
     entries = entries_of(small)
     entries["extras/notes.txt"] = b"?"
-    with pytest.raises(ArchiveEntryError, match=r"entry 'extras/notes\.txt'.*not an entry of schema 1\.1"):
+    with pytest.raises(ArchiveEntryError, match=r"entry 'extras/notes\.txt'.*not an entry of schema 1\.2"):
         bc.load(repack(entries))
 
 
@@ -458,7 +457,7 @@ def test_other_major_names_both_versions_and_what_to_do(small, version, advice):
         bc.load(data)
     text = str(error.value)
     assert f"schema version {version[0]}.{version[1]}" in text
-    assert "reads schema 1.x (it writes 1.1)" in text
+    assert "reads schema 1.x (it writes 1.2)" in text
     assert advice in text and "manifest.json" in text
 
 
@@ -708,8 +707,8 @@ HOSTILE = {
     "bad parameter name": (_set(["methods", 0, "params", 0, "name"], "not a name"), ArchiveManifestError, r"methods\[0\]"),
     "reserved method name": (lambda d: _set(["method_compile_spec"], {"lowered": {}})(_set(["methods", 0, "name"], "lowered")(d)), ArchiveManifestError, "name 'lowered'"),
     "compile spec mismatch": (_set(["method_compile_spec", "forward"], {"x": 1}), ArchiveManifestError, r"method_compile_spec\['forward'\]"),
-    "unreadable in_spec": (_set(["methods", 0, "in_spec"], "garbage"), ArchiveManifestError, "method 'forward' has an unreadable in_spec"),
-    "in_spec of wrong arity": (_set(["methods", 0, "inputs"], []), ArchiveManifestError, "0 flat inputs but its in_spec has 1 leaves"),
+    "unreadable in_structure": (_set(["methods", 0, "in_structure"], "garbage"), ArchiveManifestError, "in_structure: structure is 'garbage', not a structure node"),
+    "in_structure of wrong arity": (_set(["methods", 0, "inputs"], []), ArchiveManifestError, "in_structure has 1 leaves but the method has 0 flat inputs"),
     "backend name a number": (_set(["backend", "name"], 7), ArchiveManifestError, "name must be a string"),
     "backend name bad": (_set(["backend", "name"], "../x"), ArchiveManifestError, "is not a backend name"),
     "torch version missing": (_set(["torch_version"], None), ArchiveManifestError, "torch_version must be a string"),
@@ -848,16 +847,18 @@ def test_symbolicate_needs_no_backend():
     assert "aten::sub" in bc.symbolicate(data, [min(_archive.read_archive(data).debug) + 2])
 
 
-def test_symbolicate_is_fast(tmp_path):
+def test_symbolicate_many_handles_gives_each_handles_text(tmp_path):
+    # Speed is the benchmark's job (benchmarks/, "symbolication"); here many
+    # repeated handles must give exactly the per-handle texts, in order.
     path = tmp_path / "n.bcpt"
     bc.save(lower(spec=ALL_METHODS, inputs=ALL_INPUTS), path)
-    handles = sorted(_archive.read_archive(path).debug) * 20_000
-    best = 0.0
-    for _ in range(3):
-        start = time.perf_counter()
-        bc.symbolicate(path, handles)
-        best = max(best, len(handles) / (time.perf_counter() - start))
-    assert best >= 100_000, f"{best:.0f} handles/s"
+    unique = sorted(_archive.read_archive(path).debug)
+    handles = unique * 2_000
+    many = bc.symbolicate(path, handles)
+    one_by_one = [bc.symbolicate(path, [h]) for h in unique]
+    assert many.count("Module hierarchy") == len(handles)
+    for text in one_by_one:
+        assert text in many
 
 
 class Block(torch.nn.Module):

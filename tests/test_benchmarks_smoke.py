@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -45,7 +46,11 @@ def test_every_figure_is_measured_and_printed(bench, tmp_path):
         assert by_key[key].status == bench.SKIPPED
     for figure in figures:
         if figure.key not in suite_keys:
-            assert figure.value is not None and figure.value > 0, figure
+            assert figure.value is not None and math.isfinite(figure.value), figure
+            # Call overheads are differences of two timings: with the tiny
+            # settings' few repetitions they may come out at or below zero.
+            if not figure.key.startswith("call."):
+                assert figure.value > 0, figure
             assert figure.status in (bench.MET, bench.MISSED, bench.INFO), figure
     table = bench.render(figures, bench.machine(), settings)
     for figure in figures:

@@ -329,7 +329,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 1]
+    assert report["schema_version"] == [1, 2]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -372,6 +372,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "reason": None,
         "known_failure": None,
         "reproduce": f"pytest --backend=no_mul_wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
+        "numerics": None,  # only comparisons (parity, ops) measure closeness
     }
     assert tests[LINEAR]["known_failure"] == {"pattern": LINEAR, "reason": "float64 outputs", "link": "https://b/7"}
     assert tests[LINEAR]["error"]["type"] == "OutputSpecError"

@@ -88,9 +88,9 @@ def test_matrix_has_a_row_per_environment_and_a_cell_per_category(capsys, two_ve
     assert header.split() == ["backend", "environment", *CATEGORIES, "all"]
     old = next(line for line in lines if line.startswith("mybackend") and "2.13.0+cpu" in line)
     new = next(line for line in lines if line.startswith("mybackend") and "2.14.1" in line)
-    # parity 2/2 then 1/2; serialization 1/1 then 0/1; categories without checks are 0/0
-    assert old.split()[3:] == ["0/0", "2/2", "100.0%", "0/0", "1/1", "100.0%", "0/0", "0/0", "0/0", "3/3", "100.0%"]
-    assert new.split()[3:] == ["0/0", "1/2", "50.0%", "0/0", "0/1", "0.0%", "0/0", "0/0", "0/0", "1/3", "33.3%"]
+    # parity 2/2 then 1/2; serialization 1/1 then 0/1; categories without checks (ops too) are 0/0
+    assert old.split()[3:] == ["0/0", "2/2", "100.0%", "0/0", "1/1", "100.0%", "0/0", "0/0", "0/0", "0/0", "3/3", "100.0%"]
+    assert new.split()[3:] == ["0/0", "1/2", "50.0%", "0/0", "0/1", "0.0%", "0/0", "0/0", "0/0", "0/0", "1/3", "33.3%"]
     assert lines.index(old) < lines.index(new)  # rows sorted by torch version
 
 
@@ -129,7 +129,7 @@ def test_markdown_has_the_matrix_the_flips_and_the_sources(capsys, two_versions,
     text = target.read_text()
     assert text.startswith("# Conformance across environments\n")
     assert f"| backend | environment | {' | '.join(CATEGORIES)} | all |" in text
-    assert "| mybackend | torch 2.14.1 | 0/0 | 1/2 50.0% | 0/0 | 0/1 0.0% | 0/0 | 0/0 | 0/0 | 1/3 33.3% |" in text
+    assert "| mybackend | torch 2.14.1 | 0/0 | 1/2 50.0% | 0/0 | 0/1 0.0% | 0/0 | 0/0 | 0/0 | 0/0 | 1/3 33.3% |" in text
     assert "## Flips (1)" in text
     assert "| check | torch 2.13.0+cpu | torch 2.14.1 |" in text
     assert (

@@ -121,14 +121,14 @@ def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(
 IGNORES_AVAILABILITY = """
     from pytest_backendconf import _lowering
 
-    _original = _lowering._availability
-    _lowering._availability = lambda backend: True  # the defect: never asks the backend
+    _original = _lowering.availability
+    _lowering.availability = lambda backend: True  # the defect: never asks the backend
 
     def backendconf_register_backends(register):
         pass  # a backendconf plugin, so that the suite's extra process imports this file too
 
     def pytest_unconfigure(config):
-        _lowering._availability = _original
+        _lowering.availability = _original
 """
 
 SWALLOWS_VIOLATIONS = """

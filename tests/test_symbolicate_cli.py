@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,10 +16,15 @@ from test_archive import registry  # noqa: F401  (the module-scoped fixture: thi
 TEST_ARCHIVE_FILE = sys.modules[TinyBackend.__module__].__file__
 
 
-def backendconf(*args, stdin=None):
+def backendconf(*args, stdin=None, model_code_importable=True):
+    # Archives store source paths relative to the import root; with the model's code on the
+    # path (as where it was lowered) tracebacks show the local file, as in this process.
+    env = dict(os.environ)
+    if model_code_importable:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(TEST_ARCHIVE_FILE), env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "pytest_backendconf.cli", *map(str, args)],
-        capture_output=True, text=True, input=stdin, timeout=120,
+        capture_output=True, text=True, input=stdin, timeout=120, env=env,
     )
 
 
@@ -38,7 +44,7 @@ def test_inspect_shows_versions_backend_methods_entries_and_handles(archive):
     done = backendconf("inspect", archive)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "format:        backendconf-archive, schema version 1.1 (this reader: 1.1)" in out
+    assert "format:        backendconf-archive, schema version 1.2 (this reader: 1.2)" in out
     assert "backend:       tiny (version -)" in out
     assert "torch 2." in out and "pytest-backendconf 0.1.0" in out
     assert "debug handles: 14 (" in out
@@ -58,6 +64,8 @@ def test_symbolicate_handles(archive, handles):
     assert done.stdout == bc.symbolicate(archive, [mul, 123456]) + "\n"
     assert done.stdout.startswith(f"debug handle {mul} (method 'forward', node 'mul', aten::mul):\n")
     assert done.stdout.endswith("Debug info for handle(s): debug_handles:{123456}, was not found.\n")
+    elsewhere = backendconf("symbolicate", archive, mul, model_code_importable=False)
+    assert '  File "test_archive.py", line ' in elsewhere.stdout  # the stored path, never the build machine's
 
 
 def test_symbolicate_rewrites_a_log(archive, handles, tmp_path):

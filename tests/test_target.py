@@ -149,5 +149,5 @@ def test_active_plugins_are_passed_on(registry):  # noqa: F811
 
 
 def test_host_only_modules_of_unknown_backend_are_left_to_the_child():
-    assert _target._host_only_modules("tiny") == ("colorsys",)
-    assert _target._host_only_modules("no_such_backend") == ()
+    assert _target.host_only_modules("tiny") == ("colorsys",)
+    assert _target.host_only_modules("no_such_backend") == ()

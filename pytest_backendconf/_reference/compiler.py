@@ -18,12 +18,13 @@ import torch
 import torch.fx
 from torch.export.graph_signature import InputKind, OutputKind
 
+from .. import _compat
 from ..errors import UnsupportedNodeError
 
 from . import bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
 
-#: Compile-spec key asking for an injected fault (DESIGN.md §3.5).
+#: Compile-spec key asking for an injected fault (docs/backend-contract.md, fault injection).
 FAULT_KEY = "__backendconf_fault__"
 #: Every compile-spec key the reference backend understands.
 KNOWN_KEYS = (FAULT_KEY,)
@@ -217,11 +218,11 @@ class _Compiler:
     def _aliased_inputs(self, node: torch.fx.Node) -> frozenset[torch.fx.Node]:
         """The placeholders whose memory the result of ``node`` may share."""
         target = node.target
-        if target is operator.getitem or isinstance(target, torch._ops.HigherOrderOperator):
+        if target is operator.getitem or _compat.is_higher_order_op(target):
             # An item of a view list (split), or a branch output that is an operand.
             sources = node.all_input_nodes
-        elif isinstance(target, torch._ops.OpOverload) and (
-            any(r.alias_info is not None for r in target._schema.returns)
+        elif _compat.is_op_overload(target) and (
+            any(r.alias_info is not None for r in _compat.op_schema(target).returns)
             or str(target) in _UNANNOTATED_ALIASES
         ):
             sources = node.args[:1]  # views and in-place ops alias their first argument
@@ -241,9 +242,10 @@ class _Compiler:
         tensors or the program's state, from one call to the next.
         """
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        schema = _compat.op_schema(target)
+        if schema is None or not schema.is_mutable:
             return
-        for i, param in enumerate(target._schema.arguments):
+        for i, param in enumerate(schema.arguments):
             if param.alias_info is None or not param.alias_info.is_write:
                 continue
             value = node.args[i] if i < len(node.args) else node.kwargs.get(param.name)
@@ -300,7 +302,7 @@ class _Compiler:
     def _instruction(self, node: torch.fx.Node, env: dict) -> Instruction:
         name = overload_name(node.target)
         op = ops.BY_NAME.get(name)
-        if op is None and self.fallback and isinstance(node.target, torch._ops.OpOverload):
+        if op is None and self.fallback and _compat.is_op_overload(node.target):
             return self._dispatch_instruction(node, name, env)
         if op is None:
             raise UnsupportedNodeError(
@@ -379,9 +381,9 @@ class _Compiler:
 
 def overload_name(target: Any) -> str:
     """The table name of a call target: "aten.mul.Tensor", "_operator.getitem", …"""
-    if isinstance(target, torch._ops.OpOverload):
+    if _compat.is_op_overload(target):
         return str(target)
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if _compat.is_higher_order_op(target):
         return f"higher_order.{target.name()}"
     module = getattr(target, "__module__", None) or "<unknown>"
     return f"{module}.{getattr(target, '__name__', repr(target))}"
@@ -395,9 +397,9 @@ def _schema_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
     """
     args, kwargs = list(node.args), dict(node.kwargs)
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or not kwargs:
+    if not _compat.is_op_overload(target) or not kwargs:
         return tuple(args), kwargs
-    positional = [a for a in target._schema.arguments if not a.kwarg_only]
+    positional = [a for a in _compat.op_schema(target).arguments if not a.kwarg_only]
     for i in range(len(args), len(positional)):
         if not any(p.name in kwargs for p in positional[i:]):
             break

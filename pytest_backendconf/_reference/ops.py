@@ -304,8 +304,8 @@ _TABLE: list[tuple] = [
     # softmax and normalization
     (130, "aten.softmax.int", torch.softmax),
     (131, "aten.log_softmax.int", torch.log_softmax),
-    (132, "aten._softmax.default", torch._softmax),
-    (133, "aten._log_softmax.default", torch._log_softmax),
+    (132, "aten._softmax.default", torch.ops.aten._softmax),
+    (133, "aten._log_softmax.default", torch.ops.aten._log_softmax),
     (134, "aten.layer_norm.default", torch.layer_norm),
     (135, "aten.native_layer_norm.default", torch.native_layer_norm),
     (136, "aten.batch_norm.default", torch.batch_norm, _eval_only(5, "training")),

@@ -1,0 +1,356 @@
+"""``preprocess`` (host only): an ``ExportedProgram`` lowered to an ExecuTorch ``.pte``.
+
+The program goes through ExecuTorch's own flow,
+``to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()``
+(no partitioner: portable kernels only). Then, so that nothing fails later
+on the target with a bare error code:
+
+- every instruction of the emitted method is traced back to the FX nodes of
+  the *given* program (ExecuTorch's debug handle map gives, per instruction,
+  its own debug handles; each of those nodes carries ``from_node``
+  provenance back to ours), and the blob keeps, per instruction, our debug
+  handles;
+- every operator the method calls is looked up among the runtime's
+  registered kernels, and the method is loaded once: an operator the runtime
+  cannot run (``aten::sort.values`` has no portable kernel) becomes
+  ``UnsupportedNodeError`` at the user's node instead of "error 0x14" at
+  ``load_method``.
+
+This module imports ``executorch.exir`` and the XNNPACK partitioner; it is
+declared host-only, and the runtime side never imports it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from pytest_backendconf import UnsupportedNodeError
+
+from . import blob as blob_format
+from . import runtime
+
+#: Compile-spec key asking for an injected fault (docs/writing-a-backend.md, "Capabilities").
+FAULT_KEY = "__backendconf_fault__"
+PARTITIONERS_KEY = "partitioners"
+KNOWN_KEYS = (PARTITIONERS_KEY, FAULT_KEY)
+#: Partitioners the compile spec may name; [] means ExecuTorch's portable kernels only.
+KNOWN_PARTITIONERS = ("xnnpack",)
+DEFAULT_PARTITIONERS = ("xnnpack",)
+
+_KERNEL_NOT_FOUND = re.compile(r"kernel '([^']+)' not found")
+_MISSING_OPERATOR = re.compile(r"Missing operator: \[(\d+)\] (\S+)")
+
+
+def parse_spec(compile_spec: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str | None]:
+    """Validate the compile spec; return ``(partitioners, fault node name or None)``."""
+    if compile_spec is None:
+        return DEFAULT_PARTITIONERS, None
+    if not isinstance(compile_spec, Mapping):
+        raise ValueError(f"the executorch backend's compile spec must be a dict, not {type(compile_spec).__name__}")
+    # A misspelt key silently ignored would make a test pass for the wrong reason.
+    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown compile-spec key {unknown[0]!r} for the executorch backend; "
+            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
+        )
+    partitioners = compile_spec.get(PARTITIONERS_KEY, list(DEFAULT_PARTITIONERS))
+    if not isinstance(partitioners, (list, tuple)) or any(p not in KNOWN_PARTITIONERS for p in partitioners):
+        raise ValueError(
+            f"compile-spec key {PARTITIONERS_KEY!r} must be a list of {list(KNOWN_PARTITIONERS)} "
+            f"(or [] for ExecuTorch's portable kernels only), got {partitioners!r}"
+        )
+    fault = compile_spec.get(FAULT_KEY)
+    if fault is None:
+        return tuple(partitioners), None
+    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
+        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
+    return tuple(partitioners), fault["node"]
+
+
+def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_handles: Mapping[Any, int]) -> bytes:
+    """The blob of one method: the ``.pte`` and the header (see ``blob``)."""
+    partitioners, fault_name = parse_spec(compile_spec)
+    originals = _Originals(program)
+    fault = _fault(originals, fault_name, debug_handles) if fault_name else None
+    executorch_program, origin_of_handle = _lower(program, partitioners, originals)
+    method = "forward"
+    plan = next(p for p in executorch_program.executorch_program.execution_plan if p.name == method)
+    handle_map = executorch_program.debug_handle_map.get(method, {})
+    instructions = []
+    covered: list[list[torch.fx.Node]] = []  # per instruction, the given program's nodes
+    for index, instruction in enumerate(plan.chains[0].instructions):
+        args = instruction.instr_args
+        if hasattr(args, "op_index"):
+            operator = plan.operators[args.op_index]
+            what = f"kernel {_operator_name(operator)}"
+        elif hasattr(args, "delegate_index"):
+            what = f"delegate {plan.delegates[args.delegate_index].id}"
+        else:
+            what = type(args).__name__
+        ours = _nodes_of(handle_map.get(index), origin_of_handle)
+        covered.append(ours)
+        instructions.append(
+            blob_format.Instruction(
+                what,
+                tuple(dict.fromkeys(debug_handles[n] for n in ours if n in debug_handles)),
+                tuple(dict.fromkeys(n.name for n in ours)),
+            )
+        )
+    header = blob_format.Header(
+        method=method,
+        fed=_fed(program, len(plan.inputs)),
+        outputs=_outputs(program),
+        instructions=tuple(instructions),
+        partitioners=partitioners,
+        fault=fault,
+    )
+    pte = executorch_program.buffer
+    _check_runtime_can_load(pte, plan, instructions, covered, originals)
+    return blob_format.encode(header, pte)
+
+
+# --- the given program's nodes ------------------------------------------------------
+
+
+class _Originals:
+    """The FX nodes of the given program, found again from ExecuTorch's provenance (``from_node``)."""
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
+        self.by_name: dict[str, torch.fx.Node] = {}
+        self.nodes: list[torch.fx.Node] = []
+        for _, module in program.graph_module.named_modules(remove_duplicate=False):
+            if isinstance(module, torch.fx.GraphModule):
+                for node in module.graph.nodes:
+                    self.by_graph[(id(node.graph), node.name)] = node
+                    self.by_name.setdefault(node.name, node)
+                    self.nodes.append(node)
+
+    def origin(self, node: torch.fx.Node) -> torch.fx.Node | None:
+        """The node of the given program that ``node`` (of a derived graph) comes from."""
+        pending = list(node.meta.get("from_node", ()))
+        seen = 0
+        last = None
+        while pending and seen < 10_000:
+            source = pending.pop(0)
+            seen += 1
+            found = self.by_graph.get((source.graph_id, source.name))
+            if found is not None:
+                return found
+            last = source
+            pending.extend(source.from_node)
+        # Provenance that stops short of our graph (a pass that copied the
+        # graph without recording it): the oldest recorded name, if it is ours.
+        if last is not None and last.name in self.by_name:
+            return self.by_name[last.name]
+        return None
+
+    def call_nodes(self) -> list[torch.fx.Node]:
+        return [n for n in self.nodes if n.op == "call_function"]
+
+    def naming(self, text: str) -> torch.fx.Node | None:
+        """The op node whose operator ``text`` names (``aten::sort``, ``aten.sort.default``)."""
+        for node in self.call_nodes():
+            schema = getattr(node.target, "_schema", None)
+            if schema is None:
+                continue
+            base = schema.name  # "aten::sort"
+            dotted = base.replace("::", ".")
+            if re.search(rf"(?<![\w.:]){re.escape(base)}(?![\w])|(?<![\w.]){re.escape(dotted)}(?![\w])", text):
+                return node
+        return None
+
+
+def _fault(originals: _Originals, name: str, debug_handles: Mapping[Any, int]) -> blob_format.Fault:
+    calls = originals.call_nodes()
+    for node in calls:
+        if node.name == name and node in debug_handles:
+            return blob_format.Fault(name, _op_name(node), debug_handles[node])
+    examples = ", ".join(repr(n.name) for n in calls[:10])
+    more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
+    raise ValueError(
+        f"fault injection names node {name!r}, which is not an op node of this program; its op nodes are {examples}{more}"
+    )
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    schema = getattr(node.target, "_schema", None)
+    return schema.name if schema is not None else getattr(node.target, "__name__", str(node.target))
+
+
+# --- lowering -------------------------------------------------------------------------
+
+
+def _lower(
+    program: Any, partitioners: tuple[str, ...], originals: _Originals
+) -> tuple[Any, dict[int, list[torch.fx.Node]]]:
+    """``(ExecutorchProgramManager, ExecuTorch debug handle -> our nodes)``.
+
+    The provenance is read from the edge program before ``to_executorch``,
+    whose passes renumber the nodes' debug handles in place; the debug
+    handle map refers to the edge program's numbers.
+    """
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioner = []
+    if "xnnpack" in partitioners:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner.append(XnnpackPartitioner())
+    try:
+        edge = to_edge_transform_and_lower(program, partitioner=partitioner or None)
+        origin_of_handle = _origins(edge.exported_program(), originals)
+        return edge.to_executorch(), origin_of_handle
+    except UnsupportedNodeError:
+        raise
+    except Exception as exc:  # ExecuTorch's lowering raises plain exceptions
+        node = originals.naming(str(exc))
+        if node is None:
+            raise RuntimeError(f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise UnsupportedNodeError(
+            node, f"ExecuTorch cannot lower {_op_name(node)}: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+
+
+def _graph_modules(graph_module: Any) -> Iterator[Any]:
+    for _, module in graph_module.named_modules(remove_duplicate=False):
+        if isinstance(module, torch.fx.GraphModule):
+            yield module
+
+
+def _origins(edge_program: Any, originals: _Originals) -> dict[int, list[torch.fx.Node]]:
+    """ExecuTorch debug handle -> the nodes of the given program it comes from.
+
+    Delegated nodes live in each lowered module's ``original_module``; the
+    debug handle map lists their handles for the delegate's instruction.
+    """
+    found: dict[int, list[torch.fx.Node]] = {}
+
+    def visit(graph_module: Any) -> None:
+        for module in _graph_modules(graph_module):
+            for node in module.graph.nodes:
+                handle = node.meta.get("debug_handle")
+                origin = originals.origin(node) if node.op == "call_function" else None
+                if isinstance(handle, int) and origin is not None and origin.op == "call_function":
+                    nodes = found.setdefault(handle, [])
+                    if origin not in nodes:
+                        nodes.append(origin)
+                if node.op == "get_attr":
+                    lowered = getattr(module, str(node.target), None)
+                    inner = getattr(lowered, "original_module", None)
+                    if inner is not None:
+                        visit(inner.graph_module)
+
+    visit(edge_program.graph_module)
+    return found
+
+
+def _nodes_of(entry: Any, origin_of_handle: Mapping[int, list[torch.fx.Node]]) -> list[torch.fx.Node]:
+    handles = entry if isinstance(entry, (list, tuple)) else [] if entry is None else [entry]
+    nodes: list[torch.fx.Node] = []
+    for handle in handles:
+        for node in origin_of_handle.get(handle, ()):
+            if node not in nodes:
+                nodes.append(node)
+    return nodes
+
+
+def _operator_name(operator: Any) -> str:
+    return f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+
+
+def _fed(program: Any, plan_inputs: int) -> tuple[bool, ...]:
+    from pytest_backendconf._lowering import user_inputs
+
+    inputs = user_inputs(program)
+    tensors = tuple(isinstance(value, torch.Tensor) for _, value in inputs)
+    if sum(tensors) == plan_inputs:
+        return tensors
+    if len(inputs) == plan_inputs:
+        return tuple(True for _ in inputs)
+    raise RuntimeError(
+        f"ExecuTorch's method takes {plan_inputs} inputs; the program has {len(inputs)} user inputs "
+        f"({sum(tensors)} tensors)"
+    )
+
+
+def _outputs(program: Any) -> tuple[tuple[str, Any], ...]:
+    from pytest_backendconf._lowering import user_outputs
+
+    outputs: list[tuple[str, Any]] = []
+    for name, value in user_outputs(program):
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            if dtype not in blob_format.DTYPES:
+                raise RuntimeError(f"output {name!r} has dtype {dtype}, which the executorch backend does not return")
+            outputs.append(("tensor", dtype))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            outputs.append(("constant", value))
+        else:
+            raise RuntimeError(f"output {name!r} is a {type(value).__name__}; the executorch backend returns tensors and constants")
+    return tuple(outputs)
+
+
+# --- can the runtime load it? ---------------------------------------------------------------
+
+
+def _check_runtime_can_load(
+    pte: bytes,
+    plan: Any,
+    instructions: list[blob_format.Instruction],
+    covered: list[list[torch.fx.Node]],
+    originals: _Originals,
+) -> None:
+    """Raise `UnsupportedNodeError` for an operator the runtime here cannot load.
+
+    The registry lookup is by operator name; a kernel registered for other
+    dtypes only is found by loading the method, whose log names the kernel.
+    """
+    registered = runtime.registered_operators()
+    names = [_operator_name(op) for op in plan.operators]
+    for name in names:
+        if name not in registered:
+            _raise_missing_kernel(name, f"ExecuTorch's runtime has no kernel '{name}'", instructions, covered, originals)
+    problem, log = runtime.try_load(pte, "forward")
+    if problem is None:
+        return
+    kernel = _KERNEL_NOT_FOUND.search(log) or _MISSING_OPERATOR.search(log)
+    if kernel is not None:
+        name = kernel.group(1) if kernel.re is _KERNEL_NOT_FOUND else kernel.group(2)
+        detail = " ".join(line.split("]", 1)[-1].strip() for line in log.splitlines() if "dtype:" in line)
+        _raise_missing_kernel(
+            name,
+            f"ExecuTorch's runtime has no kernel '{name}' for these dtypes ({detail or 'see the runtime log'})",
+            instructions,
+            covered,
+            originals,
+        )
+    raise RuntimeError(f"ExecuTorch's runtime cannot load the lowered method: {problem}; runtime log: {log.strip()[-500:]}")
+
+
+def _raise_missing_kernel(
+    name: str,
+    reason: str,
+    instructions: list[blob_format.Instruction],
+    covered: list[list[torch.fx.Node]],
+    originals: _Originals,
+) -> None:
+    for instruction, nodes in zip(instructions, covered):
+        if instruction.what == f"kernel {name}" and nodes:
+            node = nodes[0]
+            raise UnsupportedNodeError(node, f"{reason} (error 0x14, OperatorMissing, at load_method)")
+    node = originals.naming(name)
+    if node is not None:
+        raise UnsupportedNodeError(node, f"{reason} (error 0x14, OperatorMissing, at load_method)")
+    raise RuntimeError(f"{reason}; no node of the program maps to it")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,425 @@
+"""Find the OpInfo entries that export to a single-op program, and keep their samples as data.
+
+PyTorch's OpInfo database (``op_db``) lists hundreds of operators with
+sample inputs per dtype. For every entry, dtype and sample, this module
+wraps the call in a tiny module, exports it (``torch.export`` and, when the
+op has one, the default decomposition), and keeps it when the program is
+exactly one aten op: the overload it became, the node's arguments (tensors
+replaced by input references) and the input tensors.
+
+Importing ``op_db`` and exporting thousands of calls takes minutes, so the
+result is data: ``conformance/ops_data/`` ships it for the torch versions the
+project tests, ``python -m pytest_backendconf.conformance._ops_discovery``
+regenerates it, and the suite falls back to discovering once per torch
+version (into a user cache) when the installed torch has no data file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import operator
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import _compat
+from .._tensorfile import read_tensors, write_tensors
+
+#: Dtypes discovery looks at; the suite tests those the backend declares (or all of them).
+DISCOVERY_DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
+#: Samples kept per (overload, dtype) for the default mode.
+DEFAULT_SAMPLES = 2
+#: Samples tried per (OpInfo entry, dtype) to find the kept ones (exports are the slow step).
+DEFAULT_TRIES = 8
+FORMAT = "backendconf-ops-data"
+FORMAT_VERSION = 1
+DATA_DIR = Path(__file__).resolve().parent / "ops_data"
+
+
+@dataclasses.dataclass
+class OpSample:
+    """One single-op call: what the ops check exports, lowers and compares."""
+
+    overload: str  #: "aten.add.Tensor"
+    dtype: str  #: the dtype under test ("float16")
+    index: int  #: k of ``sample<k>`` within (overload, dtype)
+    opinfo: str  #: the OpInfo entry it comes from ("add", "max.reduction_with_dim")
+    args: Any  #: JSON tree; ``{"$input": i}`` is the i-th input tensor
+    kwargs: dict[str, Any]
+    #: ``None``: the op's result is the program's only output; else the
+    #: indices of the op's result tuple the program returns, in order.
+    outputs: list[int] | None
+    inputs: list[torch.Tensor]
+
+    @property
+    def name(self) -> str:
+        return f"{self.overload}[{self.dtype}-sample{self.index}]"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "overload": self.overload, "dtype": self.dtype, "index": self.index, "opinfo": self.opinfo,
+            "args": self.args, "kwargs": self.kwargs, "outputs": self.outputs, "inputs": len(self.inputs),
+        }
+
+
+@dataclasses.dataclass
+class OpsData:
+    torch_version: str
+    samples: list[OpSample]
+    #: OpInfo entries discovery looked at, and how many became single-op programs.
+    entries_seen: int = 0
+    entries_kept: int = 0
+
+
+def release(version: str | None = None) -> str:
+    """``2.13.0`` for ``2.13.0+cpu``: data files are keyed by the release, not the build."""
+    return (version or torch.__version__).split("+")[0]
+
+
+# --- encoding of a node's non-tensor arguments ------------------------------------
+
+
+class _Unencodable(Exception):
+    pass
+
+
+def encode_arg(value: Any, inputs: dict[Any, int]) -> Any:
+    """A node argument as JSON; raises `_Unencodable` for what the data cannot carry."""
+    if isinstance(value, torch.fx.Node):
+        if value not in inputs:
+            raise _Unencodable(f"argument {value.name} is not a program input")
+        return {"$input": inputs[value]}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, (list, tuple)):
+        return [encode_arg(v, inputs) for v in value]
+    if isinstance(value, torch.dtype):
+        return {"$dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"$memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.layout):
+        return {"$layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    raise _Unencodable(f"argument of type {type(value).__name__}")
+
+
+def decode_arg(value: Any, inputs: list[Any]) -> Any:
+    """The inverse of `encode_arg`: ``{"$input": i}`` becomes ``inputs[i]``."""
+    if isinstance(value, list):
+        return [decode_arg(v, inputs) for v in value]
+    if isinstance(value, dict):
+        ((tag, item),) = value.items()
+        if tag == "$input":
+            return inputs[item]
+        if tag == "$float":
+            return float(item)
+        if tag == "$dtype" or tag == "$memory_format" or tag == "$layout":
+            return getattr(torch, item)
+        if tag == "$device":
+            return torch.device(item)
+        raise ValueError(f"unknown tagged value {value!r} in the ops data")
+    return value
+
+
+def resolve_overload(name: str) -> Any:
+    """``torch.ops.aten.add.Tensor`` for ``"aten.add.Tensor"``."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+# --- discovery ------------------------------------------------------------------------
+
+
+class _Recorder(_compat.dispatch_mode_base()):  # type: ignore[misc]
+    """Every aten op an eager call runs, below autograd (where export's IR is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple, dict, Any]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs, result))
+        return result
+
+
+class _Call(torch.nn.Module):
+    """The tiny module discovery exports to confirm an overload: one OpInfo call, its tensors as inputs."""
+
+    def __init__(self, fn: Callable[..., Any], leaves: list[Any], spec: Any, positions: list[int]) -> None:
+        super().__init__()
+        self.fn, self.leaves, self.spec, self.positions = fn, leaves, spec, positions
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        leaves = list(self.leaves)
+        for position, tensor in zip(self.positions, tensors):
+            leaves[position] = tensor
+        sample_input, args, kwargs = _compat.tree_unflatten(leaves, self.spec)
+        return self.fn(sample_input, *args, **kwargs)
+
+
+def _single_op(program: Any) -> Any:
+    """The one aten op node of an exported program, or ``None``."""
+    signature = program.graph_signature
+    if any(s.kind.name != "USER_INPUT" for s in signature.input_specs):
+        return None
+    if any(s.kind.name != "USER_OUTPUT" for s in signature.output_specs):
+        return None
+    graph = program.graph_module.graph
+    ops = [n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    if len(ops) != 1 or any(n.op == "get_attr" for n in graph.nodes):
+        return None
+    return ops[0]
+
+
+def _deterministic(overload: Any) -> bool:
+    name = overload.name().split("::")[1].split(".")[0]
+    if torch.Tag.nondeterministic_seeded in overload.tags or "empty" in name:
+        return False  # random numbers, or uninitialized memory
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    la, lb = _compat.tree_leaves(a), _compat.tree_leaves(b)
+    if len(la) != len(lb):
+        return False
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype or not torch.equal(
+            torch.nan_to_num(x.double() if x.is_floating_point() else x), torch.nan_to_num(y.double() if y.is_floating_point() else y))):
+            return False
+    return True
+
+
+def _plain(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_complex() and t.device.type == "cpu"
+
+
+class _NotOneOp(Exception):
+    pass
+
+
+def sample_to_op(fn: Callable[..., Any], sample: Any) -> tuple[Any, list, dict, list[int] | None, list[torch.Tensor]] | None:
+    """Run one OpInfo sample; ``(overload, args, kwargs, outputs, inputs)`` if it is one aten op.
+
+    The call runs eagerly under a dispatch mode that records the aten ops it
+    reaches: one op, fed only with the sample's own tensors and returning
+    what the call returns, is a single-op program (about 1 ms, where an
+    export takes 50). `confirm` exports one sample per overload to be sure.
+    """
+    leaves, _ = _compat.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if not tensors or not all(_plain(t) for t in tensors):
+        return None
+    recorder = _Recorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with recorder:
+            result = fn(sample.input, *sample.args, **sample.kwargs)
+    if len(recorder.calls) != 1:
+        return None
+    overload, call_args, call_kwargs, op_result = recorder.calls[0]
+    if not _compat.is_op_overload(overload) or overload.namespace != "aten" or _compat.op_schema(overload).is_mutable:
+        return None
+    if not _deterministic(overload):
+        return None
+    ids = {id(t): t for t in tensors}
+    used: list[torch.Tensor] = []
+
+    def reference(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in ids:
+                raise _NotOneOp("a tensor the call made itself")
+            if not any(value is u for u in used):
+                used.append(value)
+            return {"$input": next(i for i, u in enumerate(used) if u is value)}
+        if isinstance(value, (list, tuple)):
+            return [reference(v) for v in value]
+        return encode_arg(value, {})
+
+    try:
+        args = reference(list(call_args))
+        kwargs = {k: reference(v) for k, v in call_kwargs.items()}
+    except (_NotOneOp, _Unencodable):
+        return None
+    op_outputs = list(op_result) if isinstance(op_result, (tuple, list)) else [op_result]
+    returned = _compat.tree_leaves(result)
+    if isinstance(result, torch.Tensor) and result is op_result:
+        outputs = None
+    else:
+        try:
+            outputs = [next(i for i, o in enumerate(op_outputs) if o is r) for r in returned]
+        except StopIteration:
+            return None
+    if not returned or not all(_plain(t) for t in returned):
+        return None
+    inputs = [t.detach().clone() for t in used]
+    again = overload(*decode_arg(args, inputs), **decode_arg_dict(kwargs, inputs))
+    if not _same(op_result, again):
+        return None
+    return overload, args, kwargs, outputs, inputs
+
+
+def confirm(fn: Callable[..., Any], sample: Any, expected: Any, decompositions: Any) -> bool:
+    """Whether ``torch.export`` (and the default decomposition) makes the sample the ``expected`` op."""
+    leaves, spec = _compat.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    module = _Call(fn, leaves, spec, positions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = _compat.export(module, tuple(leaves[i] for i in positions))
+            node = _single_op(program)
+            if node is not None and node.target in decompositions:
+                node = _single_op(program.run_decompositions())
+        except Exception:
+            return False
+    return node is not None and node.target == expected
+
+
+def decode_arg_dict(kwargs: dict[str, Any], inputs: list[Any]) -> dict[str, Any]:
+    return {k: decode_arg(v, inputs) for k, v in kwargs.items()}
+
+
+def overload_name(overload: Any) -> str:
+    """``"aten.add.Tensor"`` for ``torch.ops.aten.add.Tensor`` (the name `Capabilities` uses)."""
+    qualified = overload.name()  # "aten::add.Tensor"
+    namespace, rest = qualified.split("::")
+    return f"{namespace}.{rest}" if "." in rest else f"{namespace}.{rest}.default"
+
+
+def discover(op_db: list[Any], *, max_samples: int | None = DEFAULT_SAMPLES, tries: int | None = DEFAULT_TRIES,
+             progress: Callable[[str], None] | None = None) -> OpsData:
+    """Every single-op (overload, dtype, sample) of ``op_db``; ``None`` limits mean every sample."""
+    decompositions = torch.export.default_decompositions()
+    kept: dict[tuple[str, str], list[OpSample]] = {}
+    #: overload -> whether torch.export confirmed it (checked on its first sample).
+    confirmed: dict[str, bool] = {}
+    entries_kept = 0
+    for number, info in enumerate(op_db):
+        entry = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+        if progress and number % 50 == 0:
+            progress(f"{number}/{len(op_db)} {entry}: {sum(len(v) for v in kept.values())} samples so far")
+        try:
+            supported = info.supported_dtypes("cpu")
+        except Exception:
+            continue
+        took_any = False
+        for dtype in DISCOVERY_DTYPES:
+            if getattr(torch, dtype) not in supported:
+                continue
+            accepted = 0
+            for sample, found in _samples_of(info, dtype, tries):
+                if max_samples is not None and accepted >= max_samples:
+                    break
+                if not found:
+                    continue
+                overload, args, kwargs, outputs, inputs = found
+                name = overload_name(overload)
+                if name not in confirmed:
+                    confirmed[name] = confirm(info.op, sample, overload, decompositions)
+                if not confirmed[name]:
+                    continue
+                bucket = kept.setdefault((name, dtype), [])
+                if max_samples is not None and len(bucket) >= max_samples:
+                    continue
+                bucket.append(OpSample(name, dtype, len(bucket), entry, args, kwargs, outputs, inputs))
+                took_any = True
+                accepted += 1
+        entries_kept += took_any
+    samples = [s for bucket in kept.values() for s in bucket]
+    samples.sort(key=lambda s: (s.overload, DISCOVERY_DTYPES.index(s.dtype), s.index))
+    return OpsData(release(), samples, entries_seen=len(op_db), entries_kept=entries_kept)
+
+
+def _samples_of(info: Any, dtype: str, tries: int | None) -> Iterator[tuple[Any, Any]]:
+    torch.manual_seed(0)  # sample functions draw from the global generator: fixed samples
+    try:
+        samples = info.sample_inputs("cpu", getattr(torch, dtype), requires_grad=False)
+        for number, sample in enumerate(samples):
+            if tries is not None and number >= tries:
+                return
+            try:
+                yield sample, sample_to_op(info.op, sample)
+            except Exception:
+                yield sample, None  # the call failed: skip the sample, keep trying the entry
+    except Exception:
+        return
+
+
+# --- the data files ---------------------------------------------------------------------
+
+
+def data_paths(directory: Path, version: str, mode: str = "default") -> tuple[Path, Path]:
+    stem = f"torch-{version}" + ("" if mode == "default" else f"-{mode}")
+    return directory / f"{stem}.json", directory / f"{stem}.safetensors"
+
+
+def save(data: OpsData, directory: Path, mode: str = "default") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    index, tensors_path = data_paths(directory, data.torch_version, mode)
+    tensors = {f"{n}.{i}": t for n, s in enumerate(data.samples) for i, t in enumerate(s.inputs)}
+    write_tensors(tensors_path, tensors, {"format": FORMAT})
+    document = {
+        "format": FORMAT, "version": FORMAT_VERSION, "torch": data.torch_version,
+        "opinfo_entries": data.entries_seen, "opinfo_entries_kept": data.entries_kept,
+        "samples": [s.as_json() for s in data.samples],
+    }
+    tmp = index.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=0, sort_keys=True) + "\n")
+    os.replace(tmp, index)
+
+
+def load(directory: Path, version: str, mode: str = "default") -> OpsData | None:
+    """The data for a torch release, or ``None`` when there is none (or it is not ours)."""
+    index, tensors_path = data_paths(directory, version, mode)
+    if not index.is_file() or not tensors_path.is_file():
+        return None
+    document = json.loads(index.read_text())
+    if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION or document.get("torch") != version:
+        return None
+    tensors, _ = read_tensors(tensors_path)
+    samples = [
+        OpSample(r["overload"], r["dtype"], r["index"], r["opinfo"], r["args"], r["kwargs"], r["outputs"],
+                 # clone: a tensor of its own, not a view into the file's buffer (fake tensors of views are slow)
+                 [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])])
+        for n, r in enumerate(document["samples"])
+    ]
+    return OpsData(version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Regenerate the ops category's data from PyTorch's OpInfo database.")
+    parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the data files (default: %(default)s)")
+    parser.add_argument("--all", action="store_true", help="every sample of every entry (for --backendconf-ops=all)")
+    options = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    op_db, reason = _compat.opinfo_database()
+    if op_db is None:
+        print(reason, file=sys.stderr)
+        return 1
+    start = time.monotonic()
+    data = discover(op_db, max_samples=None if options.all else DEFAULT_SAMPLES, tries=None if options.all else DEFAULT_TRIES,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+    save(data, options.out, "all" if options.all else "default")
+    overloads = len({s.overload for s in data.samples})
+    print(f"torch {data.torch_version}: {len(data.samples)} samples of {overloads} overloads from "
+          f"{data.entries_kept} of {data.entries_seen} OpInfo entries in {time.monotonic() - start:.0f} s -> {options.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

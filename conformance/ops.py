@@ -1,0 +1,230 @@
+"""Category ``ops``: every single-op OpInfo sample, lowered whole to the backend and compared.
+
+Ids name the aten overload: ``backendconf::ops::aten.add.Tensor[float16-sample0]``.
+The samples come from PyTorch's OpInfo database through data files
+(``_ops_discovery``), the programs are rebuilt from that data once per
+session (``_ops_program``) and shared through the session memo, and the
+reference for float16 and bfloat16 is eager PyTorch in float64 cast back
+(see ``[ops]`` in suite.toml), so a backend more accurate than PyTorch's own
+low-precision CPU kernels is not failed for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .. import _compat
+from .._context import SuiteContext
+from .._lowering import lower_programs
+from .._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
+from .._check import Check, CheckFailed, Unsupported
+from .._tensorfile import write_tensors
+from ..errors import UnsupportedNodeError
+from . import _ops_discovery as discovery
+from ._ops_program import OpCall, build_program, op_call_class
+from ._spec import section
+
+#: ``--backendconf-ops``: up to `DEFAULT_SAMPLES` per (overload, dtype), or every sample.
+MODES = ("default", "all")
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def checks(ctx: SuiteContext) -> Iterator[Check]:
+    data = ops_data(ctx)
+    if data is None:
+        return
+    wanted = set(dtypes_under_test(ctx))
+    samples = section("ops").get("default_samples", discovery.DEFAULT_SAMPLES) if _mode(ctx) == "default" else None
+    for number, sample in enumerate(data.samples):
+        if sample.dtype not in wanted or (samples is not None and sample.index >= samples):
+            continue
+        yield Check(
+            category="ops",
+            name=sample.name,
+            run=functools.partial(check_op, number=number),
+            stage="execute",
+            case=None,  # a model case name where set; the overload is in the id
+        )
+
+
+def dtypes_under_test(ctx: SuiteContext) -> list[str]:
+    """The dtypes the ops matrix has columns for (the rest are "not under test")."""
+    declared = ctx.capabilities.dtypes
+    spec = section("ops")
+    wanted = spec.get("dtypes", discovery.DISCOVERY_DTYPES)
+    if _mode(ctx) == "default":
+        wanted = spec.get("default_dtypes", wanted)
+    return [d for d in discovery.DISCOVERY_DTYPES if d in wanted and (declared is None or getattr(torch, d) in declared)]
+
+
+def _mode(ctx: SuiteContext) -> str:
+    return getattr(ctx, "ops_mode", "default")
+
+
+def ops_data(ctx: SuiteContext) -> discovery.OpsData | None:
+    """The session's samples: shipped data for this torch, a cached discovery, or a fresh one."""
+    mode = _mode(ctx)
+    return ctx.memo(("ops-data", mode), lambda: _load_or_discover(ctx, mode))
+
+
+def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
+    version = discovery.release()
+    if mode == "default":
+        data = discovery.load(discovery.DATA_DIR, version)
+        if data is not None:
+            return data
+    cache = cache_dir()
+    data = discovery.load(cache, version, mode)
+    if data is not None:
+        return data
+    op_db, reason = _compat.opinfo_database()
+    if op_db is None:
+        notice(ctx, f"ops category skipped: no ops data for torch {version} and {reason}")
+        return None
+    notice(ctx, f"ops: discovering single-op samples of PyTorch's OpInfo database for torch {version} "
+                f"(once; cached in {cache})")
+    all_samples = mode == "all"
+    data = discovery.discover(op_db, max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
+                              tries=None if all_samples else discovery.DEFAULT_TRIES)
+    try:
+        discovery.save(data, cache, mode)
+    except OSError as exc:
+        notice(ctx, f"ops: could not cache the discovered samples in {cache}: {exc}")
+    return data
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("BACKENDCONF_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytest-backendconf")
+    return Path(base) / "ops"
+
+
+def notice(ctx: SuiteContext, text: str) -> None:
+    """A one-line message for the terminal (printed after collection)."""
+    notices = getattr(ctx, "notices", None)
+    if notices is None:
+        notices = ctx.notices = []  # type: ignore[attr-defined]
+    if text not in notices:
+        notices.append(text)
+
+
+# --- one check -----------------------------------------------------------------------------
+
+
+def program_of(ctx: SuiteContext, number: int) -> Any:
+    """The sample's single-op program, built once per session."""
+    sample = ops_data(ctx).samples[number]  # type: ignore[union-attr]
+    return ctx.memo(("ops-program", _mode(ctx), number), lambda: build_program(sample, sample.inputs))
+
+
+def reference_outputs(sample: discovery.OpSample, program: Any, low_precision_reference: bool) -> tuple[list[torch.Tensor], str]:
+    """Eager PyTorch's outputs and how they were computed.
+
+    For float16/bfloat16 with every output floating, in float64 and cast
+    back: the rounding of the result is then the only error, where
+    PyTorch's CPU kernels add their own (float16 ``rsqrt`` differs by
+    input length). Index outputs (``max.dim``, ``sort``) keep eager in the
+    dtype itself, whose ties they must reproduce.
+    """
+    eager = OpCall(sample)
+    out_dtypes = [spec.meta["val"].dtype for spec in program.graph_module.graph.output_node().args[0]]
+    if low_precision_reference and sample.dtype in LOW_PRECISION and all(d.is_floating_point for d in out_dtypes):
+        wide = [t.double() if t.dtype == getattr(torch, sample.dtype) else t for t in sample.inputs]
+        with torch.no_grad():
+            outputs = _compat.tree_leaves(eager(*wide))
+        return [o.to(d) for o, d in zip(outputs, out_dtypes)], "eager in float64, cast back"
+    with torch.no_grad():
+        return _compat.tree_leaves(eager(*sample.inputs)), f"eager in {sample.dtype}"
+
+
+def tolerance_for(ctx: SuiteContext, sample: discovery.OpSample, low_precision: bool) -> Tolerance:
+    spec = section("ops")
+    dtype = getattr(torch, sample.dtype)
+    overrides = spec.get("overrides", {})
+    tolerance = resolve_tolerance(dtype, [sample.overload], ctx.capabilities.tolerances, spec.get("tolerances", {}))
+    if tolerance.source == "default" and sample.overload in overrides:
+        pair = overrides[sample.overload].get(sample.dtype) if isinstance(overrides[sample.overload], dict) else overrides[sample.overload]
+        if pair is not None:
+            tolerance = Tolerance(float(pair[0]), float(pair[1]), f"the suite's override for {sample.overload}")
+    if low_precision:
+        factor = float(spec.get("low_precision_scale", 2.0))
+        tolerance = tolerance.scaled(factor, f"x{factor:g} against the float64 reference")
+    return tolerance
+
+
+def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
+    data = ops_data(ctx)
+    assert data is not None
+    sample = data.samples[number]
+    declared = ctx.capabilities.supported_ops
+    is_declared = declared is not None and sample.overload in declared
+    if declared is not None and not is_declared:
+        # The backend says it does not compile this overload: take it at its word (and save the time).
+        raise Unsupported(f"{sample.overload} is not in the backend's Capabilities.supported_ops")
+    program = program_of(ctx, number)
+    try:
+        lowered = lower_programs(
+            {"forward": program}, ctx.backend, {"forward": {}},
+            module_type=op_call_class(len(sample.inputs)), backend_version=ctx.registered.source.version,
+        )
+    except UnsupportedNodeError as exc:
+        if is_declared:
+            raise CheckFailed(
+                f"{sample.overload} in {sample.dtype}: the backend declares it in Capabilities.supported_ops "
+                f"but rejected it: {Unsupported.from_rejection(exc)}"
+            ) from None
+        raise Unsupported.from_rejection(exc) from exc
+    low_precision = bool(section("ops").get("low_precision_reference", True))
+    expected, how = reference_outputs(sample, program, low_precision)
+    used_low = how.startswith("eager in float64")
+    tolerance = tolerance_for(ctx, sample, used_low)
+    inputs = [t.clone() for t in sample.inputs]
+    with torch.no_grad():
+        actual = _compat.tree_leaves(lowered(*inputs))
+    try:
+        results = compare_outputs(actual, expected, tolerance)
+    except StructureMismatch as exc:
+        raise CheckFailed(_headline(sample, is_declared) + f": {exc}") from None
+    for i, (before, after) in enumerate(zip(sample.inputs, inputs)):
+        if not torch.equal(before, after) and not (before.is_floating_point() and torch.equal(before.isnan(), after.isnan())
+                                                   and torch.equal(before.nan_to_num(), after.nan_to_num())):
+            raise CheckFailed(f"{sample.name}: execute() changed input {i} in place")
+    failing = [r for r in results if not r.passed]
+    if failing:
+        saved = save_inputs(ctx, sample, number)
+        top = worst(failing)
+        raise CheckFailed(
+            f"{_headline(sample, is_declared)}: the backend's output differs from the reference ({how}):\n"
+            + "\n".join(r.text() for r in failing)
+            + f"\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
+            + (f"\n  worst closeness {top.closeness:.3g}" if top is not None else "")
+        )
+    return {"numerics": {**summary_json(results), "reference": how}}
+
+
+def _headline(sample: discovery.OpSample, is_declared: bool) -> str:
+    text = f"{sample.overload} in {sample.dtype} (sample {sample.index}, from OpInfo {sample.opinfo!r})"
+    return text + (" (declared in Capabilities.supported_ops)" if is_declared else "")
+
+
+def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> Path:
+    """The sample's inputs and call, in a tensor file the rerun command reads (no code in it)."""
+    directory = ctx.tmp_dir("ops-inputs")
+    path = directory / f"{sample.overload}-{sample.dtype}-sample{sample.index}.safetensors"
+    record = sample.as_json()
+    write_tensors(path, {f"input{i}": t for i, t in enumerate(sample.inputs)},
+                  {"kind": "ops", "sample": json.dumps(record), "backend": ctx.name,
+                   "low_precision_reference": str(bool(section("ops").get("low_precision_reference", True)))})
+    return path
+
+
+def rerun_command(ctx: SuiteContext, path: Path) -> str:
+    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
+    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])

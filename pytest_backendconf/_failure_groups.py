@@ -1,0 +1,59 @@
+"""One root cause, one group: failures whose messages share a template, counted together.
+
+A template is the exception type and the message's first line with the
+parts that vary between checks of one defect masked: numbers, quoted
+names, op overloads, dtypes, paths and ids. Forty ops checks failing with
+"aten.sub.Tensor in float16 …: max abs error 0.031" become one line with
+its count and the first few ids, printed before pytest's own list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Mapping
+
+#: How many ids each group shows.
+FIRST_IDS = 3
+_MASKS = [
+    (re.compile(r"backendconf::\S+"), "<id>"),
+    (re.compile(r"(?:/[\w.+-]+)+/?|\b[\w.-]+\.py\b"), "<path>"),
+    (re.compile(r"'[^'\s]*'|\"[^\"\s]*\""), "<name>"),
+    (re.compile(r"\b[a-z_][a-z0-9_]*(?:::|\.)[a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?\b"), "<op>"),
+    (re.compile(r"\b(?:b?float(?:16|32|64)|u?int(?:8|16|32|64)|bool|complex(?:64|128))\b"), "<dtype>"),
+    (re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\binf\b|\bnan\b"), "<n>"),
+]
+
+
+def template(kind: str, message: str) -> str:
+    """``CheckFailed: <op> in <dtype> (sample <n> …`` for a failure's type and message."""
+    first = (message.strip().splitlines() or [""])[0]
+    for pattern, mask in _MASKS:
+        first = pattern.sub(mask, first)
+    return f"{kind}: {first}" if first else kind
+
+
+@dataclasses.dataclass
+class FailureGroup:
+    template: str
+    ids: list[str]
+
+
+def group_failures(failures: Iterable[Mapping[str, object]]) -> list[FailureGroup]:
+    """Groups of ``{"id", "error": {"type", "message"}}`` records, largest first (ties: first seen)."""
+    groups: dict[str, FailureGroup] = {}
+    for failure in failures:
+        error: Mapping[str, object] = failure.get("error") or {}  # type: ignore[assignment]
+        key = template(str(error.get("type", "failure")), str(error.get("message", "")))
+        groups.setdefault(key, FailureGroup(key, [])).ids.append(str(failure["id"]))
+    return sorted(groups.values(), key=lambda g: -len(g.ids))
+
+
+def summary_lines(groups: list[FailureGroup]) -> list[str]:
+    """The terminal lines: each group once, with its count and its first few ids."""
+    lines = []
+    for group in groups:
+        shown = ", ".join(group.ids[:FIRST_IDS]) + (", …" if len(group.ids) > FIRST_IDS else "")
+        lines.append(f"{len(group.ids)} × {group.template}")
+        lines.append(f"    {shown}")
+    return lines

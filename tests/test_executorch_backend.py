@@ -1,0 +1,114 @@
+"""The executorch backend on its own: lowering to .pte, kernels the runtime lacks, runtime errors, faults.
+
+The whole suite runs against it with ``make suite-executorch`` (see
+backends/executorch/README.md); these tests pin what the suite does not:
+the ``aten::sort`` rejection at the user's line, the runtime error text,
+the compile spec and the blob reader. Lowering costs seconds, so each model
+is lowered once per module.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("executorch.runtime", reason="install ExecuTorch: make .venv/.installed-executorch")
+pytest.importorskip("backendconf_executorch", reason="install the backend: pip install -e backends/executorch")
+
+import pytest_backendconf as bc
+from backendconf_executorch import blob
+from backendconf_executorch.lowering import parse_spec
+
+BACKEND = "executorch"
+
+
+class Sorter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x).relu()
+        return torch.sort(y, dim=-1).values + 1
+
+
+class Gatherer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, table, index):
+        picked = torch.index_select(table, 0, index)
+        return self.linear(picked).relu()
+
+
+X = torch.randn(2, 4)
+TABLE = torch.randn(5, 3)
+INDEX = torch.tensor([0, 4])
+
+
+@pytest.fixture(scope="module")
+def gatherer():
+    model = Gatherer().eval()
+    return model, bc.to_backend(model, BACKEND, {"forward": {}}, example_inputs=(TABLE, INDEX))
+
+
+def test_sort_is_rejected_at_lowering_at_the_users_line():
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(Sorter(), BACKEND, {"forward": {}}, example_inputs=(X,))
+    text = str(caught.value)
+    assert "ExecuTorch's runtime has no kernel 'aten::sort.values'" in text
+    assert "return torch.sort(y, dim=-1).values + 1" in text
+    assert "top(Sorter)::forward.aten::sort" in text
+    assert caught.value.node.name == "sort"
+
+
+def test_the_lowered_module_matches_eager_and_names_its_instructions(gatherer):
+    model, lowered = gatherer
+    torch.testing.assert_close(lowered(TABLE, INDEX), model(TABLE, INDEX))
+    header, pte = blob.decode(lowered.lowered.blobs["forward"])
+    whats = [i.what for i in header.instructions]
+    assert "kernel aten::index_select.out" in whats and "delegate XnnpackBackend" in whats
+    delegate = header.instructions[whats.index("delegate XnnpackBackend")]
+    assert set(delegate.nodes) >= {"linear", "relu"}
+    assert pte[4:8] == b"ET12"  # the ExecuTorch flatbuffer's file identifier
+
+
+def test_a_kernel_failure_names_the_kernel_and_the_users_line(gatherer):
+    _, lowered = gatherer
+    with pytest.raises(bc.BackendRuntimeError) as caught:
+        lowered(TABLE, torch.tensor([0, 7]))
+    text = str(caught.value)
+    assert "kernel aten::index_select.out (FX node 'index_select')" in text
+    assert "picked = torch.index_select(table, 0, index)" in text
+
+
+def test_portable_kernels_only_has_no_delegate():
+    model = Gatherer().eval()
+    lowered = bc.to_backend(model, BACKEND, {"forward": {"partitioners": []}}, example_inputs=(TABLE, INDEX))
+    header, _ = blob.decode(lowered.lowered.blobs["forward"])
+    assert header.partitioners == ()
+    assert not any(i.what.startswith("delegate") for i in header.instructions)
+    torch.testing.assert_close(lowered(TABLE, INDEX), model(TABLE, INDEX))
+
+
+def test_compile_spec_mistakes_name_the_key():
+    assert parse_spec({}) == (("xnnpack",), None)
+    with pytest.raises(ValueError, match="unknown compile-spec key 'partitioner' for the executorch backend"):
+        parse_spec({"partitioner": ["xnnpack"]})
+    with pytest.raises(ValueError, match=r"'partitioners' must be a list of \['xnnpack'\]"):
+        parse_spec({"partitioners": ["qnn"]})
+    with pytest.raises(ValueError, match="must be {'node': '<FX node name>'}"):
+        parse_spec({"__backendconf_fault__": "mul"})
+
+
+def test_a_bad_blob_is_refused_by_name():
+    header = blob.Header("forward", (True,), (("tensor", "float32"),), (), ("xnnpack",))
+    data = blob.encode(header, b"not a program")
+    assert blob.decode(data) == (header, b"not a program")
+    with pytest.raises(ValueError, match="not an executorch backend blob"):
+        blob.decode(b"\x89BCORT\r\n" + data[8:])
+    with pytest.raises(ValueError, match="CRC-32 mismatch"):
+        blob.decode(data[:-1] + b"X")
+    with pytest.raises(ValueError, match="truncated or padded"):
+        blob.decode(data[:-1])

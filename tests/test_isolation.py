@@ -1,0 +1,207 @@
+"""A backend that crashes, hangs or leaks fails the checks it was in; the run goes on and reports.
+
+Each run is a real pytest run (in a subprocess, so that a regression of the
+isolation could not take this session down) against a backend of
+``broken_backends_isolation.py``, on a few checks to stay cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_backendconf import _child
+
+TESTS_DIR = Path(__file__).parent
+ROOT = TESTS_DIR.parent
+
+@pytest.fixture(autouse=True)
+def in_the_host(monkeypatch):
+    """These runs test the backend host: undo the project's in-process default (tests/conftest.py)."""
+    monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
+
+
+CONFTEST = """
+import sys
+sys.path.insert(0, {tests!r})
+from {module} import {cls}
+
+def backendconf_register_backends(register):
+    register({cls}())
+"""
+
+
+def run(pytester, module: str, cls: str, name: str, select: list[str], *more: str):
+    pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), module=module, cls=cls))
+    result = pytester.runpytest_subprocess(
+        f"--backend={name}", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci", "-rfs",
+        "--backendconf-report=report.json", "--junitxml=junit.xml",
+        *(f"--backendconf-select={s}" for s in select), *more,
+    )
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert (pytester.path / "junit.xml").exists()
+    result.stdout.fnmatch_lines([f"*backendconf: conformance of backend '{name}'*"])
+    return result, {t["id"]: t["outcome"] for t in report["tests"]}
+
+
+def test_a_backend_that_exits_on_its_third_execute_fails_those_checks_and_the_run_goes_on(pytester):
+    result, outcomes = run(
+        pytester, "broken_backends_isolation", "ExitsOnThirdExecute", "exits_on_third_execute",
+        ["backendconf::contract::*[[]small_cnn]", "backendconf::parity::small_cnn[float32]",
+         "backendconf::parity::nested_nml[float32]"],
+    )
+    # Parity calls execute six times: the host dies in each; the contract checks call it once.
+    assert outcomes["backendconf::parity::small_cnn[float32]"] == "failed"
+    assert outcomes["backendconf::parity::nested_nml[float32]"] == "failed"
+    assert {k: v for k, v in outcomes.items() if "contract" in k} == {
+        f"backendconf::contract::{c}[small_cnn]": "passed"
+        for c in ("preprocess_returns_bytes", "preprocess_is_deterministic", "preprocess_leaves_the_program_alone",
+                  "compile_returns_a_handle_per_method", "execute_matches_the_output_spec")
+    }
+    result.stdout.fnmatch_lines([
+        "the backend took down the process running parity::nested_nml[[]float32]: it exited with code 3 before "
+        "answering — in the pytest process this would have ended the whole run.*",
+        "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
+        "inputs [[]float32[[]4, 3]] (backend call * of this check).",
+        "A fresh process runs the next checks.",
+        "the backend took down the process running parity::small_cnn[[]float32]: it exited with code 3*",
+        "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward', "
+        "inputs [[]float32[[]2, 3, 8, 8]] (backend call * of this check).",
+    ])
+    result.stdout.fnmatch_lines(["FAILED backendconf::parity::small_cnn[[]float32] - the backend took down*"])
+
+
+def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pytester):
+    result, outcomes = run(
+        pytester, "broken_backends_isolation", "HangsInExecute", "hangs_in_execute",
+        ["backendconf::contract::preprocess_returns_bytes[nested_nml]", "backendconf::parity::nested_nml[float32]",
+         "backendconf::symbolication::unsupported_node_is_symbolicated[flat]"],
+        "--backendconf-timeout=10",
+    )
+    assert outcomes == {
+        "backendconf::contract::preprocess_returns_bytes[nested_nml]": "passed",
+        "backendconf::parity::nested_nml[float32]": "failed",
+        "backendconf::symbolication::unsupported_node_is_symbolicated[flat]": "passed",
+    }
+    result.stdout.fnmatch_lines([
+        "parity::nested_nml[[]float32] did not finish within 10 s (--backendconf-timeout); the process running it "
+        "was killed.",
+        "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
+        "inputs [[]float32[[]4, 3]] (backend call * of this check).",
+        "its stderr ended with:",
+        # faulthandler's dump, asked for before the kill, shows where it hung.
+        '*File "*broken_backends_isolation.py", line * in execute',
+    ])
+
+
+def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memory_limit(pytester):
+    result, outcomes = run(
+        pytester, "broken_backends_isolation", "Leaks8MBPerCall", "leaks_8mb_per_call",
+        ["backendconf::parity::small_cnn[float32]", "backendconf::reliability::memory_stays_flat*"],
+        "--backendconf-max-rss=900",
+    )
+    assert outcomes == {
+        "backendconf::parity::small_cnn[float32]": "passed",
+        "backendconf::reliability::memory_stays_flat[small_cnn]": "failed",
+        "backendconf::reliability::memory_stays_flat[nested_nml]": "failed",
+    }
+    result.stdout.fnmatch_lines([
+        "the process running reliability::memory_stays_flat[[]small_cnn] was killed: its memory grew past "
+        "--backendconf-max-rss (* MiB > 900 MiB) (from * MiB at the start of this check).",
+        "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward'*",
+    ])
+    # The second one ran in a fresh process, and crossed the limit there again.
+    result.stdout.fnmatch_lines(["*memory_stays_flat[[]nested_nml] was killed: its memory grew past*"])
+
+
+def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_rest_not_applicable(pytester):
+    select = ["backendconf::availability::*", "backendconf::contract::*[[]small_cnn]",
+              "backendconf::parity::small_cnn*", "backendconf::serialization::*[[]small_cnn]",
+              "backendconf::symbolication::unsupported_node_is_symbolicated*"]
+    result, outcomes = run(pytester, "broken_backends", "Unavailable", "unavailable", select)
+    ran = {k for k, v in outcomes.items() if v != "skipped"}
+    assert ran == {
+        "backendconf::availability::host-compile_no-execute_no",
+        "backendconf::availability::host-compile_no-execute_yes",
+        "backendconf::availability::host-compile_yes-execute_no",
+        "backendconf::availability::target-compile_no-execute_no",
+        "backendconf::availability::target-compile_yes-execute_no",
+        "backendconf::contract::preprocess_returns_bytes[small_cnn]",
+        "backendconf::contract::preprocess_is_deterministic[small_cnn]",
+        "backendconf::contract::preprocess_leaves_the_program_alone[small_cnn]",
+        "backendconf::serialization::deterministic_lowering[small_cnn]",
+        "backendconf::symbolication::unsupported_node_is_symbolicated[flat]",
+        "backendconf::symbolication::unsupported_node_is_symbolicated[nested]",
+        "backendconf::symbolication::unsupported_node_is_symbolicated[cond_branch]",
+    }, outcomes
+    assert all(outcomes[k] == "passed" for k in ran), outcomes
+    skipped = len(outcomes) - len(ran)
+    # One line for all of them, with the one reason.
+    result.stdout.fnmatch_lines([
+        f"SKIPPED [[]{skipped}] backendconf: not applicable: backend 'unavailable' is not available here (no "
+        "device in this test); the availability rows and the lowering-side checks ran, the rest need "
+        "is_available() True",
+    ])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pytester):
+    pytester.makeconftest(
+        "import os\n"
+        "from backendconf_reference import ReferenceBackend\n"
+        "if os.environ.get('BACKENDCONF_TEST_IN_HOST') == '1':\n"
+        "    raise RuntimeError('this conftest cannot be imported twice')\n"
+        "os.environ['BACKENDCONF_TEST_IN_HOST'] = '1'\n"
+        "class Mine(ReferenceBackend):\n"
+        "    name = 'mine'\n"
+        "def backendconf_register_backends(register):\n"
+        "    register(Mine())\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
+    )
+    result.assert_outcomes(failed=5)
+    result.stdout.fnmatch_lines([
+        "the suite could not be set up in its child process (the backend host): PluginLoadError: plugin "
+        "'*conftest.py' failed to import in a child process: RuntimeError: this conftest cannot be imported twice*",
+        "*--backendconf-in-process runs them in the pytest process instead.",
+    ])
+    # In the pytest process, the same checks pass.
+    again = pytester.runpytest_subprocess(
+        "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
+        "--backendconf-in-process",
+    )
+    again.assert_outcomes(passed=5)
+
+
+def test_child_process_reports_exit_status_and_timeout():
+    child = _child.ChildProcess("pytest_backendconf._child:Echo", plugins=[])
+    assert child.request({"say": "hello"}, timeout=60) == {"kind": "result", "said": "hello"}
+    ended = child.request({"exit": 7}, timeout=60)
+    assert isinstance(ended, _child.Ended) and ended.returncode == 7
+    assert ended.describe() == "exited with code 7 before answering"
+    child = _child.ChildProcess("pytest_backendconf._child:Echo", plugins=[])
+    ended = child.request({"sleep": 60}, timeout=0.5)
+    assert isinstance(ended, _child.Ended) and ended.timed_out == 0.5
+    assert ended.describe() == "did not answer within 0.5 s and was killed"
+
+
+def test_child_handlers_must_live_in_the_package():
+    with pytest.raises(ValueError, match="a child handler must live in pytest_backendconf"):
+        _child.ChildProcess("os:system")
+
+
+def test_no_pickle_in_the_package():
+    """Child processes and archives exchange JSON and raw tensor bytes only; nothing is unpickled."""
+    pattern = re.compile(r"\b(import\s+(c?pickle|dill|cloudpickle|marshal|shelve)|from\s+(c?pickle|dill|cloudpickle|"
+                         r"marshal|shelve)\s+import|pickle\.|multiprocessing|torch\.load\()")
+    found = []
+    for folder in ("pytest_backendconf", "conformance", "backends"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -360,7 +360,7 @@ class ExtraProcess:
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
         self.keys = [s.key for s in self.scenarios] + [item.key for item in self.lowerings]
         self.workdir = str(ctx.tmp_dir("backendconf-process"))
-        self.blocked = list(_target.blocked_modules(ctx.capabilities.host_only_modules))
+        self.blocked = list(_target.blocked_modules(ctx.capabilities))
         self.timeout = timeout
         self._records: dict[str, dict] = {}
         self._running: str | None = None
@@ -371,7 +371,7 @@ class ExtraProcess:
         self._child = ChildProcess(
             "pytest_backendconf.conformance.availability:ExtraProcessHandler",
             {"backend": ctx.name, "backend_version": ctx.registered.source.version, "workdir": self.workdir},
-            blocked=self.blocked, startup_timeout=timeout, vary_hash_seed=True,
+            blocked=self.blocked, startup_timeout=timeout, vary_hash_seed=True, refuse_tracing=True,
         )
         self._child.send({
             "scenarios": [
@@ -514,16 +514,19 @@ class ExtraProcessHandler:
         self.real = _registry.lookup_backend(options["backend"])
         self.backend_version = options["backend_version"]
         self.workdir = options["workdir"]
+        self.channel = channel
         self.blocker = channel.blocker
-        _target.block_host_only(self.blocker, self.real.name)
+        _target.prepare_target(channel, self.real.name)
 
     def __call__(self, request: dict, channel: Any) -> dict:
         for scenario in request["scenarios"]:
             channel.send({"kind": "started", "key": scenario["key"]})
-            channel.send({"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend)})
-        # The host phase: lifting the blocker lets the compiler and torch's tracing import from here on.
+            channel.send({"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend, channel)})
+        # The host phase: lifting the blocker and the tracing guard lets the compiler and torch's tracing work from here on.
         if self.blocker in sys.meta_path:
             sys.meta_path.remove(self.blocker)
+        if channel.tracing_guard is not None:
+            channel.tracing_guard.lift()
         _registry.set_active_registry(self.registry)
         if request["lowerings"]:
             try:
@@ -539,7 +542,7 @@ class ExtraProcessHandler:
         return {}
 
 
-def _run_scenario(scenario: dict, backend: Any) -> dict:
+def _run_scenario(scenario: dict, backend: Any, channel: Any) -> dict:
     from pytest_backendconf._child import error_record, pack_value, unpack_value
 
     options = scenario["stand_in"]
@@ -548,7 +551,7 @@ def _run_scenario(scenario: dict, backend: Any) -> dict:
     _registry.set_active_registry(_registry_of(backend))
     record: dict[str, Any] = {"loaded": False, "error": None, "outputs": None, "errors": {}}
     try:
-        wrapper = _archive.load(scenario["archive"])
+        wrapper = _target.load_on_target(channel, lambda: _archive.load(scenario["archive"]))
         record["loaded"] = True
     except Exception as exc:
         record["error"] = error_record(exc)
@@ -559,7 +562,7 @@ def _run_scenario(scenario: dict, backend: Any) -> dict:
         values, errors = outputs.setdefault(method, []), record["errors"].setdefault(method, [])
         for args, kwargs in examples:
             try:
-                values.append(getattr(wrapper, method)(*args, **kwargs))
+                values.append(_target.call_on_target(channel, getattr(wrapper, method), args, kwargs))
                 errors.append(None)
             except Exception as exc:
                 values.append(None)

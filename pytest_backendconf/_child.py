@@ -136,6 +136,9 @@ class ChildProcess:
     :param startup_timeout: seconds the child may take to be ready.
     :param vary_hash_seed: give the child a different ``PYTHONHASHSEED`` than
         a pinned one of this process (for checks that results do not depend on it).
+    :param refuse_tracing: a simulated target: ``torch.export.export`` and
+        ``torch.compile`` raise in the child (`TracingCallGuard`, on
+        ``Channel.tracing_guard``) until its handler lifts the guard.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class ChildProcess:
         plugins: Sequence[str] | None = None,
         startup_timeout: float = 120.0,
         vary_hash_seed: bool = False,
+        refuse_tracing: bool = False,
     ) -> None:
         if not handler.startswith(_HANDLER_PACKAGE):
             raise ValueError(f"a child handler must live in {_HANDLER_PACKAGE}*, not {handler!r}")
@@ -181,6 +185,7 @@ class ChildProcess:
             "plugins": [os.path.abspath(p) if is_path(p) else p for p in (active_plugins() if plugins is None else plugins)],
             "handler": handler,
             "options": dict(options or {}),
+            "refuse_tracing": refuse_tracing,
         })
 
     # -- talking ---------------------------------------------------------------------------
@@ -408,6 +413,11 @@ class ImportBlocker(importlib.abc.MetaPathFinder):
     def __init__(self, names: Sequence[str]) -> None:
         self.names = tuple(dict.fromkeys(names))
 
+    def allow(self, names: Sequence[str]) -> None:
+        """Stop blocking exactly ``names`` (a backend's ``target_runtime_modules``)."""
+        allowed = set(names)
+        self.names = tuple(n for n in self.names if n not in allowed)
+
     def add(self, names: Sequence[str]) -> list[str]:
         """Block ``names`` too; return those of them that are imported already."""
         self.names = tuple(dict.fromkeys(self.names + tuple(names)))
@@ -421,6 +431,79 @@ class ImportBlocker(importlib.abc.MetaPathFinder):
         if self.blocks(fullname):
             raise ImportError(f"blocked on the target: {fullname} is host-only", name=fullname)
         return None
+
+
+class TracingCallGuard:
+    """On a simulated target: ``torch.export.export`` and ``torch.compile`` refuse, and each call is recorded.
+
+    A runtime may import one of torch's tracing modules without tracing (a
+    backend declares those in ``capabilities.target_runtime_modules``, and the
+    blocker lets them in), so the import cannot tell a runtime from a compiler;
+    the call can. The guard detects the call: a ``compile`` that re-exports its
+    program or hands it to ``torch.compile`` needs the host. Calls are recorded
+    as well as refused, so a backend that swallows the error is caught by
+    `check`. Installed before the plugins import, so a module that binds
+    ``from torch.export import export`` gets the guarded function; `lift`
+    (the host phase of a child) turns it back into the original, wherever it
+    was bound.
+    """
+
+    ENTRY_POINTS = (("torch.export", "export", "torch.export.export"), ("torch", "compile", "torch.compile"))
+
+    def __init__(self) -> None:
+        #: Named in the error once the child knows which backend it loads.
+        self.backend_name: str | None = None
+        self.calls: list[str] = []
+        self.active = False
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        import torch.export  # noqa: F401  (both owners are in sys.modules from here on)
+
+        for module_name, attr, label in self.ENTRY_POINTS:
+            owner = sys.modules[module_name]
+            original = getattr(owner, attr)
+            self._saved.append((owner, attr, original))
+            setattr(owner, attr, self._guarded(original, label))
+        self.active = True
+
+    def lift(self) -> None:
+        """The host phase: the entry points work again (and are no longer recorded)."""
+        self.active = False
+        for owner, attr, original in reversed(self._saved):
+            setattr(owner, attr, original)
+        self._saved.clear()
+
+    def _guarded(self, original: Callable[..., Any], label: str) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(original)
+        def refuse_on_target(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return original(*args, **kwargs)
+            self.calls.append(label)
+            raise self.error(label)
+
+        return refuse_on_target
+
+    def error(self, labels: str) -> Exception:
+        from .errors import BackendContractError
+
+        who = f"backend {self.backend_name!r}" if self.backend_name else "a backend plugin"
+        return BackendContractError(
+            f"{who} called {labels} on the target; a target loads and runs compiled blobs and does not "
+            "trace: export and compile on the host, in preprocess() (importing a module declared in "
+            "capabilities.target_runtime_modules is fine, calling a tracing entry point is not)"
+        )
+
+    def mark(self) -> int:
+        """A position in the record of calls, for `check`."""
+        return len(self.calls)
+
+    def check(self, since: int = 0) -> None:
+        """Raise if anything called a tracing entry point since ``since`` (even if it caught the error)."""
+        if len(self.calls) > since:
+            raise self.error(", ".join(dict.fromkeys(self.calls[since:])))
 
 
 def install_blocker(names: Sequence[str]) -> ImportBlocker:
@@ -475,11 +558,13 @@ def _import_file(path: str) -> types.ModuleType:
 class Channel:
     """The child's line to its parent: records go out one JSON line each, from any thread."""
 
-    def __init__(self, stream: Any, blocker: ImportBlocker) -> None:
+    def __init__(self, stream: Any, blocker: ImportBlocker, tracing_guard: TracingCallGuard | None = None) -> None:
         self._stream = stream
         self._lock = threading.Lock()
         #: The child's import blocker: handlers add the backend's host-only modules to it.
         self.blocker = blocker
+        #: On a simulated target (``refuse_tracing``): what refuses torch's tracing calls.
+        self.tracing_guard = tracing_guard
 
     def send(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record) + "\n"
@@ -525,6 +610,10 @@ def main() -> int:
             sys.path.append(entry)
     channel = Channel(out, install_blocker(setup.get("blocked", [])))
     try:
+        if setup.get("refuse_tracing"):
+            # Before the plugins: what they bind at import time is the guarded function.
+            channel.tracing_guard = TracingCallGuard()
+            channel.tracing_guard.install()
         import_plugins(setup.get("plugins", []))
         handler = _handler_factory(setup.get("handler", ""))(setup.get("options", {}), channel)
     except Exception as exc:

@@ -72,10 +72,9 @@ tree_map = _pytree.tree_map
 tree_structure = _pytree.tree_structure
 TreeSpec = _pytree.TreeSpec
 
-#: torch's tracing entry points, blocked on a simulated target: ``torch.export.export``,
-#: ``torch.compile`` and dynamo's export import them on first use, and ``import torch``
-#: imports neither (true of 2.4-2.14). Their names are torch-internal module paths.
-TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
+#: torch's tracing entry points (torch-internal module paths), defined beside
+#: ``Capabilities.target_runtime_modules``, which may name them.
+from .capabilities import TRACING_MODULES  # noqa: E402, F401
 
 #: The only frame name ``torch.export`` keeps in a node's ``stack_trace``
 #: (``torch.fx.proxy._filter_traceback_frames`` on 2.4-2.14 keeps frames of

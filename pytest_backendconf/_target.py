@@ -9,11 +9,16 @@ Before anything else the child installs an import blocker for:
 - ``torch._dynamo`` and ``torch.export._trace``, torch's tracing entry points
   (``torch.export.export``, ``torch.compile`` and dynamo's export all import
   them on first use; ``import torch`` itself imports neither, and loading and
-  running an archive needs neither), and
+  running an archive needs neither), except those the backend declares in
+  ``capabilities.target_runtime_modules`` (ExecuTorch's runtime imports
+  ``torch._dynamo`` and traces nothing), and
 - any extra ``blocked_modules``.
 
 Importing a blocked module raises ``ImportError("blocked on the target:
-<module> is host-only")``. The child then imports the plugins that
+<module> is host-only")``. Whatever the blocker lets in, calling
+``torch.export.export`` or ``torch.compile`` on the target fails the load
+or the call (`_child.TracingCallGuard`): importing a tracing module may be a
+runtime's business, a trace never is. The child then imports the plugins that
 registered the backend in the parent (entry points are found as usual),
 loads the archive with `pytest_backendconf.load`, runs the given inputs, and
 sends the outputs back. Inputs and outputs travel in the archive's own
@@ -28,14 +33,24 @@ from typing import Any, Mapping, Sequence
 
 from ._child import ChildProcess, Ended, error_record, tail_text
 from ._child import ImportBlocker, active_plugins, import_plugins, install_blocker, is_path  # noqa: F401  (public names)
+# torch's tracing modules, not needed to load or run an archive: one list, beside target_runtime_modules.
+from .capabilities import TRACING_MODULES
 
-from ._compat import TRACING_MODULES  # torch's tracing entry points: not needed to load or run an archive
 
-
-def blocked_modules(host_only: Sequence[str], extra: Sequence[str] = ()) -> tuple[str, ...]:
+def blocked_modules(capabilities: Any, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """What a simulated target cannot import: the backend's host-only modules, torch's tracing
-    entry points, and ``extra``. Every child that simulates a target asks here."""
-    return tuple(dict.fromkeys([*host_only, *TRACING_MODULES, *extra]))
+    modules less those its runtime imports (``target_runtime_modules``), and ``extra``.
+
+    Every child that simulates a target asks here (``capabilities`` is the
+    backend's `Capabilities`).
+    """
+    return tuple(dict.fromkeys([*capabilities.host_only_modules, *blocked_tracing_modules(capabilities), *extra]))
+
+
+def blocked_tracing_modules(capabilities: Any) -> tuple[str, ...]:
+    """`TRACING_MODULES` less those the backend declares in ``target_runtime_modules``."""
+    allowed = set(capabilities.target_runtime_modules)
+    return tuple(m for m in TRACING_MODULES if m not in allowed)
 
 
 def run_on_target(
@@ -75,7 +90,8 @@ def run_on_target(
         "outputs": {}, "errors": {}, "blocked": list(blocked), "returncode": None, "stderr": "",
     }
     child = ChildProcess(
-        "pytest_backendconf._target:TargetHandler", blocked=blocked, plugins=plugins, startup_timeout=timeout
+        "pytest_backendconf._target:TargetHandler", blocked=blocked, plugins=plugins, startup_timeout=timeout,
+        refuse_tracing=True,
     )
     try:
         reply = child.request({"archive": archive_path, "calls": pack_value(calls, "target inputs")}, timeout=timeout)
@@ -117,25 +133,31 @@ def run_on_target(
 
 def _blocked_for(archive_path: str, extra: Sequence[str]) -> tuple[str, ...]:
     from ._archive import read_archive
+    from .capabilities import Capabilities
     from .errors import ArchiveError
 
-    host_only: tuple[str, ...] = ()
+    capabilities = Capabilities()
     try:
-        host_only = host_only_modules(read_archive(archive_path).backend_name)
+        capabilities = target_capabilities(read_archive(archive_path).backend_name)
     except (ArchiveError, OSError):
         pass  # the child reports the archive's problem itself
-    return blocked_modules(host_only, extra)
+    return blocked_modules(capabilities, extra)
 
 
 def host_only_modules(backend_name: str) -> tuple[str, ...]:
-    """The backend's declared host-only modules, if this process can find the backend.
+    """The backend's declared host-only modules, if this process can find the backend."""
+    return target_capabilities(backend_name).host_only_modules
+
+
+def target_capabilities(backend_name: str) -> Any:
+    """The backend's declared `Capabilities`, if this process can find the backend (else the defaults).
 
     Looks in the active registry, then at the entry point of that name only:
     an unknown backend is the child's to report, without importing every
     other installed backend here.
     """
     from . import _registry
-    from .capabilities import capabilities_of
+    from .capabilities import Capabilities, capabilities_of
 
     found = None
     try:
@@ -146,25 +168,69 @@ def host_only_modules(backend_name: str) -> tuple[str, ...]:
             registry.load_entry_points(select=backend_name)
             found = registry.backends().get(backend_name)
     except Exception:  # a broken plugin is reported by the child, when it loads
-        return ()
-    return capabilities_of(found.backend).host_only_modules if found else ()
+        return Capabilities()
+    return capabilities_of(found.backend) if found else Capabilities()
 
 
-def block_host_only(blocker: ImportBlocker, backend_name: str) -> None:
-    """In a target child, once the plugins are imported: block the backend's host-only modules too.
+def prepare_target(channel: Any, backend_name: str) -> None:
+    """In a target child, once the plugins are imported: fit the blocker to the backend.
 
     The parent may not know the backend (a plugin only the child imports), so
-    the child asks again; importing the backend must not have imported them.
+    the child asks again: the backend's ``target_runtime_modules`` are let in,
+    its host-only modules blocked (importing the backend must not have
+    imported them), and the tracing guard names it.
     """
     from .errors import BackendContractError
 
-    already = blocker.add(host_only_modules(backend_name))
+    capabilities = target_capabilities(backend_name)
+    channel.blocker.allow(capabilities.target_runtime_modules)
+    already = channel.blocker.add(capabilities.host_only_modules)
+    if channel.tracing_guard is not None:
+        channel.tracing_guard.backend_name = backend_name
     if already:
         raise BackendContractError(
             f"importing backend {backend_name!r} imported its host-only module(s) "
             f"{', '.join(already)}; a target does not have them, so the backend may import them "
             "only inside preprocess()"
         )
+
+
+def load_on_target(channel: Any, load: Any) -> Any:
+    """``load()`` (the archive's ``instantiate``) on the target; a trace during it fails the load."""
+    guard = channel.tracing_guard
+    mark = guard.mark() if guard is not None else 0
+    try:
+        loaded = load()
+    except Exception as exc:
+        if guard is not None:
+            # The trace is the cause, not the "damaged blob" the load's wrapping would suggest.
+            _raise_traced(guard, mark, exc)
+        raise
+    if guard is not None:
+        guard.check(mark)  # also when compile() caught the guard's error and went on
+    return loaded
+
+
+def call_on_target(channel: Any, method: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> Any:
+    """One call of a loaded method on the target; a trace during it fails the call."""
+    guard = channel.tracing_guard
+    mark = guard.mark() if guard is not None else 0
+    try:
+        value = method(*args, **(kwargs or {}))
+    except Exception as exc:
+        if guard is not None:
+            _raise_traced(guard, mark, exc)
+        raise
+    if guard is not None:
+        guard.check(mark)
+    return value
+
+
+def _raise_traced(guard: Any, mark: int, exc: Exception) -> None:
+    try:
+        guard.check(mark)
+    except Exception as traced:
+        raise traced from exc
 
 
 # --- the child ------------------------------------------------------------------------------------
@@ -174,6 +240,7 @@ class TargetHandler:
     """In the child: load one archive with the blocker in place and make the calls."""
 
     def __init__(self, options: Mapping[str, Any], channel: Any) -> None:
+        self.channel = channel
         self.blocker = channel.blocker
 
     def __call__(self, request: Mapping[str, Any], channel: Any) -> dict[str, Any]:
@@ -187,9 +254,9 @@ class TargetHandler:
         try:
             archive = read_archive(request["archive"])
             reply["backend"], reply["methods"] = archive.backend_name, list(archive.methods)
-            block_host_only(self.blocker, archive.backend_name)
+            prepare_target(self.channel, archive.backend_name)
             reply["blocked"] = list(self.blocker.names)
-            wrapper = archive.instantiate()
+            wrapper = load_on_target(self.channel, archive.instantiate)
             reply["loaded"] = True
         except Exception as exc:
             reply["error"] = error_record(exc)
@@ -200,7 +267,7 @@ class TargetHandler:
             records = reply["results"].setdefault(method, [])
             for args in arg_tuples:
                 try:
-                    outputs.setdefault(method, []).append(getattr(wrapper, method)(*args))
+                    outputs.setdefault(method, []).append(call_on_target(self.channel, getattr(wrapper, method), args))
                     records.append(None)
                 except Exception as exc:
                     records.append(error_record(exc))

@@ -7,7 +7,9 @@ from typing import Any, Mapping
 
 
 #: torch's tracing entry points, blocked on the simulated target unless a
-#: backend names them in ``target_runtime_modules``.
+#: backend names them in ``target_runtime_modules``: ``torch.export.export``,
+#: ``torch.compile`` and dynamo's export import them on first use, and
+#: ``import torch`` imports neither (true of torch 2.4-2.14).
 TRACING_MODULES = ("torch._dynamo", "torch.export._trace")
 
 

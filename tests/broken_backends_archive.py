@@ -6,6 +6,7 @@ and tests/test_suite_serialization.py prove that exactly those fail.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import os
@@ -25,6 +26,24 @@ class CompilerNeededOnTarget(ReferenceBackend):
 
     def compile(self, processed, method_compile_spec):
         importlib.import_module("backendconf_reference.compiler")  # "to validate the blob"
+        return super().compile(processed, method_compile_spec)
+
+
+class ReexportsOnTarget(ReferenceBackend):
+    """compile() re-exports the program on the target; its runtime imports torch._dynamo, and declares it.
+
+    The declared module is let in, so the import gives nothing away: the call does.
+    Fails: serialization target_round_trip[*] (and the availability target rows).
+    """
+
+    name = "reexports_on_target"
+    capabilities = dataclasses.replace(ReferenceBackend.capabilities, target_runtime_modules=("torch._dynamo",))
+
+    def compile(self, processed, method_compile_spec):
+        import torch._dynamo
+
+        # "check the blob against a fresh trace of the program"
+        torch.export.export(torch.nn.ReLU(), (torch.ones(2),))
         return super().compile(processed, method_compile_spec)
 
 

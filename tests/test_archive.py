@@ -23,12 +23,21 @@ _OPS = {
 class TinyBackend:
     """A real, small backend: preprocess writes a JSON op list, execute interprets it."""
 
-    def __init__(self, name: str = "tiny", *, available: bool = True, leaky: bool = False) -> None:
+    def __init__(
+        self, name: str = "tiny", *, available: bool = True, leaky: bool = False,
+        runtime_modules: tuple[str, ...] = (), traces: str = "",
+    ) -> None:
         self.name = name
         self.available = available
         self.leaky = leaky
-        # colorsys stands in for a vendor's compiler: only preprocess may import it.
-        self.capabilities = bc.Capabilities(host_only_modules=("colorsys",), fault_injection=True)
+        # "compile" or "execute": that step calls torch.compile / torch.export.export (a bug on a target).
+        self.traces = traces
+        # colorsys stands in for a vendor's compiler: only preprocess may import it. (torch._dynamo
+        # imports it through sympy and mpmath: a runtime importing torch._dynamo gets tabnanny instead.)
+        self.capabilities = bc.Capabilities(
+            host_only_modules=("tabnanny",) if runtime_modules else ("colorsys",), fault_injection=True,
+            target_runtime_modules=runtime_modules,
+        )
 
     def is_available(self) -> bool:
         return self.available
@@ -64,9 +73,18 @@ class TinyBackend:
                     failures.append(str(exc))
             if failures:
                 raise ImportError("; ".join(failures))
+        if self.capabilities.target_runtime_modules:
+            import torch._dynamo
+        if self.traces == "compile":
+            try:  # "warm up with torch.compile when it is there": the error is swallowed, the call still counts
+                torch.compile(torch.nn.ReLU())(torch.ones(1))
+            except Exception:
+                pass
         return {name: json.loads(blob) for name, blob in processed.items()}
 
     def execute(self, handle, inputs):
+        if self.traces == "execute":  # "check against a fresh trace"
+            torch.export.export(torch.nn.ReLU(), (torch.ones(1),))
         env = dict(zip(handle["inputs"], inputs))
         for op, name, args, debug_handle in handle["ops"]:
             if name == handle["fault"]:
@@ -78,10 +96,14 @@ class TinyBackend:
 TINY = TinyBackend()
 TINY_OFF = TinyBackend("tiny_off", available=False)
 TINY_LEAKY = TinyBackend("tiny_leaky", leaky=True)
+# Runtimes that import torch._dynamo and declare it: the first is fine on a target, the others trace there.
+TINY_RUNTIME = TinyBackend("tiny_runtime", runtime_modules=("torch._dynamo",))
+TINY_COMPILES = TinyBackend("tiny_compiles", runtime_modules=("torch._dynamo",), traces="compile")
+TINY_EXPORTS = TinyBackend("tiny_exports", runtime_modules=("torch._dynamo",), traces="execute")
 
 
 def backendconf_register_backends(register):
-    for backend in (TINY, TINY_OFF, TINY_LEAKY):
+    for backend in (TINY, TINY_OFF, TINY_LEAKY, TINY_RUNTIME, TINY_COMPILES, TINY_EXPORTS):
         register(backend)
 
 

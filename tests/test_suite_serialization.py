@@ -106,6 +106,17 @@ def test_a_backend_whose_compile_needs_the_host_compiler_fails_the_target_round_
     ])
 
 
+def test_a_backend_whose_compile_reexports_on_the_target_fails_though_its_runtime_modules_are_declared(pytester):
+    outcomes, result = run_checks(pytester, "reexports_on_target", registering("ReexportsOnTarget"), "round_trip[[]nested_output]", "target_round_trip[[]nested_output]")
+    assert outcomes == {"round_trip[nested_output]": "passed", "target_round_trip[nested_output]": "failed"}
+    # torch._dynamo is let in (declared); the call of torch.export.export is what fails the load.
+    result.stdout.fnmatch_lines([
+        "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
+        "torch.export._trace blocked): BackendContractError: backend 'reexports_on_target' called "
+        "torch.export.export on the target; a target loads and runs compiled blobs and does not trace*",
+    ])
+
+
 # Defects in the archive code itself: the checks must catch those too.
 UNSTABLE_ARCHIVE = """
     import itertools

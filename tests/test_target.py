@@ -10,7 +10,8 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _archive, _target
-from test_archive import ALL_INPUTS, ALL_METHODS, TINY_LEAKY, TINY_OFF, X, Y, N, TinyBackend, lower
+from test_archive import ALL_INPUTS, ALL_METHODS, TINY_COMPILES, TINY_EXPORTS, TINY_LEAKY, TINY_OFF, TINY_RUNTIME
+from test_archive import X, Y, N, TinyBackend, lower
 from test_archive import registry  # noqa: F401  (the module-scoped fixture: this module's backends)
 
 TEST_ARCHIVE_FILE = sys.modules[TinyBackend.__module__].__file__
@@ -42,6 +43,9 @@ def runs(tmp_path_factory, registry):  # noqa: F811
         "main": (archive("main", main), {"forward": [(X,), (Y,)], "pair": [(X, Y)], "boom": [(X,)]}, {}),
         "off": (archive("off", lower(TINY_OFF)), {"forward": [(X,)]}, {"plugins": [TEST_ARCHIVE_FILE]}),
         "leaky": (archive("leaky", lower(TINY_LEAKY)), {}, {"plugins": [TEST_ARCHIVE_FILE]}),
+        "runtime": (archive("runtime", lower(TINY_RUNTIME)), {"forward": [(X,)]}, {}),
+        "compiles": (archive("compiles", lower(TINY_COMPILES)), {"forward": [(X,)]}, {}),
+        "exports": (archive("exports", lower(TINY_EXPORTS)), {"forward": [(X,)]}, {}),
         # A plugin that takes the process down on import: a crash, cheaply (no torch import).
         "crash": (archive("crash", lower()), {}, {"plugins": [str(crashing_plugin)]}),
         "ghost": (archive("ghost", lower(TinyBackend("tiny_ghost"))), {}, {"plugins": []}),
@@ -95,6 +99,58 @@ def test_host_only_and_tracing_modules_are_blocked(runs):
     assert error["type"] == "BackendContractError"
     for module in ("colorsys", "torch.export._trace", "torch._dynamo"):
         assert f"blocked on the target: {module} is host-only" in error["message"]
+
+
+def test_declared_runtime_modules_are_let_in_but_tracing_calls_are_not(runs):
+    runtime = runs["runtime"]
+    assert runtime["ok"], runtime
+    assert runtime["blocked"] == ["tabnanny", "torch.export._trace"]  # torch._dynamo: declared, imported
+    torch.testing.assert_close(runtime["outputs"]["forward"][0], N()(X))
+    # compile() calls torch.compile and swallows the error: the load still fails, naming the call.
+    compiles = runs["compiles"]
+    assert not compiles["loaded"] and compiles["error"]["type"] == "BackendContractError"
+    assert compiles["error"]["message"].startswith(
+        "backend 'tiny_compiles' called torch.compile on the target; a target loads and runs compiled blobs "
+        "and does not trace: export and compile on the host, in preprocess()"
+    )
+    # execute() re-exports: the load passes, the call fails.
+    exports = runs["exports"]
+    assert exports["loaded"] and exports["outputs"]["forward"] == [None]
+    error = exports["errors"]["forward"][0]
+    assert error["type"] == "BackendContractError"
+    assert error["message"].startswith("backend 'tiny_exports' called torch.export.export on the target")
+
+
+def test_blocked_modules_leave_out_only_declared_tracing_modules():
+    strict = bc.Capabilities(host_only_modules=("vendor.compiler",))
+    executorch_like = bc.Capabilities(host_only_modules=("vendor.compiler",), target_runtime_modules=("torch._dynamo",))
+    assert _target.blocked_modules(strict) == ("vendor.compiler", "torch._dynamo", "torch.export._trace")
+    assert _target.blocked_modules(executorch_like, ["extra"]) == ("vendor.compiler", "torch.export._trace", "extra")
+
+
+def test_tracing_call_guard_records_the_call_and_lifts_everywhere():
+    from pytest_backendconf._child import TracingCallGuard
+
+    original = torch.compile
+    guard = TracingCallGuard()
+    guard.install()
+    try:
+        bound = torch.export.export  # as a module that did "from torch.export import export" on the target
+        guard.backend_name = "mybackend"
+        with pytest.raises(bc.BackendContractError, match="backend 'mybackend' called torch.compile on the target"):
+            torch.compile(torch.nn.ReLU())
+        mark = guard.mark()
+        try:
+            bound(torch.nn.ReLU(), (torch.ones(2),))
+        except Exception:
+            pass  # swallowed: check() still sees the call
+        with pytest.raises(bc.BackendContractError, match=r"called torch\.export\.export on the target"):
+            guard.check(mark)
+    finally:
+        guard.lift()
+    assert torch.compile is original
+    # The host phase: what was bound on the target works again.
+    assert isinstance(bound(torch.nn.ReLU(), (torch.ones(2),)), torch.export.ExportedProgram)
 
 
 def test_unavailable_backend_on_the_target(runs):

@@ -93,19 +93,16 @@ def try_load(pte: bytes, method: str) -> tuple[str | None, str]:
 def load(blob: bytes) -> "CompiledMethod":
     """Decode a blob and load its method; ``ValueError`` if either fails."""
     header, pte = blob_format.decode(blob)
-    problem, log = try_load_method(pte, header.method)
-    if isinstance(problem, str):
-        raise ValueError(f"ExecuTorch's runtime cannot load the method: {problem}; runtime log: {log.strip()[-500:]}")
-    return CompiledMethod(header, problem)
-
-
-def try_load_method(pte: bytes, method: str) -> tuple[Any, str]:
-    """``(Method, "")`` or ``(problem text, native log)``."""
     try:
-        return the_runtime().load_program(pte).load_method(method), ""
+        program = the_runtime().load_program(pte)
+        method = program.load_method(header.method)
     except Exception:
-        problem, log = try_load(pte, method)  # again, with the log captured, for the message
-        return problem or "load_method failed", log
+        problem, log = try_load(pte, header.method)  # again, with the log captured, for the message
+        raise ValueError(
+            f"ExecuTorch's runtime cannot load the method: {problem or 'load_method failed'}; "
+            f"runtime log: {log.strip()[-500:]}"
+        ) from None
+    return CompiledMethod(header, method, keep=(pte, program))
 
 
 class CompiledMethod:
@@ -115,9 +112,11 @@ class CompiledMethod:
     one method take turns (a lock); different methods run in parallel.
     """
 
-    def __init__(self, header: blob_format.Header, method: Any) -> None:
+    def __init__(self, header: blob_format.Header, method: Any, keep: tuple = ()) -> None:
         self.header = header
         self.method = method
+        # The Method points into its Program and the .pte bytes: they must live as long as it does.
+        self._keep = keep
         self._lock = threading.Lock()
         self._dtypes = [getattr(torch, v) if k == "tensor" else None for k, v in header.outputs]
 

@@ -73,6 +73,9 @@ class Settings:
     threads: int = 1
     #: Also run the suite with OMP_NUM_THREADS=1, to show what threads cost it.
     suite_one_thread: bool = False
+    #: The four-engine comparison (``bench_peers``: eager, reference, ONNX Runtime,
+    #: ExecuTorch XNNPACK); it lowers every benchmark model with each installed backend.
+    run_peers: bool = True
 
     @classmethod
     def full(cls) -> "Settings":
@@ -91,7 +94,7 @@ class Settings:
         """For tests: every figure computed once, as fast as possible."""
         return cls("tiny", rounds=2, round_time=0.0005, group_budget=0.1, scaling_sizes=(10, 100),
                    scaling_rounds=1, archive_chain=50, symbolicate_handles=1_000, suite_select=None,
-                   run_suite=False)
+                   run_suite=False, run_peers=False)
 
 
 @dataclasses.dataclass
@@ -586,7 +589,32 @@ def machine() -> dict[str, Any]:
     }
 
 
-SECTIONS = ("call", "suite", "archive", "scaling")
+SECTIONS = ("call", "suite", "archive", "scaling", "peers")
+#: The last four-engine measurement of this process (``bench_peers.measure``), for its table.
+PEERS: dict[str, Any] = {}
+
+
+def peer_figures(settings: Settings) -> list[Figure]:
+    """Per model and engine: call latency (×eager in the detail) and lowering CPU time; see bench_peers."""
+    import bench_peers
+
+    result = bench_peers.measure(settings, lowering_rounds=1 if settings.name != "full" else 3)
+    PEERS.clear()
+    PEERS.update(result)
+    labels = dict(bench_peers.BACKENDS) | {"eager": "eager"}
+    figures = []
+    for model, row in result["models"].items():
+        eager = row["latency_s"]["eager"]
+        for engine in result["engines"]:
+            latency = row["latency_s"][engine]
+            figures.append(Figure(f"peers.{model}.{engine}.call_us", f"{model}: {labels[engine]} call", latency * 1e6,
+                                  "µs", "—", INFO, "" if engine == "eager" else f"{latency / eager:.2f}× eager"))
+            if engine != "eager":
+                figures.append(Figure(f"peers.{model}.{engine}.lowering_s", f"{model}: {labels[engine]} lowering",
+                                      row["lowering_cpu_s"][engine], "s CPU", "—", INFO, "to_backend, minimum"))
+    for engine, why in result["unavailable"].items():
+        figures.append(Figure(f"peers.{engine}", f"{labels[engine]}: not measured", None, "", "—", SKIPPED, why))
+    return figures
 
 
 def collect(settings: Settings, sections: Iterable[str] = SECTIONS, progress: Callable[[str], None] = lambda s: None) -> list[Figure]:
@@ -621,6 +649,9 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
         if "suite" in sections:
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)
+        if "peers" in sections and settings.run_peers:
+            progress("four engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK")
+            figures += peer_figures(settings)
 
 
 def render(figures: list[Figure], info: dict[str, Any], settings: Settings) -> str:
@@ -669,6 +700,10 @@ def main(argv: list[str] | None = None) -> int:
     info["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     info["seconds"] = round(time.perf_counter() - started, 1)
     print(render(figures, info, settings))
+    if PEERS:
+        import bench_peers
+
+        print("\n" + bench_peers.render(PEERS))
     print(f"(whole run {info['seconds']} s; load average at end "
           f"{', '.join(f'{x:.2f}' for x in info['load_average_end'] or [])})")
     if args.json:

@@ -106,9 +106,9 @@ def test_a_bad_blob_is_refused_by_name():
     header = blob.Header("forward", (True,), (("tensor", "float32"),), (), ("xnnpack",))
     data = blob.encode(header, b"not a program")
     assert blob.decode(data) == (header, b"not a program")
-    with pytest.raises(ValueError, match="not an executorch backend blob"):
+    with pytest.raises(ValueError, match="not a valid executorch backend blob"):
         blob.decode(b"\x89BCORT\r\n" + data[8:])
-    with pytest.raises(ValueError, match="CRC-32 mismatch"):
+    with pytest.raises(ValueError, match="CRC-32 checksum mismatch"):
         blob.decode(data[:-1] + b"X")
     with pytest.raises(ValueError, match="truncated or padded"):
         blob.decode(data[:-1])

@@ -229,9 +229,9 @@ def test_fault_in_a_cond_branch_fires_only_when_the_branch_runs():
 def test_a_corrupt_blob_is_a_value_error_naming_the_method():
     good = OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),)))
     bad = good[:-10] + bytes(10)
-    with pytest.raises(ValueError, match=r"method 'forward': blob checksum mismatch"):
+    with pytest.raises(ValueError, match=r"method 'forward': onnxruntime backend blob is corrupt: CRC-32 checksum mismatch"):
         OnnxRuntimeBackend().compile({"forward": bad}, {"forward": {}})
-    with pytest.raises(ValueError, match="not an onnxruntime backend blob"):
+    with pytest.raises(ValueError, match="not a valid onnxruntime backend blob"):
         OnnxRuntimeBackend().compile({"forward": b"\x89BCREF\r\n" + bytes(40)}, {"forward": {}})
 
 

@@ -7,10 +7,8 @@ from an untrusted file: no pickle, the lengths and the CRC-32 are checked,
 and a bad blob raises ``ValueError`` naming the problem. Reading one needs
 neither ``executorch.exir`` nor the runtime.
 
-Layout (integers little-endian)::
-
-    magic b"\\x89BCET\\r\\n\\x1a" | u32 format version | u32 CRC-32 of the rest
-    | u64 header length | u64 program length | header (UTF-8 JSON) | program (.pte)
+The frame is `pytest_backendconf.blobs` (magic ``b"\\x89BCET\\r\\n\\x1a"``,
+format version, CRC-32, JSON header), the payload the ``.pte``.
 
 The header says which flat user inputs the ExecuTorch method takes, what
 each user output is (a tensor of a dtype, or a constant), for every
@@ -21,15 +19,13 @@ what it is (a kernel or a delegate), and the injected fault, if any.
 from __future__ import annotations
 
 import dataclasses
-import json
-import struct
-import zlib
 from typing import Any
+
+from pytest_backendconf.blobs import pack_blob, unpack_blob
 
 MAGIC = b"\x89BCET\r\n\x1a"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<8sIIQQ")
 #: dtype names the header may use (torch's, without the ``torch.`` prefix).
 DTYPES = frozenset(
     {"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"}
@@ -82,38 +78,17 @@ class Header:
 
 def encode(header: Header, program: bytes) -> bytes:
     """The blob of one method."""
-    head = json.dumps(header.to_json(), sort_keys=True, separators=(",", ":")).encode("utf-8")
-    rest = head + program
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, zlib.crc32(rest), len(head), len(program)) + rest
+    return pack_blob(MAGIC, FORMAT_VERSION, header.to_json(), program)
 
 
 def decode(blob: Any) -> tuple[Header, bytes]:
     """``(header, .pte bytes)`` of a blob; ``ValueError`` naming what is wrong."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise ValueError(f"an executorch backend blob must be bytes, not {type(blob).__name__}")
-    blob = bytes(blob)
-    if len(blob) < _PREFIX.size or blob[:8] != MAGIC:
-        raise ValueError("not an executorch backend blob (bad magic); was it written by another backend?")
-    _, version, crc, head_len, program_len = _PREFIX.unpack_from(blob)
-    if version > FORMAT_VERSION:
-        raise ValueError(
-            f"executorch backend blob format {version} is newer than this reader ({FORMAT_VERSION}); "
-            "upgrade backendconf-executorch"
-        )
-    rest = blob[_PREFIX.size:]
-    if len(rest) != head_len + program_len:
-        raise ValueError(
-            f"executorch backend blob is truncated or padded: {len(rest)} bytes after the prefix, "
-            f"expected {head_len + program_len}"
-        )
-    if zlib.crc32(rest) != crc:
-        raise ValueError("executorch backend blob is corrupt: CRC-32 mismatch")
+    raw, program = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="executorch backend blob", upgrade="backendconf-executorch")
     try:
-        raw = json.loads(rest[:head_len].decode("utf-8"))
         header = _header(raw)
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"executorch backend blob has a malformed header: {exc}") from exc
-    return header, rest[head_len:]
+    return header, program
 
 
 def _header(raw: dict[str, Any]) -> Header:

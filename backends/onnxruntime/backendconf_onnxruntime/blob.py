@@ -7,10 +7,8 @@ length and CRC-32 of every part are checked, and a bad blob raises
 ``ValueError`` naming the problem. Neither ``onnx`` nor ``torch.onnx`` is
 needed to read one.
 
-Layout (integers little-endian)::
-
-    magic b"\\x89BCORT\\r\\n" | u32 format version | u32 CRC-32 of the rest
-    | u64 header length | u64 model length | header (UTF-8 JSON) | model (ONNX)
+The frame is `pytest_backendconf.blobs` (magic ``b"\\x89BCORT\\r\\n"``,
+format version, CRC-32, JSON header), the payload the ONNX model.
 
 The header (`Header`) says, per flat user input, whether it is fed to the
 model and how; per user output, where it comes from and its dtype and
@@ -21,16 +19,13 @@ and the injected fault, if any.
 from __future__ import annotations
 
 import dataclasses
-import json
-import struct
-import zlib
 from typing import Any
+
+from pytest_backendconf.blobs import pack_blob, unpack_blob
 
 MAGIC = b"\x89BCORT\r\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-
-_PREFIX = struct.Struct("<8sIIQQ")
 #: dtype names the header may use (torch's, without the ``torch.`` prefix).
 DTYPES = frozenset(
     {"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"}
@@ -88,40 +83,17 @@ class Header:
 
 def encode(header: Header, model: bytes) -> bytes:
     """The blob of one method; the same arguments give the same bytes."""
-    text = json.dumps(_header_to_json(header), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    head = text.encode("utf-8")
-    body = head + model
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, zlib.crc32(body), len(head), len(model))
-    return prefix + body
+    return pack_blob(MAGIC, FORMAT_VERSION, _header_to_json(header), model)
 
 
 def decode(blob: bytes) -> tuple[Header, bytes]:
     """Check and split a blob; ``ValueError`` naming the problem if it is not one."""
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise ValueError(f"an onnxruntime blob must be bytes, not {type(blob).__name__}")
-    blob = bytes(blob)
-    if len(blob) < _PREFIX.size or not blob.startswith(MAGIC):
-        raise ValueError("not an onnxruntime backend blob (bad magic or too short)")
-    _, version, crc, head_len, model_len = _PREFIX.unpack_from(blob)
-    if version > FORMAT_VERSION:
-        raise ValueError(
-            f"blob format version {version} is newer than this reader ({FORMAT_VERSION}); "
-            "upgrade backendconf-onnxruntime"
-        )
-    body = blob[_PREFIX.size:]
-    if len(body) != head_len + model_len:
-        raise ValueError(
-            f"blob is truncated or padded: {len(body)} bytes after the prefix, "
-            f"expected {head_len} (header) + {model_len} (model)"
-        )
-    if zlib.crc32(body) != crc:
-        raise ValueError("blob checksum mismatch: the blob is corrupt")
+    data, model = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="onnxruntime backend blob", upgrade="backendconf-onnxruntime")
     try:
-        data = json.loads(body[:head_len].decode("utf-8"))
         header = _header_from_json(data)
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"blob header is malformed: {exc}") from None
-    return header, body[head_len:]
+        raise ValueError(f"onnxruntime backend blob has a malformed header: {exc}") from None
+    return header, model
 
 
 # --- JSON ------------------------------------------------------------------------

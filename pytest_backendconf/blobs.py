@@ -1,0 +1,71 @@
+"""A checked frame for a backend's blob: a JSON header and an engine's payload, safe to read.
+
+A backend's ``preprocess`` returns bytes that an archive stores and that
+``compile`` later reads, maybe from an untrusted file on a target. Most
+backends need the same frame around their engine's own format (an ONNX
+model, an ExecuTorch ``.pte``): a magic, a format version that a reader
+refuses when it is newer than itself, a CRC-32, and a JSON header with the
+tables the runtime side needs. `pack_blob` and `unpack_blob` are that frame,
+so that each backend does not write (and test) the same length and checksum
+code again. Layout (integers little-endian)::
+
+    magic (8 bytes) | u32 format version | u32 CRC-32 of the rest
+    | u64 header length | u64 payload length | header (UTF-8 JSON) | payload
+
+The header is written with sorted keys and no whitespace, so the same
+arguments give the same bytes in every process. Reading never executes
+anything (no pickle); every problem is a ``ValueError`` naming the blob's
+kind and what is wrong, which ``compile`` passes on.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any, Mapping
+
+_PREFIX = struct.Struct("<8sIIQQ")
+
+
+def pack_blob(magic: bytes, version: int, header: Mapping[str, Any], payload: bytes) -> bytes:
+    """The framed blob of ``header`` (JSON-compatible, no NaN) and ``payload``.
+
+    :param magic: exactly 8 bytes that say whose blob this is.
+    :param version: the format version of the header and payload.
+    """
+    if len(magic) != 8:
+        raise ValueError(f"a blob magic is 8 bytes, not {len(magic)} ({magic!r})")
+    head = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    rest = head + bytes(payload)
+    return _PREFIX.pack(magic, version, zlib.crc32(rest), len(head), len(payload)) + rest
+
+
+def unpack_blob(blob: Any, magic: bytes, version: int, *, kind: str, upgrade: str) -> tuple[Any, bytes]:
+    """``(header, payload)`` of a blob written by `pack_blob`; ``ValueError`` naming what is wrong.
+
+    :param version: the newest format version this reader knows; newer blobs are refused.
+    :param kind: what the messages call the blob, e.g. ``"executorch backend blob"``.
+    :param upgrade: what to upgrade when a blob is newer than this reader (a distribution name).
+    """
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError(f"the {kind} must be bytes, not {type(blob).__name__}")
+    blob = bytes(blob)
+    if len(blob) < _PREFIX.size or blob[:8] != magic:
+        raise ValueError(f"not a valid {kind} (bad magic or too short); was it written by another backend?")
+    _, found, crc, head_len, payload_len = _PREFIX.unpack_from(blob)
+    if found > version:
+        raise ValueError(f"{kind} format {found} is newer than this reader ({version}); upgrade {upgrade}")
+    rest = blob[_PREFIX.size:]
+    if len(rest) != head_len + payload_len:
+        raise ValueError(
+            f"{kind} is truncated or padded: {len(rest)} bytes after the prefix, "
+            f"expected {head_len} (header) + {payload_len} (payload)"
+        )
+    if zlib.crc32(rest) != crc:
+        raise ValueError(f"{kind} is corrupt: CRC-32 checksum mismatch")
+    try:
+        header = json.loads(rest[:head_len].decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{kind} has a malformed header: {exc}") from None
+    return header, rest[head_len:]

@@ -47,9 +47,10 @@ def checks(ctx: Any) -> Iterator[Check]:
     for name, dtype in cases:
         if name in spec["deterministic_cases"]:
             yield _check(check_deterministic_lowering, name, dtype, "preprocess")
-    from . import _dynamic_archives
+    from . import _dynamic_archives, backend_versions
 
     yield from _dynamic_archives.checks(ctx)
+    yield from backend_versions.checks(ctx)
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any, Iterable, Iterator
 
-from . import _source
+from . import _exec_sources, _source
 
 HERE = " <--- HERE"
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+?)\s*$')
@@ -135,6 +135,9 @@ def format_unsupported(info: DebugInfo, reason: str) -> str:
     lines = [f"The node of {info.op} is not supported in this compiler. Source code:"]
     if info.frames:
         lines.append(info.frames[-1].render())
+        if not info.frames[-1].source:
+            # Code without a file (exec'd strings): keep the frame, say which op it is.
+            lines.append(f"    (no source text for this file; the node is {info.op})")
     else:
         lines.append("  (no source recorded for this node)")
     if reason:
@@ -267,7 +270,7 @@ def _parse_stack_trace(text: str | None) -> Iterator[Frame]:
         match = _FRAME_LINE.match(line)
         if not match:
             continue
-        file = match["file"]
+        file = _exec_sources.user_file(match["file"])
         if _is_generated(file) or _is_torch_internal(file):
             continue
         code = None
@@ -299,7 +302,7 @@ def _with_columns(frames: list[Frame], hierarchy: tuple[tuple[str, str], ...], o
             else:
                 callees = [callee]
         span = None
-        if frame.source is not None and not frame.file.startswith("<"):
+        if frame.source is not None:  # linecache has notebook cells and REPL input too
             span = _source.expression_span(
                 frame.file, frame.line, op=base if innermost else None, callees=callees, occurrence=nth
             )
@@ -310,8 +313,12 @@ def _with_columns(frames: list[Frame], hierarchy: tuple[tuple[str, str], ...], o
 
 
 def _is_generated(file: str) -> bool:
-    # "<eval_with_key>.12", "<string>", "<torch_package_0>...": code with no file of its own.
-    return file.startswith("<")
+    # FX's generated forward ("<eval_with_key>.12") and frozen stdlib modules are not the
+    # user's code; "<string>" (exec), "<stdin>" and "<ipython-input-3-…>" cells are.
+    return file.startswith(_GENERATED)
+
+
+_GENERATED = ("<eval_with_key>", "<frozen ")
 
 
 def _is_torch_internal(file: str) -> bool:

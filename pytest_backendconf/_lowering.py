@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 import torch.nn.modules.module as _module_hooks
 
-from . import _compat, _shapes
+from . import _compat, _exec_sources, _shapes
 from . import _structure as structure
 from ._debug_handles import DebugHandleRecorder
 from ._program_io import user_inputs, user_outputs
@@ -123,6 +123,10 @@ def lower_programs(
     Every call issues fresh debug handles, so two lowerings of the same
     programs never share a handle.
     """
+    from ._versions import declared_version
+
+    # The backend's own `version` names its blob format better than its distribution's.
+    backend_version = declared_version(backend, backend_version)
     methods: dict[str, MethodSpec] = {}
     blobs: dict[str, bytes] = {}
     debug: dict[int, DebugInfo] = {}
@@ -600,7 +604,7 @@ def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict, **optio
     if name != "forward":
         work.__class__ = _class_exporting(original, name)
     try:
-        with _EXPORT_LOCK:
+        with _EXPORT_LOCK, _exec_sources.traceable(work):
             return _compat.export(work, args, kwargs, **options)
     except Exception as exc:
         raise LoweringError(

@@ -29,6 +29,7 @@ from ._debug_table import decode_debug
 from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
 from ._tensor_codec import ITEMSIZE, tensor_from_checked
+from ._versions import check_blob_version
 from .errors import (
     ArchiveBackendError,
     ArchiveChecksumError,
@@ -109,6 +110,7 @@ class Archive:
                     f"{self.where(MANIFEST)}: the archive was lowered for backend {self.backend_name!r}, "
                     f"which cannot be used here: {exc}"
                 ) from None
+        check_blob_version(backend, self.backend_version, self.where(MANIFEST))
         try:
             lowered = LoweredModule(
                 backend,

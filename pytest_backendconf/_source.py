@@ -13,7 +13,6 @@ line is the fallback.
 from __future__ import annotations
 
 import ast
-import functools
 import linecache
 from typing import Iterable
 
@@ -113,14 +112,29 @@ def _single_line_nodes(file: str, line: int) -> list[ast.AST]:
     return _nodes_by_line(file).get(line, [])
 
 
-@functools.lru_cache(maxsize=256)
 def _nodes_by_line(file: str) -> dict[int, list[ast.AST]]:
     """Expression nodes that start and end on one line, in evaluation order."""
     lines = linecache.getlines(file)
     if not lines:
         return {}
+    # Keyed by the very list linecache holds, not by the name alone: a re-run notebook
+    # cell or another exec'd "<string>" registers new lines under the same name.
+    found = _PARSED.get(file)
+    if found is not None and found[0] is lines:
+        return found[1]
+    by_line = _parse("".join(lines), file)
+    if len(_PARSED) >= 256:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[file] = (lines, by_line)
+    return by_line
+
+
+_PARSED: dict[str, tuple[list[str], dict[int, list[ast.AST]]]] = {}
+
+
+def _parse(text: str, file: str) -> dict[int, list[ast.AST]]:
     try:
-        tree = ast.parse("".join(lines), filename=file)
+        tree = ast.parse(text, filename=file)
     except (SyntaxError, ValueError):
         return {}
     by_line: dict[int, list[ast.AST]] = {}

@@ -165,3 +165,13 @@ class ArchiveBackendError(ArchiveError):
 
 class ReportError(BackendConfError):
     """A report file cannot be read or merged: unreadable, not JSON, or not the schema we read."""
+
+
+class BackendVersionError(ArchiveVersionError):
+    """The backend here does not accept blobs written by the backend version the archive records."""
+
+    def __init__(self, text: str, *, archive_version: str, backend_version: str | None) -> None:
+        super().__init__(text)
+        #: The backend version that wrote the archive, and the one installed here.
+        self.archive_version = archive_version
+        self.backend_version = backend_version

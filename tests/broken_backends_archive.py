@@ -144,3 +144,16 @@ def _off_by_one(value):
     if not isinstance(value, torch.Tensor):
         return value
     return ~value if value.dtype == torch.bool else value + 1
+
+
+class ForgetsToAnswerVersions(ReferenceBackend):
+    """accepts_blob_version() answers True for its own version and falls off the end (None) otherwise.
+
+    Fails: serialization future_backend_version[*] (load raises a contract error, not a clean refusal).
+    """
+
+    name = "forgets_version_answer"
+
+    def accepts_blob_version(self, version):
+        if version == self.version:
+            return True

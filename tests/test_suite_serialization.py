@@ -14,6 +14,7 @@ from pytest_backendconf.conformance._zoo_loader import load_zoo
 TESTS = os.path.dirname(os.path.abspath(__file__))
 DETERMINISTIC = section("serialization")["deterministic_cases"]
 STATE = section("serialization")["state_cases"]
+VERSIONS = section("serialization")["version_cases"]
 ZOO = {case.name: case for case in load_zoo()}
 
 
@@ -52,6 +53,8 @@ def every_check(case: str) -> list[str]:
         names += [f"compile_spec_and_debug_info_survive[{case}]", f"wrapper_attributes_survive[{case}]"]
     if case in DETERMINISTIC:
         names.append(f"deterministic_lowering[{case}]")
+    if case in VERSIONS:
+        names.append(f"future_backend_version[{case}]")
     if ZOO[case].dims:
         names += [f"dynamic_round_trip[{case}]", f"dynamic_target_round_trip[{case}]"]
     return names
@@ -63,7 +66,7 @@ def test_the_reference_backend_passes_every_serialization_check(pytester):
     cases = {name.split("[")[1].rstrip("]") for name in outcomes}
     dynamic = sum(1 for name in outcomes if name.startswith("dynamic_round_trip["))
     assert dynamic >= 12
-    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC) + 2 * dynamic
+    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC) + len(VERSIONS) + 2 * dynamic
     for case in ("small_cnn", "encoder_decoder", "dict_output"):
         assert set(every_check(case)) <= set(outcomes)
 
@@ -78,6 +81,20 @@ def test_a_backend_whose_loaded_modules_lose_their_constants_fails_the_round_tri
         "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
         "lowered module it was saved from (exact comparison):",
         "Tensor-likes are not equal!",
+    ])
+
+
+def test_a_version_policy_that_answers_none_fails_the_future_version_check_only(pytester):
+    outcomes, result = run_checks(
+        pytester, "forgets_version_answer", registering("ForgetsToAnswerVersions"),
+        "future_backend_version[[]*", "round_trip[[]small_cnn]",
+    )
+    assert failed(outcomes) == {f"future_backend_version[{case}]" for case in VERSIONS}
+    assert outcomes["round_trip[small_cnn]"] == "passed"
+    result.stdout.fnmatch_lines([
+        "small_cnn (float32): loading an archive written by backend version 9999.0.0 (this backend: 0.1.0) "
+        "raised BackendContractError: backend 'forgets_version_answer': accepts_blob_version('9999.0.0') "
+        "returned None; it must return True or False",
     ])
 
 

@@ -81,6 +81,12 @@ class ReferenceBackend:
                 raise ValueError(f"method {method!r}: {exc}") from exc
         return handles
 
+    def accepts_blob_version(self, version: str) -> bool:
+        """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
+        from pytest_backendconf._versions import same_major_not_newer
+
+        return same_major_not_newer(version, self.version)
+
     def execute(self, handle: LoadedProgram, inputs: list) -> list:
         """Run a compiled method on its flat user inputs; return the flat outputs."""
         if not isinstance(handle, LoadedProgram):

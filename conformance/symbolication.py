@@ -74,6 +74,9 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                 stage="lowering",
                 case=name,
             )
+    from . import debug_apart
+
+    yield from debug_apart.checks(ctx)
 
 
 # --- expected texts, from the source ------------------------------------------------

@@ -33,6 +33,7 @@ structures), `_limits` (what the reader accepts).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -49,22 +50,37 @@ from ._files import write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
 from ._manifest import ATTRIBUTES, BLOB, FORMAT_NAME, SCHEMA_VERSION, Archive, ArchiveReader, EntryInfo
 from ._symbolication import SymbolTable, cached_table, check_handles
+from ._sidecar import (
+    SEPARATE_SCHEMA,
+    SIDECAR_FORMAT,
+    Sidecar,
+    check_pair,
+    debug_info_mode,
+    default_sidecar_path,
+    handles_json,
+    manifest_field,
+    read_format,
+    read_sidecar,
+    sidecar_bytes,
+    symbolicate_hint,
+)
 from ._tensor_codec import ValueEncoder, check_value, decode_value
 from ._tensor_codec import decode_tensor as tensor_from_bytes
 from ._tensor_codec import encode_tensor as tensor_to_bytes
-from .errors import ArchiveError, LoweringError
+from .errors import ArchiveError, DebugSidecarError, LoweringError
 
 __all__ = [
     "ATTRIBUTES", "DEBUG", "FORMAT_NAME", "MANIFEST", "SCHEMA_VERSION", "Archive", "DebugInfoSizes",
     "EntryInfo", "Limits", "ValueEncoder", "check_value", "debug_info_sizes", "decode_value", "load",
     "read_archive", "save", "symbolicate", "tensor_from_bytes", "tensor_to_bytes", "to_bytes",
+    "to_bytes_separate", "debug_source", "Sidecar",
 ]
 
 
 # --- public API -------------------------------------------------------------------
 
 
-def save(lowered: Any, file: Any) -> None:
+def save(lowered: Any, file: Any, *, debug_info: str = "embedded", debug_file: Any = None) -> None:
     """Write ``lowered`` (what `to_backend` or `load` returned) to ``file``.
 
     ``file`` is a path or a binary file object. A path is written
@@ -73,8 +89,34 @@ def save(lowered: Any, file: Any) -> None:
     whole new one. Everything is encoded before anything is written: an
     attribute that cannot be saved raises `ArchiveError` naming it, and
     nothing is written.
+
+    :param debug_info: ``"embedded"`` (the default) keeps the source
+        locations in the archive; ``"separate"`` writes an archive with debug
+        handles only (no source text, file names or module names) and the
+        debug info to ``debug_file``, each naming the other by content hash
+        (docs/archive-format.md, "Debug info apart").
+    :param debug_file: where ``"separate"`` writes the debug info: a path
+        (default ``file + ".debug"``) or a binary file object.
     """
-    data = to_bytes(lowered)
+    if debug_info_mode(debug_info) == "embedded":
+        if debug_file is not None:
+            raise ArchiveError("save(debug_file=...) is for debug_info=\"separate\"; embedded debug info needs no file")
+        _write(file, to_bytes(lowered))
+        return
+    if debug_file is None:
+        if not isinstance(file, (str, os.PathLike)):
+            raise ArchiveError(
+                "save(..., debug_info=\"separate\") to a file object needs debug_file= (a path or a binary "
+                "file object for the debug info); with a path it defaults to the path + '.debug'"
+            )
+        debug_file = default_sidecar_path(file)
+    archive, sidecar = to_bytes_separate(lowered)
+    # The sidecar first: an archive on disk always has its debug info beside it.
+    _write(debug_file, sidecar)
+    _write(file, archive)
+
+
+def _write(file: Any, data: bytes) -> None:
     if isinstance(file, (str, os.PathLike)):
         write_atomic(file, data)
     elif hasattr(file, "write"):
@@ -87,6 +129,17 @@ def save(lowered: Any, file: Any) -> None:
 
 def to_bytes(lowered: Any) -> bytes:
     """The archive of ``lowered`` as bytes (what `save` writes)."""
+    return _encode(lowered, separate=False)[0]
+
+
+def to_bytes_separate(lowered: Any) -> tuple[bytes, bytes]:
+    """``(handles-only archive, .debug file)`` of ``lowered``: what ``save(..., debug_info="separate")`` writes."""
+    archive, sidecar = _encode(lowered, separate=True)
+    assert sidecar is not None
+    return archive, sidecar
+
+
+def _encode(lowered: Any, *, separate: bool) -> tuple[bytes, bytes | None]:
     import torch
 
     from . import __version__
@@ -119,18 +172,26 @@ def to_bytes(lowered: Any) -> bytes:
             entries[f"blobs/{name}.bin"] = bytes(blob)
     partition_fields, partition_entries = _archive_partitions.write(core)
     entries.update(partition_entries)
-    entries[DEBUG] = _debug_json(core.debug)
+    if getattr(core, "separate_debug", None) is not None and not core.debug:
+        raise ArchiveError(
+            "cannot save this module: it was loaded from a handles-only archive without its .debug file, "
+            "so its debug info is not here; load it with its debug file (load(path, debug_file=...), or "
+            "keep the .debug file beside the archive) and save again"
+        )
+    full_debug = _debug_json(core.debug)
+    entries[DEBUG] = handles_json(core.debug) if separate else full_debug
     for i, data in enumerate(attributes.tensor_bytes):
         entries[f"tensors/{i}.bin"] = data
     manifest = {
         "format": FORMAT_NAME,
-        "schema_version": list(SCHEMA_VERSION),
+        "schema_version": list(SEPARATE_SCHEMA if separate else SCHEMA_VERSION),
         "writer": f"pytest-backendconf {__version__}",
         "torch_version": str(torch.__version__),
         "backend": {"name": core.backend_name, "version": core.backend_version},
         "method_compile_spec": {name: spec.compile_spec for name, spec in core.methods.items()},
         "methods": [spec.to_json() for spec in core.methods.values()],
         **partition_fields,
+        **({"debug_info": manifest_field(full_debug)} if separate else {}),
         "entries": {
             name: {"size": len(data), "sha256": hashlib.sha256(_stored_bytes(name, data)).hexdigest()}
             for name, data in sorted(entries.items())
@@ -141,10 +202,13 @@ def to_bytes(lowered: Any) -> bytes:
     except (TypeError, ValueError) as exc:
         raise ArchiveError(f"cannot write {MANIFEST}: {exc}; compile-spec values must be JSON-compatible") from None
     ordered = [(MANIFEST, manifest_bytes)] + sorted(entries.items())
-    return pack(ordered)
+    archive = pack(ordered)
+    if not separate:
+        return archive, None
+    return archive, sidecar_bytes(full_debug, hashlib.sha256(archive).hexdigest())
 
 
-def load(file: Any, *, limits: Limits | None = None) -> Any:
+def load(file: Any, *, limits: Limits | None = None, debug_file: Any = None) -> Any:
     """Read an archive written by `save` and return the lowered module (a `WrapperModule`).
 
     Every entry's size and checksum is verified before anything is used;
@@ -160,9 +224,61 @@ def load(file: Any, *, limits: Limits | None = None) -> Any:
     The loaded module keeps the archive's backend version; saving it again
     gives the same bytes (the manifest records the torch and
     pytest-backendconf versions of the process that saves).
+
+    A handles-only archive (``save(..., debug_info="separate")``) loads
+    without its debug info; its runtime errors then name the debug handle
+    and the command that symbolicates it. Its ``.debug`` file is used when
+    given as ``debug_file`` or found beside a path (``path + ".debug"``);
+    one that does not belong to the archive raises `DebugSidecarError`.
     """
-    archive = read_archive(file, limits=limits)
+    archive = with_sidecar(read_archive(file, limits=limits), file, debug_file, limits)
     return archive.instantiate()
+
+
+def with_sidecar(archive: Archive, file: Any, debug_file: Any, limits: Limits | None) -> Archive:
+    """``archive`` with the debug info of its ``.debug`` file, if it is handles-only and one is at hand."""
+    if archive.separate_debug is None:
+        if debug_file is not None:
+            raise ArchiveError(
+                f"archive {archive.source!r} has its debug info embedded; it has no .debug file to pass as debug_file"
+            )
+        return archive
+    if archive.debug:
+        return archive
+    if debug_file is None and isinstance(file, (str, os.PathLike)):
+        found = default_sidecar_path(file)
+        debug_file = found if os.path.isfile(found) else None
+    if debug_file is None:
+        return archive
+    sidecar = read_sidecar(debug_file, check_limits(limits))
+    check_pair(archive, sidecar)
+    return dataclasses.replace(archive, debug=sidecar.debug)
+
+
+def debug_source(file: Any, *, limits: Limits | None = None) -> Archive | Sidecar:
+    """What `symbolicate` reads from a path or bytes: an archive (with its sidecar if handles-only) or a ``.debug`` file."""
+    limits = check_limits(limits)
+    if isinstance(file, (Archive, Sidecar)):
+        return file
+    if isinstance(file, (str, os.PathLike, bytes, bytearray, memoryview)):
+        data, source = read_input(file, limits)
+        if read_format(data, source, limits) == SIDECAR_FORMAT:
+            return read_sidecar(data if not isinstance(file, (str, os.PathLike)) else file, limits)
+        archive = ArchiveReader(data, source, limits).read()
+    else:
+        archive = read_archive(file, limits=limits)
+    archive = with_sidecar(archive, file, None, limits)
+    _require_debug(archive.separate_debug is not None and not archive.debug, archive.source)
+    return archive
+
+
+def _require_debug(missing: bool, source: str) -> None:
+    if missing:
+        raise DebugSidecarError(
+            f"archive {source!r} keeps its debug info in a separate .debug file, which is not beside it: "
+            f"symbolicate with that file ({symbolicate_hint(source)} HANDLE, or "
+            "pytest_backendconf.symbolicate(\"....debug\", handles))"
+        )
 
 
 def read_archive(file: Any, *, limits: Limits | None = None) -> "Archive":
@@ -176,7 +292,9 @@ def symbolicate(source: Any, handles: int | Iterable[int], *, limits: Limits | N
     """The symbolicated text of each debug handle, offline, from the archive's debug info alone.
 
     ``source`` is an archive path, bytes, a binary file, an `Archive`, or a
-    lowered module. Each known handle gives a header line, e.g.
+    lowered module; or the ``.debug`` file of a handles-only archive (a
+    handles-only archive itself works when its ``.debug`` file is beside
+    it). Each known handle gives a header line, e.g.
     ``debug handle 17 (method 'forward', node 'mul', aten::mul):``, then
     ``str(DebugInfo)``; an unknown one gives the pinned "was not found" text.
     The backend is never created or imported.
@@ -216,16 +334,34 @@ def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:
 
 def _symbol_table(source: Any, limits: Limits) -> SymbolTable:
     if isinstance(source, Archive):
+        _require_debug(source.separate_debug is not None and not source.debug, source.source)
         return cached_table(("archive", id(source)), source, lambda: source.debug)
+    if isinstance(source, Sidecar):
+        return cached_table(("sidecar", id(source)), source, lambda: source.debug)
     lowered = getattr(source, "lowered", source)
     if type(lowered).__name__ == "LoweredModule" and hasattr(lowered, "debug"):
+        separate = getattr(lowered, "separate_debug", None)
+        if separate is not None and not lowered.debug:
+            raise DebugSidecarError(
+                "this module was loaded from a handles-only archive without its .debug file; symbolicate "
+                f"with that file ({separate['hint']} HANDLE)"
+            )
         return cached_table(("lowered", id(lowered)), lowered, lambda: lowered.debug)
     if isinstance(source, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(source))
         try:
             st = os.stat(path)
         except OSError:
-            return SymbolTable(read_archive(source, limits=limits).debug)  # raises the clear error
-        key = ("path", path, st.st_size, st.st_mtime_ns, st.st_ino, limits)
-        return cached_table(key, None, lambda: read_archive(source, limits=limits).debug)
-    return SymbolTable(read_archive(source, limits=limits).debug)
+            return SymbolTable(debug_source(source, limits=limits).debug)  # raises the clear error
+        beside = _stat_key(path + ".debug")
+        key = ("path", path, st.st_size, st.st_mtime_ns, st.st_ino, beside, limits)
+        return cached_table(key, None, lambda: debug_source(source, limits=limits).debug)
+    return SymbolTable(debug_source(source, limits=limits).debug)
+
+
+def _stat_key(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)

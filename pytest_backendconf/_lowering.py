@@ -345,6 +345,9 @@ class LoweredModule(torch.nn.Module):
             text = f"{exc.message}\n  (backend {self.backend_name!r}, method {method!r}: no debug handle given)"
         elif handle in self.debug:
             text = format_runtime(exc.message, self.debug[handle])
+        elif getattr(self, "separate_debug", None) is not None and handle in self.separate_debug["handles"]:
+            # A handles-only archive, loaded without its .debug file: say how to symbolicate later.
+            text = f"{exc.message} (debug_handle={handle}; symbolicate with: {self.separate_debug['hint']} {handle})"
         else:
             text = f"{exc.message}\n{format_missing([handle])}"
         return BackendRuntimeError(text, exc.message, handle)

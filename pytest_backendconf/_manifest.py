@@ -29,6 +29,7 @@ from ._debug_table import decode_debug
 from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
 from ._tensor_codec import ITEMSIZE, tensor_from_checked
+from ._sidecar import SEPARATE_SCHEMA, SIDECAR_FORMAT, decode_handles, read_manifest_field
 from ._versions import check_blob_version
 from .errors import (
     ArchiveBackendError,
@@ -46,6 +47,8 @@ FORMAT_NAME = "backendconf-archive"
 #: 1.1: partitioned methods (`_archive_partitions`); 1.0 archives still load.
 #: 1.2: method structures in the project's own JSON (`_structure`) instead of torch's treespec
 #: strings; 1.0 and 1.1 strings are still read, by a parser that imports nothing.
+#: 1.3: handles-only archives (`_sidecar`, ``save(..., debug_info="separate")``) are written with
+#: 1.3; embedded ones keep 1.2, so that readers of 1.2 still read every embedded archive.
 SCHEMA_VERSION = (1, 2)
 ATTRIBUTES = "attributes.json"
 BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
@@ -88,6 +91,11 @@ class Archive:
     _tensor_bytes: list[bytes] = dataclasses.field(repr=False)
     #: Partitioned methods (schema 1.1), an `_archive_partitions.Partitions`.
     partitions: Any = dataclasses.field(default=None, repr=False)
+    #: A handles-only archive (schema 1.3, `_sidecar`): the manifest's ``debug_info`` field, the
+    #: handles, and the SHA-256 of the archive file; ``debug`` is empty until a sidecar is attached.
+    separate_debug: dict[str, Any] | None = None
+    handles: tuple[int, ...] = ()
+    sha256: str | None = None
 
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
@@ -121,6 +129,13 @@ class Archive:
             )
             if self.partitions is not None:
                 self.partitions.apply(lowered)
+            if self.separate_debug is not None:
+                from ._sidecar import symbolicate_hint
+
+                # What the runtime error and a re-save need to know about the .debug file.
+                lowered.separate_debug = dict(
+                    self.separate_debug, handles=self.handles, hint=symbolicate_hint(self.source)
+                )
             wrapper = WrapperModule(lowered)
         except Exception as exc:
             raise ArchiveManifestError(
@@ -160,6 +175,12 @@ class ArchiveReader(ZipReader):
         return self._read_contents(manifest, version, entries, by_name)
 
     def _check_format_and_version(self, manifest: dict) -> tuple[int, int]:
+        if manifest.get("format") == SIDECAR_FORMAT:
+            raise ArchiveFormatError(
+                f"{self.where(MANIFEST)}: this is the .debug file of a handles-only archive, not the archive: "
+                "load the archive itself (the .debug file beside it is found), and symbolicate with this one "
+                "(backendconf symbolicate FILE HANDLE)"
+            )
         if manifest.get("format") != FORMAT_NAME:
             raise ArchiveFormatError(
                 f"{self.where(MANIFEST)}: format is {manifest.get('format')!r}, not {FORMAT_NAME!r}: this "
@@ -200,7 +221,7 @@ class ArchiveReader(ZipReader):
         self, manifest: dict, version: tuple[int, int], entries: list[ZipEntry], by_name: dict[str, ZipEntry]
     ) -> Archive:
         where = self.where(MANIFEST)
-        newer = version[1] > SCHEMA_VERSION[1]
+        newer = version[1] > SEPARATE_SCHEMA[1]  # 1.3 (handles-only archives) is known here too
         backend = _field(manifest, "backend", dict, where)
         backend_name = _field(backend, "name", str, f"{where}: backend")
         if not _BACKEND_NAME.match(backend_name):
@@ -295,7 +316,13 @@ class ArchiveReader(ZipReader):
             if match and match[1] not in methods:
                 raise ArchiveEntryError(f"{self.where(name)}: a blob for method {match[1]!r}, which {MANIFEST} does not list; {_REWRITE}")
 
-        debug = decode_debug(self._parse_json(DEBUG, contents[DEBUG]), self.where(DEBUG), set(methods))
+        separate = read_manifest_field(manifest, version, where)
+        handles: tuple[int, ...] = ()
+        if separate is None:
+            debug = decode_debug(self._parse_json(DEBUG, contents[DEBUG]), self.where(DEBUG), set(methods))
+        else:  # handles only: the debug info is in the .debug file (_sidecar)
+            debug = {}
+            handles = decode_handles(self._parse_json(DEBUG, contents[DEBUG]), self.where(DEBUG))
         attributes, tensor_meta = check_attributes(
             self._parse_json(ATTRIBUTES, contents[ATTRIBUTES]), self.where(ATTRIBUTES), set(methods)
         )
@@ -342,6 +369,9 @@ class ArchiveReader(ZipReader):
             _tensor_meta=tensor_meta,
             _tensor_bytes=tensor_bytes,
             partitions=partitions,
+            separate_debug=separate,
+            handles=handles,
+            sha256=hashlib.sha256(self.data).hexdigest() if separate is not None else None,
         )
 
     def _methods(self, records: list, compile_spec: dict, version: tuple[int, int]) -> dict[str, MethodSpec]:

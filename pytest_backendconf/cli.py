@@ -144,7 +144,7 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
         "text of every `debug_handle=N` written under the line that mentions it. The backend "
         "is not needed.",
     )
-    symbolicate.add_argument("archive", metavar="ARCHIVE")
+    symbolicate.add_argument("archive", metavar="ARCHIVE", help="an archive, or the .debug file of a handles-only one")
     symbolicate.add_argument("handles", metavar="HANDLE", nargs="*", help="debug handles (integers)")
     symbolicate.add_argument("--log", metavar="FILE", help="a log to rewrite ('-' reads stdin)")
     add_limit_options(symbolicate)
@@ -211,8 +211,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
     archive = read_archive(args.archive, limits=limits_from_options(args))
     major, minor = archive.schema_version
-    handles = sorted(archive.debug)
+    handles = sorted(archive.debug) or list(archive.handles)
     span = f" ({handles[0]}..{handles[-1]})" if handles else ""
+    if archive.separate_debug is not None:
+        span += f", debug info apart (.debug file of sha256 {archive.separate_debug['sha256'][:16]}...)"
     # Every field below comes from the file: escaped, so that it cannot forge lines or drive the terminal.
     p = printable
     print(f"archive:       {p(archive.source)} ({archive.file_size} bytes)")
@@ -245,7 +247,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 @_file_errors
 def _symbolicate(args: argparse.Namespace) -> int:
-    from ._archive import read_archive, symbolicate
+    from ._archive import debug_source, symbolicate
     from ._limits import limits_from_options
     from .errors import BackendConfError
 
@@ -257,7 +259,7 @@ def _symbolicate(args: argparse.Namespace) -> int:
             shown = text if len(text) <= 40 else text[:37] + "..."
             raise BackendConfError(f"handle {shown!r} is not an integer; write debug handles such as 17")
         handles.append(_handle(text.strip()))
-    archive = read_archive(args.archive, limits=limits_from_options(args))
+    archive = debug_source(args.archive, limits=limits_from_options(args))  # an archive or its .debug file
     if handles:
         print(printable(symbolicate(archive, handles), keep_newlines=True))
     if args.log is not None:

@@ -175,3 +175,7 @@ class BackendVersionError(ArchiveVersionError):
         #: The backend version that wrote the archive, and the one installed here.
         self.archive_version = archive_version
         self.backend_version = backend_version
+
+
+class DebugSidecarError(ArchiveError):
+    """A ``.debug`` file does not belong to the archive, or a handles-only archive's debug info is needed but absent."""

@@ -245,3 +245,22 @@ class LeaksMemory(ReferenceBackend):
     def execute(self, handle, inputs):
         _LEAKED.append(torch.ones(1 << 16))
         return super().execute(handle, inputs)
+
+
+class CopiesStackTracesIntoBlob(ReferenceBackend):
+    """preprocess() appends each node's stack trace to its blob ("for better device logs").
+
+    Fails: symbolication debug_info_apart[*] (the handles-only archive holds source lines and file names).
+    """
+
+    name = "copies_stack_traces"
+    MARK = b"\n#backendconf-traces\n"
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        blob = super().preprocess(program, compile_spec, debug_handles)
+        traces = "\n".join(n.meta.get("stack_trace") or "" for n in program.graph.nodes)
+        return blob + self.MARK + traces.encode("utf-8")
+
+    def compile(self, processed, method_compile_spec):
+        stripped = {k: v.split(self.MARK)[0] for k, v in processed.items()}
+        return super().compile(stripped, method_compile_spec)

@@ -157,3 +157,4 @@ class ForgetsToAnswerVersions(ReferenceBackend):
     def accepts_blob_version(self, version):
         if version == self.version:
             return True
+

@@ -47,7 +47,7 @@ def assert_failed_exactly(result, patterns: list[str], count: int) -> None:
 
 def _count() -> int:
     spec = section("symbolication")
-    return len(spec["rejections"]) + len(spec["faults"]) + len(spec["debug_info_cases"])
+    return len(spec["rejections"]) + len(spec["faults"]) + len(spec["debug_info_cases"]) + len(spec["separate_cases"])
 
 
 def test_the_reference_backend_passes_every_symbolication_check(pytester):
@@ -58,6 +58,7 @@ def test_the_reference_backend_passes_every_symbolication_check(pytester):
 REJECTIONS = "backendconf::symbolication::unsupported_node_is_symbolicated*"
 FAULTS = "backendconf::symbolication::runtime_fault_is_symbolicated*"
 COVERAGE = "backendconf::symbolication::debug_info_covers_every_node*"
+APART = "backendconf::symbolication::debug_info_apart*"
 
 
 @pytest.mark.parametrize(
@@ -100,6 +101,13 @@ COVERAGE = "backendconf::symbolication::debug_info_covers_every_node*"
             ["*bc.debug_info() of encoder_decoder.encode * does not match the program's * nodes*",
              "*no debug info for 'clone_default*' (aten::clone)"],
             id="program-changed-at-preprocess",
+        ),
+        pytest.param(
+            "CopiesStackTracesIntoBlob", [APART], 3,
+            ["*nested_nml (float32): the handles-only archive (save(..., debug_info=\"separate\")) still holds "
+             "* piece(s) of the model's source:",
+             "*source line *zoo.py:* 'return x * 5' in the archive file, entry 'blobs/forward.bin'"],
+            id="stack-traces-in-the-blob",
         ),
     ],
 )

@@ -218,10 +218,13 @@ def call_figures(settings: Settings) -> list[Figure]:
                     "eager": lambda: model(*inputs),
                     "lowered": lambda: lowered(*inputs),
                     "execute": lambda: backend.execute(handle, flat),
+                    "profiled": lambda: backend.execute_profiled(handle, flat),
                 },
                 settings,
             )
             us = {k: v * 1e6 for k, v in t.items()}
+            if name in ("elementwise", "small_cnn", "conv_net"):
+                figures.append(profiled_figure(name, us, len(backend.execute_profiled(handle, flat)[1])))
             detail = f"lowered {us['lowered']:.1f} µs, execute {us['execute']:.1f} µs, eager {us['eager']:.1f} µs"
             if name in ("small_mlp", "elementwise", "dict_output"):
                 overhead = us["lowered"] - us["execute"]
@@ -240,6 +243,17 @@ def call_figures(settings: Settings) -> list[Figure]:
             ))
         figures.append(partition_figure(settings))
     return figures
+
+
+def profiled_figure(name: str, us: dict[str, float], events: int) -> Figure:
+    """What timing every node costs: the reference backend's execute_profiled over its execute."""
+    ratio = us["profiled"] / us["execute"]
+    per_node = (us["profiled"] - us["execute"]) / max(events, 1)
+    return Figure(
+        f"call.profiled.{name}", f"execute_profiled ÷ execute: {name}", ratio, "×", "info", INFO,
+        f"execute_profiled {us['profiled']:.1f} µs, execute {us['execute']:.1f} µs, {events} events: "
+        f"{per_node:.2f} µs per event",
+    )
 
 
 def partition_figure(settings: Settings) -> Figure:

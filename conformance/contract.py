@@ -42,6 +42,9 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                 stage=stage,
                 case=name,
             )
+    from . import profiling
+
+    yield from profiling.checks(ctx)
 
 
 def check_is_available(ctx: SuiteContext) -> None:

@@ -64,6 +64,8 @@ _LAZY = {
     "save": "._archive",
     "load": "._archive",
     "symbolicate": "._archive",
+    "profile": "._profile",
+    "Profile": "._profile",
     "read_archive": "._archive",
     "Limits": "._archive",
     "run_on_target": "._target",

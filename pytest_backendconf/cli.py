@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.set_defaults(run=_list)
     _add_archive_commands(commands)
+    from ._profile_cli import add_command as _add_profile_command
+
+    _add_profile_command(commands)
     _add_report_commands(commands)
     return parser
 

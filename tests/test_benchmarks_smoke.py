@@ -27,6 +27,7 @@ def bench():
 def expected_keys(settings) -> set[str]:
     keys = {f"call.overhead.{name}" for name in ("small_mlp", "elementwise", "dict_output")}
     keys |= {"call.eager_dispatch", "call.partition_boundary"}
+    keys |= {f"call.profiled.{name}" for name in ("elementwise", "small_cnn", "conv_net")}
     keys |= {f"call.vs_eager.{name}" for name in ("small_mlp", "elementwise", "small_cnn", "wide_mlp", "conv_net")}
     for name in ("small_mlp", "conv_net", f"chain_{settings.archive_chain}"):
         keys |= {f"archive.speedup.{name}", f"archive.debug_ratio.{name}"}
@@ -69,6 +70,7 @@ def test_main_writes_json(bench, tmp_path, capsys, monkeypatch):
         "call.overhead.small_mlp", "call.overhead.elementwise", "call.overhead.dict_output",
         "call.vs_eager.small_mlp", "call.vs_eager.elementwise", "call.vs_eager.small_cnn",
         "call.vs_eager.wide_mlp", "call.vs_eager.conv_net", "call.eager_dispatch", "call.partition_boundary",
+        "call.profiled.elementwise", "call.profiled.small_cnn", "call.profiled.conv_net",
     }
     assert "call overhead over execute: small_mlp" in capsys.readouterr().out
 

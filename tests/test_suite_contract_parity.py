@@ -53,7 +53,7 @@ def contract_ids(check: str) -> set[str]:
 
 def test_the_reference_backend_passes_every_contract_check(pytester):
     result = run_suite(pytester, None, "backendconf::contract::*")
-    result.assert_outcomes(passed=2 + 5 * len(CONTRACT_CASES))
+    result.assert_outcomes(passed=2 + 5 * len(CONTRACT_CASES) + len(section("contract")["profiling_cases"]))
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -55,6 +56,10 @@ class LoadedProgram:
         """Run the program on the flat user inputs; return the flat outputs."""
         return self.main.run(inputs)
 
+    def run_profiled(self, inputs: Sequence[Any]) -> tuple[list, list[tuple[int, int, int]]]:
+        """`run`, timing each instruction: ``(outputs, [(debug_handle, start_ns, end_ns), ...])``."""
+        return self.main.run_profiled(inputs)
+
     def __repr__(self) -> str:
         return f"<LoadedProgram {self.main.n_inputs} inputs, {len(self.main.steps)} steps>"
 
@@ -62,7 +67,7 @@ class LoadedProgram:
 class CodeBlock:
     """One decoded code block: bound steps, register layout and outputs."""
 
-    __slots__ = ("n_inputs", "steps", "outputs", "_tail", "_instructions")
+    __slots__ = ("n_inputs", "steps", "outputs", "_tail", "_instructions", "_timed")
 
     def __init__(
         self,
@@ -81,6 +86,8 @@ class CodeBlock:
         # instruction results, then any constant the block returns.
         self._tail = tail
         self._instructions = instructions
+        # (bound instruction, output register, debug handle): the steps as run_profiled walks them.
+        self._timed = tuple((call, out, instructions[out - n_inputs].debug_handle) for call, out in steps)
 
     def run(self, inputs: Sequence[Any]) -> list:
         """Run the block on ``inputs``; raise `BackendError` naming a failing node."""
@@ -97,6 +104,28 @@ class CodeBlock:
         except Exception as exc:
             raise self._error(out, exc) from exc
         return [regs[i] for i in self.outputs]
+
+    def run_profiled(self, inputs: Sequence[Any]) -> tuple[list, list[tuple[int, int, int]]]:
+        """`run`, with one ``(debug_handle, start_ns, end_ns)`` event per instruction (nested blocks
+        inside their owner's event, e.g. a ``cond`` node's). Kept apart from `run` so that the
+        unprofiled loop pays nothing for it."""
+        if len(inputs) != self.n_inputs:
+            raise ValueError(
+                f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}"
+            )
+        regs = [*inputs, *self._tail]
+        events = []
+        clock, record = time.perf_counter_ns, events.append
+        try:
+            for call, out, handle in self._timed:
+                start = clock()
+                regs[out] = call(regs)
+                record((handle, start, clock()))
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._error(out, exc) from exc
+        return [regs[i] for i in self.outputs], events
 
     def _error(self, out: int, exc: Exception) -> BackendError:
         ins = self._instructions[out - self.n_inputs]

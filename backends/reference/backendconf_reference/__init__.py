@@ -81,6 +81,15 @@ class ReferenceBackend:
                 raise ValueError(f"method {method!r}: {exc}") from exc
         return handles
 
+    def execute_profiled(self, handle: LoadedProgram, inputs: list) -> tuple[list, list]:
+        """``execute``, timing each instruction: ``(outputs, [(debug_handle, start_ns, end_ns), ...])``."""
+        if not isinstance(handle, LoadedProgram):
+            raise TypeError(
+                f"execute_profiled() expects a handle returned by ReferenceBackend.compile, "
+                f"got {type(handle).__name__}"
+            )
+        return handle.run_profiled(inputs)
+
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
         from pytest_backendconf._versions import same_major_not_newer

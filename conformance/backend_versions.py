@@ -19,21 +19,24 @@ from typing import Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf._archive_zip import MANIFEST, pack
-from pytest_backendconf._suite import Check, fail
+from pytest_backendconf._check import Check, fail
 from pytest_backendconf._versions import declared_version
 from pytest_backendconf.errors import ArchiveVersionError
 
+from ._session_work import same_outputs
 from ._spec import section
 
 FUTURE_VERSION = "9999.0.0"
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: Any, saved: Any, call: Any) -> Iterator[Check]:
+    """:param saved: the serialization category's ``_saved(ctx, case, dtype)`` (its shared archive and
+    outputs); ``call``: its ``call_fresh(function, args, kwargs)`` (fresh inputs for every call)."""
     for case in section("serialization").get("version_cases", []):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
             yield Check("serialization", f"future_backend_version[{case}]",
-                        functools.partial(check_future_backend_version, case=case, dtype=dtype),
+                        functools.partial(check_future_backend_version, case=case, dtype=dtype, saved=saved, call=call),
                         stage="load", case=case)
 
 
@@ -47,11 +50,9 @@ def with_backend_version(data: bytes, version: str) -> bytes:
     return pack([(MANIFEST, text)] + entries[1:])
 
 
-def check_future_backend_version(ctx: Any, *, case: str, dtype: str) -> None:
-    from .serialization import _same, _saved
-
-    saved = _saved(ctx, case, dtype)
-    future = with_backend_version(saved.data, FUTURE_VERSION)
+def check_future_backend_version(ctx: Any, *, case: str, dtype: str, saved: Any, call: Any) -> None:
+    original = saved(ctx, case, dtype)
+    future = with_backend_version(original.data, FUTURE_VERSION)
     ours = declared_version(ctx.registered.backend, ctx.registered.source.version)
     try:
         loaded = bc.load(future)
@@ -67,15 +68,15 @@ def check_future_backend_version(ctx: Any, *, case: str, dtype: str) -> None:
              f"backend: {ours or 'no version declared'}) raised {type(exc).__name__}: {exc}\nA backend "
              "that cannot read blobs of another release should say so from accepts_blob_version(version) "
              "-> bool, so that load refuses the archive naming both versions, before compile() sees a blob.")
-    for method, examples in saved.calls.items():
-        for (args, kwargs), expected in zip(examples, saved.outputs[method]):
+    for method, examples in original.calls.items():
+        for (args, kwargs), expected in zip(examples, original.outputs[method]):
             try:
-                got = getattr(loaded, method)(*args, **kwargs)
+                got = call(getattr(loaded, method), args, kwargs)
             except Exception as exc:
                 fail(f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
                      f"{FUTURE_VERSION}, then running it raised {type(exc).__name__}: {exc}; refuse such "
                      "archives from accepts_blob_version(version)")
-            problem = _same(got, expected)
+            problem = same_outputs(got, expected)
             if problem:
                 fail(f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
                      f"{FUTURE_VERSION}, but its outputs differ from the original's:\n{problem}")

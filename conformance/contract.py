@@ -17,6 +17,7 @@ from pytest_backendconf._debug_handles import DebugHandleRecorder
 from pytest_backendconf._lowering import user_outputs
 from pytest_backendconf._check import Check, Unsupported, fail
 
+from . import profiling
 from ._spec import section
 
 
@@ -42,9 +43,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                 stage=stage,
                 case=name,
             )
-    from . import profiling
-
-    yield from profiling.checks(ctx)
+    yield from profiling.checks(ctx, _preprocessed)
 
 
 def check_is_available(ctx: SuiteContext) -> None:

@@ -22,7 +22,7 @@ import torch
 from pytest_backendconf import _archive
 from pytest_backendconf._debug_table import PortablePaths
 from pytest_backendconf._sidecar import check_pair, read_sidecar
-from pytest_backendconf._suite import Check, Unsupported, fail
+from pytest_backendconf._check import Check, Unsupported, fail
 from pytest_backendconf._symbolication import SymbolTable
 from pytest_backendconf.errors import UnsupportedNodeError
 

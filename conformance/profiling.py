@@ -25,7 +25,7 @@ import torch
 from pytest_backendconf._debug_handles import walk_nodes
 from pytest_backendconf._debug_info import op_name
 from pytest_backendconf._profile import Call, check_events
-from pytest_backendconf._suite import Check, fail
+from pytest_backendconf._check import Check, fail
 from pytest_backendconf.errors import BackendContractError
 
 from ._spec import section
@@ -34,22 +34,21 @@ from ._spec import section
 NO_WORK = ("aten::_assert", "aten::sym_constrain_range", "aten::_functional_sym_constrain_range", "getitem")
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: Any, preprocessed: Any) -> Iterator[Check]:
+    """:param preprocessed: the contract category's ``_preprocessed(ctx, case, dtype)`` (its blobs, shared)."""
     if not callable(getattr(ctx.backend, "execute_profiled", None)):
         return
     for case in section("contract").get("profiling_cases", ()):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
             yield Check("contract", f"execute_profiled_events[{case}]",
-                        functools.partial(check_execute_profiled, case=case, dtype=dtype),
+                        functools.partial(check_execute_profiled, case=case, dtype=dtype, preprocessed=preprocessed),
                         stage="execute", case=case)
 
 
-def check_execute_profiled(ctx: Any, *, case: str, dtype: str) -> None:
-    from .contract import _preprocessed
-
+def check_execute_profiled(ctx: Any, *, case: str, dtype: str, preprocessed: Any) -> None:
     backend = ctx.backend
-    for method, (program, handles, blob) in _preprocessed(ctx, case, dtype).items():
+    for method, (program, handles, blob) in preprocessed(ctx, case, dtype).items():
         where = f"{case}.{method} ({dtype})"
         handle = backend.compile({method: blob}, {method: {}})[method]
         flat = ctx.flat_inputs(case, dtype, method)

@@ -50,7 +50,7 @@ def checks(ctx: Any) -> Iterator[Check]:
     from . import _dynamic_archives, backend_versions
 
     yield from _dynamic_archives.checks(ctx)
-    yield from backend_versions.checks(ctx)
+    yield from backend_versions.checks(ctx, _saved, call_fresh)
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:

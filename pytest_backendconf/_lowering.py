@@ -231,6 +231,9 @@ class LoweredModule(torch.nn.Module):
         self._plan_runners: dict[str, Any] = {}
         #: Op node names of each whole-method lowering, for `delegation` (None when unknown).
         self.whole_method_nodes: dict[str, tuple[str, ...]] = {}
+        #: Loaded from a handles-only archive (`_sidecar`): its debug_info field, handles and the
+        #: symbolicate command for its .debug file; ``debug`` is empty unless the sidecar was loaded.
+        self.separate_debug: dict[str, Any] | None = None
 
     def add_plan(self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]) -> None:
         """Make ``method`` a partitioned one (at lowering, and by the archive reader at load)."""
@@ -345,7 +348,7 @@ class LoweredModule(torch.nn.Module):
             text = f"{exc.message}\n  (backend {self.backend_name!r}, method {method!r}: no debug handle given)"
         elif handle in self.debug:
             text = format_runtime(exc.message, self.debug[handle])
-        elif getattr(self, "separate_debug", None) is not None and handle in self.separate_debug["handles"]:
+        elif self.separate_debug is not None and handle in self.separate_debug["handles"]:
             # A handles-only archive, loaded without its .debug file: say how to symbolicate later.
             text = f"{exc.message} (debug_handle={handle}; symbolicate with: {self.separate_debug['hint']} {handle})"
         else:

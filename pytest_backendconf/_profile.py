@@ -12,12 +12,11 @@ timed per call: the report then has one row for the method.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ._debug_info import DebugInfo, hierarchy_prefix
 from .errors import BackendContractError, BackendError
@@ -156,11 +155,11 @@ class Profile:
 
     def spans(self) -> list[tuple[Event, int]]:
         """Every event with its self time (its duration less the events nested inside it)."""
-        out = []
+        out: list[tuple[Event, int]] = []
         for call in self.calls:
             events = sorted(call.events or (), key=lambda e: (e[1], -e[2]))
             stack: list[list] = []  # [event, self time] of the open events
-            done = []
+            done: list[list] = []
             for event in events:
                 while stack and stack[-1][0][2] <= event[1]:
                     done.append(stack.pop())
@@ -168,7 +167,7 @@ class Profile:
                     stack[-1][1] -= event[2] - event[1]
                 stack.append([event, event[2] - event[1]])
             done.extend(stack)
-            out.extend((tuple(e), max(s, 0)) for e, s in done)  # type: ignore[misc]
+            out.extend((e, max(s, 0)) for e, s in done)
         return out
 
     def _where(self, handle: int) -> dict[str, Any]:
@@ -296,10 +295,4 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
 
-def events_summary(events: Iterable[Event]) -> str:
-    """``3 events, handles 4..9``, for messages."""
-    handles = sorted({e[0] for e in events})
-    return f"{len(handles)} handle(s)" + (f" ({handles[0]}..{handles[-1]})" if handles else "")
-
-
-__all__ = ["Call", "Event", "Profile", "check_events", "events_summary", "profile", "profiled_call"]
+__all__ = ["Call", "Event", "Profile", "check_events", "profile", "profiled_call"]

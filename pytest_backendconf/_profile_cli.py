@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
-def add_command(commands: argparse._SubParsersAction) -> None:
+def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
+    """Add ``profile``; ``run(args)`` is the command's entry (``cli`` wraps `run` with its input readers)."""
     from ._limits import add_limit_options
 
     parser = commands.add_parser(
@@ -39,11 +41,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, calls_from_json: Any, example_calls: Any) -> int:
+    """The command; ``calls_from_json`` and ``example_calls`` read inputs as ``run-target`` does."""
     import json
     import os
 
-    from . import cli
     from ._archive import read_archive, with_sidecar
     from ._limits import limits_from_options
     from ._profile import profile
@@ -64,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
                     document = json.load(f)
                 except ValueError as exc:
                     raise BackendConfError(f"--inputs {args.inputs!r} is not valid JSON: {exc}") from None
-            calls = cli._calls_from_json(archive, document, args.inputs)
+            calls = calls_from_json(archive, document, args.inputs)
         else:
-            calls = cli._example_calls(archive, limits)
+            calls = example_calls(archive, limits)
         for name in args.method or ():
             if name not in calls:
                 raise BackendConfError(

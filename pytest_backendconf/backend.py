@@ -71,6 +71,30 @@ class ExplainsUnavailability(Protocol):
     def unavailable_reason(self) -> str: ...
 
 
+@runtime_checkable
+class ProfilesExecution(Protocol):
+    """A backend that times its nodes: ``bc.profile`` and the ``execute_profiled_events`` check use it."""
+
+    def execute_profiled(self, handle: Any, inputs: list[Any]) -> tuple[list[Any], list[tuple[int, int, int]]]:
+        """``execute``, plus events ``(debug_handle, start_ns, end_ns)`` on ``time.perf_counter_ns``.
+
+        At least one event per node run; a fused kernel is reported under
+        each node it covers; every event lies within the call.
+        """
+        ...
+
+
+@runtime_checkable
+class ChecksBlobVersions(Protocol):
+    """A backend that says which releases' blobs it reads; ``load`` asks before ``compile``."""
+
+    version: str
+
+    def accepts_blob_version(self, version: str) -> bool:
+        """Whether blobs written by backend ``version`` (as the archive records it) can be compiled here."""
+        ...
+
+
 def fault_node_name(compile_spec: Mapping[str, Any]) -> str | None:
     """The FX node name at which ``compile_spec`` asks for an injected fault, or None.
 

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_archive_commands(commands)
     from ._profile_cli import add_command as _add_profile_command
 
-    _add_profile_command(commands)
+    _add_profile_command(commands, run=_profile)
     _add_report_commands(commands)
     return parser
 
@@ -293,6 +293,12 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from ._profile_cli import run
+
+    return run(args, _calls_from_json, _example_calls)
 
 
 @_file_errors

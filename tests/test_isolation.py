@@ -59,7 +59,7 @@ def test_a_backend_that_exits_on_its_third_execute_fails_those_checks_and_the_ru
     assert {k: v for k, v in outcomes.items() if "contract" in k} == {
         f"backendconf::contract::{c}[small_cnn]": "passed"
         for c in ("preprocess_returns_bytes", "preprocess_is_deterministic", "preprocess_leaves_the_program_alone",
-                  "compile_returns_a_handle_per_method", "execute_matches_the_output_spec")
+                  "compile_returns_a_handle_per_method", "execute_matches_the_output_spec", "execute_profiled_events")
     }
     result.stdout.fnmatch_lines([
         "the backend took down the process running parity::nested_nml[[]float32]: it exited with code 3 before "
@@ -163,7 +163,7 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
     result = pytester.runpytest_subprocess(
         "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
     )
-    result.assert_outcomes(failed=5)
+    result.assert_outcomes(failed=6)  # small_cnn's five contract checks and its execute_profiled one
     result.stdout.fnmatch_lines([
         "the suite could not be set up in its child process (the backend host): PluginLoadError: plugin "
         "'*conftest.py' failed to import in a child process: RuntimeError: this conftest cannot be imported twice*",
@@ -174,7 +174,7 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
         "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
         "--backendconf-in-process",
     )
-    again.assert_outcomes(passed=5)
+    again.assert_outcomes(passed=6)
 
 
 def test_child_process_reports_exit_status_and_timeout():

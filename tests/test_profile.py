@@ -52,7 +52,9 @@ def test_rows_by_source_line_account_for_the_measured_call_time(cnn):
     assert {(r["file"], r["line"]) for r in by_line} == {(i.file, i.line) for i in ops}
     assert sum(r["total_ns"] for r in by_line) == sum(s for _, s in profile.spans())
     assert sum(r["calls"] for r in by_line) == REPEAT * len(ops)
-    assert 0.9 * sum(profile.call_ns) <= sum(r["total_ns"] for r in by_line) <= sum(profile.call_ns)
+    # All calls together: at most the measured time (a call preempted between two events on a busy
+    # machine lowers the sum, so the 90% bound is held per call, by the median, above).
+    assert sum(r["total_ns"] for r in by_line) <= sum(profile.call_ns)
 
 
 def test_rows_ops_and_modules(cnn):

@@ -55,9 +55,14 @@ $(VENV)/.installed-executorch: $(VENV)/.installed backends/executorch/pyproject.
 
 # The suite against ExecuTorch, two workers, each model's checks on one worker
 # (the suite's xdist grouping), so each worker lowers its own models, once each.
+# The Hypothesis seed is pinned: a few bfloat16 convolutions miss the declared
+# tolerance for some drawn inputs and not others (known-failures.toml), and a
+# strict gate needs the same inputs every run. EXECUTORCH_SEED= draws afresh.
 # SUITE_ARGS adds options, e.g. SUITE_ARGS=--backendconf-report=$$PWD/executorch.json
+EXECUTORCH_SEED ?= 2913085664
 suite-executorch: $(VENV)/.installed-executorch
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=executorch -n 2 \
+	    $(if $(EXECUTORCH_SEED),--hypothesis-seed=$(EXECUTORCH_SEED)) \
 	    --backendconf-known-failures=$(abspath backends/executorch/known-failures.toml) $(SUITE_ARGS)
 
 demo: $(VENV)/.installed

@@ -103,10 +103,19 @@ def build_program(sample: OpSample, inputs: list[torch.Tensor]) -> ExportedProgr
         graph_signature=signature,
         state_dict={},
         range_constraints={},
-        module_call_graph=[ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))],
+        # forward_arg_names: a program re-traced from this one (run_decompositions, as
+        # torch.onnx does) keeps the placeholders' names instead of arg_0, arg_1 …
+        module_call_graph=[ModuleCallEntry("", _call_signature(in_spec, out_spec, [p.name for p in placeholders]))],
         example_inputs=(tuple(inputs), {}),
         constants={},
     )
+
+
+def _call_signature(in_spec: Any, out_spec: Any, names: list[str]) -> ModuleCallSignature:
+    signature = ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+    if hasattr(signature, "forward_arg_names"):  # not in older torch releases
+        signature.forward_arg_names = names
+    return signature
 
 
 def _stack_trace() -> str:

@@ -50,6 +50,10 @@ class HostOptions:
     tmp_root: str | None
     #: ``--backendconf-zoo``: the host's context holds the same models.
     zoo: str = "synthetic"
+    #: ``--backendconf-ops``: the host generates the same ops checks.
+    ops_mode: str = "default"
+    #: The run's ``-p`` modules, for the rerun commands the checks print.
+    plugin_modules: list[str] = dataclasses.field(default_factory=list)
 
 
 class BackendHost:
@@ -209,6 +213,9 @@ class HostHandler:
             return Path(tempfile.mkdtemp(prefix=f"{name}-host-", dir=tmp_root))
 
         self.ctx = build_context(selected, registry, tmp_dir, opts.hypothesis_profile, opts.hypothesis_seed, zoo=opts.zoo)
+        # What plugin._make_context sets on the pytest process's context, the same here.
+        self.ctx.ops_mode = opts.ops_mode  # type: ignore[attr-defined]
+        self.ctx.plugin_modules = list(opts.plugin_modules)  # type: ignore[attr-defined]
         self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
         install_breadcrumbs(self.ctx.backend, channel)

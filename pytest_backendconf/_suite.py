@@ -185,6 +185,8 @@ class SuitePlugin:
                 torch_threads=torch.get_num_threads(),
                 tmp_root=str(factory.getbasetemp()) if factory is not None else None,
                 zoo=self.config.getoption("backendconf_zoo", "synthetic"),
+                ops_mode=self.config.getoption("backendconf_ops", "default"),
+                plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
             )
             self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
             if self.ctx is not None:

@@ -3,7 +3,8 @@
     python -m pytest_backendconf.rerun INPUTS.safetensors --backend=NAME [-p MODULE]
 
 A failing ``ops`` check saves its inputs and the op call (a tensor file: no
-code in it) under pytest's temporary directory and prints this command. It
+code in it) under pytest's temporary directory and prints this command; a
+failing ``parity`` check (static or dynamic shapes) saves its inputs the same way. It
 lowers the same single-op program to the backend again, compares it with the
 same reference and tolerance, and prints the same statistics; the exit
 status is 0 when it passes, 1 when it fails, 2 on a usage error.
@@ -79,15 +80,18 @@ def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: o
     if case not in ctx.cases:
         print(f"error: no model case {case!r} here (a vendor case needs its plugin: add -p MODULE)", file=sys.stderr)
         return 2
-    args, kwargs = ctx.example(case, dtype, method)
+    # A dynamic-shape check's file names the sizes it failed at: lowered with dynamic shapes again.
+    sizes = json.loads(metadata["sizes"]) if "sizes" in metadata else None
+    args, kwargs = ctx.example(case, dtype, method, sizes=sizes)
     leaves, spec = _compat.tree_flatten((args, kwargs))
     saved = iter(tensors[f"input{i}"] for i in range(len(tensors)))
     args, kwargs = _compat.tree_unflatten([next(saved) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
     expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
-    actual = getattr(ctx.lower(case, dtype), method)(*args, **kwargs)
+    actual = getattr(ctx.lower(case, dtype, dynamic=sizes is not None), method)(*args, **kwargs)
     results = compare_outputs(actual, expected, tolerance_for(ctx, dtype, case))
     failed = any(not r.passed for r in results)
-    print(f"{case}.{method} in {dtype} on backend {ctx.name!r} against eager: {'FAILED' if failed else 'passed'}")
+    how = f", lowered with dynamic shapes, at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes else ""
+    print(f"{case}.{method} in {dtype}{how} on backend {ctx.name!r} against eager: {'FAILED' if failed else 'passed'}")
     for r in results:
         print(r.text())
     return 1 if failed else 0

@@ -209,18 +209,28 @@ def ops_pytester(pytester):
 
 
 @needs_data
-def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytester):
+def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytester, monkeypatch):
+    # In the backend host (as users run it), which must know the -p modules for the rerun commands.
+    monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
     report = ops_pytester.path / "report.json"
     result = _run(
         ops_pytester, "wrong_half_sub",
         "backendconf::ops::aten.sub.Tensor*", "backendconf::ops::aten.add.Tensor*",
         "backendconf::parity::nested_nml*", "backendconf::parity::small_cnn*",
+        "backendconf::parity::arithmetic_tensors[[]float16-dynamic]",
         extra=[f"--backendconf-report={report}", "--backendconf-hypothesis=ci"],
     )
     document = json.loads(report.read_text())
     failed = sorted(t["id"] for t in document["tests"] if t["outcome"] == "failed")
     subs = sorted(t["id"] for t in document["tests"] if t["id"].startswith("backendconf::ops::aten.sub.Tensor[float16-"))
-    assert subs and failed == sorted(subs + ["backendconf::parity::nested_nml[float16]"])
+    assert len(subs) == 2  # up to two samples per (overload, dtype) by default
+    dynamic = "backendconf::parity::arithmetic_tensors[float16-dynamic]"
+    assert failed == sorted(subs + ["backendconf::parity::nested_nml[float16]", dynamic])
+    # a dynamic-shape failure carries the same numerics as a static one
+    numbers = next(t for t in document["tests"] if t["id"] == dynamic)["error"]["message"]
+    assert "max abs error" in numbers and "ULP apart" in numbers and "closeness" in numbers
+    section = result.stdout.str().split("arithmetic_tensors[float16-dynamic] ___", 1)[1].split("\n___", 1)[0]
+    assert "Diverges first at node 'sub' (aten::sub)" in section and "(x - y)" in section
     text = result.stdout.str()
     assert "Diverges first at node 'sub' (aten::sub): max abs error" in text
     assert "return self.l(x) - 2" in text  # the user's source line of the subtraction
@@ -238,10 +248,16 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
     assert rerun.returncode == 1 and "FAILED" in rerun.stdout and "max abs error" in rerun.stdout, rerun.stderr
     assert saved in command
     parity = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines()
-                  if "rerun this comparison: " in line and "parity-inputs" in line)
+                  if "rerun this comparison: " in line and "nested_nml.forward-float16.safetensors" in line)
     rerun = subprocess.run([sys.executable, *shlex.split(parity)[1:]], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
     assert rerun.returncode == 1 and "nested_nml.forward in float16" in rerun.stdout, rerun.stderr
+    at_sizes = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines()
+                    if "rerun this comparison: " in line and "-dynamic.safetensors" in line)
+    assert at_sizes.endswith("--backend=wrong_half_sub -p broken_backends_ops")
+    rerun = subprocess.run([sys.executable, *shlex.split(at_sizes)[1:]], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert rerun.returncode == 1 and "lowered with dynamic shapes, at rows=" in rerun.stdout, rerun.stderr
 
 
 @needs_data

@@ -214,8 +214,8 @@ class HostHandler:
 
         self.ctx = build_context(selected, registry, tmp_dir, opts.hypothesis_profile, opts.hypothesis_seed, zoo=opts.zoo)
         # What plugin._make_context sets on the pytest process's context, the same here.
-        self.ctx.ops_mode = opts.ops_mode  # type: ignore[attr-defined]
-        self.ctx.plugin_modules = list(opts.plugin_modules)  # type: ignore[attr-defined]
+        self.ctx.ops_mode = opts.ops_mode
+        self.ctx.plugin_modules = list(opts.plugin_modules)
         self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
         install_breadcrumbs(self.ctx.backend, channel)

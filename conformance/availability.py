@@ -349,12 +349,17 @@ class ExtraProcess:
     per call; errors ``{"type", "message"}``); a lowering's is ``{"archive"}``
     (a path) or ``{"error"}``. If the process crashes or times out, the item
     it was on gets that as its error; later items get ``TargetNotRunError``.
+
+    A process started with scenarios only never leaves the target phase, so
+    it stays open for more scenarios (`take`): under pytest-xdist each worker
+    reaches its models' target checks one model at a time, and a process per
+    model (a torch import each) made ``-n 2`` slower than a serial run.
     """
 
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
 
     def __init__(self, ctx: Any, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float) -> None:
-        from pytest_backendconf._child import ChildProcess, pack_value
+        from pytest_backendconf._child import ChildProcess
 
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
@@ -367,6 +372,10 @@ class ExtraProcess:
         self._end: Any = None
         self._lock = threading.RLock()
         self._deadline = time.monotonic() + timeout
+        #: Open for more scenarios: target phase only, and nothing in it that may take it down.
+        self.reusable = not self.lowerings and not any(s.last for s in self.scenarios)
+        #: The keys of each request not answered yet, in order.
+        self._batches: list[list[str]] = [list(self.keys)]
         # A fresh lowering must not depend on the hash seed: a pinned one gets another one there.
         self._child = ChildProcess(
             "pytest_backendconf.conformance.availability:ExtraProcessHandler",
@@ -374,16 +383,25 @@ class ExtraProcess:
             blocked=self.blocked, startup_timeout=timeout, vary_hash_seed=True, refuse_tracing=True,
         )
         self._child.send({
-            "scenarios": [
-                {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
-                 "calls": pack_value(s.calls, f"inputs of {s.key}")}
-                for s in self.scenarios
-            ],
+            "scenarios": [_scenario_message(s) for s in self.scenarios],
             "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
         })
         ExtraProcess._live.add(self)
         # Once the session that wanted it is gone, so is a process still working for it.
         weakref.finalize(self, self._child.kill)
+
+    def take(self, scenarios: list[Scenario]) -> bool:
+        """Run these scenarios here too, if this process is still open for them (see the class)."""
+        with self._lock:
+            if not self.reusable or self._end is not None or not self._child.alive or any(s.last for s in scenarios):
+                return False
+            keys = [s.key for s in scenarios]
+            self._child.send({"scenarios": [_scenario_message(s) for s in scenarios], "lowerings": []})
+            self.scenarios += scenarios
+            self.keys += keys
+            self._batches.append(keys)
+            self._deadline = time.monotonic() + self.timeout  # each request gets the whole timeout
+            return True
 
     def result(self, key: str) -> dict:
         """The item's result, as soon as the process has sent it."""
@@ -402,8 +420,21 @@ class ExtraProcess:
                     self._records[record["key"]] = self._decode(record)
                     self._running = None
                 elif record.get("kind") == "result":
-                    self._finish(None)
+                    self._answered(self._batches.pop(0) if self._batches else [])
             return self._records[key]
+
+    def _answered(self, batch: list[str]) -> None:
+        """One request is answered: the process is done, or idle until `take` brings more."""
+        if not self.reusable:
+            self._finish(None)
+            return
+        for key in batch:  # the handler gave up on the request (its error is in stderr)
+            self._records.setdefault(key, {
+                "loaded": False, "errors": {}, "outputs": {}, "blocked": self.blocked, "returncode": None,
+                "stderr": self._child.stderr(),
+                "error": {"type": "TargetNotRunError", "message": f"{key} did not run: the process answered "
+                          f"without it; stderr: {_target.tail_text(self._child.stderr())}"},
+            })
 
     def _decode(self, record: dict) -> dict:
         from pytest_backendconf._child import unpack_value
@@ -455,6 +486,9 @@ class Session:
         self.placed: dict[str, ExtraProcess] = {}
         self.retried: set[str] = set()
         self.lock = threading.RLock()
+        #: Processes started (the benchmarks and tests read it).
+        self.started = 0
+        self._open: ExtraProcess | None = None
 
     def place(self, scenarios: list[Scenario], lowerings: list[Lowering]) -> None:
         """Start one process for the items not placed yet (none if there are none)."""
@@ -463,8 +497,14 @@ class Session:
             lowerings = [item for item in lowerings if item.key not in self.placed]
             if not scenarios and not lowerings:
                 return
+            if not lowerings and self._open is not None and self._open.take(scenarios):
+                self.placed.update({s.key: self._open for s in scenarios})
+                return
             timeout = section("availability")["extra_process_timeout"]
             process = ExtraProcess(self.ctx, scenarios, lowerings, timeout=timeout)
+            self.started += 1
+            if process.reusable:
+                self._open = process
             self.placed.update({key: process for key in process.keys})
 
     def result(self, key: str) -> dict:
@@ -485,6 +525,13 @@ class Session:
                         self.place([scenario], [])
             return self.result(key)
         return result
+
+
+def _scenario_message(s: Scenario) -> dict:
+    from pytest_backendconf._child import pack_value
+
+    return {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
+            "calls": pack_value(s.calls, f"inputs of {s.key}")}
 
 
 def _not_run(result: dict) -> bool:

@@ -40,6 +40,9 @@ def model_of(nodeid: str) -> str | None:
     if match is None:
         return None
     head, inside = match.groups()
+    if category == "ops":
+        # aten.add.Tensor[float16-sample0]: no model; the overload's checks go together.
+        return head
     if inside in _DTYPE_IDS:
         # parity's model.method[dtype]; an op id of another category (aten.add.Tensor[float16]) stays whole.
         return head.split(".")[0] if category == "parity" else head

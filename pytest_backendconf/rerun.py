@@ -105,7 +105,7 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
     from ._numerics import StructureMismatch, compare_outputs
     from .capabilities import capabilities_of
     from .conformance._ops_program import build_program, op_call_class
-    from .conformance.ops import reference_outputs, tolerance_for
+    from .conformance.ops import output_dtypes, reference_outputs, tolerance_for
 
     program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
     backend = registered.backend  # type: ignore[attr-defined]
@@ -115,7 +115,7 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
     class _Ctx:  # what tolerance_for reads of a suite context
         capabilities = capabilities_of(backend)
 
-    tolerance = tolerance_for(_Ctx(), sample, how.startswith("eager in float64"))
+    tolerance = tolerance_for(_Ctx(), sample, how.startswith("eager in float64"), output_dtypes(program))
     with torch.no_grad():
         actual = _compat.tree_leaves(lowered(*[t.clone() for t in sample.inputs]))  # type: ignore[attr-defined]
     try:

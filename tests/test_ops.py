@@ -146,6 +146,16 @@ def test_tolerance_lookup_is_most_specific_first():
     assert (by_model.rtol, by_model.source) == (0.02, "override 'small_cnn' in the backend's capabilities")
     assert resolve_tolerance(torch.float16, ["other"], declared, defaults).source == "the backend's capabilities"
     assert resolve_tolerance(torch.float16, ["other"], {}, defaults) == Tolerance(1e-3, 1e-5, "default")
+    # cos of an int64 tensor is a float32 tensor: float32's tolerance, not int64's exactness
+    sample = next(s for s in SHIPPED.samples if s.overload == "aten.cos.default" and s.dtype == "int64")
+    program = build_program(sample, sample.inputs)
+
+    class Ctx:
+        capabilities = bc.Capabilities()
+
+    assert ops_category.output_dtypes(program) == [torch.float32]
+    assert ops_category.tolerance_for(Ctx(), sample, False, [torch.float32]) == Tolerance(1.3e-6, 1e-5, "default")
+    assert ops_category.tolerance_for(Ctx(), sample, False, [torch.int64]) == Tolerance(0.0, 0.0, "default")
 
 
 def test_capabilities_accept_per_op_and_per_model_tolerances():

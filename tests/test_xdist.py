@@ -31,6 +31,7 @@ pytest.importorskip("xdist")
         ("backendconf::symbolication::runtime_fault_is_symbolicated[nested_nml:cos]", "nested_nml"),
         ("backendconf::symbolication::runtime_fault_is_symbolicated[encoder_decoder.decode:sigmoid]", "encoder_decoder"),
         ("backendconf::ops::aten.add.Tensor[float16]", "aten.add.Tensor"),
+        ("backendconf::ops::aten.add.Tensor[float16-sample1]", "aten.add.Tensor"),
         ("backendconf::contract::is_available_is_a_stable_bool", None),
         ("backendconf::availability::host-compile_no-execute_no", None),
         ("tests/test_mine.py::test_it[small_cnn]", None),

@@ -198,13 +198,19 @@ def declared(capabilities: Any) -> dict[str, Any]:
     def name(dtype: Any) -> str:
         return str(dtype).removeprefix("torch.")
 
+    def tolerance(value: Any) -> Any:
+        # (rtol, atol), or {dtype: (rtol, atol)} under an op or model name (per-op/per-model overrides)
+        if isinstance(value, dict):
+            return {name(d): tolerance(pair) for d, pair in sorted(value.items(), key=lambda i: name(i[0]))}
+        return [float(v) for v in value]
+
     c = capabilities
     return {
         "supported_ops": None if c.supported_ops is None else sorted(c.supported_ops),
         "dtypes": None if c.dtypes is None else sorted(name(d) for d in c.dtypes),
         "tolerances": None
         if c.tolerances is None
-        else {name(d): [float(v) for v in pair] for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
+        else {name(d): tolerance(pair) for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
         "host_only_modules": list(c.host_only_modules),
         "thread_safe": c.thread_safe,
         "fault_injection": c.fault_injection,

@@ -162,6 +162,11 @@ def test_capabilities_accept_per_op_and_per_model_tolerances():
     assert bc.Capabilities(tolerances={"aten.exp.default": (1e-2, 1e-3), "small_cnn": {torch.float16: (1e-2, 0.0)}}).problems() == []
     problems = bc.Capabilities(tolerances={"aten.exp.default": (1e-2,)}).problems()
     assert problems and "aten.exp.default" in problems[0]
+    # and the report records them as declared
+    from pytest_backendconf._report import declared
+
+    caps = bc.Capabilities(tolerances={"aten.exp.default": {torch.float32: (1e-2, 1e-3)}, torch.float16: (1e-3, 0)})
+    assert declared(caps)["tolerances"] == {"aten.exp.default": {"float32": [1e-2, 1e-3]}, "float16": [1e-3, 0.0]}
 
 
 # --- the matrix, grouping ------------------------------------------------------------------

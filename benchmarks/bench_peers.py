@@ -67,6 +67,7 @@ def measure(settings: run.Settings, lowering_rounds: int) -> dict[str, Any]:
         inputs = models.example(*shapes)
         lowered, lowering = {}, {}
         for name in engines:
+
             def lower(name: str = name) -> Any:
                 return bc.to_backend(model, name, {"forward": {}}, example_inputs=inputs)
 

@@ -49,8 +49,10 @@ def backendconf_register_cases(register: Any) -> None:
     module too; there, where no pytest session ends, the exports are written at exit."""
     if os.environ.get(ENV) and not _counting:
         _count_exports()
-        atexit.register(_write, {"items": 0, "contexts": 0, "ctx_export_count": 0, "ctx_programs": 0,
-                                 "outcomes": {}, "worker": True})
+        atexit.register(
+            _write,
+            {"items": 0, "contexts": 0, "ctx_export_count": 0, "ctx_programs": 0, "outcomes": {}, "worker": True},
+        )
 
 
 _counting = False
@@ -94,14 +96,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             contexts[id(ctx)] = ctx
     # The checks run in the backend host: its counts come back to the context's `host`.
     hosts = [getattr(ctx, "host", None) for ctx in contexts.values()]
-    _write({
-        "contexts": len(contexts),
-        "ctx_export_count": sum(ctx.export_count for ctx in contexts.values()) + sum(h.exports for h in hosts if h),
-        "ctx_programs": sum(len(ctx._programs) for ctx in contexts.values()) + sum(len(h.programs) for h in hosts if h),
-        "items": items,
-        "outcomes": dict(_outcomes),
-        "worker": _worker,
-    })
+    _write(
+        {
+            "contexts": len(contexts),
+            "ctx_export_count": sum(ctx.export_count for ctx in contexts.values()) + sum(h.exports for h in hosts if h),
+            "ctx_programs": sum(len(ctx._programs) for ctx in contexts.values())
+            + sum(len(h.programs) for h in hosts if h),
+            "items": items,
+            "outcomes": dict(_outcomes),
+            "worker": _worker,
+        }
+    )
 
 
 def _write(stats: dict) -> None:

@@ -36,18 +36,34 @@ def run_once(backend: str, extra: list[str], args: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-xdist-") as folder:
         stats = Path(folder, "stats")
         stats.mkdir()
-        env = {**os.environ, "BACKENDCONF_BENCH_STATS": str(stats),
-               "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "BACKENDCONF_BENCH_STATS": str(stats),
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        }
         env.setdefault("OMP_NUM_THREADS", "1")
-        command = [sys.executable, "-m", "pytest", f"--backend={backend}", "-q", "-p", "no:cacheprovider",
-                   "-p", "bench_suite_stats", *extra, *args]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--backend={backend}",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "bench_suite_stats",
+            *extra,
+            *args,
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode not in (0, 1):
-            raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+            raise SystemExit(
+                f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            )
         files = [json.loads(p.read_text()) for p in stats.glob("*.json")]
         return {
             "wall": wall,
@@ -75,8 +91,10 @@ def main() -> int:
     serial = best["serial"]["wall"]
     print(f"{'configuration':<26} {'wall s':>8} {'÷ serial':>9} {'CPU s':>8} {'exports':>8}  outcome")
     for name, result in best.items():
-        print(f"{name:<26} {result['wall']:>8.1f} {result['wall'] / serial:>9.2f} {result['cpu']:>8.1f} "
-              f"{result['exports']:>8}  {result['summary']}")
+        print(
+            f"{name:<26} {result['wall']:>8.1f} {result['wall'] / serial:>9.2f} {result['cpu']:>8.1f} "
+            f"{result['exports']:>8}  {result['summary']}"
+        )
     print(f"(load average now: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores)")
     if args.json:
         Path(args.json).write_text(json.dumps(best, indent=2) + "\n")

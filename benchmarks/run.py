@@ -79,22 +79,49 @@ class Settings:
 
     @classmethod
     def full(cls) -> "Settings":
-        return cls("full", rounds=100, round_time=0.004, group_budget=8.0, scaling_sizes=(10, 100, 1_000, 10_000),
-                   scaling_rounds=3, archive_chain=1_000, symbolicate_handles=200_000, suite_select=None,
-                   suite_one_thread=True)
+        return cls(
+            "full",
+            rounds=100,
+            round_time=0.004,
+            group_budget=8.0,
+            scaling_sizes=(10, 100, 1_000, 10_000),
+            scaling_rounds=3,
+            archive_chain=1_000,
+            symbolicate_handles=200_000,
+            suite_select=None,
+            suite_one_thread=True,
+        )
 
     @classmethod
     def quick(cls) -> "Settings":
-        return cls("quick", rounds=30, round_time=0.002, group_budget=1.5, scaling_sizes=(10, 100, 1_000),
-                   scaling_rounds=2, archive_chain=200, symbolicate_handles=100_000,
-                   suite_select=("backendconf::symbolication::*",))
+        return cls(
+            "quick",
+            rounds=30,
+            round_time=0.002,
+            group_budget=1.5,
+            scaling_sizes=(10, 100, 1_000),
+            scaling_rounds=2,
+            archive_chain=200,
+            symbolicate_handles=100_000,
+            suite_select=("backendconf::symbolication::*",),
+        )
 
     @classmethod
     def tiny(cls) -> "Settings":
         """For tests: every figure computed once, as fast as possible."""
-        return cls("tiny", rounds=2, round_time=0.0005, group_budget=0.1, scaling_sizes=(10, 100),
-                   scaling_rounds=1, archive_chain=50, symbolicate_handles=1_000, suite_select=None,
-                   run_suite=False, run_peers=False)
+        return cls(
+            "tiny",
+            rounds=2,
+            round_time=0.0005,
+            group_budget=0.1,
+            scaling_sizes=(10, 100),
+            scaling_rounds=1,
+            archive_chain=50,
+            symbolicate_handles=1_000,
+            suite_select=None,
+            run_suite=False,
+            run_peers=False,
+        )
 
 
 @dataclasses.dataclass
@@ -146,13 +173,15 @@ def interleaved(functions: dict[str, Callable[[], Any]], settings: Settings) -> 
     rounds = max(min(3, settings.rounds), min(settings.rounds, int(settings.group_budget / cost)))
     best = {name: float("inf") for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             best[name] = min(best[name], timers[name].timeit(numbers[name]) / numbers[name])
     return best
 
 
-def best_of(function: Callable[[], Any], rounds: int, budget: float = 0.0, clock: Callable[[], float] = time.process_time) -> float:
+def best_of(
+    function: Callable[[], Any], rounds: int, budget: float = 0.0, clock: Callable[[], float] = time.process_time
+) -> float:
     """The minimum time of a slow function: ``rounds`` calls, more while within ``budget`` seconds.
 
     The clock is this process's CPU time by default: a run of 0.1 s to 2 s
@@ -201,10 +230,17 @@ def call_figures(settings: Settings) -> list[Figure]:
     import torch
 
     dispatch = eager_dispatch_us(settings)
-    figures = [Figure(
-        "call.eager_dispatch", "eager single-op dispatch on this machine (torch.add, [4, 5])", dispatch, "µs",
-        "info", "info", "the yardstick: divide the call overheads by it to compare machines",
-    )]
+    figures = [
+        Figure(
+            "call.eager_dispatch",
+            "eager single-op dispatch on this machine (torch.add, [4, 5])",
+            dispatch,
+            "µs",
+            "info",
+            "info",
+            "the yardstick: divide the call overheads by it to compare machines",
+        )
+    ]
     cases = dict(models.SMALL, dict_output=(models.DictOutput, [(4, 5), (4, 5)]))
     with torch.no_grad():  # eager without autograd bookkeeping: the fair comparison
         for name in ("small_mlp", "elementwise", "dict_output", "small_cnn", "wide_mlp", "conv_net"):
@@ -228,19 +264,32 @@ def call_figures(settings: Settings) -> list[Figure]:
             detail = f"lowered {us['lowered']:.1f} µs, execute {us['execute']:.1f} µs, eager {us['eager']:.1f} µs"
             if name in ("small_mlp", "elementwise", "dict_output"):
                 overhead = us["lowered"] - us["execute"]
-                figures.append(Figure(
-                    f"call.overhead.{name}", f"call overhead over execute: {name}", overhead, "µs",
-                    "≤ 3 µs", judged(overhead <= 3),
-                    f"{detail}; {overhead / dispatch:.2f}× the eager single-op dispatch ({dispatch:.2f} µs)",
-                ))
+                figures.append(
+                    Figure(
+                        f"call.overhead.{name}",
+                        f"call overhead over execute: {name}",
+                        overhead,
+                        "µs",
+                        "≤ 3 µs",
+                        judged(overhead <= 3),
+                        f"{detail}; {overhead / dispatch:.2f}× the eager single-op dispatch ({dispatch:.2f} µs)",
+                    )
+                )
             if name == "dict_output":
                 continue
             ratio = t["lowered"] / t["eager"]
             size = "large" if name in models.LARGE else "small"
-            figures.append(Figure(
-                f"call.vs_eager.{name}", f"reference ÷ eager, {size} graph: {name}", ratio, "×",
-                "≤ 1.3×", judged(ratio <= 1.3), detail,
-            ))
+            figures.append(
+                Figure(
+                    f"call.vs_eager.{name}",
+                    f"reference ÷ eager, {size} graph: {name}",
+                    ratio,
+                    "×",
+                    "≤ 1.3×",
+                    judged(ratio <= 1.3),
+                    detail,
+                )
+            )
         figures.append(partition_figure(settings))
     return figures
 
@@ -250,7 +299,12 @@ def profiled_figure(name: str, us: dict[str, float], events: int) -> Figure:
     ratio = us["profiled"] / us["execute"]
     per_node = (us["profiled"] - us["execute"]) / max(events, 1)
     return Figure(
-        f"call.profiled.{name}", f"execute_profiled ÷ execute: {name}", ratio, "×", "info", INFO,
+        f"call.profiled.{name}",
+        f"execute_profiled ÷ execute: {name}",
+        ratio,
+        "×",
+        "info",
+        INFO,
         f"execute_profiled {us['profiled']:.1f} µs, execute {us['execute']:.1f} µs, {events} events: "
         f"{per_node:.2f} µs per event",
     )
@@ -300,8 +354,12 @@ def partition_figure(settings: Settings) -> Figure:
     boundaries = len(steps) - 1
     per = (t["lowered"] - t["steps"]) * 1e6 / boundaries
     return Figure(
-        "call.partition_boundary", f"partitioned call overhead per boundary ({record.summary()})", per, "µs",
-        "≤ 10 µs", judged(per <= 10),
+        "call.partition_boundary",
+        f"partitioned call overhead per boundary ({record.summary()})",
+        per,
+        "µs",
+        "≤ 10 µs",
+        judged(per <= 10),
         f"lowered {t['lowered'] * 1e6:.1f} µs, its {len(steps)} steps alone {t['steps'] * 1e6:.1f} µs, "
         f"{boundaries} boundaries",
     )
@@ -336,8 +394,17 @@ def run_suite(settings: Settings, extra_env: dict[str, str] | None = None) -> Su
     """Run the suite as a user would, from an empty folder, with `bench_suite_stats` loaded."""
     stats_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-stats-"))
     run_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-suite-"))
-    command = [sys.executable, "-m", "pytest", "--backend=reference", "-q", "-p", "no:cacheprovider",
-               "-p", "bench_suite_stats"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--backend=reference",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "bench_suite_stats",
+    ]
     if settings.suite_workers:
         command += ["-n", str(settings.suite_workers)]
     for pattern in settings.suite_select or ():
@@ -366,8 +433,10 @@ def run_suite(settings: Settings, extra_env: dict[str, str] | None = None) -> Su
 
 def suite_figures(settings: Settings) -> list[Figure]:
     if not settings.run_suite:
-        return [Figure(k, label, None, unit, target, SKIPPED, "not run in this mode")
-                for k, label, unit, target in SUITE_ROWS]
+        return [
+            Figure(k, label, None, unit, target, SKIPPED, "not run in this mode")
+            for k, label, unit, target in SUITE_ROWS
+        ]
     run = run_suite(settings)
     outcomes: dict[str, int] = {}
     for s in run.stats:
@@ -387,19 +456,31 @@ def suite_figures(settings: Settings) -> list[Figure]:
         return Figure(key, label, value, unit, target, status, detail)
 
     figures = [
-        row("suite.wall", run.wall, judged(run.wall < 60) if full else INFO,
-            f"pytest's own count {in_pytest[1] if in_pytest else '?'} s; exit code {run.returncode}{workers}{selection}"),
+        row(
+            "suite.wall",
+            run.wall,
+            judged(run.wall < 60) if full else INFO,
+            f"pytest's own count {in_pytest[1] if in_pytest else '?'} s; exit code {run.returncode}{workers}{selection}",
+        ),
         row("suite.cpu", run.cpu, INFO, "all processes of the run"),
         row("suite.tests", tests, judged(tests >= 500) if full else INFO, f"{len(run.stats)} process(es){selection}"),
-        row("suite.failed", not_passed, judged(not_passed == 0), ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))),
-        row("suite.exports", exports / unique if unique else None, judged(exports == unique) if unique else INFO,
+        row(
+            "suite.failed",
+            not_passed,
+            judged(not_passed == 0),
+            ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
+        ),
+        row(
+            "suite.exports",
+            exports / unique if unique else None,
+            judged(exports == unique) if unique else INFO,
             f"{exports} torch.export calls for {unique} unique; SuiteContext.export_count "
-            f"{run.total('ctx_export_count')} for {run.total('ctx_programs')} cached programs"),
+            f"{run.total('ctx_export_count')} for {run.total('ctx_programs')} cached programs",
+        ),
     ]
     if settings.suite_one_thread:
         single = run_suite(settings, {"OMP_NUM_THREADS": "1"})
-        figures.append(row("suite.wall_1thread", single.wall, INFO,
-                           f"CPU {single.cpu:.1f} s; {single.tail}"))
+        figures.append(row("suite.wall_1thread", single.wall, INFO, f"CPU {single.cpu:.1f} s; {single.tail}"))
     else:
         figures.append(row("suite.wall_1thread", None, SKIPPED, "full run only"))
     return figures
@@ -453,19 +534,31 @@ def archive_figures(settings: Settings) -> list[Figure]:
             )
             speedup = t["theirs"] / t["ours"]
             ms = {k: v * 1e3 for k, v in t.items()}
-            figures.append(Figure(
-                f"archive.speedup.{name}", f"torch.export save+load ÷ ours: {name}", speedup, "×", "≥ 2×",
-                judged(speedup >= 2),
-                f"ours {ms['ours']:.2f} ms (save {ms['ours_save']:.2f}), torch {ms['theirs']:.2f} ms "
-                f"(save {ms['theirs_save']:.2f}); files {ours.stat().st_size:,} / {theirs.stat().st_size:,} B",
-            ))
+            figures.append(
+                Figure(
+                    f"archive.speedup.{name}",
+                    f"torch.export save+load ÷ ours: {name}",
+                    speedup,
+                    "×",
+                    "≥ 2×",
+                    judged(speedup >= 2),
+                    f"ours {ms['ours']:.2f} ms (save {ms['ours_save']:.2f}), torch {ms['theirs']:.2f} ms "
+                    f"(save {ms['theirs_save']:.2f}); files {ours.stat().st_size:,} / {theirs.stat().st_size:,} B",
+                )
+            )
             sizes = debug_info_sizes(lowered, program)
-            figures.append(Figure(
-                f"archive.debug_ratio.{name}", f"debug info ÷ torch.export stack traces: {name}", sizes.ratio, "",
-                "≤ 0.333", judged(sizes.ratio <= 1 / 3),
-                f"{sizes.debug_bytes:,} B deflated ({sizes.debug_uncompressed_bytes:,} raw) vs "
-                f"{sizes.torch_stack_trace_bytes:,} B",
-            ))
+            figures.append(
+                Figure(
+                    f"archive.debug_ratio.{name}",
+                    f"debug info ÷ torch.export stack traces: {name}",
+                    sizes.ratio,
+                    "",
+                    "≤ 0.333",
+                    judged(sizes.ratio <= 1 / 3),
+                    f"{sizes.debug_bytes:,} B deflated ({sizes.debug_uncompressed_bytes:,} raw) vs "
+                    f"{sizes.torch_stack_trace_bytes:,} B",
+                )
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return figures
@@ -494,8 +587,11 @@ def scaling_figures(settings: Settings) -> tuple[list[Figure], dict[str, Any]]:
         results = []
 
         def lower(results: list = results, program: Any = program) -> None:
-            results.append(lower_programs({"forward": program}, backend, {"forward": {}},
-                                          module_type=models.Chain, backend_version=version))
+            results.append(
+                lower_programs(
+                    {"forward": program}, backend, {"forward": {}}, module_type=models.Chain, backend_version=version
+                )
+            )
 
         lower_s = best_of(lower, settings.scaling_rounds, budget=settings.group_budget / 4)
         del results[:-1]
@@ -519,14 +615,28 @@ def scaling_figures(settings: Settings) -> tuple[list[Figure], dict[str, Any]]:
             ratio_t, ratio_s = lower_s / p_lower, size / p_size
             detail += f"; nodes ×{scale:.1f}: lowering ×{ratio_t:.1f}, archive ×{ratio_s:.1f}"
             status_t, status_s = judged(ratio_t <= 1.5 * scale), judged(ratio_s <= 1.5 * scale)
-        figures.append(Figure(
-            f"scaling.lower.{n}", f"lowering CPU time, {n:,}-node graph", lower_s * 1e3, "ms",
-            target if previous else "info", status_t, detail,
-        ))
-        figures.append(Figure(
-            f"scaling.size.{n}", f"archive size, {n:,}-node graph", size / 1024, "KiB",
-            target if previous else "info", status_s, f"{size / nodes:.0f} B/node",
-        ))
+        figures.append(
+            Figure(
+                f"scaling.lower.{n}",
+                f"lowering CPU time, {n:,}-node graph",
+                lower_s * 1e3,
+                "ms",
+                target if previous else "info",
+                status_t,
+                detail,
+            )
+        )
+        figures.append(
+            Figure(
+                f"scaling.size.{n}",
+                f"archive size, {n:,}-node graph",
+                size / 1024,
+                "KiB",
+                target if previous else "info",
+                status_s,
+                f"{size / nodes:.0f} B/node",
+            )
+        )
         previous = (nodes, lower_s, size)
     return figures, {"lowered": last_lowered[0], "archive": last_lowered[1], "nodes": rows[-1][1]}
 
@@ -566,15 +676,34 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
         shutil.rmtree(folder, ignore_errors=True)
     target = "≥ 100,000 /s"
     return [
-        Figure("symbolicate.cold", "symbolication, log of many handles, cold", len(handles) / cold_all, "handles/s",
-               target, judged(len(handles) / cold_all >= 1e5),
-               f"{len(handles):,} handles ({len(distinct):,} distinct, {nodes:,}-node archive) in one call, "
-               "archive read included"),
-        Figure("symbolicate.distinct", "symbolication, every handle once, cold", len(distinct) / cold_distinct,
-               "handles/s", target, judged(len(distinct) / cold_distinct >= 1e5),
-               f"{len(distinct):,} handles, archive read included: {cold_distinct * 1e3:.0f} ms"),
-        Figure("symbolicate.warm", "symbolication, many handles, archive cached", len(handles) / warm, "handles/s",
-               target, judged(len(handles) / warm >= 1e5), f"{len(handles):,} handles in one call"),
+        Figure(
+            "symbolicate.cold",
+            "symbolication, log of many handles, cold",
+            len(handles) / cold_all,
+            "handles/s",
+            target,
+            judged(len(handles) / cold_all >= 1e5),
+            f"{len(handles):,} handles ({len(distinct):,} distinct, {nodes:,}-node archive) in one call, "
+            "archive read included",
+        ),
+        Figure(
+            "symbolicate.distinct",
+            "symbolication, every handle once, cold",
+            len(distinct) / cold_distinct,
+            "handles/s",
+            target,
+            judged(len(distinct) / cold_distinct >= 1e5),
+            f"{len(distinct):,} handles, archive read included: {cold_distinct * 1e3:.0f} ms",
+        ),
+        Figure(
+            "symbolicate.warm",
+            "symbolication, many handles, archive cached",
+            len(handles) / warm,
+            "handles/s",
+            target,
+            judged(len(handles) / warm >= 1e5),
+            f"{len(handles):,} handles in one call",
+        ),
     ]
 
 
@@ -621,17 +750,37 @@ def peer_figures(settings: Settings) -> list[Figure]:
         eager = row["latency_s"]["eager"]
         for engine in result["engines"]:
             latency = row["latency_s"][engine]
-            figures.append(Figure(f"peers.{model}.{engine}.call_us", f"{model}: {labels[engine]} call", latency * 1e6,
-                                  "µs", "—", INFO, "" if engine == "eager" else f"{latency / eager:.2f}× eager"))
+            figures.append(
+                Figure(
+                    f"peers.{model}.{engine}.call_us",
+                    f"{model}: {labels[engine]} call",
+                    latency * 1e6,
+                    "µs",
+                    "—",
+                    INFO,
+                    "" if engine == "eager" else f"{latency / eager:.2f}× eager",
+                )
+            )
             if engine != "eager":
-                figures.append(Figure(f"peers.{model}.{engine}.lowering_s", f"{model}: {labels[engine]} lowering",
-                                      row["lowering_cpu_s"][engine], "s CPU", "—", INFO, "to_backend, minimum"))
+                figures.append(
+                    Figure(
+                        f"peers.{model}.{engine}.lowering_s",
+                        f"{model}: {labels[engine]} lowering",
+                        row["lowering_cpu_s"][engine],
+                        "s CPU",
+                        "—",
+                        INFO,
+                        "to_backend, minimum",
+                    )
+                )
     for engine, why in result["unavailable"].items():
         figures.append(Figure(f"peers.{engine}", f"{labels[engine]}: not measured", None, "", "—", SKIPPED, why))
     return figures
 
 
-def collect(settings: Settings, sections: Iterable[str] = SECTIONS, progress: Callable[[str], None] = lambda s: None) -> list[Figure]:
+def collect(
+    settings: Settings, sections: Iterable[str] = SECTIONS, progress: Callable[[str], None] = lambda s: None
+) -> list[Figure]:
     """Every figure of the chosen sections (``scaling`` includes symbolication)."""
     import torch
 
@@ -684,26 +833,44 @@ def render(figures: list[Figure], info: dict[str, Any], settings: Settings) -> s
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
     missed = [f.label for f in figures if f.status == MISSED]
     lines.append("")
-    lines.append(f"{sum(f.status == MET for f in figures)} met, {len(missed)} missed"
-                 + (f": {'; '.join(missed)}" if missed else ""))
+    lines.append(
+        f"{sum(f.status == MET for f in figures)} met, {len(missed)} missed"
+        + (f": {'; '.join(missed)}" if missed else "")
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="reduced sizes, under a minute; the suite runs one category")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="reduced sizes, under a minute; the suite runs one category"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the machine and the figures to FILE")
-    parser.add_argument("--only", metavar="SECTION", action="append", choices=SECTIONS,
-                        help="run only this section (repeatable): " + ", ".join(SECTIONS))
+    parser.add_argument(
+        "--only",
+        metavar="SECTION",
+        action="append",
+        choices=SECTIONS,
+        help="run only this section (repeatable): " + ", ".join(SECTIONS),
+    )
     parser.add_argument("--no-suite", action="store_true", help="skip the suite run")
-    parser.add_argument("--threads", metavar="N", type=int, default=1,
-                        help="torch threads for the in-process timings (default 1: see Settings.threads)")
-    parser.add_argument("--suite-workers", metavar="N", type=int, default=0,
-                        help="also pass -n N (pytest-xdist) to the suite run")
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        type=int,
+        default=1,
+        help="torch threads for the in-process timings (default 1: see Settings.threads)",
+    )
+    parser.add_argument(
+        "--suite-workers", metavar="N", type=int, default=0, help="also pass -n N (pytest-xdist) to the suite run"
+    )
     args = parser.parse_args(argv)
     settings = Settings.quick() if args.quick else Settings.full()
-    settings = dataclasses.replace(settings, run_suite=not args.no_suite, suite_workers=args.suite_workers,
-                                   threads=args.threads)
+    settings = dataclasses.replace(
+        settings, run_suite=not args.no_suite, suite_workers=args.suite_workers, threads=args.threads
+    )
     info = machine()
     started = time.perf_counter()
 
@@ -718,11 +885,16 @@ def main(argv: list[str] | None = None) -> int:
         import bench_peers
 
         print("\n" + bench_peers.render(PEERS))
-    print(f"(whole run {info['seconds']} s; load average at end "
-          f"{', '.join(f'{x:.2f}' for x in info['load_average_end'] or [])})")
+    print(
+        f"(whole run {info['seconds']} s; load average at end "
+        f"{', '.join(f'{x:.2f}' for x in info['load_average_end'] or [])})"
+    )
     if args.json:
-        document = {"settings": dataclasses.asdict(settings), "machine": info,
-                    "figures": [dataclasses.asdict(f) for f in figures]}
+        document = {
+            "settings": dataclasses.asdict(settings),
+            "machine": info,
+            "figures": [dataclasses.asdict(f) for f in figures],
+        }
         Path(args.json).write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 

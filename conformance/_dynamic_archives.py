@@ -35,8 +35,13 @@ def checks(ctx: Any) -> Iterator[Check]:
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
-    return Check("serialization", f"{check.__name__.removeprefix('check_')}[{case}]",
-                 functools.partial(check, case=case, dtype=dtype), stage=stage, case=case)
+    return Check(
+        "serialization",
+        f"{check.__name__.removeprefix('check_')}[{case}]",
+        functools.partial(check, case=case, dtype=dtype),
+        stage=stage,
+        case=case,
+    )
 
 
 class _Saved:
@@ -63,7 +68,9 @@ class _Saved:
                 {first: dims[first].max + 1},
             ]
             self.calls[method] = [ctx.example(case, dtype, method, seed=i, sizes=s) for i, s in enumerate(sizes)]
-            self.outside[method] = f"{first}={dims[first].max + 1}, above its range [{dims[first].min}, {dims[first].max}]"
+            self.outside[method] = (
+                f"{first}={dims[first].max + 1}, above its range [{dims[first].min}, {dims[first].max}]"
+            )
 
     @functools.cached_property
     def _outputs(self) -> dict[str, list[Any]] | Exception:
@@ -105,8 +112,10 @@ def _compare(case: str, dtype: str, method: str, where: str, got: list, want: li
     for shape, actual, expected in zip(SHAPES, got, want):
         problem = _same(actual, expected, rtol=rtol, atol=atol)
         if problem:
-            fail(f"{case}.{method} ({dtype}) with dynamic shapes, called at the {shape} sizes {where}: the "
-                 f"outputs differ from the lowered module it was saved from (rtol={rtol}, atol={atol}):\n{problem}")
+            fail(
+                f"{case}.{method} ({dtype}) with dynamic shapes, called at the {shape} sizes {where}: the "
+                f"outputs differ from the lowered module it was saved from (rtol={rtol}, atol={atol}):\n{problem}"
+            )
 
 
 def check_dynamic_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
@@ -129,8 +138,10 @@ def check_dynamic_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
             run(*args, **kwargs)
         except bc.InputSpecError:
             continue
-        fail(f"{case}.{method} ({dtype}): after load the module accepted {saved.outside[method]}; the archive "
-             "lost the exported ranges")
+        fail(
+            f"{case}.{method} ({dtype}): after load the module accepted {saved.outside[method]}; the archive "
+            "lost the exported ranges"
+        )
 
 
 def scenarios_at_hand(ctx: Any, directory: str) -> list[Scenario]:
@@ -169,17 +180,23 @@ def check_dynamic_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     result = runs.result(key)
     if not result["loaded"]:
         error = result["error"]
-        fail(f"{case} ({dtype}): the archive of its dynamic-shape lowering did not load on the target: "
-             f"{error['type']}: {error['message']}")
+        fail(
+            f"{case} ({dtype}): the archive of its dynamic-shape lowering did not load on the target: "
+            f"{error['type']}: {error['message']}"
+        )
     rtol, atol = tolerance(ctx, dtype)
     for method, expected in saved.outputs.items():
         errors = result["errors"][method]
         for shape, error in zip(SHAPES, errors[:-1]):
             if error is not None:
-                fail(f"{case}.{method} ({dtype}) with dynamic shapes, at the {shape} sizes on the target: "
-                     f"{error['type']}: {error['message']}")
+                fail(
+                    f"{case}.{method} ({dtype}) with dynamic shapes, at the {shape} sizes on the target: "
+                    f"{error['type']}: {error['message']}"
+                )
         _compare(case, dtype, method, "on the target", result["outputs"][method][:-1], expected, rtol=rtol, atol=atol)
         if errors[-1] is None or errors[-1]["type"] != "InputSpecError":
             got = "was accepted" if errors[-1] is None else f"raised {errors[-1]['type']}: {errors[-1]['message']}"
-            fail(f"{case}.{method} ({dtype}): on the target, a call with {saved.outside[method]} {got}; the loaded "
-                 "module must refuse it with InputSpecError from the ranges in the archive")
+            fail(
+                f"{case}.{method} ({dtype}): on the target, a call with {saved.outside[method]} {got}; the loaded "
+                "module must refuse it with InputSpecError from the ranges in the archive"
+            )

@@ -65,8 +65,14 @@ class OpSample:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "overload": self.overload, "dtype": self.dtype, "index": self.index, "opinfo": self.opinfo,
-            "args": self.args, "kwargs": self.kwargs, "outputs": self.outputs, "inputs": len(self.inputs),
+            "overload": self.overload,
+            "dtype": self.dtype,
+            "index": self.index,
+            "opinfo": self.opinfo,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "outputs": self.outputs,
+            "inputs": len(self.inputs),
         }
 
 
@@ -198,8 +204,14 @@ def _same(a: Any, b: Any) -> bool:
     for x, y in zip(la, lb):
         if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
             return False
-        if isinstance(x, torch.Tensor) and (x.shape != y.shape or x.dtype != y.dtype or not torch.equal(
-            torch.nan_to_num(x.double() if x.is_floating_point() else x), torch.nan_to_num(y.double() if y.is_floating_point() else y))):
+        if isinstance(x, torch.Tensor) and (
+            x.shape != y.shape
+            or x.dtype != y.dtype
+            or not torch.equal(
+                torch.nan_to_num(x.double() if x.is_floating_point() else x),
+                torch.nan_to_num(y.double() if y.is_floating_point() else y),
+            )
+        ):
             return False
     return True
 
@@ -212,7 +224,9 @@ class _NotOneOp(Exception):
     pass
 
 
-def sample_to_op(fn: Callable[..., Any], sample: Any) -> tuple[Any, list, dict, list[int] | None, list[torch.Tensor]] | None:
+def sample_to_op(
+    fn: Callable[..., Any], sample: Any
+) -> tuple[Any, list, dict, list[int] | None, list[torch.Tensor]] | None:
     """Run one OpInfo sample; ``(overload, args, kwargs, outputs, inputs)`` if it is one aten op.
 
     The call runs eagerly under a dispatch mode that records the aten ops it
@@ -301,8 +315,13 @@ def overload_name(overload: Any) -> str:
     return f"{namespace}.{rest}" if "." in rest else f"{namespace}.{rest}.default"
 
 
-def discover(op_db: list[Any], *, max_samples: int | None = DEFAULT_SAMPLES, tries: int | None = DEFAULT_TRIES,
-             progress: Callable[[str], None] | None = None) -> OpsData:
+def discover(
+    op_db: list[Any],
+    *,
+    max_samples: int | None = DEFAULT_SAMPLES,
+    tries: int | None = DEFAULT_TRIES,
+    progress: Callable[[str], None] | None = None,
+) -> OpsData:
     """Every single-op (overload, dtype, sample) of ``op_db``; ``None`` limits mean every sample."""
     decompositions = torch.export.default_decompositions()
     kept: dict[tuple[str, str], list[OpSample]] = {}
@@ -374,8 +393,11 @@ def save(data: OpsData, directory: Path, mode: str = "default") -> None:
     tensors = {f"{n}.{i}": t for n, s in enumerate(data.samples) for i, t in enumerate(s.inputs)}
     write_tensors(tensors_path, tensors, {"format": FORMAT})
     document = {
-        "format": FORMAT, "version": FORMAT_VERSION, "torch": data.torch_version,
-        "opinfo_entries": data.entries_seen, "opinfo_entries_kept": data.entries_kept,
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "torch": data.torch_version,
+        "opinfo_entries": data.entries_seen,
+        "opinfo_entries_kept": data.entries_kept,
         "samples": [s.as_json() for s in data.samples],
     }
     tmp = index.with_suffix(".json.tmp")
@@ -389,13 +411,25 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
     if not index.is_file() or not tensors_path.is_file():
         return None
     document = json.loads(index.read_text())
-    if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION or document.get("torch") != version:
+    if (
+        document.get("format") != FORMAT
+        or document.get("version") != FORMAT_VERSION
+        or document.get("torch") != version
+    ):
         return None
     tensors, _ = read_tensors(tensors_path)
     samples = [
-        OpSample(r["overload"], r["dtype"], r["index"], r["opinfo"], r["args"], r["kwargs"], r["outputs"],
-                 # clone: a tensor of its own, not a view into the file's buffer (fake tensors of views are slow)
-                 [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])])
+        OpSample(
+            r["overload"],
+            r["dtype"],
+            r["index"],
+            r["opinfo"],
+            r["args"],
+            r["kwargs"],
+            r["outputs"],
+            # clone: a tensor of its own, not a view into the file's buffer (fake tensors of views are slow)
+            [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])],
+        )
         for n, r in enumerate(document["samples"])
     ]
     return OpsData(version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0))
@@ -412,12 +446,18 @@ def main(argv: list[str] | None = None) -> int:
         print(reason, file=sys.stderr)
         return 1
     start = time.monotonic()
-    data = discover(op_db, max_samples=None if options.all else DEFAULT_SAMPLES, tries=None if options.all else DEFAULT_TRIES,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+    data = discover(
+        op_db,
+        max_samples=None if options.all else DEFAULT_SAMPLES,
+        tries=None if options.all else DEFAULT_TRIES,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     save(data, options.out, "all" if options.all else "default")
     overloads = len({s.overload for s in data.samples})
-    print(f"torch {data.torch_version}: {len(data.samples)} samples of {overloads} overloads from "
-          f"{data.entries_kept} of {data.entries_seen} OpInfo entries in {time.monotonic() - start:.0f} s -> {options.out}")
+    print(
+        f"torch {data.torch_version}: {len(data.samples)} samples of {overloads} overloads from "
+        f"{data.entries_kept} of {data.entries_seen} OpInfo entries in {time.monotonic() - start:.0f} s -> {options.out}"
+    )
     return 0
 
 

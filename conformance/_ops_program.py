@@ -18,12 +18,18 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
 
 from pytest_backendconf import _compat
 
 from ._ops_discovery import OpSample, decode_arg, decode_arg_dict, resolve_overload
-
 
 
 class OpCall(torch.nn.Module):

@@ -105,9 +105,13 @@ class FreshLowerer:
             self.recorder.reserve(gap)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", BackendUnavailableWarning)
-                lowered = lower_programs(programs, self.registered.backend, item["spec"],
-                                         module_type=type(ctx.module(case, dtype)),
-                                         backend_version=self.backend_version)
+                lowered = lower_programs(
+                    programs,
+                    self.registered.backend,
+                    item["spec"],
+                    module_type=type(ctx.module(case, dtype)),
+                    backend_version=self.backend_version,
+                )
             path = os.path.join(workdir, f"fresh-{case}.bcpt")
             with open(path, "wb") as f:
                 f.write(_archive.to_bytes(lowered))

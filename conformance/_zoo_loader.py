@@ -162,8 +162,9 @@ class _Entry:
                 raise self.error(field, f"min {low!r} and max {high!r} must be integers with 0 <= min < max")
             if not (max(2, low) <= example <= high):
                 raise self.error(
-                    f"{field}.example", f"{example!r} must lie in [max(2, min), max] = [{max(2, low)}, {high}] "
-                    "(torch.export specialises sizes 0 and 1)"
+                    f"{field}.example",
+                    f"{example!r} must lie in [max(2, min), max] = [{max(2, low)}, {high}] "
+                    "(torch.export specialises sizes 0 and 1)",
                 )
             dims[name] = Dim(name, min=low, max=high)
             examples[name] = example
@@ -221,8 +222,9 @@ class _Entry:
             if isinstance(d, str) and d not in self.declared_dims:
                 declared = ", ".join(self.declared_dims) or "none"
                 raise self.error(
-                    f"{field}.shape", f"names dimension {d!r}{_suggest(d, self.declared_dims)}, which [model.dims] "
-                    f"does not declare (declared: {declared})"
+                    f"{field}.shape",
+                    f"names dimension {d!r}{_suggest(d, self.declared_dims)}, which [model.dims] "
+                    f"does not declare (declared: {declared})",
                 )
         self.used_dims.update(d for d in shape if isinstance(d, str))
         shape = [self.declared_dims[d] if isinstance(d, str) else d for d in shape]

@@ -81,8 +81,15 @@ class StandIn:
     :param compile: ``"backend"`` or ``"fails"``; so is ``execute``.
     """
 
-    def __init__(self, backend: Any, *, available: Any = "backend", compile: str = "backend",
-                 execute: str = "backend", row: str = "") -> None:
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        available: Any = "backend",
+        compile: str = "backend",
+        execute: str = "backend",
+        row: str = "",
+    ) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
         self.row = row
         base = type(backend)
@@ -110,8 +117,12 @@ class StandIn:
             explain = getattr(base, "unavailable_reason", None)
             return explain(this) if callable(explain) else ""
 
-        overrides = {"is_available": is_available, "compile": compile_, "execute": execute_,
-                     "unavailable_reason": unavailable_reason}
+        overrides = {
+            "is_available": is_available,
+            "compile": compile_,
+            "execute": execute_,
+            "unavailable_reason": unavailable_reason,
+        }
         try:
             # __slots__ = () keeps the layout, so __class__ can be assigned.
             cls = type(base.__name__, (base,), {**overrides, "__slots__": (), "__module__": base.__module__})
@@ -180,7 +191,9 @@ def subjects(ctx: Any) -> list[tuple[str, str]]:
         if ctx.first_dtype(name) is not None:
             found.append((name, ctx.first_dtype(name)))
     if not found:
-        raise Unsupported(f"none of the availability cases {section('availability')['cases']} runs in a dtype the backend declares")
+        raise Unsupported(
+            f"none of the availability cases {section('availability')['cases']} runs in a dtype the backend declares"
+        )
     return found
 
 
@@ -222,8 +235,10 @@ def unavailable_on_host(ctx: Any, *, row: dict) -> None:
             raise
         except Exception as exc:
             stand_in.expect_no_calls(f"{where}, lowering", "compile", "execute")
-            fail(f"{where}: with is_available() False, lowering must succeed with a BackendUnavailableWarning; "
-                 f"it raised {type(exc).__name__}: {exc}")
+            fail(
+                f"{where}: with is_available() False, lowering must succeed with a BackendUnavailableWarning; "
+                f"it raised {type(exc).__name__}: {exc}"
+            )
         texts_seen = [str(w.message) for w in caught if issubclass(w.category, BackendUnavailableWarning)]
         if not any(warning in t for t in texts_seen):
             others = [f"{w.category.__name__}: {w.message}" for w in caught]
@@ -270,11 +285,15 @@ def violation_on_host(ctx: Any, *, row: dict) -> None:
             if violation not in str(exc):
                 fail(f"{where}: the BackendContractError does not name {violation!r}: {exc}")
         except Exception as exc:
-            fail(f"{where}: is_available() True with compile() failing must be reported as a "
-                 f"BackendContractError naming {violation!r}; lowering raised {type(exc).__name__}: {exc}")
+            fail(
+                f"{where}: is_available() True with compile() failing must be reported as a "
+                f"BackendContractError naming {violation!r}; lowering raised {type(exc).__name__}: {exc}"
+            )
         else:
-            fail(f"{where}: is_available() returned True and compile() raised ({stand_in.calls['compile']} "
-                 "call(s)), yet lowering returned a module: the contract violation was not reported")
+            fail(
+                f"{where}: is_available() returned True and compile() raised ({stand_in.calls['compile']} "
+                "call(s)), yet lowering returned a module: the contract violation was not reported"
+            )
         if stand_in.calls["execute"]:
             fail(f"{where}: execute() was called {stand_in.calls['execute']} time(s) after compile() failed")
 
@@ -296,28 +315,32 @@ def compiles_once(ctx: Any, *, row: dict) -> None:
         except UnsupportedNodeError:
             raise
         except Exception as exc:
-            fail(f"{where}: is_available() returned True on this host, but lowering raised "
-                 f"{type(exc).__name__}: {exc}")
+            fail(f"{where}: is_available() returned True on this host, but lowering raised {type(exc).__name__}: {exc}")
         warned = [str(w.message) for w in caught if issubclass(w.category, BackendUnavailableWarning)]
         if warned:
             fail(f"{where}: is_available() returned True, yet lowering warned: {warned[0]}")
         if stand_in.calls["compile"] != 1:
-            fail(f"{where}: compile() was called {stand_in.calls['compile']} time(s) while lowering; "
-                 "with the backend available it must be called exactly once, with every method's blob")
+            fail(
+                f"{where}: compile() was called {stand_in.calls['compile']} time(s) while lowering; "
+                "with the backend available it must be called exactly once, with every method's blob"
+            )
         calls = calls_for(ctx, case, dtype)
         for method, examples in calls.items():
             for seed, (args, kwargs) in zip(section("availability")["seeds"], examples):
                 actual = getattr(lowered, method)(*args, **kwargs)
                 _match_eager(ctx, case, dtype, method, seed, args, kwargs, actual, where)
         if stand_in.calls["compile"] != 1:
-            fail(f"{where}: calls compiled again: compile() ran {stand_in.calls['compile']} times in all; "
-                 "a module compiled at lowering must reuse its handles")
+            fail(
+                f"{where}: calls compiled again: compile() ran {stand_in.calls['compile']} times in all; "
+                "a module compiled at lowering must reuse its handles"
+            )
 
     _each_supported(ctx, check)
 
 
-def _match_eager(ctx: Any, case: str, dtype: str, method: str, seed: int, args: tuple, kwargs: dict,
-                 actual: Any, where: str) -> None:
+def _match_eager(
+    ctx: Any, case: str, dtype: str, method: str, seed: int, args: tuple, kwargs: dict, actual: Any, where: str
+) -> None:
     from .parity import tolerance  # parity imports Hypothesis: not in the target process
 
     expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
@@ -325,8 +348,10 @@ def _match_eager(ctx: Any, case: str, dtype: str, method: str, seed: int, args: 
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
     except AssertionError as exc:
-        fail(f"{where}: {case}.{method} (example seed {seed}) differs from eager PyTorch "
-             f"(rtol={rtol}, atol={atol}):\n{exc}")
+        fail(
+            f"{where}: {case}.{method} (example seed {seed}) differs from eager PyTorch "
+            f"(rtol={rtol}, atol={atol}):\n{exc}"
+        )
 
 
 # --- the session's extra process ------------------------------------------------------------
@@ -380,12 +405,17 @@ class ExtraProcess:
         self._child = ChildProcess(
             "pytest_backendconf.conformance.availability:ExtraProcessHandler",
             {"backend": ctx.name, "backend_version": ctx.registered.source.version, "workdir": self.workdir},
-            blocked=self.blocked, startup_timeout=timeout, vary_hash_seed=True, refuse_tracing=True,
+            blocked=self.blocked,
+            startup_timeout=timeout,
+            vary_hash_seed=True,
+            refuse_tracing=True,
         )
-        self._child.send({
-            "scenarios": [_scenario_message(s) for s in self.scenarios],
-            "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
-        })
+        self._child.send(
+            {
+                "scenarios": [_scenario_message(s) for s in self.scenarios],
+                "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
+            }
+        )
         ExtraProcess._live.add(self)
         # Once the session that wanted it is gone, so is a process still working for it.
         weakref.finalize(self, self._child.kill)
@@ -429,12 +459,22 @@ class ExtraProcess:
             self._finish(None)
             return
         for key in batch:  # the handler gave up on the request (its error is in stderr)
-            self._records.setdefault(key, {
-                "loaded": False, "errors": {}, "outputs": {}, "blocked": self.blocked, "returncode": None,
-                "stderr": self._child.stderr(),
-                "error": {"type": "TargetNotRunError", "message": f"{key} did not run: the process answered "
-                          f"without it; stderr: {_target.tail_text(self._child.stderr())}"},
-            })
+            self._records.setdefault(
+                key,
+                {
+                    "loaded": False,
+                    "errors": {},
+                    "outputs": {},
+                    "blocked": self.blocked,
+                    "returncode": None,
+                    "stderr": self._child.stderr(),
+                    "error": {
+                        "type": "TargetNotRunError",
+                        "message": f"{key} did not run: the process answered "
+                        f"without it; stderr: {_target.tail_text(self._child.stderr())}",
+                    },
+                },
+            )
 
     def _decode(self, record: dict) -> dict:
         from pytest_backendconf._child import unpack_value
@@ -442,8 +482,15 @@ class ExtraProcess:
         if "outputs" not in record:
             return {k: v for k, v in record.items() if k != "kind"}
         outputs = unpack_value(record["outputs"], "target outputs") if record["outputs"] else {}
-        return {"loaded": record["loaded"], "error": record["error"], "outputs": outputs, "errors": record["errors"],
-                "blocked": self.blocked, "returncode": None, "stderr": ""}
+        return {
+            "loaded": record["loaded"],
+            "error": record["error"],
+            "outputs": outputs,
+            "errors": record["errors"],
+            "blocked": self.blocked,
+            "returncode": None,
+            "stderr": "",
+        }
 
     def _finish(self, ended: Any) -> None:
         """The process is done (``ended`` None: it answered everything it was asked)."""
@@ -458,15 +505,30 @@ class ExtraProcess:
             if ended is not None and ended.setup_error is not None:
                 error = {"type": ended.setup_error["type"], "message": ended.setup_error["message"]}
             elif key == self._running:
-                how = f"did not finish within {self.timeout} s and was killed" if timed_out else f"exited with code {code}"
-                error = {"type": "TargetTimeoutError" if timed_out else "TargetCrashError",
-                         "message": f"the process {how} while on {key}; stderr: {_target.tail_text(stderr)}"}
+                how = (
+                    f"did not finish within {self.timeout} s and was killed"
+                    if timed_out
+                    else f"exited with code {code}"
+                )
+                error = {
+                    "type": "TargetTimeoutError" if timed_out else "TargetCrashError",
+                    "message": f"the process {how} while on {key}; stderr: {_target.tail_text(stderr)}",
+                }
             else:
-                error = {"type": "TargetNotRunError",
-                         "message": f"{key} did not run: the process ended early (exit code {code}, while on "
-                                    f"{self._running}); stderr: {_target.tail_text(stderr)}"}
-            self._records[key] = {"loaded": False, "error": error, "outputs": {}, "errors": {},
-                                  "blocked": self.blocked, "returncode": code, "stderr": stderr}
+                error = {
+                    "type": "TargetNotRunError",
+                    "message": f"{key} did not run: the process ended early (exit code {code}, while on "
+                    f"{self._running}); stderr: {_target.tail_text(stderr)}",
+                }
+            self._records[key] = {
+                "loaded": False,
+                "error": error,
+                "outputs": {},
+                "errors": {},
+                "blocked": self.blocked,
+                "returncode": code,
+                "stderr": stderr,
+            }
 
     @classmethod
     def kill_unread(cls) -> None:
@@ -530,8 +592,13 @@ class Session:
 def _scenario_message(s: Scenario) -> dict:
     from pytest_backendconf._child import pack_value
 
-    return {"key": s.key, "archive": s.archive, "stand_in": s.stand_in, "row": s.row,
-            "calls": pack_value(s.calls, f"inputs of {s.key}")}
+    return {
+        "key": s.key,
+        "archive": s.archive,
+        "stand_in": s.stand_in,
+        "row": s.row,
+        "calls": pack_value(s.calls, f"inputs of {s.key}"),
+    }
 
 
 def _not_run(result: dict) -> bool:
@@ -568,7 +635,9 @@ class ExtraProcessHandler:
     def __call__(self, request: dict, channel: Any) -> dict:
         for scenario in request["scenarios"]:
             channel.send({"kind": "started", "key": scenario["key"]})
-            channel.send({"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend, channel)})
+            channel.send(
+                {"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend, channel)}
+            )
         # The host phase: lifting the blocker and the tracing guard lets the compiler and torch's tracing work from here on.
         if self.blocker in sys.meta_path:
             sys.meta_path.remove(self.blocker)
@@ -580,8 +649,9 @@ class ExtraProcessHandler:
                 lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
             except Exception as exc:
                 for item in request["lowerings"]:
-                    channel.send({"kind": "item", "key": item["key"],
-                                  "error": f"setting up failed: {type(exc).__name__}: {exc}"})
+                    channel.send(
+                        {"kind": "item", "key": item["key"], "error": f"setting up failed: {type(exc).__name__}: {exc}"}
+                    )
                 return {}
             for item in request["lowerings"]:
                 channel.send({"kind": "started", "key": item["key"]})
@@ -666,8 +736,9 @@ def availability_scenarios(ctx: Any) -> list[Scenario]:
         for row in table()["row"]:
             key = _scenario_key(row, case)
             if row["where"] == "target" and key not in scenarios:
-                scenarios[key] = Scenario(key, made[row["blobs"]], calls, row.get("stand_in"), row["id"],
-                                          last=row["blobs"] != "intact")
+                scenarios[key] = Scenario(
+                    key, made[row["blobs"]], calls, row.get("stand_in"), row["id"], last=row["blobs"] != "intact"
+                )
     return list(scenarios.values())
 
 
@@ -678,8 +749,13 @@ def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BackendUnavailableWarning)
         lowered = ctx.lower(case, dtype, backend=_PreprocessOnly(ctx.backend)).lowered
-    truncated = LoweredModule(ctx.backend, lowered.methods, {m: b[: len(b) // 2] for m, b in lowered.blobs.items()},
-                              lowered.debug, backend_version=lowered.backend_version)
+    truncated = LoweredModule(
+        ctx.backend,
+        lowered.methods,
+        {m: b[: len(b) // 2] for m, b in lowered.blobs.items()},
+        lowered.debug,
+        backend_version=lowered.backend_version,
+    )
     paths = {}
     for kind, module in (("intact", lowered), ("truncated", truncated)):
         paths[kind] = os.path.join(str(directory), f"{case}-{kind}.bcpt")
@@ -698,7 +774,12 @@ def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]
             fail(f"row {row['id']}, {case} ({dtype}): no archive for the target: {problem}")
         if problem is None:
             ran = True
-            yield case, dtype, f"row {row['id']}, {case} ({dtype}) on the target", found.result(_scenario_key(row, case))
+            yield (
+                case,
+                dtype,
+                f"row {row['id']}, {case} ({dtype}) on the target",
+                found.result(_scenario_key(row, case)),
+            )
     if not ran:
         raise Unsupported("; ".join(problems.values()))
 
@@ -712,19 +793,25 @@ def unavailable_on_target(ctx: Any, *, row: dict) -> None:
     prefix = table()["texts"]["unavailable_error"]
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
-            fail(f"{where}: the archive loaded although is_available() is False there; load must raise "
-                 f"BackendUnavailableError starting {prefix!r}")
+            fail(
+                f"{where}: the archive loaded although is_available() is False there; load must raise "
+                f"BackendUnavailableError starting {prefix!r}"
+            )
         error = result["error"]
         if error["type"] != "BackendUnavailableError" or not error["message"].startswith(prefix):
-            fail(f"{where}: load must raise BackendUnavailableError starting {prefix!r}; it raised {_error_text(result)}")
+            fail(
+                f"{where}: load must raise BackendUnavailableError starting {prefix!r}; it raised {_error_text(result)}"
+            )
 
 
 def violation_on_target(ctx: Any, *, row: dict) -> None:
     violation = table()["texts"]["violation"]
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
-            fail(f"{where}: is_available() returned True and compile() raised, yet the archive loaded: "
-                 "the contract violation was not reported")
+            fail(
+                f"{where}: is_available() returned True and compile() raised, yet the archive loaded: "
+                "the contract violation was not reported"
+            )
         error = result["error"]
         if error["type"] != "BackendContractError" or violation not in error["message"]:
             fail(f"{where}: load must raise BackendContractError naming {violation!r}; it raised {_error_text(result)}")
@@ -733,12 +820,16 @@ def violation_on_target(ctx: Any, *, row: dict) -> None:
 def blob_not_ready(ctx: Any, *, row: dict) -> None:
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
-            fail(f"{where}: the archive with blobs cut to half their length loaded; compile() must reject a "
-                 "blob that is not ready, so that load fails with a clear error")
+            fail(
+                f"{where}: the archive with blobs cut to half their length loaded; compile() must reject a "
+                "blob that is not ready, so that load fails with a clear error"
+            )
         error = result["error"]
         if error["type"] in ("TargetCrashError", "TargetTimeoutError", "TargetNotRunError"):
-            fail(f"{where}: loading blobs cut to half their length must fail with a clear error, never a crash "
-                 f"or a hang: {_error_text(result)}")
+            fail(
+                f"{where}: loading blobs cut to half their length must fail with a clear error, never a crash "
+                f"or a hang: {_error_text(result)}"
+            )
         if not error["message"].strip():
             fail(f"{where}: loading truncated blobs raised {error['type']} with an empty message")
 
@@ -755,15 +846,19 @@ def _runs_on_target(ctx: Any, row: dict, *, first_call_only: bool) -> None:
     seeds = section("availability")["seeds"]
     for case, dtype, where, result in _target_results(ctx, row):
         if not result["loaded"]:
-            fail(f"{where}: the archive did not load with {', '.join(result['blocked'])} blocked: {_error_text(result)}")
+            fail(
+                f"{where}: the archive did not load with {', '.join(result['blocked'])} blocked: {_error_text(result)}"
+            )
         for method, examples in calls_for(ctx, case, dtype).items():
             for i, (seed, (args, kwargs)) in enumerate(zip(seeds, examples)):
                 if first_call_only and i:
                     break
                 error = result["errors"][method][i]
                 if error is not None:
-                    fail(f"{where}: call {i + 1} of {method}() (example seed {seed}) raised "
-                         f"{error['type']}: {error['message']}")
+                    fail(
+                        f"{where}: call {i + 1} of {method}() (example seed {seed}) raised "
+                        f"{error['type']}: {error['message']}"
+                    )
                 _match_eager(ctx, case, dtype, method, seed, args, kwargs, result["outputs"][method][i], where)
 
 
@@ -778,4 +873,3 @@ OUTCOMES = {
     "violation_on_target": violation_on_target,
     "runs_on_target": runs_on_target,
 }
-

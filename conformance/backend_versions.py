@@ -35,9 +35,13 @@ def checks(ctx: Any, saved: Any, call: Any) -> Iterator[Check]:
     for case in section("serialization").get("version_cases", []):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
-            yield Check("serialization", f"future_backend_version[{case}]",
-                        functools.partial(check_future_backend_version, case=case, dtype=dtype, saved=saved, call=call),
-                        stage="load", case=case)
+            yield Check(
+                "serialization",
+                f"future_backend_version[{case}]",
+                functools.partial(check_future_backend_version, case=case, dtype=dtype, saved=saved, call=call),
+                stage="load",
+                case=case,
+            )
 
 
 def with_backend_version(data: bytes, version: str) -> bytes:
@@ -60,23 +64,31 @@ def check_future_backend_version(ctx: Any, *, case: str, dtype: str, saved: Any,
         text = str(exc)
         missing = [v for v in (FUTURE_VERSION, ours) if v and v not in text]
         if missing:
-            fail(f"{case} ({dtype}): loading an archive written by backend version {FUTURE_VERSION} was "
-                 f"refused, but the message does not name version(s) {', '.join(missing)}: {text}")
+            fail(
+                f"{case} ({dtype}): loading an archive written by backend version {FUTURE_VERSION} was "
+                f"refused, but the message does not name version(s) {', '.join(missing)}: {text}"
+            )
         return
     except Exception as exc:
-        fail(f"{case} ({dtype}): loading an archive written by backend version {FUTURE_VERSION} (this "
-             f"backend: {ours or 'no version declared'}) raised {type(exc).__name__}: {exc}\nA backend "
-             "that cannot read blobs of another release should say so from accepts_blob_version(version) "
-             "-> bool, so that load refuses the archive naming both versions, before compile() sees a blob.")
+        fail(
+            f"{case} ({dtype}): loading an archive written by backend version {FUTURE_VERSION} (this "
+            f"backend: {ours or 'no version declared'}) raised {type(exc).__name__}: {exc}\nA backend "
+            "that cannot read blobs of another release should say so from accepts_blob_version(version) "
+            "-> bool, so that load refuses the archive naming both versions, before compile() sees a blob."
+        )
     for method, examples in original.calls.items():
         for (args, kwargs), expected in zip(examples, original.outputs[method]):
             try:
                 got = call(getattr(loaded, method), args, kwargs)
             except Exception as exc:
-                fail(f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
-                     f"{FUTURE_VERSION}, then running it raised {type(exc).__name__}: {exc}; refuse such "
-                     "archives from accepts_blob_version(version)")
+                fail(
+                    f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
+                    f"{FUTURE_VERSION}, then running it raised {type(exc).__name__}: {exc}; refuse such "
+                    "archives from accepts_blob_version(version)"
+                )
             problem = same_outputs(got, expected)
             if problem:
-                fail(f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
-                     f"{FUTURE_VERSION}, but its outputs differ from the original's:\n{problem}")
+                fail(
+                    f"{case}.{method} ({dtype}): the backend accepted an archive of backend version "
+                    f"{FUTURE_VERSION}, but its outputs differ from the original's:\n{problem}"
+                )

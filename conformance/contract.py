@@ -132,7 +132,11 @@ def check_execute_matches_the_output_spec(ctx: SuiteContext, *, case_name: str, 
             fail(f"execute() returned {len(outputs)} outputs for method {method!r}; the program has {len(expected)}")
         for i, (got, want) in enumerate(zip(outputs, expected)):
             if isinstance(want, torch.Tensor):
-                if not isinstance(got, torch.Tensor) or got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+                if (
+                    not isinstance(got, torch.Tensor)
+                    or got.dtype != want.dtype
+                    or tuple(got.shape) != tuple(want.shape)
+                ):
                     fail(
                         f"execute() output {i} of method {method!r} is {_describe(got)}; the program "
                         f"says {_describe(want)}"

@@ -36,9 +36,14 @@ def checks(ctx: Any) -> Iterator[Check]:
     for case in section("symbolication").get("separate_cases", ()):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
-            yield Check("symbolication", f"debug_info_apart[{case}]",
-                        functools.partial(check_debug_info_apart, case=case, dtype=dtype),
-                        stage="save", case=case, needs_available=False)
+            yield Check(
+                "symbolication",
+                f"debug_info_apart[{case}]",
+                functools.partial(check_debug_info_apart, case=case, dtype=dtype),
+                stage="save",
+                case=case,
+                needs_available=False,
+            )
 
 
 def secrets(debug: dict) -> dict[str, str]:
@@ -82,19 +87,26 @@ def check_debug_info_apart(ctx: Any, *, case: str, dtype: str) -> None:
     embedded = lowered.lowered.debug
     found = leaks(archive_bytes, secrets(embedded))
     if found:
-        fail(f"{case} ({dtype}): the handles-only archive (save(..., debug_info=\"separate\")) still holds "
-             f"{len(found)} piece(s) of the model's source:\n  " + "\n  ".join(found[:12])
-             + "\nA blob must carry debug handles only (no stack traces, file names or source text); "
-               "the debug info belongs in the .debug file.")
+        fail(
+            f'{case} ({dtype}): the handles-only archive (save(..., debug_info="separate")) still holds '
+            f"{len(found)} piece(s) of the model's source:\n  "
+            + "\n  ".join(found[:12])
+            + "\nA blob must carry debug handles only (no stack traces, file names or source text); "
+            "the debug info belongs in the .debug file."
+        )
     archive = _archive.read_archive(archive_bytes)
     sidecar = read_sidecar(sidecar_bytes, _archive.DEFAULT_LIMITS)
     check_pair(archive, sidecar)
     if set(archive.handles) != set(embedded):
-        fail(f"{case} ({dtype}): the handles-only archive lists {len(archive.handles)} handles, the module has "
-             f"{len(embedded)}")
+        fail(
+            f"{case} ({dtype}): the handles-only archive lists {len(archive.handles)} handles, the module has "
+            f"{len(embedded)}"
+        )
     apart, together = SymbolTable(sidecar.debug), SymbolTable(embedded)
     differing = [h for h in sorted(embedded) if apart.text(h) != together.text(h)]
     if differing:
         h = differing[0]
-        fail(f"{case} ({dtype}): the .debug file symbolicates {len(differing)} handle(s) differently from the "
-             f"embedded debug info; handle {h}:\n--- .debug file\n{apart.text(h)}\n--- embedded\n{together.text(h)}")
+        fail(
+            f"{case} ({dtype}): the .debug file symbolicates {len(differing)} handle(s) differently from the "
+            f"embedded debug info; handle {h}:\n--- .debug file\n{apart.text(h)}\n--- embedded\n{together.text(h)}"
+        )

@@ -31,8 +31,10 @@ from . import _ops_discovery as discovery
 from ._ops_program import OpCall, build_program, op_call_class
 from ._spec import section
 
-#: ``--backendconf-ops``: up to `DEFAULT_SAMPLES` per (overload, dtype), or every sample.
-MODES = ("default", "all")
+#: ``--backendconf-ops``: the shipped samples (``quick``: the first of each overload in float32 and
+#: float16, for engines whose lowering takes seconds; ``default``: up to ``default_samples`` in every
+#: dtype of ``default_dtypes``), or every OpInfo sample (``all``).
+MODES = ("quick", "default", "all")
 LOW_PRECISION = ("float16", "bfloat16")
 
 
@@ -41,7 +43,8 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     if data is None:
         return
     wanted = set(dtypes_under_test(ctx))
-    samples = section("ops").get("default_samples", discovery.DEFAULT_SAMPLES) if _mode(ctx) == "default" else None
+    mode = _mode(ctx)
+    samples = None if mode == "all" else section("ops").get(f"{mode}_samples", discovery.DEFAULT_SAMPLES)
     for number, sample in enumerate(data.samples):
         if sample.dtype not in wanted or (samples is not None and sample.index >= samples):
             continue
@@ -59,9 +62,11 @@ def dtypes_under_test(ctx: SuiteContext) -> list[str]:
     declared = ctx.capabilities.dtypes
     spec = section("ops")
     wanted = spec.get("dtypes", discovery.DISCOVERY_DTYPES)
-    if _mode(ctx) == "default":
-        wanted = spec.get("default_dtypes", wanted)
-    return [d for d in discovery.DISCOVERY_DTYPES if d in wanted and (declared is None or getattr(torch, d) in declared)]
+    if _mode(ctx) != "all":
+        wanted = spec.get(f"{_mode(ctx)}_dtypes", wanted)
+    return [
+        d for d in discovery.DISCOVERY_DTYPES if d in wanted and (declared is None or getattr(torch, d) in declared)
+    ]
 
 
 def _mode(ctx: SuiteContext) -> str:
@@ -70,7 +75,7 @@ def _mode(ctx: SuiteContext) -> str:
 
 def ops_data(ctx: SuiteContext) -> discovery.OpsData | None:
     """The session's samples: shipped data for this torch, a cached discovery, or a fresh one."""
-    mode = _mode(ctx)
+    mode = "all" if _mode(ctx) == "all" else "default"  # quick selects from the default data
     return ctx.memo(("ops-data", mode), lambda: _load_or_discover(ctx, mode))
 
 
@@ -88,11 +93,17 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
     if op_db is None:
         notice(ctx, f"ops category skipped: no ops data for torch {version} and {reason}")
         return None
-    notice(ctx, f"ops: discovering single-op samples of PyTorch's OpInfo database for torch {version} "
-                f"(once; cached in {cache})")
+    notice(
+        ctx,
+        f"ops: discovering single-op samples of PyTorch's OpInfo database for torch {version} "
+        f"(once; cached in {cache})",
+    )
     all_samples = mode == "all"
-    data = discovery.discover(op_db, max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
-                              tries=None if all_samples else discovery.DEFAULT_TRIES)
+    data = discovery.discover(
+        op_db,
+        max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
+        tries=None if all_samples else discovery.DEFAULT_TRIES,
+    )
     try:
         discovery.save(data, cache, mode)
     except OSError as exc:
@@ -102,7 +113,8 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
 
 def cache_dir() -> Path:
     base = os.environ.get("BACKENDCONF_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytest-backendconf")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytest-backendconf"
+    )
     return Path(base) / "ops"
 
 
@@ -124,7 +136,9 @@ def program_of(ctx: SuiteContext, number: int) -> Any:
     return ctx.memo(("ops-program", _mode(ctx), number), lambda: build_program(sample, sample.inputs))
 
 
-def reference_outputs(sample: discovery.OpSample, program: Any, low_precision_reference: bool) -> tuple[list[torch.Tensor], str]:
+def reference_outputs(
+    sample: discovery.OpSample, program: Any, low_precision_reference: bool
+) -> tuple[list[torch.Tensor], str]:
     """Eager PyTorch's outputs and how they were computed.
 
     For float16/bfloat16 with every output floating, in float64 and cast
@@ -148,8 +162,9 @@ def output_dtypes(program: Any) -> list[torch.dtype]:
     return [node.meta["val"].dtype for node in program.graph_module.graph.output_node().args[0]]
 
 
-def tolerance_for(ctx: SuiteContext, sample: discovery.OpSample, low_precision: bool,
-                  out_dtypes: list[torch.dtype] | None = None) -> Tolerance:
+def tolerance_for(
+    ctx: SuiteContext, sample: discovery.OpSample, low_precision: bool, out_dtypes: list[torch.dtype] | None = None
+) -> Tolerance:
     """The tolerance of the sample's dtype; of its floating outputs' dtype when its inputs are
     integers or bools (``cos`` of an int64 tensor is a float32 tensor, with float32's rounding)."""
     spec = section("ops")
@@ -161,7 +176,11 @@ def tolerance_for(ctx: SuiteContext, sample: discovery.OpSample, low_precision: 
     tolerance = resolve_tolerance(dtype, [sample.overload], ctx.capabilities.tolerances, spec.get("tolerances", {}))
     if tolerance.source == "default" and sample.overload in overrides:
         name = str(dtype).removeprefix("torch.")
-        pair = overrides[sample.overload].get(name) if isinstance(overrides[sample.overload], dict) else overrides[sample.overload]
+        pair = (
+            overrides[sample.overload].get(name)
+            if isinstance(overrides[sample.overload], dict)
+            else overrides[sample.overload]
+        )
         if pair is not None:
             tolerance = Tolerance(float(pair[0]), float(pair[1]), f"the suite's override for {sample.overload}")
     if low_precision:
@@ -182,8 +201,11 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
     program = program_of(ctx, number)
     try:
         lowered = lower_programs(
-            {"forward": program}, ctx.backend, {"forward": {}},
-            module_type=op_call_class(len(sample.inputs)), backend_version=ctx.registered.source.version,
+            {"forward": program},
+            ctx.backend,
+            {"forward": {}},
+            module_type=op_call_class(len(sample.inputs)),
+            backend_version=ctx.registered.source.version,
         )
     except UnsupportedNodeError as exc:
         if is_declared:
@@ -204,8 +226,11 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
     except StructureMismatch as exc:
         raise CheckFailed(_headline(sample, is_declared) + f": {exc}") from None
     for i, (before, after) in enumerate(zip(sample.inputs, inputs)):
-        if not torch.equal(before, after) and not (before.is_floating_point() and torch.equal(before.isnan(), after.isnan())
-                                                   and torch.equal(before.nan_to_num(), after.nan_to_num())):
+        if not torch.equal(before, after) and not (
+            before.is_floating_point()
+            and torch.equal(before.isnan(), after.isnan())
+            and torch.equal(before.nan_to_num(), after.nan_to_num())
+        ):
             raise CheckFailed(f"{sample.name}: execute() changed input {i} in place")
     failing = [r for r in results if not r.passed]
     if failing:
@@ -230,9 +255,16 @@ def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> P
     directory = ctx.tmp_dir("ops-inputs")
     path = directory / f"{sample.overload}-{sample.dtype}-sample{sample.index}.safetensors"
     record = sample.as_json()
-    write_tensors(path, {f"input{i}": t for i, t in enumerate(sample.inputs)},
-                  {"kind": "ops", "sample": json.dumps(record), "backend": ctx.name,
-                   "low_precision_reference": str(bool(section("ops").get("low_precision_reference", True)))})
+    write_tensors(
+        path,
+        {f"input{i}": t for i, t in enumerate(sample.inputs)},
+        {
+            "kind": "ops",
+            "sample": json.dumps(record),
+            "backend": ctx.name,
+            "low_precision_reference": str(bool(section("ops").get("low_precision_reference", True))),
+        },
+    )
     return path
 
 

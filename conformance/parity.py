@@ -29,7 +29,14 @@ from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf._context import normalize_call
 from pytest_backendconf._divergence import locate_in_program
 from pytest_backendconf._tensorfile import write_tensors
-from pytest_backendconf._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
+from pytest_backendconf._numerics import (
+    StructureMismatch,
+    Tolerance,
+    compare_outputs,
+    resolve_tolerance,
+    summary_json,
+    worst,
+)
 from pytest_backendconf._hypothesis import PROFILES
 from pytest_backendconf._check import Check, CheckFailed, Unsupported
 
@@ -137,8 +144,17 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 
-def divergence_text(ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict,
-                    tol: Tolerance, *, at_these_sizes: bool = False) -> str:
+def divergence_text(
+    ctx: SuiteContext,
+    case_name: str,
+    dtype: str,
+    method: str,
+    args: tuple,
+    kwargs: dict,
+    tol: Tolerance,
+    *,
+    at_these_sizes: bool = False,
+) -> str:
     """``Diverges first at node 'sub' (aten::sub): …`` and the node's source, for a multi-node model.
 
     ``at_these_sizes``: the model is exported again at the inputs' own shapes
@@ -160,8 +176,14 @@ def divergence_text(ctx: SuiteContext, case_name: str, dtype: str, method: str, 
         return ""
     args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
     try:
-        found = locate_in_program(program, ctx.backend, list(_compat.tree_leaves((args, kwargs))),
-                                  top_class=module_type.__name__, method=method, tolerance=tol)
+        found = locate_in_program(
+            program,
+            ctx.backend,
+            list(_compat.tree_leaves((args, kwargs))),
+            top_class=module_type.__name__,
+            method=method,
+            tolerance=tol,
+        )
     except Exception as exc:  # localisation is a diagnosis: never hide the failure behind it
         return f"\n(could not locate the divergence: {type(exc).__name__}: {exc})"
     if found is None:
@@ -200,8 +222,10 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode, sizes=sizes)
         expected = eager(*args, **kwargs)
         shapes = ", ".join(f"{n}={v}" for n, v in sizes.items())
-        where = (f"{case_name}.{method} in {dtype}, lowered once with dynamic shapes and called at {shapes}, "
-                 f"inputs drawn with seed={seed}, mode={mode!r}")
+        where = (
+            f"{case_name}.{method} in {dtype}, lowered once with dynamic shapes and called at {shapes}, "
+            f"inputs drawn with seed={seed}, mode={mode!r}"
+        )
         hint = "A backend must not specialise on the first shape it runs (or on the example shape of the export)."
         try:
             actual = run(*args, **kwargs)
@@ -215,8 +239,10 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             raise CheckFailed(f"{where}: {exc}\n{hint}") from None
         failing = [r for r in results if not r.passed]
         if failing:
-            error = CheckFailed(f"{where}: the backend's outputs differ from eager PyTorch. {hint}\n"
-                                + "\n".join(r.text() for r in failing))
+            error = CheckFailed(
+                f"{where}: the backend's outputs differ from eager PyTorch. {hint}\n"
+                + "\n".join(r.text() for r in failing)
+            )
             # On the exception, not in `seen`: of several failing explicit examples
             # Hypothesis reports the first, after running them all.
             error.example = (args, kwargs, sizes)  # type: ignore[attr-defined]
@@ -249,8 +275,9 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 
-def save_inputs(ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict,
-                *, sizes: dict | None = None) -> Path:
+def save_inputs(
+    ctx: SuiteContext, case_name: str, dtype: str, method: str, args: tuple, kwargs: dict, *, sizes: dict | None = None
+) -> Path:
     """The failing example's tensors in a tensor file (no code in it) for `pytest_backendconf.rerun`.
 
     ``sizes``: the dynamic-shape check's sizes; the rerun lowers with dynamic shapes again.

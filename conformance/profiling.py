@@ -41,9 +41,13 @@ def checks(ctx: Any, preprocessed: Any) -> Iterator[Check]:
     for case in section("contract").get("profiling_cases", ()):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
-            yield Check("contract", f"execute_profiled_events[{case}]",
-                        functools.partial(check_execute_profiled, case=case, dtype=dtype, preprocessed=preprocessed),
-                        stage="execute", case=case)
+            yield Check(
+                "contract",
+                f"execute_profiled_events[{case}]",
+                functools.partial(check_execute_profiled, case=case, dtype=dtype, preprocessed=preprocessed),
+                stage="execute",
+                case=case,
+            )
 
 
 def check_execute_profiled(ctx: Any, *, case: str, dtype: str, preprocessed: Any) -> None:
@@ -74,9 +78,12 @@ def check_execute_profiled(ctx: Any, *, case: str, dtype: str, preprocessed: Any
         delegated = [n.name for n in program.graph.nodes if n.op == "call_function"]
         problems = event_problems(call, nodes, delegated)
         if problems:
-            fail(f"{where}: execute_profiled() events are wrong:\n  " + "\n  ".join(problems[:10])
-                 + "\nEvents are (debug_handle, start_ns, end_ns): the handle preprocess was given for the node, "
-                 "times from time.perf_counter_ns taken during the call, at least one event per delegated node.")
+            fail(
+                f"{where}: execute_profiled() events are wrong:\n  "
+                + "\n  ".join(problems[:10])
+                + "\nEvents are (debug_handle, start_ns, end_ns): the handle preprocess was given for the node, "
+                "times from time.perf_counter_ns taken during the call, at least one event per delegated node."
+            )
 
 
 def event_problems(call: Call, nodes: dict[int, tuple[str, str]], delegated: list[str]) -> list[str]:

@@ -92,9 +92,18 @@ def _vit_tiny() -> Any:
     import_torchvision()
     vit = import_module("torchvision.models.vision_transformer")
     # ViT-Ti/32-like: the architecture of vit_b_32 at a twentieth of the width and a third of the depth.
-    return _seeded("vit_tiny", lambda: vit.VisionTransformer(
-        image_size=224, patch_size=32, num_layers=4, num_heads=3, hidden_dim=192, mlp_dim=768, num_classes=1000,
-    ))
+    return _seeded(
+        "vit_tiny",
+        lambda: vit.VisionTransformer(
+            image_size=224,
+            patch_size=32,
+            num_layers=4,
+            num_heads=3,
+            hidden_dim=192,
+            mlp_dim=768,
+            num_classes=1000,
+        ),
+    )
 
 
 class TextEncoder:

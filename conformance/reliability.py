@@ -147,16 +147,21 @@ def _run_child(ctx: SuiteContext) -> IsolatedRun:
             continue
         for method in ctx.cases[name].methods:
             run.probes.append(Probe(name, dtype, method))
-            payload.append({
-                "blobs": {m: base64.b64encode(b).decode("ascii") for m, b in lowered.blobs.items()},
-                "specs": {m: s.compile_spec for m, s in lowered.methods.items()},
-                "method": method,
-                "calls": pack_value([ctx.flat_inputs(name, dtype, method, seed) for seed in range(calls)],
-                                    f"probe inputs of {name}.{method}"),
-            })
+            payload.append(
+                {
+                    "blobs": {m: base64.b64encode(b).decode("ascii") for m, b in lowered.blobs.items()},
+                    "specs": {m: s.compile_spec for m, s in lowered.methods.items()},
+                    "method": method,
+                    "calls": pack_value(
+                        [ctx.flat_inputs(name, dtype, method, seed) for seed in range(calls)],
+                        f"probe inputs of {name}.{method}",
+                    ),
+                }
+            )
     live = [p for p in run.probes if p.status != "not_lowered"]
     child = ChildProcess(
-        "pytest_backendconf.conformance.reliability:ProbeRunner", {"backend": ctx.name},
+        "pytest_backendconf.conformance.reliability:ProbeRunner",
+        {"backend": ctx.name},
         startup_timeout=float(spec.get("child_startup_timeout_s", 120)),
     )
     try:
@@ -182,8 +187,10 @@ def _follow(child: Any, probes: list[Probe], run: IsolatedRun) -> None:
             return
         if isinstance(record, Ended):
             if record.setup_error is not None:
-                run.setup_error = f"creating backend in the child failed: {record.setup_error['type']}: " \
-                                  f"{record.setup_error['message']}"
+                run.setup_error = (
+                    f"creating backend in the child failed: {record.setup_error['type']}: "
+                    f"{record.setup_error['message']}"
+                )
             elif record.timed_out is not None:
                 run.setup_error = f"the child process did not start within {child.startup_timeout:g} s"
             elif current is not None:
@@ -267,8 +274,7 @@ def check_no_crash(ctx: SuiteContext) -> None:
         fail(
             f"{crashed.what()} crashed the process{crashed.detail}. It ran in a child process; in "
             "the pytest process it would have ended the whole session. A backend must report "
-            "failures as exceptions (BackendError), never by crashing its host process."
-            + _stderr_tail(run.stderr)
+            "failures as exceptions (BackendError), never by crashing its host process." + _stderr_tail(run.stderr)
         )
     _skip_if_not_told(run, "crash")
 

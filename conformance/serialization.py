@@ -54,8 +54,13 @@ def checks(ctx: Any) -> Iterator[Check]:
 
 
 def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
-    return Check("serialization", f"{check.__name__.removeprefix('check_')}[{case}]",
-                 functools.partial(check, case=case, dtype=dtype), stage=stage, case=case)
+    return Check(
+        "serialization",
+        f"{check.__name__.removeprefix('check_')}[{case}]",
+        functools.partial(check, case=case, dtype=dtype),
+        stage=stage,
+        case=case,
+    )
 
 
 # --- what every check shares: the lowered module, its archive, its outputs ---------------------
@@ -73,7 +78,9 @@ class _Saved:
     @functools.cached_property
     def outputs(self) -> dict[str, list[Any]]:
         """Per method, the lowered module's outputs for `calls` (each call on fresh copies of the inputs)."""
-        return {m: [call_fresh(getattr(self.lowered, m), a, k) for a, k in examples] for m, examples in self.calls.items()}
+        return {
+            m: [call_fresh(getattr(self.lowered, m), a, k) for a, k in examples] for m, examples in self.calls.items()
+        }
 
     @functools.cached_property
     def loaded(self) -> Any:
@@ -128,16 +135,20 @@ def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
         for seed, (args, kwargs), expected in zip(seeds, examples, saved.outputs[method]):
             problem = _same(call_fresh(getattr(loaded, method), args, kwargs), expected)
             if problem:
-                fail(f"{case}.{method} ({dtype}), example seed {seed}: the module loaded from its archive "
-                     f"differs from the lowered module it was saved from (exact comparison):\n{problem}")
+                fail(
+                    f"{case}.{method} ({dtype}), example seed {seed}: the module loaded from its archive "
+                    f"differs from the lowered module it was saved from (exact comparison):\n{problem}"
+                )
 
 
 def check_resave_is_byte_identical(ctx: Any, *, case: str, dtype: str) -> None:
     saved, loaded = _loaded(ctx, case, dtype)
     again = _archive.to_bytes(loaded)
     if again != saved.data:
-        fail(f"{case} ({dtype}): save(load(archive)) is not byte-identical to the archive: "
-             f"{archive_difference(saved.data, again)}")
+        fail(
+            f"{case} ({dtype}): save(load(archive)) is not byte-identical to the archive: "
+            f"{archive_difference(saved.data, again)}"
+        )
 
 
 def archive_difference(first: bytes, second: bytes) -> str:
@@ -148,8 +159,11 @@ def archive_difference(first: bytes, second: bytes) -> str:
         return f"an archive does not read back: {type(exc).__name__}: {exc}"
     entries_a = {e.name: e for e in a.entries}
     entries_b = {e.name: e for e in b.entries}
-    differing = [n for n in sorted(entries_a.keys() | entries_b.keys())
-                 if n not in entries_a or n not in entries_b or entries_a[n].sha256 != entries_b[n].sha256]
+    differing = [
+        n
+        for n in sorted(entries_a.keys() | entries_b.keys())
+        if n not in entries_a or n not in entries_b or entries_a[n].sha256 != entries_b[n].sha256
+    ]
     if not differing:
         return f"the entries are equal, the zip layout is not ({len(first)} vs {len(second)} bytes)"
     notes = []
@@ -188,8 +202,10 @@ def check_compile_spec_and_debug_info_survive(ctx: Any, *, case: str, dtype: str
     data = _archive.to_bytes(lowered)
     manifest_spec = _archive.read_archive(data).method_compile_spec
     if manifest_spec != spec:
-        fail(f"{case} ({dtype}): the archive's manifest records the method compile spec {manifest_spec!r}; "
-             f"the module was lowered with {spec!r}")
+        fail(
+            f"{case} ({dtype}): the archive's manifest records the method compile spec {manifest_spec!r}; "
+            f"the module was lowered with {spec!r}"
+        )
     loaded = bc.load(data)
     got = {name: m.compile_spec for name, m in loaded.lowered.methods.items()}
     if got != spec:
@@ -200,11 +216,15 @@ def check_compile_spec_and_debug_info_survive(ctx: Any, *, case: str, dtype: str
         fail(f"{case} ({dtype}): debug handles changed in the round trip: lost {lost[:10]}, gained {new[:10]}")
     for handle, info in before.items():
         if after[handle] != info or str(after[handle]) != str(info):
-            fail(f"{case} ({dtype}): debug info of handle {handle} changed in the round trip.\n"
-                 f"before:\n{info}\nafter:\n{after[handle]}")
+            fail(
+                f"{case} ({dtype}): debug info of handle {handle} changed in the round trip.\n"
+                f"before:\n{info}\nafter:\n{after[handle]}"
+            )
     if loaded.lowered.backend_version != lowered.lowered.backend_version:
-        fail(f"{case} ({dtype}): the backend version {lowered.lowered.backend_version!r} came back as "
-             f"{loaded.lowered.backend_version!r}")
+        fail(
+            f"{case} ({dtype}): the backend version {lowered.lowered.backend_version!r} came back as "
+            f"{loaded.lowered.backend_version!r}"
+        )
 
 
 def _attributes() -> dict[str, Any]:
@@ -238,8 +258,10 @@ def check_wrapper_attributes_survive(ctx: Any, *, case: str, dtype: str) -> None
             fail(f"{case} ({dtype}): attribute {name!r} set after lowering came back changed: {problem}")
     again = _archive.to_bytes(loaded)
     if again != data:
-        fail(f"{case} ({dtype}): with attributes, save(load(archive)) is not byte-identical: "
-             f"{archive_difference(data, again)}")
+        fail(
+            f"{case} ({dtype}): with attributes, save(load(archive)) is not byte-identical: "
+            f"{archive_difference(data, again)}"
+        )
 
 
 def _same_value(got: Any, want: Any) -> str | None:
@@ -261,8 +283,6 @@ def _same_value(got: Any, want: Any) -> str | None:
 
 
 # --- the target process and the fresh lowering (availability.Session runs both, _session_work has the records)
-
-
 
 
 def _scenario(ctx: Any, case: str) -> Scenario:
@@ -330,19 +350,25 @@ def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     result = runs.result(f"serialization:{case}")
     if not result["loaded"]:
         error = result["error"]
-        fail(f"{case} ({dtype}): the archive did not load on the target ({', '.join(result['blocked'])} "
-             f"blocked): {error['type']}: {error['message']}")
+        fail(
+            f"{case} ({dtype}): the archive did not load on the target ({', '.join(result['blocked'])} "
+            f"blocked): {error['type']}: {error['message']}"
+        )
     rtol, atol = tolerance(ctx, dtype)
     seeds = section("serialization")["seeds"]
     for method, expected in saved.outputs.items():
         for i, (seed, want) in enumerate(zip(seeds, expected)):
             error = result["errors"][method][i]
             if error is not None:
-                fail(f"{case}.{method} ({dtype}), example seed {seed}, on the target: {error['type']}: {error['message']}")
+                fail(
+                    f"{case}.{method} ({dtype}), example seed {seed}, on the target: {error['type']}: {error['message']}"
+                )
             problem = _same(result["outputs"][method][i], want, rtol=rtol, atol=atol)
             if problem:
-                fail(f"{case}.{method} ({dtype}), example seed {seed}: on the target the archive gives other "
-                     f"outputs than the lowered module on the host (rtol={rtol}, atol={atol}):\n{problem}")
+                fail(
+                    f"{case}.{method} ({dtype}), example seed {seed}: on the target the archive gives other "
+                    f"outputs than the lowered module on the host (rtol={rtol}, atol={atol}):\n{problem}"
+                )
 
 
 def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
@@ -351,12 +377,16 @@ def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
     runs.place([], _lowerings(ctx))
     result = runs.result(f"fresh:{case}")
     if result.get("error"):
-        fail(f"{case} ({dtype}): lowering it again in a fresh process failed: {result['error']['type']}: "
-             f"{result['error']['message']}")
+        fail(
+            f"{case} ({dtype}): lowering it again in a fresh process failed: {result['error']['type']}: "
+            f"{result['error']['message']}"
+        )
     with open(result["archive"], "rb") as f:
         fresh = f.read()
     if fresh != saved.data:
-        fail(f"{case} ({dtype}): lowering it in a fresh process (debug handles aligned to start at "
-             f"{min(bc.debug_info(saved.lowered))}) gives a different archive: "
-             f"{archive_difference(saved.data, fresh)}. Is preprocess() deterministic across processes "
-             "(no addresses, process ids, times, or orders of hashed strings in the blob)?")
+        fail(
+            f"{case} ({dtype}): lowering it in a fresh process (debug handles aligned to start at "
+            f"{min(bc.debug_info(saved.lowered))}) gives a different archive: "
+            f"{archive_difference(saved.data, fresh)}. Is preprocess() deterministic across processes "
+            "(no addresses, process ids, times, or orders of hashed strings in the blob)?"
+        )

@@ -117,7 +117,7 @@ def _problems_with_text(text: str, entry: dict, frames: list[list[str]]) -> list
     if block not in text:
         problems.append(f"it has no line {block.rstrip()!r}")
         return problems
-    rest = text[text.index(block) + len(block):]
+    rest = text[text.index(block) + len(block) :]
     for i, accepted in enumerate(frames):
         found = [a for a in accepted if rest.startswith(a + "\n") or rest == a]
         if not found:
@@ -126,7 +126,7 @@ def _problems_with_text(text: str, entry: dict, frames: list[list[str]]) -> list
                 f"but the text there is\n{_indent(_lines(rest, 3))}"
             )
             break
-        rest = rest[len(found[0]) + 1:]
+        rest = rest[len(found[0]) + 1 :]
     return problems
 
 
@@ -209,7 +209,9 @@ def _unrelated_rejection(ctx: SuiteContext, exc: UnsupportedNodeError, program: 
     if not any(node is n for n in walk_nodes(program.graph_module)) or op_name(node) == probe:
         return None
     twin = copy.deepcopy(program)
-    for graph_module in {id(n.graph.owning_module): n.graph.owning_module for n in walk_nodes(twin.graph_module)}.values():
+    for graph_module in {
+        id(n.graph.owning_module): n.graph.owning_module for n in walk_nodes(twin.graph_module)
+    }.values():
         for n in graph_module.graph.nodes:
             if n.op == "call_function" and op_name(n) == probe:
                 n.target = torch.ops.aten.clone.default
@@ -249,7 +251,7 @@ def _problems_with_rejection(
     if not text.startswith(head):
         problems.append(f"the text should begin {head.rstrip()!r}; it begins {_lines(text, 1)!r}")
     else:
-        after = text[len(head):]
+        after = text[len(head) :]
         if not any(after.startswith(a + "\n") or after == a for a in frames[-1]):
             problems.append(
                 f"the source code under the first line should be\n{_indent(frames[-1][0])}\n"
@@ -319,7 +321,8 @@ def check_fault(ctx: SuiteContext, *, entry: dict, dtype: str) -> None:
     if problems:
         fail(
             f"the BackendRuntimeError for the fault injected at node {node!r} of {where} is not the "
-            f"text of docs/backend-contract.md#debug-handles-and-texts:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"text of docs/backend-contract.md#debug-handles-and-texts:\n"
+            + "\n".join(f"  - {p}" for p in problems)
             + f"\nthe text was:\n{_indent(_lines(text, 14))}"
         )
 

@@ -70,10 +70,29 @@ from ._tensor_codec import encode_tensor as tensor_to_bytes
 from .errors import ArchiveError, DebugSidecarError, LoweringError
 
 __all__ = [
-    "ATTRIBUTES", "DEBUG", "FORMAT_NAME", "MANIFEST", "SCHEMA_VERSION", "Archive", "DebugInfoSizes",
-    "EntryInfo", "Limits", "ValueEncoder", "check_value", "debug_info_sizes", "decode_value", "load",
-    "read_archive", "save", "symbolicate", "tensor_from_bytes", "tensor_to_bytes", "to_bytes",
-    "to_bytes_separate", "debug_source", "Sidecar",
+    "ATTRIBUTES",
+    "DEBUG",
+    "FORMAT_NAME",
+    "MANIFEST",
+    "SCHEMA_VERSION",
+    "Archive",
+    "DebugInfoSizes",
+    "EntryInfo",
+    "Limits",
+    "ValueEncoder",
+    "check_value",
+    "debug_info_sizes",
+    "decode_value",
+    "load",
+    "read_archive",
+    "save",
+    "symbolicate",
+    "tensor_from_bytes",
+    "tensor_to_bytes",
+    "to_bytes",
+    "to_bytes_separate",
+    "debug_source",
+    "Sidecar",
 ]
 
 
@@ -100,13 +119,13 @@ def save(lowered: Any, file: Any, *, debug_info: str = "embedded", debug_file: A
     """
     if debug_info_mode(debug_info) == "embedded":
         if debug_file is not None:
-            raise ArchiveError("save(debug_file=...) is for debug_info=\"separate\"; embedded debug info needs no file")
+            raise ArchiveError('save(debug_file=...) is for debug_info="separate"; embedded debug info needs no file')
         _write(file, to_bytes(lowered))
         return
     if debug_file is None:
         if not isinstance(file, (str, os.PathLike)):
             raise ArchiveError(
-                "save(..., debug_info=\"separate\") to a file object needs debug_file= (a path or a binary "
+                'save(..., debug_info="separate") to a file object needs debug_file= (a path or a binary '
                 "file object for the debug info); with a path it defaults to the path + '.debug'"
             )
         debug_file = default_sidecar_path(file)
@@ -122,9 +141,7 @@ def _write(file: Any, data: bytes) -> None:
     elif hasattr(file, "write"):
         file.write(data)
     else:
-        raise ArchiveError(
-            f"save() writes to a path or a binary file object, got {type(file).__name__}"
-        )
+        raise ArchiveError(f"save() writes to a path or a binary file object, got {type(file).__name__}")
 
 
 def to_bytes(lowered: Any) -> bytes:
@@ -277,7 +294,7 @@ def _require_debug(missing: bool, source: str) -> None:
         raise DebugSidecarError(
             f"archive {source!r} keeps its debug info in a separate .debug file, which is not beside it: "
             f"symbolicate with that file ({symbolicate_hint(source)} HANDLE, or "
-            "pytest_backendconf.symbolicate(\"....debug\", handles))"
+            'pytest_backendconf.symbolicate("....debug", handles))'
         )
 
 

@@ -93,8 +93,10 @@ def check_attributes(document: Any, where: str, methods: set[str]) -> tuple[list
             flag = "requires_grad" if kind == "parameter" else "persistent"
             if not isinstance(record.get(flag), bool):
                 raise bad(f"attribute {name!r} must have a boolean {flag!r}")
-            if record.get("requires_grad") and value is not None and (
-                not metas[value["tensor"]]["dtype"].startswith(("float", "bfloat", "complex"))
+            if (
+                record.get("requires_grad")
+                and value is not None
+                and (not metas[value["tensor"]]["dtype"].startswith(("float", "bfloat", "complex")))
             ):
                 raise bad(f"parameter {name!r} requires grad but its tensor is not floating point")
     return records, metas

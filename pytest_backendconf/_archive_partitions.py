@@ -39,7 +39,9 @@ def write(core: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
         fields["partitions"] = {
             method: {
                 "plan": plan.to_json(),
-                "compile_specs": {key: core.partition_specs[key] for key in plan.blob_keys if key in core.partition_specs},
+                "compile_specs": {
+                    key: core.partition_specs[key] for key in plan.blob_keys if key in core.partition_specs
+                },
             }
             for method, plan in core.plans.items()
         }
@@ -85,23 +87,33 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
     if not isinstance(op_nodes, dict) or not all(
         m in methods and isinstance(v, list) and all(isinstance(n, str) for n in v) for m, v in op_nodes.items()
     ):
-        raise ArchiveManifestError(f"{where('manifest.json')}: op_nodes must map lowered methods to lists of node names; {_REWRITE}")
+        raise ArchiveManifestError(
+            f"{where('manifest.json')}: op_nodes must map lowered methods to lists of node names; {_REWRITE}"
+        )
     found.op_nodes = {m: tuple(v) for m, v in op_nodes.items()}
     partitions = manifest.get("partitions", {})
     if not isinstance(partitions, dict):
         raise ArchiveManifestError(f"{where('manifest.json')}: partitions must be an object; {_REWRITE}")
     for method, record in partitions.items():
         if method not in methods:
-            raise ArchiveManifestError(f"{where('manifest.json')}: partitions names method {method!r}, which methods does not list; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{where('manifest.json')}: partitions names method {method!r}, which methods does not list; {_REWRITE}"
+            )
         if not isinstance(record, dict) or not isinstance(record.get("compile_specs"), dict):
-            raise ArchiveManifestError(f"{where('manifest.json')}: partitions[{method!r}] must have a plan and compile_specs; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{where('manifest.json')}: partitions[{method!r}] must have a plan and compile_specs; {_REWRITE}"
+            )
         try:
             plan = Plan.from_json(record["plan"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ArchiveManifestError(f"{where('manifest.json')}: the plan of method {method!r} is malformed: {exc}; {_REWRITE}") from None
+            raise ArchiveManifestError(
+                f"{where('manifest.json')}: the plan of method {method!r} is malformed: {exc}; {_REWRITE}"
+            ) from None
         for step in plan.steps:
             if step.key.split(".")[0] != method:
-                raise ArchiveManifestError(f"{where('manifest.json')}: method {method!r} runs step {step.key!r} of another method; {_REWRITE}")
+                raise ArchiveManifestError(
+                    f"{where('manifest.json')}: method {method!r} runs step {step.key!r} of another method; {_REWRITE}"
+                )
             entry = f"{'blobs' if step.delegated else 'fallback'}/{step.key}.bin"
             if entry not in contents:
                 raise ArchiveEntryError(f"{where(entry)}: the blob of {step.key!r} is missing; {_REWRITE}")
@@ -109,7 +121,9 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
                 found.delegated_blobs[step.key] = contents[entry]
                 spec = record["compile_specs"].get(step.key)
                 if not isinstance(spec, dict):
-                    raise ArchiveManifestError(f"{where('manifest.json')}: no compile spec for partition {step.key!r}; {_REWRITE}")
+                    raise ArchiveManifestError(
+                        f"{where('manifest.json')}: no compile spec for partition {step.key!r}; {_REWRITE}"
+                    )
                 found.compile_specs[step.key] = spec
             else:
                 found.fallback_blobs[step.key] = contents[entry]
@@ -134,7 +148,8 @@ def delegation(archive: Any) -> dict[str, Any]:
         nodes = found.op_nodes.get(method)
         if nodes is None:  # schema 1.0: the op nodes from the debug info
             nodes = tuple(
-                info.node for _, info in sorted(archive.debug.items())
+                info.node
+                for _, info in sorted(archive.debug.items())
                 if info.method == method and info.op not in ("placeholder", "output", "get_attr")
             )
         out[method] = Delegation(1, nodes, (), (nodes,))

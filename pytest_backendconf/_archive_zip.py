@@ -121,11 +121,27 @@ class ZipReader:
         for i in range(count):
             if pos + _CENTRAL.size > end_at:
                 raise ArchiveFormatError(
-                    f"archive {self.source!r}: central directory record #{i} runs past the directory's end; "
-                    f"{_REWRITE}"
+                    f"archive {self.source!r}: central directory record #{i} runs past the directory's end; {_REWRITE}"
                 )
-            (csig, made_by, needed, flags, method, mtime, mdate, crc, csize, usize, name_len, extra_len,
-             comment_len, disk_start, internal, external, offset) = _CENTRAL.unpack_from(data, pos)
+            (
+                csig,
+                made_by,
+                needed,
+                flags,
+                method,
+                mtime,
+                mdate,
+                crc,
+                csize,
+                usize,
+                name_len,
+                extra_len,
+                comment_len,
+                disk_start,
+                internal,
+                external,
+                offset,
+            ) = _CENTRAL.unpack_from(data, pos)
             record_end = pos + _CENTRAL.size + name_len + extra_len + comment_len
             if csig != _CENTRAL_SIG or record_end > end_at:
                 raise ArchiveFormatError(
@@ -184,7 +200,9 @@ class ZipReader:
                 if actual_local != expected_local:
                     self.layout_problem = self._layout_text(name, "local header", offset, actual_local, expected_local)
                 elif actual_central != expected_central:
-                    self.layout_problem = self._layout_text(name, "central directory record", pos, actual_central, expected_central)
+                    self.layout_problem = self._layout_text(
+                        name, "central directory record", pos, actual_central, expected_central
+                    )
             entries.append(ZipEntry(name, method, crc, usize, data[data_start:data_end], offset))
             expected_offset = data_end
             pos = record_end
@@ -257,7 +275,9 @@ class ZipReader:
             try:
                 out = inflater.decompress(entry.raw, entry.size + 1)
             except zlib.error as exc:
-                raise ArchiveChecksumError(f"{self.where(entry.name)}: its deflated data is corrupt ({exc}); {_REWRITE}") from None
+                raise ArchiveChecksumError(
+                    f"{self.where(entry.name)}: its deflated data is corrupt ({exc}); {_REWRITE}"
+                ) from None
             if len(out) > entry.size or inflater.unconsumed_tail:
                 raise ArchiveSizeError(
                     f"{self.where(entry.name)}: inflates to more than its declared {entry.size} bytes "
@@ -285,16 +305,35 @@ class ZipReader:
 
 
 def local_header(name: bytes, method: int, crc: int, csize: int, usize: int) -> bytes:
-    return _LOCAL.pack(
-        _LOCAL_SIG, _VERSION_NEEDED, 0, method, _DOS_TIME, _DOS_DATE, crc, csize, usize, len(name), 0
-    ) + name
+    return (
+        _LOCAL.pack(_LOCAL_SIG, _VERSION_NEEDED, 0, method, _DOS_TIME, _DOS_DATE, crc, csize, usize, len(name), 0)
+        + name
+    )
 
 
 def central_header(name: bytes, method: int, crc: int, csize: int, usize: int, offset: int) -> bytes:
-    return _CENTRAL.pack(
-        _CENTRAL_SIG, _MADE_BY, _VERSION_NEEDED, 0, method, _DOS_TIME, _DOS_DATE, crc, csize, usize,
-        len(name), 0, 0, 0, 0, _EXTERNAL_ATTR, offset,
-    ) + name
+    return (
+        _CENTRAL.pack(
+            _CENTRAL_SIG,
+            _MADE_BY,
+            _VERSION_NEEDED,
+            0,
+            method,
+            _DOS_TIME,
+            _DOS_DATE,
+            crc,
+            csize,
+            usize,
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            _EXTERNAL_ATTR,
+            offset,
+        )
+        + name
+    )
 
 
 def method_for(name: str) -> int:
@@ -330,11 +369,9 @@ def pack(entries: Sequence[tuple[str, bytes]]) -> bytes:
     return b"".join(chunks)
 
 
-
 def deflate(data: bytes) -> bytes:
     compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
     return compressor.compress(data) + compressor.flush()
-
 
 
 def read_input(file: Any, limits: Any) -> tuple[bytes, str]:

@@ -14,7 +14,16 @@ import inspect
 from typing import Any, Callable
 
 #: The categories of the suite, in the order they run; each is also a pytest marker.
-CATEGORIES = ("contract", "parity", "availability", "serialization", "symbolication", "reliability", "delegation", "ops")
+CATEGORIES = (
+    "contract",
+    "parity",
+    "availability",
+    "serialization",
+    "symbolication",
+    "reliability",
+    "delegation",
+    "ops",
+)
 #: The first part of every conformance check's id.
 ROOT_ID = "backendconf"
 #: Stages that only lower (export, preprocess) or ask the backend about itself: they run where the

@@ -172,21 +172,28 @@ class ChildProcess:
             env["PYTHONHASHSEED"] = str((int(seed) + 1) % 2**32) if seed.isdigit() else "random"
         self._process = subprocess.Popen(
             [sys.executable, "-m", "pytest_backendconf._child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
             # Its own process group: killing it also kills the processes it started.
             start_new_session=os.name == "posix",
         )
         for target in (self._read_records, self._read_stderr, self._write):
             threading.Thread(target=target, daemon=True).start()
-        self.send({
-            "kind": "setup",
-            "sys_path": [p for p in sys.path if p],
-            "blocked": list(blocked),
-            "plugins": [os.path.abspath(p) if is_path(p) else p for p in (active_plugins() if plugins is None else plugins)],
-            "handler": handler,
-            "options": dict(options or {}),
-            "refuse_tracing": refuse_tracing,
-        })
+        self.send(
+            {
+                "kind": "setup",
+                "sys_path": [p for p in sys.path if p],
+                "blocked": list(blocked),
+                "plugins": [
+                    os.path.abspath(p) if is_path(p) else p for p in (active_plugins() if plugins is None else plugins)
+                ],
+                "handler": handler,
+                "options": dict(options or {}),
+                "refuse_tracing": refuse_tracing,
+            }
+        )
 
     # -- talking ---------------------------------------------------------------------------
 
@@ -287,7 +294,7 @@ class ChildProcess:
         """What the child wrote to stderr since ``mark`` (as much of it as is kept)."""
         with self._stderr_lock:
             new = min(self._stderr_total - mark, len(self._stderr))
-            return bytes(self._stderr[len(self._stderr) - new:]).decode("utf-8", "replace") if new > 0 else ""
+            return bytes(self._stderr[len(self._stderr) - new :]).decode("utf-8", "replace") if new > 0 else ""
 
     def rss(self) -> int | None:
         """The child's resident memory in bytes (Linux; ``None`` elsewhere or once it is gone)."""

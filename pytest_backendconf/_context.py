@@ -60,10 +60,7 @@ class SuiteContext:
         if not case.uses_float:
             return [FIXED]
         declared = self.capabilities.dtypes
-        return [
-            d for d in case.float_dtypes
-            if declared is None or getattr(torch, d) in declared
-        ]
+        return [d for d in case.float_dtypes if declared is None or getattr(torch, d) in declared]
 
     def first_dtype(self, case_name: str) -> str | None:
         """The dtype a per-model check uses: the case's first runnable one (``None``: unknown
@@ -129,7 +126,8 @@ class SuiteContext:
         changes = ["the graph"] if _graph_structure(program) != code else []
         current = dict(program.state_dict)
         changes += [
-            f"parameter {name!r}" for name, value in state.items()
+            f"parameter {name!r}"
+            for name, value in state.items()
             if name not in current or not torch.equal(current[name], value)
         ]
         return changes
@@ -142,7 +140,13 @@ class SuiteContext:
             return key in self._lowered
 
     def lower(
-        self, case_name: str, dtype: str, spec: dict | None = None, *, backend: Backend | None = None, cache: bool = True,
+        self,
+        case_name: str,
+        dtype: str,
+        spec: dict | None = None,
+        *,
+        backend: Backend | None = None,
+        cache: bool = True,
         dynamic: bool = False,
     ) -> WrapperModule:
         """The case lowered to the backend (or ``backend``): shared per compile spec unless ``cache=False``.
@@ -184,8 +188,13 @@ class SuiteContext:
 
 
 def build_context(
-    selected: RegisteredBackend, registry: Any, tmp_dir: Callable[[str], Any], profile: str, seed: int,
-    *, zoo: str = "synthetic",
+    selected: RegisteredBackend,
+    registry: Any,
+    tmp_dir: Callable[[str], Any],
+    profile: str,
+    seed: int,
+    *,
+    zoo: str = "synthetic",
 ) -> SuiteContext:
     """The session's context: the zoo (``--backendconf-zoo``) and the registry's cases, the
     Hypothesis profile and seed.
@@ -221,7 +230,9 @@ def _graph_structure(program: Any) -> list[tuple]:
 INPUT_MODES = ("random", "edges", "mixed")
 
 
-def make_input(spec: Any, dtype: str, generator: torch.Generator, mode: str = "random", sizes: dict | None = None) -> Any:
+def make_input(
+    spec: Any, dtype: str, generator: torch.Generator, mode: str = "random", sizes: dict | None = None
+) -> Any:
     """One input from a `TensorInput` (drawn from ``generator``) or a constant.
 
     ``sizes`` gives the size of each `Dim` in the shape (default ``max(2, min)``).

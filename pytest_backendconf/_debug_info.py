@@ -62,8 +62,13 @@ class DebugInfo:
 
     @classmethod
     def _from_row(
-        cls, handle: int, op: str, node: str, method: str,
-        module_hierarchy: tuple[tuple[str, str], ...], frames: tuple[Frame, ...],
+        cls,
+        handle: int,
+        op: str,
+        node: str,
+        method: str,
+        module_hierarchy: tuple[tuple[str, str], ...],
+        frames: tuple[Frame, ...],
     ) -> "DebugInfo":
         """The same object as ``DebugInfo(...)``, three times faster to make.
 
@@ -293,7 +298,7 @@ def _with_columns(frames: list[Frame], hierarchy: tuple[tuple[str, str], ...], o
         innermost = i == len(frames) - 1
         callees: list[str] = []
         if innermost:
-            callees = module_names[depth:depth + 1]
+            callees = module_names[depth : depth + 1]
         else:
             callee = frames[i + 1].name
             if callee == "forward" and depth < len(module_names):

@@ -55,17 +55,35 @@ def encode_debug(debug: Mapping[int, DebugInfo]) -> bytes:
         info = debug[handle]
         stack = []
         for f in info.frames:
-            row: tuple = (files(portable.relative(f.file)), f.line, names(f.name), -1 if f.source is None else lines(f.source))
+            row: tuple = (
+                files(portable.relative(f.file)),
+                f.line,
+                names(f.name),
+                -1 if f.source is None else lines(f.source),
+            )
             if f.col is not None or f.end_col is not None:
                 row += (f.col, f.end_col)
             stack.append(frames(row))
         hierarchy = tuple(i for pair in info.module_hierarchy for i in (names(pair[0]), names(pair[1])))
-        rows.append([handle - previous, names(info.op), names(info.node), names(info.method),
-                     hierarchies(hierarchy), stacks(tuple(stack))])
+        rows.append(
+            [
+                handle - previous,
+                names(info.op),
+                names(info.node),
+                names(info.method),
+                hierarchies(hierarchy),
+                stacks(tuple(stack)),
+            ]
+        )
         previous = handle
     document = {
-        "files": files.items, "lines": lines.items, "names": names.items, "frames": frames.items,
-        "stacks": stacks.items, "hierarchies": hierarchies.items, "nodes": rows,
+        "files": files.items,
+        "lines": lines.items,
+        "names": names.items,
+        "frames": frames.items,
+        "stacks": stacks.items,
+        "hierarchies": hierarchies.items,
+        "nodes": rows,
     }
     return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
@@ -113,19 +131,19 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
             width = len(source) if source is not None else 0
             for v in (col, end_col):
                 if v is not None and (not _is_int(v) or not 0 <= v <= width):
-                    raise bad(
-                        f"{what} has column {_short(v)}, outside its source line of {width} characters"
-                    )
+                    raise bad(f"{what} has column {_short(v)}, outside its source line of {width} characters")
             if col is not None and end_col is not None and end_col < col:
                 raise bad(f"{what} has end column {end_col} before its column {col}")
-        frames.append(Frame(
-            file=index(row[0], files, f"{what} file"),
-            line=row[1],
-            name=index(row[2], names, f"{what} name"),
-            source=source,
-            col=col,
-            end_col=end_col,
-        ))
+        frames.append(
+            Frame(
+                file=index(row[0], files, f"{what} file"),
+                line=row[1],
+                name=index(row[2], names, f"{what} name"),
+                source=source,
+                col=col,
+                end_col=end_col,
+            )
+        )
     stacks = []
     n_frames = len(frames)
     for i, row in enumerate(tables["stacks"]):
@@ -158,11 +176,16 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
             raise bad(f"nodes[{i}] has handle delta {_short(delta)}; handles must increase and fit int64")
         handle += delta
         if not (
-            type(op) is int and 0 <= op < n_names
-            and type(node) is int and 0 <= node < n_names
-            and type(method) is int and 0 <= method < n_names
-            and type(hierarchy) is int and 0 <= hierarchy < n_hierarchies
-            and type(stack) is int and 0 <= stack < n_stacks
+            type(op) is int
+            and 0 <= op < n_names
+            and type(node) is int
+            and 0 <= node < n_names
+            and type(method) is int
+            and 0 <= method < n_names
+            and type(hierarchy) is int
+            and 0 <= hierarchy < n_hierarchies
+            and type(stack) is int
+            and 0 <= stack < n_stacks
             and names[method] in methods
         ):
             what = f"nodes[{i}]"

@@ -22,7 +22,9 @@ def delegation_line(results: Iterable[Any]) -> str | None:
     needed = [r for r in runs if r not in not_needed]
     if not needed:
         return f"{'delegation':<14} not needed: the backend lowers all {len(runs)} model runs whole"
-    counts = [r.details["delegation"] for r in needed if r.outcome == "passed" and r.details and "delegation" in r.details]
+    counts = [
+        r.details["delegation"] for r in needed if r.outcome == "passed" and r.details and "delegation" in r.details
+    ]
     delegated = sum(c["delegated"] for c in counts)
     total = sum(c["total"] for c in counts)
     share = f" ({100 * delegated / total:.1f}%)" if total else ""

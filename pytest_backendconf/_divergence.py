@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
 from . import _compat
 
 from ._debug_handles import DebugHandleRecorder
@@ -46,8 +53,14 @@ class Divergence:
         )
 
 
-def locate_divergence(module: torch.nn.Module, backend: Any, example_inputs: tuple, *, method: str = "forward",
-                      tolerance: tuple[float, float] | None = None) -> DebugInfo | None:
+def locate_divergence(
+    module: torch.nn.Module,
+    backend: Any,
+    example_inputs: tuple,
+    *,
+    method: str = "forward",
+    tolerance: tuple[float, float] | None = None,
+) -> DebugInfo | None:
     """The debug info of the first node whose backend output departs from eager, or ``None``.
 
     :param backend: a registered backend's name, or a backend object.
@@ -62,9 +75,14 @@ def locate_divergence(module: torch.nn.Module, backend: Any, example_inputs: tup
     backend_obj, _ = resolve_backend(backend)
     work = copy.deepcopy(module)
     program = export_method(work, method, tuple(example_inputs), {})
-    found = locate_in_program(program, backend_obj, list(_compat.tree_leaves(tuple(example_inputs))),
-                              top_class=type(module).__name__, method=method,
-                              tolerance=None if tolerance is None else Tolerance(*tolerance, "given"))
+    found = locate_in_program(
+        program,
+        backend_obj,
+        list(_compat.tree_leaves(tuple(example_inputs))),
+        top_class=type(module).__name__,
+        method=method,
+        tolerance=None if tolerance is None else Tolerance(*tolerance, "given"),
+    )
     return found.info if found is not None else None
 
 
@@ -76,12 +94,21 @@ def default_tolerance(dtype: torch.dtype) -> Tolerance:
     return Tolerance(float(rtol), float(atol), "default")
 
 
-def locate_in_program(program: ExportedProgram, backend: Any, user_inputs: list, *, top_class: str, method: str = "forward",
-                      tolerance: Tolerance | None = None) -> Divergence | None:
+def locate_in_program(
+    program: ExportedProgram,
+    backend: Any,
+    user_inputs: list,
+    *,
+    top_class: str,
+    method: str = "forward",
+    tolerance: Tolerance | None = None,
+) -> Divergence | None:
     """`locate_divergence` over an already exported program and its flat user inputs."""
     env = eager_intermediates(program, user_inputs)
     graph = program.graph_module.graph
-    candidates = [n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem and _localizable(n)]
+    candidates = [
+        n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem and _localizable(n)
+    ]
     handles = DebugHandleRecorder.default().assign(program.graph_module)
     infos = build_debug_infos(program.graph_module, handles, method=method, top_class=top_class)
     by_name = {info.node: info for info in infos.values()}
@@ -136,7 +163,9 @@ def _tolerance_of(value: Any) -> Tolerance:
 
 def _localizable(node: Any) -> bool:
     # Control flow (torch.cond) refers to subgraphs by get_attr: it is not cut out alone.
-    return not any(a.op == "get_attr" for a in node.all_input_nodes) and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list))
+    return not any(a.op == "get_attr" for a in node.all_input_nodes) and isinstance(
+        node.meta.get("val"), (torch.Tensor, tuple, list)
+    )
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -173,7 +202,9 @@ def run_on_backend(nodes: list[Any], env: dict[Any, Any], backend: Any) -> list[
     from ._lowering import lower_programs
 
     program, inputs, outputs = piece_program(nodes, env)
-    lowered = lower_programs({"forward": program}, backend, {"forward": {}}, module_type=inputs_module_type(len(inputs)))
+    lowered = lower_programs(
+        {"forward": program}, backend, {"forward": {}}, module_type=inputs_module_type(len(inputs))
+    )
     with torch.no_grad():
         flat = _compat.tree_leaves(lowered(*inputs))
     results = []
@@ -228,7 +259,9 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
             output_nodes.append(mapping[node])
             counts.append((node, [None]))
         else:
-            items = sorted((u for u in node.users if u.target is operator.getitem and u in mapping), key=lambda u: u.args[1])
+            items = sorted(
+                (u for u in node.users if u.target is operator.getitem and u in mapping), key=lambda u: u.args[1]
+            )
             output_nodes.extend(mapping[u] for u in items)
             counts.append((node, [u.args[1] for u in items]))
     graph.output(tuple(output_nodes))
@@ -241,8 +274,14 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
     in_spec = _compat.tree_flatten((tuple(inputs), {}))[1]
     out_spec = _compat.tree_flatten(tuple(output_nodes))[1]
     program = ExportedProgram(
-        root=module, graph=module.graph, graph_signature=signature, state_dict={}, range_constraints={},
-        module_call_graph=[ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))],
+        root=module,
+        graph=module.graph,
+        graph_signature=signature,
+        state_dict={},
+        range_constraints={},
+        module_call_graph=[
+            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
+        ],
         constants={},
     )
     return program, inputs, counts
@@ -259,4 +298,3 @@ def inputs_module_type(arity: int) -> type:
 
     forward.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return type("Piece", (torch.nn.Module,), {"forward": forward, "__module__": __name__})
-

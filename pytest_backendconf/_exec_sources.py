@@ -54,6 +54,8 @@ def _renamed(cls: type) -> type:
         forward = types.FunctionType(code, function.__globals__, "forward", function.__defaults__, function.__closure__)
         forward.__kwdefaults__ = function.__kwdefaults__
         # Same module and qualified name: nn_module_stack records the user's class.
-        found = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        found = type(
+            cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        )
         _RENAMED[cls] = found
     return found

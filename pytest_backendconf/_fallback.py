@@ -217,7 +217,11 @@ class PlanRunner:
         for i, (value, (dtype, expected)) in enumerate(zip(outs, checks)):
             if dtype is None:
                 continue
-            if not isinstance(value, torch.Tensor) or value.dtype is not dtype or not _same_shape(value.shape, expected):
+            if (
+                not isinstance(value, torch.Tensor)
+                or value.dtype is not dtype
+                or not _same_shape(value.shape, expected)
+            ):
                 spec = step.output_specs[i]
                 got = (
                     f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"

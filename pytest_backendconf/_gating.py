@@ -57,7 +57,6 @@ def output_path(config: pytest.Config, option: str, value: str) -> Path:
     return path
 
 
-
 class GatingPlugin:
     """Known failures, ``--backendconf-report``, the score summary and JUnit properties."""
 
@@ -105,7 +104,11 @@ class GatingPlugin:
         suite = [item for item in items if isinstance(item, ConformanceItem)]
         for item in suite:
             check = item.check
-            item.user_properties += [("category", check.category), ("stage", check.stage), ("reproduce", item.reproduce)]
+            item.user_properties += [
+                ("category", check.category),
+                ("stage", check.stage),
+                ("reproduce", item.reproduce),
+            ]
             if check.case is not None:
                 item.user_properties.append(("case", check.case))
             entry = self._entry_for(item)

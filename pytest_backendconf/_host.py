@@ -84,7 +84,8 @@ class BackendHost:
                 return dict(self._broken)
             if self._child is None or not self._child.alive:
                 self._child = ChildProcess(
-                    "pytest_backendconf._host:HostHandler", dataclasses.asdict(self.options),
+                    "pytest_backendconf._host:HostHandler",
+                    dataclasses.asdict(self.options),
                     startup_timeout=STARTUP_TIMEOUT,
                 )
                 self.started += 1
@@ -92,8 +93,11 @@ class BackendHost:
         calls: list[dict] = []
         if not child.wait_ready():  # the memory at the start is the host's, not a half-started interpreter's
             ended = child.ended
-            self._broken = {"outcome": "failed", "message": self._died(ended, check_id, subject, [], None, None, at_setup=True),
-                            "error": {"type": "BackendHostDied", "module": __name__, "message": ended.describe()}}
+            self._broken = {
+                "outcome": "failed",
+                "message": self._died(ended, check_id, subject, [], None, None, at_setup=True),
+                "error": {"type": "BackendHostDied", "module": __name__, "message": ended.describe()},
+            }
             return dict(self._broken)
         mark = child.stderr_mark()
         peak = {"rss": None}
@@ -112,8 +116,11 @@ class BackendHost:
         if isinstance(result, Ended):
             with self._lock:
                 self._child = None
-            return {"outcome": "failed", "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
-                    "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()}}
+            return {
+                "outcome": "failed",
+                "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
+                "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()},
+            }
         self.exports += result.pop("exports", 0)
         self.programs.update(tuple(p) for p in result.pop("programs", []))
         result["stderr"] = stderr
@@ -125,40 +132,62 @@ class BackendHost:
             child.kill(killed_because="memory limit")
             grew = f" (this check: {_mib(start_rss)} → {_mib(rss)})" if start_rss is not None else ""
             return {
-                "outcome": "failed", "stderr": stderr,
+                "outcome": "failed",
+                "stderr": stderr,
                 "message": f"the process running the checks grew past --backendconf-max-rss={_mib(self.max_rss)} "
                 f"during this check, to {_mib(rss)}{grew}; it was replaced by a fresh one. A backend that keeps "
                 f"memory per call shows up here first (reliability::memory_stays_flat names the leak). "
                 f"{_subject_text(subject, calls)}"
-                + (f"\nthe check's own outcome was {result.get('outcome')}: {result.get('message')}"
-                   if result.get("outcome") != "passed" else ""),
+                + (
+                    f"\nthe check's own outcome was {result.get('outcome')}: {result.get('message')}"
+                    if result.get("outcome") != "passed"
+                    else ""
+                ),
                 "error": {"type": "BackendHostMemoryLimit", "module": __name__, "message": f"RSS {_mib(rss)}"},
                 "warnings": result.get("warnings", []),
             }
         return result
 
-    def _died(self, ended: Any, check_id: str, subject: str, calls: list[dict], start_rss: int | None,
-              peak: int | None, *, at_setup: bool = False) -> str:
+    def _died(
+        self,
+        ended: Any,
+        check_id: str,
+        subject: str,
+        calls: list[dict],
+        start_rss: int | None,
+        peak: int | None,
+        *,
+        at_setup: bool = False,
+    ) -> str:
         from ._child import tail_text
 
         stderr = f"\nits stderr ended with:\n{tail_text(ended.stderr.strip(), 3000)}" if ended.stderr.strip() else ""
         if at_setup:
-            why = (f"{ended.setup_error['type']}: {ended.setup_error['message']}" if ended.setup_error is not None
-                   else f"it {ended.describe()}")
-            return (f"the suite could not be set up in its child process (the backend host): {why}\nThe checks "
-                    "run in a child process that imports the plugins that registered the backend (conftest files, "
-                    "-p modules, entry points) and builds the same checks; --backendconf-in-process runs them in "
-                    "the pytest process instead." + stderr)
+            why = (
+                f"{ended.setup_error['type']}: {ended.setup_error['message']}"
+                if ended.setup_error is not None
+                else f"it {ended.describe()}"
+            )
+            return (
+                f"the suite could not be set up in its child process (the backend host): {why}\nThe checks "
+                "run in a child process that imports the plugins that registered the backend (conftest files, "
+                "-p modules, entry points) and builds the same checks; --backendconf-in-process runs them in "
+                "the pytest process instead." + stderr
+            )
         if ended.timed_out is not None:
-            head = (f"{check_id} did not finish within {ended.timed_out:g} s (--backendconf-timeout); the process "
-                    "running it was killed")
+            head = (
+                f"{check_id} did not finish within {ended.timed_out:g} s (--backendconf-timeout); the process "
+                "running it was killed"
+            )
         elif ended.killed_because:
             grew = f" (from {_mib(start_rss)} at the start of this check)" if start_rss is not None else ""
             head = f"the process running {check_id} was killed: {ended.killed_because}{grew}"
         else:
-            head = (f"the backend took down the process running {check_id}: it {ended.describe()} — in the "
-                    "pytest process this would have ended the whole run. A backend must report failures as "
-                    "exceptions (BackendError), never by crashing its host process")
+            head = (
+                f"the backend took down the process running {check_id}: it {ended.describe()} — in the "
+                "pytest process this would have ended the whole run. A backend must report failures as "
+                "exceptions (BackendError), never by crashing its host process"
+            )
         return f"{head}.\n{_subject_text(subject, calls)}\nA fresh process runs the next checks.{stderr}"
 
     def close(self) -> None:
@@ -173,8 +202,10 @@ def _subject_text(subject: str, calls: list[dict]) -> str:
     if not crumbs:
         return f"Subject: {subject}; no backend call had started in this check."
     last = crumbs[-1]
-    return (f"Subject: {subject}; the last backend call was {last['call']}(){' ' + last['detail'] if last['detail'] else ''}"
-            f" (backend call {len(crumbs)} of this check).")
+    return (
+        f"Subject: {subject}; the last backend call was {last['call']}(){' ' + last['detail'] if last['detail'] else ''}"
+        f" (backend call {len(crumbs)} of this check)."
+    )
 
 
 def _mib(n: int | None) -> str:
@@ -212,7 +243,9 @@ class HostHandler:
 
             return Path(tempfile.mkdtemp(prefix=f"{name}-host-", dir=tmp_root))
 
-        self.ctx = build_context(selected, registry, tmp_dir, opts.hypothesis_profile, opts.hypothesis_seed, zoo=opts.zoo)
+        self.ctx = build_context(
+            selected, registry, tmp_dir, opts.hypothesis_profile, opts.hypothesis_seed, zoo=opts.zoo
+        )
         # What plugin._make_context sets on the pytest process's context, the same here.
         self.ctx.ops_mode = opts.ops_mode
         self.ctx.plugin_modules = list(opts.plugin_modules)
@@ -223,9 +256,13 @@ class HostHandler:
     def __call__(self, request: dict, channel: Any) -> dict:
         check = self.checks.get(request["check"])
         if check is None:
-            return {"outcome": "failed", "message": f"the backend host has no check {request['check']!r}: it generated "
-                    "other checks than the pytest process (do the plugins register cases differently in a child "
-                    "process?)", "error": {"type": "LookupError", "module": "builtins", "message": request["check"]}}
+            return {
+                "outcome": "failed",
+                "message": f"the backend host has no check {request['check']!r}: it generated "
+                "other checks than the pytest process (do the plugins register cases differently in a child "
+                "process?)",
+                "error": {"type": "LookupError", "module": "builtins", "message": request["check"]},
+            }
         exports = self.ctx.export_count
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -236,8 +273,13 @@ class HostHandler:
         outcome["programs"] = [list(k) for k in new]
         seen: dict[tuple, dict] = {}
         for w in caught:
-            record = {"category": w.category.__name__, "module": w.category.__module__, "message": str(w.message),
-                      "filename": w.filename, "lineno": w.lineno}
+            record = {
+                "category": w.category.__name__,
+                "module": w.category.__module__,
+                "message": str(w.message),
+                "filename": w.filename,
+                "lineno": w.lineno,
+            }
             seen.setdefault((record["category"], record["message"], record["filename"], record["lineno"]), record)
         outcome["warnings"] = list(seen.values())[:20]
         return outcome
@@ -260,7 +302,11 @@ def run_check(check: Any, ctx: Any) -> dict[str, Any]:
         return {"outcome": "failed", "message": str(exc), "error": error_record(exc)}
     except Exception as exc:
         info = pytest.ExceptionInfo.from_exception(exc)
-        return {"outcome": "failed", "message": str(info.getrepr(style="short", chain=True)), "error": error_record(exc)}
+        return {
+            "outcome": "failed",
+            "message": str(info.getrepr(style="short", chain=True)),
+            "error": error_record(exc),
+        }
     # A check may return details for the report (delegation's node counts); they are JSON data.
     return {"outcome": "passed", **({"details": details} if isinstance(details, dict) else {})}
 

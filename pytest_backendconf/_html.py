@@ -57,7 +57,7 @@ def check_column(test: dict[str, Any]) -> str:
     name = test["id"].split("::", 2)[-1]
     case = test.get("case") or ""
     if case and name.startswith(case):
-        rest = name[len(case):]
+        rest = name[len(case) :]
     elif case and name.endswith(f"[{case}]"):
         rest = name[: -len(case) - 2]
     elif case:
@@ -171,8 +171,11 @@ def _header(report: dict[str, Any]) -> str:
         ("Python", f"{env.get('python', '?')} ({env.get('python_implementation', '?')})"),
         ("Machine", f"{env.get('machine', '?')}, {env.get('platform', '?')}"),
         ("Hypothesis", f"profile {hyp.get('profile', '?')}, seed {hyp.get('seed', '?')}" if hyp else "not used"),
-        ("Run", f"started {run.get('started', '?')}, {run.get('duration', '?')} s, exit status "
-                f"{run.get('exit_status', '?')}, {run.get('xdist_workers') or 'no'} xdist workers"),
+        (
+            "Run",
+            f"started {run.get('started', '?')}, {run.get('duration', '?')} s, exit status "
+            f"{run.get('exit_status', '?')}, {run.get('xdist_workers') or 'no'} xdist workers",
+        ),
     ]
     if run.get("select"):
         rows.append(("Selection", ", ".join(map(str, run["select"])) + " (scores cover the selected checks only)"))
@@ -188,9 +191,10 @@ def _cards(report: dict[str, Any]) -> str:
         if not isinstance(counts, dict) or not counts.get("total"):
             continue
         total, passed = counts["total"], counts.get("passed", 0)
-        detail = ", ".join(
-            f"{counts[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and counts.get(o)
-        ) or "all passed"
+        detail = (
+            ", ".join(f"{counts[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and counts.get(o))
+            or "all passed"
+        )
         level = "good" if passed == total else "warn" if not (counts.get("failed") or counts.get("error")) else "bad"
         cards.append(
             f'<div class="card {level}" data-category="{_e(category)}"><h3 class="card-title">{_e(category)}</h3>'
@@ -237,7 +241,7 @@ def _model_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
     return (
         f'<div class="scroll"><table class="matrix" id="{prefix}-matrix"><caption>One row per model, one column per '
         f'check; click a marked cell for its failure.</caption><thead><tr><th scope="col">model</th>{head}</tr></thead>'
-        f'<tbody>{"".join(body)}</tbody></table></div>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
 
@@ -248,12 +252,12 @@ def _check_list(tests: list[dict[str, Any]], prefix: str) -> str:
         reason = test.get("reason") or ""
         rows.append(
             f'<tr data-filter="{_e(keys)}"><th scope="row">{_e(test["id"].split("::", 1)[-1])}</th>'
-            f'{_cell(test, prefix)}<td>{_e(reason)}</td></tr>'
+            f"{_cell(test, prefix)}<td>{_e(reason)}</td></tr>"
         )
     return (
         '<div class="scroll"><table class="checks"><thead><tr><th scope="col">check</th>'
         '<th scope="col">outcome</th><th scope="col">note</th></tr></thead>'
-        f'<tbody>{"".join(rows)}</tbody></table></div>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
@@ -273,7 +277,9 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
     section = report.get(_OP_CATEGORY)
     overloads = section.get("overloads") if isinstance(section, dict) else None
     if isinstance(overloads, dict) and overloads:
-        columns = [str(d) for d in (section or {}).get("dtypes") or sorted({d for row in overloads.values() for d in row})]
+        columns = [
+            str(d) for d in (section or {}).get("dtypes") or sorted({d for row in overloads.values() for d in row})
+        ]
         rows = {str(op): {str(d): str(v) for d, v in (row or {}).items()} for op, row in overloads.items()}
     else:
         columns = list(dict.fromkeys(d for _, d in by_cell))
@@ -281,7 +287,11 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
         for (op, dtype), group in by_cell.items():
             outcomes = {t["outcome"] for t in group}
             rows.setdefault(op, {})[dtype] = (
-                "failed" if outcomes & set(DETAILED) else "unsupported" if outcomes & {"unsupported", "skipped"} else "passed"
+                "failed"
+                if outcomes & set(DETAILED)
+                else "unsupported"
+                if outcomes & {"unsupported", "skipped"}
+                else "passed"
             )
     states = {"passed": "passed", "failed": "failed", "unsupported": "unsupported"}
     head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)
@@ -297,7 +307,9 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
             elif state in states:
                 symbol, words = SYMBOLS[states[state]]
                 tip = f"{op} in {dtype}: {words} ({len(group)} samples)" if group else f"{op} in {dtype}: {words}"
-                cells.append(f'<td class="cell {states[state]}" title="{_e(tip)}"><span aria-label="{_e(tip)}">{_e(symbol)}</span></td>')
+                cells.append(
+                    f'<td class="cell {states[state]}" title="{_e(tip)}"><span aria-label="{_e(tip)}">{_e(symbol)}</span></td>'
+                )
             else:
                 cells.append(f'<td class="cell none" title="{_e(op)} in {_e(dtype)}: not under test">·</td>')
         keys = " ".join([op, *row.values()]).lower()
@@ -305,7 +317,7 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
     return (
         f'<div class="scroll"><table class="matrix ops"><caption>One row per operator overload, one column per dtype '
         f'(· not under test).</caption><thead><tr><th scope="col">operator</th>{head}</tr></thead>'
-        f'<tbody>{"".join(body)}</tbody></table></div>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
 
@@ -393,7 +405,9 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
     known = test.get("known_failure")
     if known:
         link = known.get("link")
-        link_html = f' (<a href="{_e(link)}">{_e(link)}</a>)' if link and str(link).startswith(("http://", "https://")) else ""
+        link_html = (
+            f' (<a href="{_e(link)}">{_e(link)}</a>)' if link and str(link).startswith(("http://", "https://")) else ""
+        )
         parts.append(f"<p>Known failure: {_e(known.get('reason'))}{link_html}</p>")
     if error.get("message"):
         parts.append(f'<pre class="message">{_e(error["message"])}</pre>')
@@ -402,7 +416,7 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
     return (
         f'<details id="{anchor}" class="failure {test["outcome"]}" data-filter="{_e(test["id"].lower())}">'
         f'<summary><span class="cell {test["outcome"]}">{_e(symbol)}</span> {_e(test["id"])}</summary>'
-        f'{"".join(parts)}</details>'
+        f"{''.join(parts)}</details>"
     )
 
 
@@ -419,7 +433,7 @@ def _error_statistics(errors: dict[str, Any]) -> str:
 
     return (
         f'<div class="stats-row"><p>{errors["total"]} checks did not work.</p>'
-        f'{table("by exception type", errors.get("by_type") or {})}{table("by stage", errors.get("by_stage") or {})}</div>'
+        f"{table('by exception type', errors.get('by_type') or {})}{table('by stage', errors.get('by_stage') or {})}</div>"
     )
 
 
@@ -469,14 +483,15 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
             total = counts.get("total") or 0
             cells.append(
                 f"<td>{counts.get('passed', 0)}/{total} {100 * counts.get('passed', 0) / total:.1f}%</td>"
-                if total else "<td>—</td>"
+                if total
+                else "<td>—</td>"
             )
         if any(c != "<td>—</td>" for c in cells):
             rows.append(f'<tr><th scope="row">{_e(category)}</th>{"".join(cells)}</tr>')
     out = [
         "<h2>Side by side</h2>",
         f'<div class="scroll"><table class="side"><thead><tr><th scope="col">category</th>{heads}</tr></thead>'
-        f'<tbody>{"".join(rows)}</tbody></table></div>',
+        f"<tbody>{''.join(rows)}</tbody></table></div>",
     ]
     differences = flips(reports)
     flipping = [i for i, (_, flip) in differences.items() if flip]
@@ -487,7 +502,8 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     body = []
     for test_id, (outcomes, flip) in differences.items():
         row = "".join(
-            '<td class="cell none">·</td>' if o is None
+            '<td class="cell none">·</td>'
+            if o is None
             else f'<td class="cell {o}"><span aria-hidden="true">{_e(SYMBOLS.get(o, ("?",))[0])}</span> {_e(SYMBOLS.get(o, ("", o))[1])}</td>'
             for o in outcomes
         )
@@ -499,7 +515,7 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     out.append(
         f'<div class="scroll"><table class="side differences"><caption>Rows marked “flip” passed in one report and '
         f'failed in another (reports of one backend are compared).</caption><thead><tr><th scope="col">check</th>{heads}</tr></thead>'
-        f'<tbody>{"".join(body)}</tbody></table></div>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
     return out
 

@@ -19,6 +19,7 @@ CHOICE_KEY = pytest.StashKey[tuple[str, int]]()
 #: The pytest-xdist ``workerinput`` key that carries the controller's choice to its workers.
 WORKERINPUT_KEY = "backendconf_hypothesis"
 
+
 def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
     common = settings(
         max_examples=max_examples,

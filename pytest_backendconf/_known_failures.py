@@ -76,7 +76,7 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
         if unknown:
             hint = ""
             if any(isinstance(value[k], dict) for k in unknown):
-                hint = " (a test id with dots must be quoted whole: \"parity::encoder_decoder.decode[float32]\" = { … })"
+                hint = ' (a test id with dots must be quoted whole: "parity::encoder_decoder.decode[float32]" = { … })'
             raise pytest.UsageError(
                 f"{entry} has unknown key(s) {', '.join(map(repr, unknown))}; an entry has only "
                 f"`reason` (required) and `link` (optional){hint}."
@@ -96,7 +96,7 @@ def _line_of(text: str, key: str) -> int:
     for number, line in enumerate(text.splitlines(), 1):
         line = line.lstrip()
         for spelling in (json.dumps(key), f"'{key}'", key):
-            if line.startswith(spelling) and line[len(spelling):].lstrip().startswith(("=", ".")):
+            if line.startswith(spelling) and line[len(spelling) :].lstrip().startswith(("=", ".")):
                 return number
     return 0
 

@@ -69,8 +69,12 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("archive limits", "what the reader accepts at most (see Limits)")
     for f in dataclasses.fields(Limits):
         group.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f"limit_{f.name}", type=_positive, metavar="N",
-            default=f.default, help=f"default {f.default}",
+            "--" + f.name.replace("_", "-"),
+            dest=f"limit_{f.name}",
+            type=_positive,
+            metavar="N",
+            default=f.default,
+            help=f"default {f.default}",
         )
 
 

@@ -235,7 +235,9 @@ class LoweredModule(torch.nn.Module):
         #: symbolicate command for its .debug file; ``debug`` is empty unless the sidecar was loaded.
         self.separate_debug: dict[str, Any] | None = None
 
-    def add_plan(self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]) -> None:
+    def add_plan(
+        self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
+    ) -> None:
         """Make ``method`` a partitioned one (at lowering, and by the archive reader at load)."""
         self.plans[method] = plan
         self.partition_specs.update(compile_specs)
@@ -250,7 +252,8 @@ class LoweredModule(torch.nn.Module):
         nodes = self.whole_method_nodes.get(method)
         if nodes is None:  # an archive written before partial delegation: from its debug info
             nodes = tuple(
-                info.node for _, info in sorted(self.debug.items())
+                info.node
+                for _, info in sorted(self.debug.items())
                 if info.method == method and info.op not in ("placeholder", "output", "get_attr")
             )
         return Delegation(1, nodes, (), (nodes,))
@@ -412,9 +415,14 @@ class WrapperModule(torch.nn.Module):
         # registered, on this module or globally, or under the JIT tracer,
         # nn.Module's own path runs them as usual.
         if (
-            self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
-            or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
-            or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _module_hooks._global_forward_hooks
+            or _module_hooks._global_forward_pre_hooks
+            or _module_hooks._global_backward_hooks
+            or _module_hooks._global_backward_pre_hooks
             or _compat.tracing_state()
         ):
             return super().__call__(*args, **kwargs)
@@ -467,7 +475,9 @@ class _MethodRunner:
         # The common call, all inputs positional tensors, skips binding and the structure walk.
         self.fast_arity = n if positional and len(spec.params) == n else -1
         self.tensor_checks = [
-            (i, _torch_dtype(v.dtype), _expected_shape(v.shape), v) for i, v in enumerate(spec.inputs) if v.kind == "tensor"
+            (i, _torch_dtype(v.dtype), _expected_shape(v.shape), v)
+            for i, v in enumerate(spec.inputs)
+            if v.kind == "tensor"
         ]
         self.constants = [(i, v) for i, v in enumerate(spec.inputs) if v.kind != "tensor"]
         self.n_outputs = len(spec.outputs)
@@ -554,7 +564,11 @@ class _MethodRunner:
                         f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got {value!r} "
                         f"from backend {backend_name!r}"
                     )
-            elif not isinstance(value, torch.Tensor) or value.dtype != dtype or not _shape_matches(value.shape, spec.shape):
+            elif (
+                not isinstance(value, torch.Tensor)
+                or value.dtype != dtype
+                or not _shape_matches(value.shape, spec.shape)
+            ):
                 raise OutputSpecError(
                     f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got "
                     f"{_describe_value(value)} from backend {backend_name!r}"
@@ -614,8 +628,7 @@ def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict, **optio
             return _compat.export(work, args, kwargs, **options)
     except Exception as exc:
         raise LoweringError(
-            f"torch.export could not export method {name!r} of {original.__name__}: "
-            f"{type(exc).__name__}: {exc}"
+            f"torch.export could not export method {name!r} of {original.__name__}: {type(exc).__name__}: {exc}"
         ) from exc
     finally:
         work.__class__ = original
@@ -633,7 +646,9 @@ def _class_exporting(cls: type, method: str) -> type:
     code = function.__code__.replace(co_name=kept)
     forward = types.FunctionType(code, function.__globals__, kept, function.__defaults__, function.__closure__)
     forward.__kwdefaults__ = function.__kwdefaults__
-    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return type(
+        cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    )
 
 
 def _reject_mutations(program: Any, name: str) -> None:
@@ -672,7 +687,9 @@ def _written_arguments(node: Any) -> list[Any]:
     return written
 
 
-def _preprocess(backend: Backend, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str) -> bytes:
+def _preprocess(
+    backend: Backend, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str
+) -> bytes:
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
     except UnsupportedNodeError as exc:

@@ -79,7 +79,9 @@ def check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = 
     at = path or "top level"
     if isinstance(value, (Mapping, list, tuple)):
         if id(value) in _open:
-            raise LoweringError(f"{where} contains itself at {at}; compile-spec values must be a tree (JSON), not a cycle")
+            raise LoweringError(
+                f"{where} contains itself at {at}; compile-spec values must be a tree (JSON), not a cycle"
+            )
         if len(_open) >= _MAX_SPEC_DEPTH:
             raise LoweringError(f"{where} nests deeper than {_MAX_SPEC_DEPTH} levels at {at}; flatten it")
         _open = (*_open, id(value))
@@ -91,14 +93,22 @@ def check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = 
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             check_json(item, where, f"{path}[{i}]", _open)
-    elif isinstance(value, int) and not isinstance(value, bool) and not (
-        _SPEC_INT_RANGE[0] <= value <= _SPEC_INT_RANGE[1]
+    elif (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not (_SPEC_INT_RANGE[0] <= value <= _SPEC_INT_RANGE[1])
     ):
         raise LoweringError(
             f"{where} has an integer of {value.bit_length()} bits at {at}; compile-spec integers must fit "
             "in 64 bits (pass a big number as a string)"
         )
-    elif not (value is None or isinstance(value, (bool, int, str)) or isinstance(value, float) and value == value and abs(value) != float("inf")):
+    elif not (
+        value is None
+        or isinstance(value, (bool, int, str))
+        or isinstance(value, float)
+        and value == value
+        and abs(value) != float("inf")
+    ):
         raise LoweringError(
             f"{where} has a value of type {type(value).__name__} at {path}; compile-spec values must "
             "be JSON-compatible (dict with string keys, list, str, int, finite float, bool, None)"

@@ -167,7 +167,9 @@ class ArchiveReader(ZipReader):
             raise ArchiveFormatError(f"{self.where(MANIFEST)}: is deflated, but this format stores it; {_REWRITE}")
         manifest = self._json(entries[0])
         if not isinstance(manifest, dict):
-            raise ArchiveManifestError(f"{self.where(MANIFEST)}: must be a JSON object, got {_kind(manifest)}; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{self.where(MANIFEST)}: must be a JSON object, got {_kind(manifest)}; {_REWRITE}"
+            )
         version = self._check_format_and_version(manifest)
         if self.layout_problem:
             raise ArchiveFormatError(self.layout_problem)
@@ -230,7 +232,9 @@ class ArchiveReader(ZipReader):
             )
         backend_version = backend.get("version")
         if backend_version is not None and not isinstance(backend_version, str):
-            raise ArchiveManifestError(f"{where}: backend.version must be a string or null, got {_kind(backend_version)}; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{where}: backend.version must be a string or null, got {_kind(backend_version)}; {_REWRITE}"
+            )
         torch_version = _field(manifest, "torch_version", str, where)
         writer = manifest.get("writer")
         if writer is not None and not isinstance(writer, str):
@@ -250,10 +254,16 @@ class ArchiveReader(ZipReader):
             if name == MANIFEST:
                 raise ArchiveManifestError(f"{where}: entries lists {MANIFEST} itself; {_REWRITE}")
             if name not in by_name:
-                raise ArchiveEntryError(f"{self.where(name)}: listed in {MANIFEST} but missing from the zip; {_REWRITE}")
-            if not isinstance(record, dict) or not _is_int(record.get("size")) or not isinstance(record.get("sha256"), str):
+                raise ArchiveEntryError(
+                    f"{self.where(name)}: listed in {MANIFEST} but missing from the zip; {_REWRITE}"
+                )
+            if (
+                not isinstance(record, dict)
+                or not _is_int(record.get("size"))
+                or not isinstance(record.get("sha256"), str)
+            ):
                 raise ArchiveManifestError(
-                    f"{where}: entries[{name!r}] must be {{\"size\": int, \"sha256\": str}}, got {_short(record)}; {_REWRITE}"
+                    f'{where}: entries[{name!r}] must be {{"size": int, "sha256": str}}, got {_short(record)}; {_REWRITE}'
                 )
             known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name) or is_partition_entry(name)
             if not known and not newer:
@@ -276,8 +286,10 @@ class ArchiveReader(ZipReader):
         for entry in entries[1:]:
             record = listed[entry.name]
             cap, option = (
-                (self.limits.max_debug_bytes, "max_debug_bytes") if entry.name == DEBUG
-                else (self.limits.max_json_bytes, "max_json_bytes") if entry.name == ATTRIBUTES
+                (self.limits.max_debug_bytes, "max_debug_bytes")
+                if entry.name == DEBUG
+                else (self.limits.max_json_bytes, "max_json_bytes")
+                if entry.name == ATTRIBUTES
                 else (None, None)
             )
             if cap is not None and entry.size > cap:
@@ -314,7 +326,9 @@ class ArchiveReader(ZipReader):
         for name in contents:
             match = BLOB.match(name)
             if match and match[1] not in methods:
-                raise ArchiveEntryError(f"{self.where(name)}: a blob for method {match[1]!r}, which {MANIFEST} does not list; {_REWRITE}")
+                raise ArchiveEntryError(
+                    f"{self.where(name)}: a blob for method {match[1]!r}, which {MANIFEST} does not list; {_REWRITE}"
+                )
 
         separate = read_manifest_field(manifest, version, where)
         handles: tuple[int, ...] = ()
@@ -345,7 +359,10 @@ class ArchiveReader(ZipReader):
 
         infos = tuple(
             EntryInfo(
-                e.name, e.size, len(e.raw), "stored" if e.method == _STORED else "deflated",
+                e.name,
+                e.size,
+                len(e.raw),
+                "stored" if e.method == _STORED else "deflated",
                 hashlib.sha256(self._bytes(e)).hexdigest() if e.name == MANIFEST else listed[e.name]["sha256"],
             )
             for e in entries
@@ -392,12 +409,7 @@ class ArchiveReader(ZipReader):
                     f"{where}: methods[{i}] is not a valid method spec ({type(exc).__name__}: {exc}); {_REWRITE}"
                 ) from None
             name = record.get("name")
-            if (
-                not isinstance(name, str)
-                or not name.isidentifier()
-                or name.startswith("_")
-                or name in RESERVED_METHODS
-            ):
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in RESERVED_METHODS:
                 raise ArchiveManifestError(
                     f"{where}: methods[{i}] has name {_short(name)}, which cannot be a lowered method's "
                     f"name; {_REWRITE}"
@@ -411,7 +423,9 @@ class ArchiveReader(ZipReader):
             methods[name] = spec
         extra = sorted(set(compile_spec) - set(methods))
         if extra:
-            raise ArchiveManifestError(f"{where}: method_compile_spec names {extra}, which methods does not list; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{where}: method_compile_spec names {extra}, which methods does not list; {_REWRITE}"
+            )
         return methods
 
     def _structures_1_0(self, record: dict, i: int, version: tuple[int, int]) -> dict:

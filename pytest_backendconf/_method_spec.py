@@ -27,8 +27,18 @@ _KIND_BY_NAME = {
 }
 #: The dtypes an archive may name; anything else is refused rather than looked up.
 DTYPE_NAMES = (
-    "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-    "int64", "int32", "int16", "int8", "uint8", "bool",
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex64",
+    "complex128",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
 )
 _SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "none"}
 

@@ -18,7 +18,12 @@ from typing import Any, Iterable, Mapping
 import torch
 
 #: Integer views with the bit layout of each float dtype, for ULP distances.
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+_BITS = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +41,9 @@ class Tolerance:
         return Tolerance(self.rtol * factor, self.atol * factor, f"{self.source}, {why}")
 
 
-def resolve_tolerance(dtype: torch.dtype, keys: Iterable[str], declared: Mapping[Any, Any] | None, defaults: Mapping[str, Any]) -> Tolerance:
+def resolve_tolerance(
+    dtype: torch.dtype, keys: Iterable[str], declared: Mapping[Any, Any] | None, defaults: Mapping[str, Any]
+) -> Tolerance:
     """The tolerance for ``dtype``, most specific first.
 
     ``keys`` are the names a backend may key an override by, most specific
@@ -94,9 +101,16 @@ class Closeness:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "output": self.output, "dtype": self.dtype, "numel": self.numel, "mismatched": self.mismatched,
-            "max_abs_error": _json(self.max_abs), "max_rel_error": _json(self.max_rel), "index": list(self.index),
-            "actual": _json(self.actual), "expected": _json(self.expected), "ulp": self.ulp,
+            "output": self.output,
+            "dtype": self.dtype,
+            "numel": self.numel,
+            "mismatched": self.mismatched,
+            "max_abs_error": _json(self.max_abs),
+            "max_rel_error": _json(self.max_rel),
+            "index": list(self.index),
+            "actual": _json(self.actual),
+            "expected": _json(self.expected),
+            "ulp": self.ulp,
             "closeness": _json(self.closeness),
             "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol, "source": self.tolerance.source},
         }
@@ -127,17 +141,21 @@ def compare_tensor(output: int, actual: Any, expected: Any, tolerance: Tolerance
     dtype = str(expected.dtype).removeprefix("torch.")
     numel = expected.numel()
     if numel == 0:
-        return Closeness(output, dtype, 0, 0, 0.0, 0.0, (), 0.0, 0.0, 0 if expected.is_floating_point() else None, 0.0, tolerance)
+        return Closeness(
+            output, dtype, 0, 0, 0.0, 0.0, (), 0.0, 0.0, 0 if expected.is_floating_point() else None, 0.0, tolerance
+        )
     a = actual.detach().to(torch.float64)
     e = expected.detach().to(torch.float64)
     exact = not expected.is_floating_point()
     rtol, atol = (0.0, 0.0) if exact else (tolerance.rtol, tolerance.atol)
     both_nan = a.isnan() & e.isnan()
-    same_inf = (a == e)  # equal infinities (and equal finite values) have no error
+    same_inf = a == e  # equal infinities (and equal finite values) have no error
     diff = torch.where(both_nan | same_inf, torch.zeros_like(a), (a - e).abs())
     diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)  # NaN on one side only
     allowed = atol + rtol * e.abs()
-    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)  # x / 0 = inf: an error where none is allowed
+    ratio = torch.where(
+        diff == 0, torch.zeros_like(diff), diff / allowed
+    )  # x / 0 = inf: an error where none is allowed
     mismatched = int((ratio > 1).sum()) if not exact else int((diff > 0).sum())
     flat = int(torch.argmax(torch.where(ratio.isnan(), torch.full_like(ratio, math.inf), ratio)).item())
     if float(ratio.reshape(-1)[flat]) == 0:
@@ -147,9 +165,15 @@ def compare_tensor(output: int, actual: Any, expected: Any, tolerance: Tolerance
     actual_value = float(a.reshape(-1)[flat])
     expected_value = float(e.reshape(-1)[flat])
     return Closeness(
-        output=output, dtype=dtype, numel=numel, mismatched=mismatched,
-        max_abs=float(diff.max()), max_rel=float(rel.max()), index=index,
-        actual=actual_value, expected=expected_value,
+        output=output,
+        dtype=dtype,
+        numel=numel,
+        mismatched=mismatched,
+        max_abs=float(diff.max()),
+        max_rel=float(rel.max()),
+        index=index,
+        actual=actual_value,
+        expected=expected_value,
         ulp=None if exact else ulp_distance(actual.reshape(-1)[flat], expected.reshape(-1)[flat]),
         closeness=float(ratio.max()) if not exact else (0.0 if mismatched == 0 else math.inf),
         tolerance=tolerance,

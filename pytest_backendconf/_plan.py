@@ -35,7 +35,7 @@ class Delegation:
         return len(self.delegated) + len(self.fallback)
 
     def summary(self) -> str:
-        """"3 partitions, 41/47 nodes delegated"."""
+        """ "3 partitions, 41/47 nodes delegated"."""
         plural = "" if self.partitions == 1 else "s"
         return f"{self.partitions} partition{plural}, {len(self.delegated)}/{self.total} nodes delegated"
 
@@ -142,7 +142,9 @@ class Plan:
                     raise ValueError(f"step {step.key!r} writes value {i} twice or out of range")
                 written.add(i)
             if len(step.output_specs) != len(step.outputs):
-                raise ValueError(f"step {step.key!r} has {len(step.outputs)} outputs but {len(step.output_specs)} specs")
+                raise ValueError(
+                    f"step {step.key!r} has {len(step.outputs)} outputs but {len(step.output_specs)} specs"
+                )
         for o in self.outputs:
             if isinstance(o, dict):
                 if set(o) != {"constant"}:

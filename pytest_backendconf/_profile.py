@@ -84,8 +84,10 @@ def check_events(events: Any, backend: str, method: str) -> tuple[Event, ...]:
     out = []
     for i, event in enumerate(events):
         if (
-            not isinstance(event, (tuple, list)) or len(event) != 3
-            or not all(type(v) is int for v in event) or event[1] > event[2]
+            not isinstance(event, (tuple, list))
+            or len(event) != 3
+            or not all(type(v) is int for v in event)
+            or event[1] > event[2]
         ):
             raise BackendContractError(
                 f"execute_profiled() of backend {backend!r} (method {method!r}): event {i} is {event!r}; each "
@@ -174,22 +176,36 @@ class Profile:
         info = self.debug.get(handle)
         if info is None:
             return {"op": None, "file": None, "line": None, "hierarchy": None, "handle": handle}
-        return {"op": info.op, "file": info.file, "line": info.line,
-                "hierarchy": hierarchy_prefix(info.module_hierarchy, info.method)}
+        return {
+            "op": info.op,
+            "file": info.file,
+            "line": info.line,
+            "hierarchy": hierarchy_prefix(info.module_hierarchy, info.method),
+        }
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         """One row per (op, file, line, hierarchy): ``calls`` (events), ``self_ns``, ``total_ns``; largest total first."""
         if not self.profiled:
             total = sum(self.call_ns)
-            return [{"op": self.method, "file": None, "line": None, "hierarchy": self.top,
-                     "calls": len(self.calls), "self_ns": total, "total_ns": total}]
+            return [
+                {
+                    "op": self.method,
+                    "file": None,
+                    "line": None,
+                    "hierarchy": self.top,
+                    "calls": len(self.calls),
+                    "self_ns": total,
+                    "total_ns": total,
+                }
+            ]
         return self._aggregate(lambda w: (w["op"], w["file"], w["line"], w["hierarchy"], w.get("handle")))
 
     def by_line(self) -> list[dict[str, Any]]:
         """Rows per source line (``file``, ``line``), every op on it together."""
-        return self._aggregate(lambda w: (w["file"], w["line"], w.get("handle") if w["file"] is None else None),
-                               keep=("file", "line"))
+        return self._aggregate(
+            lambda w: (w["file"], w["line"], w.get("handle") if w["file"] is None else None), keep=("file", "line")
+        )
 
     def by_op(self) -> list[dict[str, Any]]:
         """Rows per operator (``op``)."""
@@ -243,19 +259,26 @@ class Profile:
         lines += ["", header, "-" * len(header)]
         whole = sum(calls) or 1
         for row in self.rows:
-            source = f"{row['file']}:{row['line']}" if row["file"] else (
-                f"debug handle {row['handle']}" if "handle" in row else "-")
+            source = (
+                f"{row['file']}:{row['line']}"
+                if row["file"]
+                else (f"debug handle {row['handle']}" if "handle" in row else "-")
+            )
             lines.append(
                 f"{_ms(row['total_ns']):>10} {_ms(row['self_ns']):>10} {100 * row['self_ns'] / whole:>6.1f} "
                 f"{row['calls']:>6}  {str(row['op'] or '?'):<24} {source}  {row['hierarchy'] or ''}".rstrip()
             )
         if self.profiled:
             covered = sum(s for _, s in self.spans())
-            lines.append(f"{'':>10} {_ms(covered):>10} {100 * covered / whole:>6.1f}  in events; the rest is the "
-                         "backend's own overhead between them")
+            lines.append(
+                f"{'':>10} {_ms(covered):>10} {100 * covered / whole:>6.1f}  in events; the rest is the "
+                "backend's own overhead between them"
+            )
             lines += ["", f"{'total ms':>10} {'self ms':>10} {'events':>6}  module", "-" * 40]
             for row in self.by_module():
-                lines.append(f"{_ms(row['total_ns']):>10} {_ms(row['self_ns']):>10} {row['calls']:>6}  {row['hierarchy']}")
+                lines.append(
+                    f"{_ms(row['total_ns']):>10} {_ms(row['self_ns']):>10} {row['calls']:>6}  {row['hierarchy']}"
+                )
         if self.hint:
             lines.append(f"\n(debug info not loaded: symbolicate handles with: {self.hint} HANDLE)")
         return "\n".join(lines)
@@ -274,21 +297,47 @@ class Profile:
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": f"method {self.method}"}},
         ]
         for i, call in enumerate(self.calls):
-            trace.append({"name": f"{self.method} call {i}", "cat": "call", "ph": "X", "pid": 1, "tid": 1,
-                          "ts": (call.start_ns - origin) / 1000, "dur": call.duration_ns / 1000})
+            trace.append(
+                {
+                    "name": f"{self.method} call {i}",
+                    "cat": "call",
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": (call.start_ns - origin) / 1000,
+                    "dur": call.duration_ns / 1000,
+                }
+            )
             for handle, start, end in call.events or ():
                 info = self.debug.get(handle)
                 args: dict[str, Any] = {"debug_handle": handle, "call": i}
                 if info is not None:
-                    args.update(node=info.node, op=info.op, source=f"{info.file}:{info.line}" if info.file else None,
-                                hierarchy=hierarchy_prefix(info.module_hierarchy, info.method), text=str(info))
+                    args.update(
+                        node=info.node,
+                        op=info.op,
+                        source=f"{info.file}:{info.line}" if info.file else None,
+                        hierarchy=hierarchy_prefix(info.module_hierarchy, info.method),
+                        text=str(info),
+                    )
                 elif self.hint:
                     args["symbolicate"] = f"{self.hint} {handle}"
-                trace.append({"name": info.op if info else f"debug handle {handle}", "cat": "node", "ph": "X",
-                              "pid": 1, "tid": 1, "ts": (start - origin) / 1000, "dur": (end - start) / 1000,
-                              "args": args})
-        return {"traceEvents": trace, "displayTimeUnit": "ns",
-                "otherData": {"backend": self.backend, "method": self.method, "calls": len(self.calls)}}
+                trace.append(
+                    {
+                        "name": info.op if info else f"debug handle {handle}",
+                        "cat": "node",
+                        "ph": "X",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": (start - origin) / 1000,
+                        "dur": (end - start) / 1000,
+                        "args": args,
+                    }
+                )
+        return {
+            "traceEvents": trace,
+            "displayTimeUnit": "ns",
+            "otherData": {"backend": self.backend, "method": self.method, "calls": len(self.calls)},
+        }
 
 
 def _ms(ns: float) -> str:

@@ -22,21 +22,40 @@ def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
     parser.add_argument("archive", metavar="ARCHIVE")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument(
-        "--inputs", metavar="FILE",
+        "--inputs",
+        metavar="FILE",
         help='JSON {"method": [[arg, ...], ...]}, as for run-target; each call list is profiled',
     )
-    group.add_argument("--example-inputs", action="store_true",
-                       help="inputs made from each method's input specs (seeded random)")
+    group.add_argument(
+        "--example-inputs", action="store_true", help="inputs made from each method's input specs (seeded random)"
+    )
     parser.add_argument("--repeat", type=int, default=10, metavar="N", help="calls per input list (default 10)")
-    parser.add_argument("--method", metavar="NAME", action="append", default=None,
-                        help="profile only this method (repeatable; default: every method given inputs)")
-    parser.add_argument("--chrome-trace", metavar="FILE",
-                        help="also write a Chrome trace (JSON; open it in Perfetto); with several methods, "
-                        "FILE gets the method name before its suffix")
-    parser.add_argument("--debug-file", metavar="FILE",
-                        help="the .debug file of a handles-only archive (default: ARCHIVE.debug if present)")
-    parser.add_argument("-p", dest="plugins", metavar="PLUGIN", action="append", default=[],
-                        help="a module name or conftest.py/plugin file that registers the backend (repeatable)")
+    parser.add_argument(
+        "--method",
+        metavar="NAME",
+        action="append",
+        default=None,
+        help="profile only this method (repeatable; default: every method given inputs)",
+    )
+    parser.add_argument(
+        "--chrome-trace",
+        metavar="FILE",
+        help="also write a Chrome trace (JSON; open it in Perfetto); with several methods, "
+        "FILE gets the method name before its suffix",
+    )
+    parser.add_argument(
+        "--debug-file",
+        metavar="FILE",
+        help="the .debug file of a handles-only archive (default: ARCHIVE.debug if present)",
+    )
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
+        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
+    )
     add_limit_options(parser)
     parser.set_defaults(run=run)
 

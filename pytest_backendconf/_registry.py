@@ -102,8 +102,7 @@ class _PluginManager(pluggy.PluginManager):
 def defines_hooks(plugin: object) -> bool:
     """Whether ``plugin`` (a module or object) implements a backendconf hook."""
     return any(
-        name.startswith("backendconf_") and inspect.isroutine(getattr(plugin, name, None))
-        for name in dir(plugin)
+        name.startswith("backendconf_") and inspect.isroutine(getattr(plugin, name, None)) for name in dir(plugin)
     )
 
 
@@ -147,8 +146,7 @@ def check_backend(backend: object, source: Source) -> Backend:
     what = _describe(backend)
     if inspect.isclass(backend):
         raise InvalidBackendError(
-            f"{what} from {source} is a class; register an instance of it, "
-            f"e.g. register({backend.__name__}())"
+            f"{what} from {source} is a class; register an instance of it, e.g. register({backend.__name__}())"
         )
     name = getattr(backend, "name", None)
     if not isinstance(name, str) or not _NAME.match(name):
@@ -222,9 +220,7 @@ class BackendRegistry:
             except Exception as exc:
                 text = f"{source} failed to import: {type(exc).__name__}: {exc}"
                 if select is not None:
-                    raise PluginLoadError(
-                        f"{text}. Fix or reinstall that package, or pick another backend."
-                    ) from exc
+                    raise PluginLoadError(f"{text}. Fix or reinstall that package, or pick another backend.") from exc
                 self.failed_entry_points[ep.name] = (source, f"{type(exc).__name__}: {exc}")
                 warnings.warn(PluginLoadWarning(text), stacklevel=2)
                 continue

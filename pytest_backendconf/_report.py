@@ -130,14 +130,20 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
-            **({"details": rest} if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"}) else {}),
+            **(
+                {"details": rest}
+                if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"})
+                else {}
+            ),
             "numerics": (self.details or {}).get("numerics"),
         }
 
 
 def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
     """Counts per outcome and the score (passed / total) of each category."""
-    summary: dict[str, dict[str, Any]] = {c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES}
+    summary: dict[str, dict[str, Any]] = {
+        c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES
+    }
     for result in results:
         counts = summary.setdefault(result.category, {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None})
         counts["total"] += 1
@@ -176,7 +182,9 @@ def score_line(category: str, counts: dict[str, Any]) -> str:
     for outcome, label in extra.items():
         n = counts[outcome]
         if n:
-            parts.append(f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}")
+            parts.append(
+                f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}"
+            )
     return (
         f"{category:<14} {passed}/{total} passed ({100 * passed / total:.1f}%); "
         f"{', '.join(parts)} — score = passed / all {total}"

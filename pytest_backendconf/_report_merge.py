@@ -61,7 +61,9 @@ def report_files(paths: Iterable[str]) -> list[str]:
         if Path(path).is_dir():
             found = sorted(str(p) for p in Path(path).glob("*.json") if p.is_file())
             if not found:
-                raise ReportError(f"directory {path!r} holds no report (*.json); run the suite with --backendconf-report=FILE first")
+                raise ReportError(
+                    f"directory {path!r} holds no report (*.json); run the suite with --backendconf-report=FILE first"
+                )
             files += found
         else:
             files.append(path)
@@ -80,7 +82,9 @@ def read_report(path: str | Path) -> Report:
     try:
         document = json.loads(text)
     except ValueError as exc:
-        raise ReportError(f"report {name!r} is not valid JSON ({exc}); pass the file --backendconf-report wrote") from None
+        raise ReportError(
+            f"report {name!r} is not valid JSON ({exc}); pass the file --backendconf-report wrote"
+        ) from None
     return parse_report(document, name)
 
 
@@ -104,13 +108,14 @@ def parse_report(document: Any, name: str) -> Report:
     """Check ``document`` against the report schema (major version 1, any minor)."""
     if not isinstance(document, dict) or document.get("schema") != REPORT_SCHEMA:
         found = (
-            f"its \"schema\" is {document.get('schema')!r}, expected {REPORT_SCHEMA!r}"
-            if isinstance(document, dict) else f"it holds {_kind(document)}, not an object"
+            f'its "schema" is {document.get("schema")!r}, expected {REPORT_SCHEMA!r}'
+            if isinstance(document, dict)
+            else f"it holds {_kind(document)}, not an object"
         )
         raise ReportError(f"{name!r} is not a backendconf report ({found}); pass the file --backendconf-report wrote")
     version = document.get("schema_version")
     if not (isinstance(version, list) and len(version) == 2 and all(_is_int(v) for v in version)):
-        raise ReportError(f"report {name!r}: \"schema_version\" must be [major, minor], got {version!r}")
+        raise ReportError(f'report {name!r}: "schema_version" must be [major, minor], got {version!r}')
     if version[0] != REPORT_SCHEMA_VERSION[0]:
         ours = f"{REPORT_SCHEMA_VERSION[0]}.{REPORT_SCHEMA_VERSION[1]}"
         raise ReportError(
@@ -135,7 +140,7 @@ def parse_report(document: Any, name: str) -> Report:
             raise ReportError(f"report {name!r}: {where} has more passed checks than its total")
     tests_doc = document.get("tests")
     if not isinstance(tests_doc, list):
-        raise ReportError(f"report {name!r}: \"tests\" must be a list, got {_kind(tests_doc)}")
+        raise ReportError(f'report {name!r}: "tests" must be a list, got {_kind(tests_doc)}')
     tests = []
     seen = set()
     for i, entry in enumerate(tests_doc):
@@ -146,8 +151,7 @@ def parse_report(document: Any, name: str) -> Report:
         outcome = check.string(entry, "outcome", where)
         if outcome not in OUTCOMES:
             raise ReportError(
-                f"report {name!r}: {where} ({test_id}) has outcome {outcome!r}; "
-                f"expected one of {', '.join(OUTCOMES)}"
+                f"report {name!r}: {where} ({test_id}) has outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}"
             )
         if test_id in seen:
             raise ReportError(f"report {name!r}: {where}: check {test_id!r} is listed twice")
@@ -333,12 +337,14 @@ def _overall(report: Report) -> dict[str, int]:
 def _matrix_rows(merged: Merged) -> list[list[str]]:
     rows = [["backend", "environment", *merged.categories, "all"]]
     for report in merged.reports:
-        rows.append([
-            report.backend,
-            report.label,
-            *(_cell(report.summary.get(c)) for c in merged.categories),
-            _cell(_overall(report)),
-        ])
+        rows.append(
+            [
+                report.backend,
+                report.label,
+                *(_cell(report.summary.get(c)) for c in merged.categories),
+                _cell(_overall(report)),
+            ]
+        )
     return rows
 
 
@@ -379,7 +385,9 @@ def format_text(merged: Merged) -> str:
     lines.append("")
     flips = merged.flips
     if flips:
-        lines.append(f"flips: {len(flips)} check{'s' if len(flips) != 1 else ''} passed in one environment and failed in another")
+        lines.append(
+            f"flips: {len(flips)} check{'s' if len(flips) != 1 else ''} passed in one environment and failed in another"
+        )
     else:
         lines.append("flips: none (no check passed in one environment and failed in another)")
     for flip in flips:
@@ -422,8 +430,16 @@ def format_markdown(merged: Merged) -> str:
     out += _md_table(
         ["backend", "environment", "file", "torch", "Python", "platform", "checks", "exit status"],
         [
-            [r.backend, r.label, r.path, r.torch, r.python, r.platform, str(len(r.tests)),
-             "?" if r.exit_status is None else str(r.exit_status)]
+            [
+                r.backend,
+                r.label,
+                r.path,
+                r.torch,
+                r.python,
+                r.platform,
+                str(len(r.tests)),
+                "?" if r.exit_status is None else str(r.exit_status),
+            ]
             for r in merged.reports
         ],
     )

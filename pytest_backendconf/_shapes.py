@@ -70,7 +70,9 @@ class DynamicShapes:
     # --- reading a program -----------------------------------------------------
 
     @classmethod
-    def from_program(cls, inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]], range_constraints: Any) -> "DynamicShapes | None":
+    def from_program(
+        cls, inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]], range_constraints: Any
+    ) -> "DynamicShapes | None":
         """From the example values (fake tensors) of a program's user inputs and outputs.
 
         ``None`` when no input dimension is symbolic. Dimensions whose size
@@ -139,8 +141,10 @@ class DynamicShapes:
                 if (use.times, use.plus) == (1, 0):
                     rule = f"must equal {source}, which is {bound} (the exported program declares them equal)"
                 else:
-                    rule = (f"must be {_formula(use, f'({source})')} = {use.size_for(bound)} (a derived "
-                            f"dimension of the exported program; {source} is {bound})")
+                    rule = (
+                        f"must be {_formula(use, f'({source})')} = {use.size_for(bound)} (a derived "
+                        f"dimension of the exported program; {source} is {bound})"
+                    )
                 raise InputSpecError(
                     f"method {method!r} input {names[use.index]!r}: dimension {use.dim} is {size}, but it {rule}"
                 )
@@ -193,7 +197,10 @@ class DynamicShapes:
                 raise ValueError(f"dynamic_shapes.symbols[{i}] has range [{low!r}, {high!r}]; need 0 <= min <= max")
             symbols.append(Symbol(low, high))
         uses = {
-            key: tuple(_use(r, key, i, specs, len(symbols)) for i, r in enumerate(_list(data[f"{key}s"], f"dynamic_shapes.{key}s")))
+            key: tuple(
+                _use(r, key, i, specs, len(symbols))
+                for i, r in enumerate(_list(data[f"{key}s"], f"dynamic_shapes.{key}s"))
+            )
             for key, specs in (("input", inputs), ("output", outputs))
         }
         bound = {u.symbol for u in uses["input"]}

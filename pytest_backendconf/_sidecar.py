@@ -50,8 +50,8 @@ def debug_info_mode(value: Any) -> str:
     """``debug_info=`` of `save`, checked: ``"embedded"`` or ``"separate"``."""
     if value not in ("embedded", SEPARATE):
         raise ValueError(
-            f"save(debug_info={_short(value)}): pass debug_info=\"embedded\" (the default: source "
-            "locations inside the archive) or debug_info=\"separate\" (handles only, plus a .debug file)"
+            f'save(debug_info={_short(value)}): pass debug_info="embedded" (the default: source '
+            'locations inside the archive) or debug_info="separate" (handles only, plus a .debug file)'
         )
     return value
 
@@ -87,7 +87,9 @@ def read_manifest_field(manifest: dict, version: tuple[int, int], where: str) ->
             f"{where}: has debug_info, which schema {version[0]}.{version[1]} does not have; {_REWRITE}"
         )
     if not isinstance(value, dict) or value.get("mode") != SEPARATE:
-        raise ArchiveManifestError(f"{where}: debug_info must be {{\"mode\": \"separate\", ...}}, got {_short(value)}; {_REWRITE}")
+        raise ArchiveManifestError(
+            f'{where}: debug_info must be {{"mode": "separate", ...}}, got {_short(value)}; {_REWRITE}'
+        )
     sha = value.get("sha256")
     if not isinstance(sha, str) or not _SHA256.match(sha) or not _is_int(value.get("size")) or value["size"] < 0:
         raise ArchiveManifestError(
@@ -101,7 +103,7 @@ def decode_handles(document: Any, where: str) -> tuple[int, ...]:
     handles = document.get("handles") if isinstance(document, dict) else None
     if not isinstance(handles, list):
         raise ArchiveManifestError(
-            f"{where}: a handles-only debug.json must be {{\"handles\": [...]}}, got {_kind(document)}; {_REWRITE}"
+            f'{where}: a handles-only debug.json must be {{"handles": [...]}}, got {_kind(document)}; {_REWRITE}'
         )
     out, handle = [], 0
     for i, delta in enumerate(handles):
@@ -124,8 +126,12 @@ def sidecar_bytes(full_debug_json: bytes, archive_sha256: str) -> bytes:
         "schema_version": list(SIDECAR_SCHEMA),
         "archive_sha256": archive_sha256,
         "debug_sha256": hashlib.sha256(full_debug_json).hexdigest(),
-        "entries": {DEBUG: {"size": len(full_debug_json),
-                            "sha256": hashlib.sha256(stored_bytes(DEBUG, full_debug_json)).hexdigest()}},
+        "entries": {
+            DEBUG: {
+                "size": len(full_debug_json),
+                "sha256": hashlib.sha256(stored_bytes(DEBUG, full_debug_json)).hexdigest(),
+            }
+        },
     }
     text = json.dumps(manifest, indent=1, ensure_ascii=True).encode("ascii")
     return pack([(MANIFEST, text), (DEBUG, full_debug_json)])
@@ -159,11 +165,13 @@ class SidecarReader(ZipReader):
             found = manifest.get("format") if isinstance(manifest, dict) else None
             raise ArchiveFormatError(
                 f"{where}: format is {_short(found)}, not {SIDECAR_FORMAT!r}: this is not the .debug file "
-                "that pytest_backendconf.save(..., debug_info=\"separate\") writes beside an archive"
+                'that pytest_backendconf.save(..., debug_info="separate") writes beside an archive'
             )
         version = manifest.get("schema_version")
         if not isinstance(version, list) or len(version) != 2 or not all(_is_int(v) for v in version):
-            raise ArchiveManifestError(f"{where}: schema_version must be [major, minor], got {_short(version)}; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{where}: schema_version must be [major, minor], got {_short(version)}; {_REWRITE}"
+            )
         if version[0] != SIDECAR_SCHEMA[0]:
             from .errors import ArchiveVersionError
 
@@ -222,7 +230,7 @@ def check_pair(archive: Any, sidecar: Sidecar) -> None:
         f"debug file {sidecar.source!r} does not belong to archive {archive.source!r}: it was written for "
         f"an archive of sha256 {sidecar.archive_sha256} (debug info sha256 {sidecar.debug_sha256}), but "
         f"this archive's sha256 is {archive.sha256} and it expects debug info sha256 {expected}. Use the "
-        ".debug file saved together with this archive (pytest_backendconf.save(..., debug_info=\"separate\") "
+        '.debug file saved together with this archive (pytest_backendconf.save(..., debug_info="separate") '
         "writes both), or save the model again to get a matching pair."
     )
 

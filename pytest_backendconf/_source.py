@@ -18,21 +18,41 @@ from typing import Iterable
 
 # aten op base name -> the Python syntax that produces it.
 _BINARY = {
-    "add": ast.Add, "sub": ast.Sub, "rsub": ast.Sub, "mul": ast.Mult, "div": ast.Div,
-    "true_divide": ast.Div, "floor_divide": ast.FloorDiv, "remainder": ast.Mod,
-    "fmod": ast.Mod, "pow": ast.Pow, "matmul": ast.MatMult, "bitwise_and": ast.BitAnd,
-    "bitwise_or": ast.BitOr, "bitwise_xor": ast.BitXor, "__lshift__": ast.LShift,
-    "__rshift__": ast.RShift, "logical_and": ast.BitAnd, "logical_or": ast.BitOr,
+    "add": ast.Add,
+    "sub": ast.Sub,
+    "rsub": ast.Sub,
+    "mul": ast.Mult,
+    "div": ast.Div,
+    "true_divide": ast.Div,
+    "floor_divide": ast.FloorDiv,
+    "remainder": ast.Mod,
+    "fmod": ast.Mod,
+    "pow": ast.Pow,
+    "matmul": ast.MatMult,
+    "bitwise_and": ast.BitAnd,
+    "bitwise_or": ast.BitOr,
+    "bitwise_xor": ast.BitXor,
+    "__lshift__": ast.LShift,
+    "__rshift__": ast.RShift,
+    "logical_and": ast.BitAnd,
+    "logical_or": ast.BitOr,
 }
 _COMPARE = {"eq": ast.Eq, "ne": ast.NotEq, "lt": ast.Lt, "le": ast.LtE, "gt": ast.Gt, "ge": ast.GtE}
 _UNARY = {"neg": ast.USub, "bitwise_not": ast.Invert, "logical_not": ast.Invert}
 _SUBSCRIPT = {"select", "slice", "index", "getitem"}
 # Ops whose Python spelling differs from the aten name.
 _CALL_ALIASES = {
-    "mm": {"mm", "matmul"}, "bmm": {"bmm", "matmul"}, "addmm": {"addmm", "linear"},
-    "view": {"view", "reshape", "flatten"}, "_to_copy": {"to", "float", "half", "double", "long", "int", "bool", "type"},
-    "expand": {"expand", "expand_as"}, "clamp": {"clamp", "clip"}, "amax": {"amax", "max"},
-    "amin": {"amin", "min"}, "cond": {"cond"}, "t": {"t", "T"},
+    "mm": {"mm", "matmul"},
+    "bmm": {"bmm", "matmul"},
+    "addmm": {"addmm", "linear"},
+    "view": {"view", "reshape", "flatten"},
+    "_to_copy": {"to", "float", "half", "double", "long", "int", "bool", "type"},
+    "expand": {"expand", "expand_as"},
+    "clamp": {"clamp", "clip"},
+    "amax": {"amax", "max"},
+    "amin": {"amin", "min"},
+    "cond": {"cond"},
+    "t": {"t", "T"},
 }
 
 
@@ -77,8 +97,7 @@ def _by_op(file: str, line: int, op: str) -> list[ast.AST]:
         return found
     if op in _COMPARE:
         return [
-            n for n in nodes
-            if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], _COMPARE[op])
+            n for n in nodes if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], _COMPARE[op])
         ] or [n for n in nodes if isinstance(n, ast.Call) and _callee_name(n.func) == op]
     if op in _UNARY:
         found = [n for n in nodes if isinstance(n, ast.UnaryOp) and isinstance(n.op, _UNARY[op])]

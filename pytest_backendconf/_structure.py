@@ -111,7 +111,9 @@ def _check_key(key: Any, path: str) -> None:
         return
     if type(key) is float and math.isfinite(key):
         return
-    raise StructureError(f"{path} has key {short(key)}; keys are strings, int64 integers, finite floats, booleans or null")
+    raise StructureError(
+        f"{path} has key {short(key)}; keys are strings, int64 integers, finite floats, booleans or null"
+    )
 
 
 def _is_identifier(value: Any) -> bool:
@@ -158,9 +160,11 @@ def describe_value(value: Any, depth: int = 0) -> str:
     if kind is dict:
         return "{" + ", ".join(f"{k!r}: {describe_value(v, depth + 1)}" for k, v in value.items()) + "}"
     if isinstance(value, tuple) and hasattr(kind, "_fields"):
-        return f"{kind.__name__}(" + ", ".join(
-            f"{f}={describe_value(v, depth + 1)}" for f, v in zip(kind._fields, value)
-        ) + ")"
+        return (
+            f"{kind.__name__}("
+            + ", ".join(f"{f}={describe_value(v, depth + 1)}" for f, v in zip(kind._fields, value))
+            + ")"
+        )
     return "*"
 
 
@@ -208,9 +212,7 @@ def rebuilder(structure: Any) -> Callable[[Any], Any]:
     if structure == NONE:
         return lambda outputs: None
     ((tag, body),) = structure.items()
-    flat = tag != "namedtuple" and all(
-        (c if tag != "dict" else c[1]) == LEAF for c in body
-    )
+    flat = tag != "namedtuple" and all((c if tag != "dict" else c[1]) == LEAF for c in body)
     if flat and tag == "tuple":
         return tuple
     if flat and tag == "list":
@@ -278,10 +280,13 @@ def from_treespec(spec: Any, what: str) -> Any:
             return {"dict": items}
         fields = getattr(kind, "_fields", None)
         if isinstance(kind, type) and issubclass(kind, tuple) and isinstance(fields, tuple):
-            node = {"namedtuple": {
-                "name": kind.__name__, "fields": list(fields),
-                "items": [convert(c, f"{path}.{f}", depth + 1) for f, c in zip(fields, children)],
-            }}
+            node = {
+                "namedtuple": {
+                    "name": kind.__name__,
+                    "fields": list(fields),
+                    "items": [convert(c, f"{path}.{f}", depth + 1) for f, c in zip(fields, children)],
+                }
+            }
             _check(node, path, 0, [MAX_NODES])
             return node
         raise StructureError(
@@ -342,7 +347,7 @@ def _old_node(node: Any, path: str, depth: int, budget: list[int]) -> Any:
     items = [_old_node(c, f"{path}.children_spec[{i}]", depth + 1, budget) for i, c in enumerate(children)]
     if tag in ("tuple", "list"):
         if context != "null":
-            raise StructureError(f"{path} is a {tag} with context {short(context)} (expected \"null\")")
+            raise StructureError(f'{path} is a {tag} with context {short(context)} (expected "null")')
         return {tag: items}
     if not isinstance(context, str):
         raise StructureError(f"{path} is a dict whose context {short(context)} is not a JSON string")

@@ -250,7 +250,9 @@ class SuitePlugin:
         return "\n".join(lines)
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         ctx = self.ctx = self._ctx_factory()  # kept for tools (benchmarks) that inspect the session
         available, why = ctx.registered.availability()
         if not available:
@@ -258,7 +260,9 @@ class SuitePlugin:
                 f"not applicable: backend {self.backend_name!r} is not available here ({why}); the availability "
                 "rows and the lowering-side checks ran, the rest need is_available() True"
             )
-        root = SuiteCollector.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID, path=_conformance_dir(), plugin=self, ctx=ctx)
+        root = SuiteCollector.from_parent(
+            session, name=ROOT_ID, nodeid=ROOT_ID, path=_conformance_dir(), plugin=self, ctx=ctx
+        )
         # The public collect hooks, as pytest's own collection calls them: the
         # terminal counts these items (`--co` says how many), and plugins see a
         # collect report for the suite.
@@ -318,4 +322,3 @@ def _conformance_dir() -> Path:
 def suite_only(config: pytest.Config) -> bool:
     """No test paths on the command line: run the suite alone, not the current folder."""
     return config.args_source != pytest.Config.ArgsSource.ARGS
-

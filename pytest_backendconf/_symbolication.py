@@ -64,7 +64,9 @@ class SymbolTable:
                 if not 0 <= handle <= INT64_MAX:
                     return format_missing([short_repr(handle)])
                 return format_missing([handle])
-            found = f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+            found = (
+                f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+            )
             if len(self.cache) >= MAX_CACHED_TEXTS:
                 self.cache.clear()  # bounded; refilled by the handles the log uses most
             self.cache[handle] = found
@@ -75,7 +77,10 @@ class SymbolTable:
         key = (id(info.module_hierarchy), info.method)
         prefix = self._hierarchies.get(key)
         if prefix is None or prefix[0] is not info.module_hierarchy:
-            prefix = self._hierarchies[key] = (info.module_hierarchy, hierarchy_prefix(info.module_hierarchy, info.method))
+            prefix = self._hierarchies[key] = (
+                info.module_hierarchy,
+                hierarchy_prefix(info.module_hierarchy, info.method),
+            )
         traceback = self._tracebacks.get(id(info.frames))
         if traceback is None or traceback[0] is not info.frames:
             traceback = self._tracebacks[id(info.frames)] = (info.frames, traceback_text(info.frames))

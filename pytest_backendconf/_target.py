@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from ._child import ChildProcess, Ended, error_record, tail_text
 from ._child import ImportBlocker, active_plugins, import_plugins, install_blocker, is_path  # noqa: F401  (public names)
+
 # torch's tracing modules, not needed to load or run an archive: one list, beside target_runtime_modules.
 from .capabilities import TRACING_MODULES
 
@@ -86,11 +87,22 @@ def run_on_target(
     calls = {str(m): [tuple(args) for args in calls] for m, calls in (inputs_by_method or {}).items()}
     blocked = _blocked_for(archive_path, blocked_modules)
     result: dict[str, Any] = {
-        "ok": False, "loaded": False, "error": None, "backend": None, "methods": [],
-        "outputs": {}, "errors": {}, "blocked": list(blocked), "returncode": None, "stderr": "",
+        "ok": False,
+        "loaded": False,
+        "error": None,
+        "backend": None,
+        "methods": [],
+        "outputs": {},
+        "errors": {},
+        "blocked": list(blocked),
+        "returncode": None,
+        "stderr": "",
     }
     child = ChildProcess(
-        "pytest_backendconf._target:TargetHandler", blocked=blocked, plugins=plugins, startup_timeout=timeout,
+        "pytest_backendconf._target:TargetHandler",
+        blocked=blocked,
+        plugins=plugins,
+        startup_timeout=timeout,
         refuse_tracing=True,
     )
     try:
@@ -117,15 +129,20 @@ def run_on_target(
         return result
     result["returncode"] = child.ended.returncode if child.ended else None
     result.update(
-        loaded=reply["loaded"], error=reply["error"], backend=reply["backend"],
-        methods=reply["methods"], blocked=reply["blocked"],
+        loaded=reply["loaded"],
+        error=reply["error"],
+        backend=reply["backend"],
+        methods=reply["methods"],
+        blocked=reply["blocked"],
     )
     ok = reply["loaded"]
     outputs = unpack_value(reply["outputs"], "target outputs") if reply["loaded"] else {}
     for method, records in reply["results"].items():
         values = iter(outputs.get(method, []))
         result["outputs"][method] = [next(values) if r is None else None for r in records]
-        result["errors"][method] = [None if r is None else {"type": r["type"], "message": r["message"]} for r in records]
+        result["errors"][method] = [
+            None if r is None else {"type": r["type"], "message": r["message"]} for r in records
+        ]
         ok = ok and all(r is None for r in records)
     result["ok"] = ok
     return result
@@ -248,8 +265,13 @@ class TargetHandler:
         from ._child import pack_value, unpack_value
 
         reply: dict[str, Any] = {
-            "loaded": False, "error": None, "backend": None, "methods": [], "results": {},
-            "blocked": list(self.blocker.names), "outputs": None,
+            "loaded": False,
+            "error": None,
+            "backend": None,
+            "methods": [],
+            "results": {},
+            "blocked": list(self.blocker.names),
+            "outputs": None,
         }
         try:
             archive = read_archive(request["archive"])

@@ -31,8 +31,18 @@ from ._method_spec import DTYPE_NAMES
 from .errors import ArchiveError, ArchiveManifestError, ArchiveSizeError
 
 ITEMSIZE = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex64": 8,
+    "complex128": 16,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
 }
 
 
@@ -72,8 +82,7 @@ class ValueEncoder:
             for k, v in value.items():
                 if not (k is None or type(k) in (bool, int, float, str)):
                     raise ArchiveError(
-                        f"{where} has a key of type {type(k).__name__}; keys must be str, int, float, "
-                        "bool or None"
+                        f"{where} has a key of type {type(k).__name__}; keys must be str, int, float, bool or None"
                     )
                 items.append([self.encode(k, where, depth + 1), self.encode(v, f"{where}[{k!r}]", depth + 1)])
             return {"dict": items}
@@ -134,7 +143,9 @@ def tensor_from_checked(data: bytes, meta: Mapping[str, Any], where: str) -> Any
     dtype = getattr(torch, meta["dtype"])
     shape = tuple(meta["shape"])
     if len(data) != meta["numel"] * ITEMSIZE[meta["dtype"]]:
-        raise ArchiveSizeError(f"{where}: {len(data)} bytes do not make a {meta['dtype']} tensor of shape {list(shape)}")
+        raise ArchiveSizeError(
+            f"{where}: {len(data)} bytes do not make a {meta['dtype']} tensor of shape {list(shape)}"
+        )
     if meta["numel"] == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
@@ -177,6 +188,7 @@ def decode_value(tree: Any, tensors: Sequence[Any], where: str) -> Any:
 
 def check_value(tree: Any, n_tensors: int, where: str, depth: int = 0, key: bool = False) -> None:
     """Raise `ArchiveManifestError` unless ``tree`` is a value `ValueEncoder` writes."""
+
     def bad(what: str) -> ArchiveManifestError:
         return ArchiveManifestError(f"{where}: {what}; {_REWRITE}")
 
@@ -216,14 +228,18 @@ def to_message(value: Any, where: str) -> dict[str, Any]:
     """``value`` as one JSON-compatible document, tensor bytes in base64 (for JSON messages)."""
     encoder = ValueEncoder()
     tree = encoder.encode(value, where)
-    tensors = [dict(meta, data=base64.b64encode(data).decode("ascii")) for meta, data in zip(encoder.meta, encoder.data)]
+    tensors = [
+        dict(meta, data=base64.b64encode(data).decode("ascii")) for meta, data in zip(encoder.meta, encoder.data)
+    ]
     return {"value": tree, "tensors": tensors}
 
 
 def from_message(message: Any, where: str) -> Any:
     """Inverse of `to_message`; anything malformed is an `ArchiveError` naming ``where``."""
     if not isinstance(message, dict) or not isinstance(message.get("tensors"), list) or "value" not in message:
-        raise ArchiveManifestError(f"{where}: must be an object with 'value' and a list 'tensors', got {_short(message)}")
+        raise ArchiveManifestError(
+            f"{where}: must be an object with 'value' and a list 'tensors', got {_short(message)}"
+        )
     tensors = []
     for i, record in enumerate(message["tensors"]):
         here = f"{where}, tensors[{i}]"

@@ -22,9 +22,17 @@ import torch
 
 #: safetensors' dtype names for the torch dtypes the suite stores.
 _CODES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.complex64: "C64",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
 }
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 #: A header larger than this is not one we wrote (safetensors uses the same bound).
@@ -35,7 +43,9 @@ class TensorFileError(ValueError):
     """The file is not a tensor file this package can read; the message names the file and the problem."""
 
 
-def write_tensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> None:
+def write_tensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write ``tensors`` to ``path`` atomically (a reader never sees half a file)."""
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
         raise TensorFileError("tensor files are little-endian; writing them on a big-endian host is not supported")
@@ -48,7 +58,11 @@ def write_tensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tens
         if tensor.dtype not in _CODES:
             raise TensorFileError(f"tensor {name!r} has dtype {tensor.dtype}, which tensor files do not store")
         data = _raw_bytes(tensor)
-        header[name] = {"dtype": _CODES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _CODES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         chunks.append(data)
         offset += len(data)
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -75,7 +89,9 @@ def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
         raise TensorFileError(f"{path}: too short to be a tensor file ({len(data)} bytes)")
     (size,) = struct.unpack("<Q", data[:8])
     if size > min(_MAX_HEADER, len(data) - 8):
-        raise TensorFileError(f"{path}: header length {size} exceeds the file; the file is truncated or not a tensor file")
+        raise TensorFileError(
+            f"{path}: header length {size} exceeds the file; the file is truncated or not a tensor file"
+        )
     try:
         header = json.loads(data[8 : 8 + size])
     except ValueError as exc:
@@ -96,7 +112,9 @@ def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
         for d in shape:
             numel *= d
         if not 0 <= start <= end <= len(body) or end - start != numel * dtype.itemsize:
-            raise TensorFileError(f"{path}: tensor {name!r} ({record['dtype']} {shape}) does not fit its bytes [{start}, {end})")
+            raise TensorFileError(
+                f"{path}: tensor {name!r} ({record['dtype']} {shape}) does not fit its bytes [{start}, {end})"
+            )
         if numel == 0:
             tensors[name] = torch.empty(shape, dtype=dtype)
         else:

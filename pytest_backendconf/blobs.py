@@ -56,7 +56,7 @@ def unpack_blob(blob: Any, magic: bytes, version: int, *, kind: str, upgrade: st
     _, found, crc, head_len, payload_len = _PREFIX.unpack_from(blob)
     if found > version:
         raise ValueError(f"{kind} format {found} is newer than this reader ({version}); upgrade {upgrade}")
-    rest = blob[_PREFIX.size:]
+    rest = blob[_PREFIX.size :]
     if len(rest) != head_len + payload_len:
         raise ValueError(
             f"{kind} is truncated or padded: {len(rest)} bytes after the prefix, "

@@ -63,9 +63,7 @@ class Capabilities:
         if self.supported_ops is not None:
             bad = sorted(op for op in self.supported_ops if not _is_overload_name(op))
             if bad:
-                found.append(
-                    f"supported_ops has {bad!r}: write overload names such as 'aten.mul.Tensor'"
-                )
+                found.append(f"supported_ops has {bad!r}: write overload names such as 'aten.mul.Tensor'")
         if self.dtypes is not None:
             bad = [d for d in self.dtypes if type(d).__name__ != "dtype"]
             if bad:
@@ -94,11 +92,7 @@ class Capabilities:
 
 
 def _is_pair(pair: object) -> bool:
-    return (
-        isinstance(pair, tuple)
-        and len(pair) == 2
-        and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
-    )
+    return isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(v, (int, float)) and v >= 0 for v in pair)
 
 
 def _is_overload_name(op: object) -> bool:

@@ -167,13 +167,9 @@ class ModelCase:
         """``torch.export``'s ``dynamic_shapes`` for one method's positional inputs (None: all static)."""
         if not self.method_dims(method):
             return None
-        return tuple(
-            (spec.dims or None) if isinstance(spec, TensorInput) else None for spec in self.inputs[method]
-        )
+        return tuple((spec.dims or None) if isinstance(spec, TensorInput) else None for spec in self.inputs[method])
 
     @property
     def uses_float(self) -> bool:
         """Whether any tensor input follows the float dtype under test."""
-        return any(
-            isinstance(i, TensorInput) and i.dtype == "float" for args in self.inputs.values() for i in args
-        )
+        return any(isinstance(i, TensorInput) and i.dtype == "float" for args in self.inputs.values() for i in args)

@@ -31,9 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="backendconf", description="PyTorch delegate-backend conformance tools"
-    )
+    parser = argparse.ArgumentParser(prog="backendconf", description="PyTorch delegate-backend conformance tools")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     listing = commands.add_parser(
         "list",
@@ -42,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         "to import) and of the plugins given with -p.",
     )
     listing.add_argument(
-        "-p", dest="plugins", metavar="PLUGIN", action="append", default=[],
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
         help="a module name or plugin/conftest.py file that registers backends, as `pytest -p` (repeatable)",
     )
     listing.set_defaults(run=_list)
@@ -70,8 +72,14 @@ def _list(args: argparse.Namespace) -> int:
     rows: list[tuple[str, ...]] = [("NAME", "AVAILABLE", "DISTRIBUTION", "SOURCE")]
     for name, registered in sorted(backends.items()):
         available, reason = registered.availability()
-        rows.append((name, "yes" if available else f"no ({reason})", _distribution(registered.source),
-                     registered.source.description))
+        rows.append(
+            (
+                name,
+                "yes" if available else f"no ({reason})",
+                _distribution(registered.source),
+                registered.source.description,
+            )
+        )
     for name, (source, error) in sorted(failed.items()):
         rows.append((name, f"no (failed to import: {error})", _distribution(source), source.description))
     rows = [tuple(printable(cell) for cell in row) for row in rows]
@@ -163,20 +171,30 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
     target.add_argument("archive", metavar="ARCHIVE")
     group = target.add_mutually_exclusive_group()
     group.add_argument(
-        "--inputs", metavar="FILE",
+        "--inputs",
+        metavar="FILE",
         help='JSON {"method": [[arg, ...], ...]}: one list of positional arguments per call; a '
         "(nested) list of numbers becomes a tensor of the dtype the method was lowered for",
     )
     group.add_argument(
-        "--example-inputs", action="store_true",
+        "--example-inputs",
+        action="store_true",
         help="call each method once with inputs made from its input specs (seeded random)",
     )
     target.add_argument(
-        "-p", dest="plugins", metavar="PLUGIN", action="append", default=[],
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
         help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
     )
     target.add_argument(
-        "--block", dest="blocked", metavar="MODULE", action="append", default=[],
+        "--block",
+        dest="blocked",
+        metavar="MODULE",
+        action="append",
+        default=[],
         help="another module to block on the target (repeatable)",
     )
     target.add_argument("--timeout", type=float, default=60, metavar="SECONDS")
@@ -244,7 +262,9 @@ def _inspect(args: argparse.Namespace) -> int:
     print("entries:")
     width = max(len(p(e.name)) for e in archive.entries)
     for e in archive.entries:
-        print(f"  {p(e.name):{width}}  {e.size:>10} bytes  {e.compression:8} {e.stored_size:>10} stored  sha256 {e.sha256[:16]}")
+        print(
+            f"  {p(e.name):{width}}  {e.size:>10} bytes  {e.compression:8} {e.stored_size:>10} stored  sha256 {e.sha256[:16]}"
+        )
     return 0
 
 
@@ -326,15 +346,16 @@ def _run_target(args: argparse.Namespace) -> int:
     if result["error"] is not None:
         error = result["error"]
         print(
-            f"backendconf: error: the target could not load {args.archive!r}: "
-            f"{error['type']}: {error['message']}",
+            f"backendconf: error: the target could not load {args.archive!r}: {error['type']}: {error['message']}",
             file=sys.stderr,
         )
         return 1
-    print(printable(
-        f"target: loaded {args.archive!r} (backend {result['backend']!r}; methods "
-        f"{', '.join(result['methods'])}) with these modules blocked: {', '.join(result['blocked'])}"
-    ))
+    print(
+        printable(
+            f"target: loaded {args.archive!r} (backend {result['backend']!r}; methods "
+            f"{', '.join(result['methods'])}) with these modules blocked: {', '.join(result['blocked'])}"
+        )
+    )
     for method, outputs in result["outputs"].items():
         for i, (value, error) in enumerate(zip(outputs, result["errors"][method]), 1):
             if error is None:
@@ -357,8 +378,7 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
         spec = archive.methods.get(method)  # type: ignore[attr-defined]
         if spec is None:
             raise BackendConfError(
-                f"--inputs {name!r} names method {method!r}; the archive's methods are "
-                f"{', '.join(archive.methods)}"  # type: ignore[attr-defined]
+                f"--inputs {name!r} names method {method!r}; the archive's methods are {', '.join(archive.methods)}"  # type: ignore[attr-defined]
             )
         if not isinstance(arg_lists, list) or not all(isinstance(a, list) for a in arg_lists):
             raise BackendConfError(f"--inputs {name!r}: {method!r} must map to a list of argument lists")
@@ -450,12 +470,15 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "score), and list every check that passed in one environment and failed in another.",
     )
     merge.add_argument(
-        "reports", metavar="REPORT", nargs="+",
+        "reports",
+        metavar="REPORT",
+        nargs="+",
         help="a JSON file written by --backendconf-report, or a directory: its *.json files",
     )
     merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
     merge.add_argument(
-        "--fail-on-flips", action="store_true",
+        "--fail-on-flips",
+        action="store_true",
         help="exit with status 1 when a check passed in one environment and failed in another",
     )
     merge.set_defaults(run=_report_merge)
@@ -467,7 +490,9 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "by side, with the checks that flip between them highlighted, then each in full.",
     )
     page.add_argument(
-        "reports", metavar="REPORT", nargs="+",
+        "reports",
+        metavar="REPORT",
+        nargs="+",
         help="a JSON file written by --backendconf-report, or a directory: its *.json files",
     )
     page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
@@ -480,7 +505,9 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "with --capabilities, a ready-to-paste Capabilities(supported_ops=...) of the overloads that passed.",
     )
     ops.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
-    ops.add_argument("--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix")
+    ops.add_argument(
+        "--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix"
+    )
     ops.set_defaults(run=_report_ops)
 
 
@@ -509,8 +536,10 @@ def _report_merge(args: argparse.Namespace) -> int:
         target = Path(args.markdown)
         if target.is_dir() or not target.parent.is_dir():
             raise BackendConfError(
-                f"--markdown {args.markdown!r}: " + (
-                    "that is a directory; give a file name in it" if target.is_dir()
+                f"--markdown {args.markdown!r}: "
+                + (
+                    "that is a directory; give a file name in it"
+                    if target.is_dir()
                     else f"the directory {str(target.parent)!r} does not exist; create it first"
                 )
             )
@@ -536,8 +565,10 @@ def _report_html(args: argparse.Namespace) -> int:
     target = Path(args.output)
     if target.is_dir() or not target.parent.is_dir():
         raise BackendConfError(
-            f"--output {args.output!r}: " + (
-                "that is a directory; give a file name in it" if target.is_dir()
+            f"--output {args.output!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
                 else f"the directory {str(target.parent)!r} does not exist; create it first"
             )
         )
@@ -545,7 +576,9 @@ def _report_html(args: argparse.Namespace) -> int:
         write_atomic(target, render(documents, labels if len(documents) > 1 else None, title=args.title))
     except OSError as exc:
         raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
-    print(f"backendconf: HTML report of {len(documents)} report{'s' if len(documents) != 1 else ''} written to {args.output}")
+    print(
+        f"backendconf: HTML report of {len(documents)} report{'s' if len(documents) != 1 else ''} written to {args.output}"
+    )
     return 0
 
 

@@ -123,10 +123,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--backendconf-ops",
         dest="backendconf_ops",
-        choices=("default", "all"),
+        choices=("quick", "default", "all"),
         default="default",
-        help="samples of the ops category: default (float32 and float16, one sample per operator overload and dtype, shipped as data) "
-        "or all (every OpInfo sample; discovered once per torch version, which takes minutes)",
+        help="samples of the ops category: default (up to two samples per operator overload in each dtype "
+        "under test, shipped as data), quick (one sample in float32 and float16: for engines whose lowering "
+        "takes seconds) or all (every OpInfo sample; discovered once per torch version, which takes minutes)",
     )
     parser.addini(
         "backendconf_backend",
@@ -248,5 +249,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         from ._hypothesis import hypothesis_choice
 
         profile, seed = hypothesis_choice(config)
-        lines.append(f"backendconf: hypothesis profile {profile!r}, seed {seed} (reproduce with --hypothesis-seed={seed})")
+        lines.append(
+            f"backendconf: hypothesis profile {profile!r}, seed {seed} (reproduce with --hypothesis-seed={seed})"
+        )
     return lines

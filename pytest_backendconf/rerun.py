@@ -22,8 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_backendconf.rerun", description=__doc__.splitlines()[0])
     parser.add_argument("inputs", type=Path, help="the inputs file a failing check saved")
     parser.add_argument("--backend", required=True, help="the registered backend to run it on")
-    parser.add_argument("-p", dest="plugins", metavar="MODULE", action="append", default=[],
-                        help="a module that registers backends (as with pytest -p); repeatable")
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="a module that registers backends (as with pytest -p); repeatable",
+    )
     options = parser.parse_args(argv)
 
     from ._registry import BackendRegistry
@@ -36,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read {options.inputs}: {exc}", file=sys.stderr)
         return 2
     if metadata.get("kind") not in ("ops", "parity"):
-        print(f"error: {options.inputs} is not an inputs file of an ops or parity check (kind {metadata.get('kind')!r})", file=sys.stderr)
+        print(
+            f"error: {options.inputs} is not an inputs file of an ops or parity check (kind {metadata.get('kind')!r})",
+            file=sys.stderr,
+        )
         return 2
     registry = BackendRegistry()
     try:
@@ -58,8 +67,16 @@ def main(argv: list[str] | None = None) -> int:
 
     record = json.loads(metadata["sample"])
     inputs = [tensors[f"input{i}"] for i in range(record["inputs"])]
-    sample = OpSample(record["overload"], record["dtype"], record["index"], record["opinfo"], record["args"],
-                      record["kwargs"], record["outputs"], inputs)
+    sample = OpSample(
+        record["overload"],
+        record["dtype"],
+        record["index"],
+        record["opinfo"],
+        record["args"],
+        record["kwargs"],
+        record["outputs"],
+        inputs,
+    )
     return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
 
 
@@ -76,7 +93,11 @@ def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: o
     from .conformance.parity import tolerance_for
 
     case, dtype, method = metadata["case"], metadata["dtype"], metadata["method"]
-    ctx = SuiteContext(registered, load_zoo() + registry.cases(), tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)))  # type: ignore[arg-type, attr-defined]
+    ctx = SuiteContext(
+        registered,  # type: ignore[arg-type]
+        load_zoo() + registry.cases(),  # type: ignore[attr-defined]
+        tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)),
+    )
     if case not in ctx.cases:
         print(f"error: no model case {case!r} here (a vendor case needs its plugin: add -p MODULE)", file=sys.stderr)
         return 2
@@ -109,7 +130,12 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
 
     program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
     backend = registered.backend  # type: ignore[attr-defined]
-    lowered = lower_programs({"forward": program}, backend, {"forward": {}}, module_type=op_call_class(len(sample.inputs)))  # type: ignore[attr-defined]
+    lowered = lower_programs(
+        {"forward": program},
+        backend,
+        {"forward": {}},
+        module_type=op_call_class(len(sample.inputs)),  # type: ignore[attr-defined]
+    )
     expected, how = reference_outputs(sample, program, low_precision)
 
     class _Ctx:  # what tolerance_for reads of a suite context

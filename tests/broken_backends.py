@@ -113,7 +113,7 @@ class AcceptsEverything(ReferenceBackend):
 
     def execute(self, handle, inputs):
         if isinstance(handle, bytes):
-            raise RuntimeError(f"no kernel for {handle[len(self._DEFERRED):].decode()}")
+            raise RuntimeError(f"no kernel for {handle[len(self._DEFERRED) :].decode()}")
         return super().execute(handle, inputs)
 
 

@@ -104,7 +104,7 @@ class NondeterministicBlob(ReferenceBackend):
         return stamp + super().preprocess(program, compile_spec, debug_handles)
 
     def compile(self, processed, method_compile_spec):
-        return super().compile({m: b[self._STAMP:] for m, b in processed.items()}, method_compile_spec)
+        return super().compile({m: b[self._STAMP :] for m, b in processed.items()}, method_compile_spec)
 
 
 class _Freed:
@@ -157,4 +157,3 @@ class ForgetsToAnswerVersions(ReferenceBackend):
     def accepts_blob_version(self, version):
         if version == self.version:
             return True
-

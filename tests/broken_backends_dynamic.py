@@ -29,7 +29,9 @@ class FirstShapeBuffers(ReferenceBackend):
 
     def execute(self, handle, inputs):
         outputs = super().execute(handle, inputs)
-        buffers = self.buffers.setdefault(id(handle), [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs])
+        buffers = self.buffers.setdefault(
+            id(handle), [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        )
         for buffer, out in zip(buffers, outputs):
             if isinstance(buffer, torch.Tensor) and buffer.dim() == out.dim():
                 region = tuple(slice(0, min(a, b)) for a, b in zip(buffer.shape, out.shape))
@@ -50,7 +52,9 @@ class IgnoresRanges(ReferenceBackend):
     def preprocess(self, program, compile_spec, debug_handles):
         shapes = []
         for node in program.graph.nodes:
-            spec = next((s for s in program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name), None)
+            spec = next(
+                (s for s in program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name), None
+            )
             if node.op == "placeholder" and spec is not None and spec.kind.name == "USER_INPUT":
                 value = node.meta.get("val")
                 shape = getattr(value, "shape", None)

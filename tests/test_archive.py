@@ -24,8 +24,13 @@ class TinyBackend:
     """A real, small backend: preprocess writes a JSON op list, execute interprets it."""
 
     def __init__(
-        self, name: str = "tiny", *, available: bool = True, leaky: bool = False,
-        runtime_modules: tuple[str, ...] = (), traces: str = "",
+        self,
+        name: str = "tiny",
+        *,
+        available: bool = True,
+        leaky: bool = False,
+        runtime_modules: tuple[str, ...] = (),
+        traces: str = "",
     ) -> None:
         self.name = name
         self.available = available
@@ -35,7 +40,8 @@ class TinyBackend:
         # colorsys stands in for a vendor's compiler: only preprocess may import it. (torch._dynamo
         # imports it through sympy and mpmath: a runtime importing torch._dynamo gets tabnanny instead.)
         self.capabilities = bc.Capabilities(
-            host_only_modules=("tabnanny",) if runtime_modules else ("colorsys",), fault_injection=True,
+            host_only_modules=("tabnanny",) if runtime_modules else ("colorsys",),
+            fault_injection=True,
             target_runtime_modules=runtime_modules,
         )
 
@@ -610,7 +616,11 @@ def _bomb(data):
         offset += len(header) + len(content)
     directory = b"".join(central)
     n = len(items) + 1
-    return b"".join(chunks) + directory + _archive_zip._END.pack(_archive_zip._END_SIG, 0, 0, n, n, len(directory), offset, 0)
+    return (
+        b"".join(chunks)
+        + directory
+        + _archive_zip._END.pack(_archive_zip._END_SIG, 0, 0, n, n, len(directory), offset, 0)
+    )
 
 
 def _many_entries(data):
@@ -667,8 +677,10 @@ def _tensor_attribute(dtype="float32", shape=(2,), content=b"\0" * 8):
     def mutate(data):
         entries = entries_of(data)
         entries["attributes.json"] = json.dumps(
-            {"attributes": [{"name": "t", "kind": "attribute", "value": {"tensor": 0}}],
-             "tensors": [{"dtype": dtype, "shape": list(shape)}]}
+            {
+                "attributes": [{"name": "t", "kind": "attribute", "value": {"tensor": 0}}],
+                "tensors": [{"dtype": dtype, "shape": list(shape)}],
+            }
         ).encode()
         entries["tensors/0.bin"] = content
         return repack(entries)
@@ -692,19 +704,43 @@ HOSTILE = {
     "zip comment": (lambda d: d[:-2] + b"\x05\x00hello", ArchiveFormatError, "zip comment"),
     "re-packed by zipfile": (_zipfile_repack, ArchiveFormatError, "entry 'manifest.json'.*re-packed by another tool"),
     # checksums
-    "blob byte flipped": (_flip_in("blobs/forward.bin"), ArchiveChecksumError, "entry 'blobs/forward.bin'.*(CRC-32|SHA-256)"),
+    "blob byte flipped": (
+        _flip_in("blobs/forward.bin"),
+        ArchiveChecksumError,
+        "entry 'blobs/forward.bin'.*(CRC-32|SHA-256)",
+    ),
     "manifest byte flipped": (_flip_in("manifest.json"), ArchiveChecksumError, "entry 'manifest.json'.*CRC-32"),
-    "blob changed, zip valid": (_changed_content_same_crc_layout, ArchiveChecksumError, "entry 'blobs/forward.bin'.*SHA-256"),
-    "wrong recorded checksum": (_set(["entries", "debug.json", "sha256"], "0" * 64), ArchiveChecksumError, "entry 'debug.json'.*SHA-256"),
-    "wrong recorded size": (_set(["entries", "attributes.json", "size"], 3), ArchiveSizeError, "entry 'attributes.json'.*records 3"),
+    "blob changed, zip valid": (
+        _changed_content_same_crc_layout,
+        ArchiveChecksumError,
+        "entry 'blobs/forward.bin'.*SHA-256",
+    ),
+    "wrong recorded checksum": (
+        _set(["entries", "debug.json", "sha256"], "0" * 64),
+        ArchiveChecksumError,
+        "entry 'debug.json'.*SHA-256",
+    ),
+    "wrong recorded size": (
+        _set(["entries", "attributes.json", "size"], 3),
+        ArchiveSizeError,
+        "entry 'attributes.json'.*records 3",
+    ),
     # entries
     "missing blob": (_without("blobs/forward.bin"), ArchiveEntryError, "entry 'blobs/forward.bin'.*missing"),
     "missing debug": (_without("debug.json"), ArchiveEntryError, "entry 'debug.json'.*missing"),
     "extra entry": (_with("blobs/zzz.bin"), ArchiveEntryError, "entry 'blobs/zzz.bin'.*not listed"),
     "renamed entry": (_renamed, ArchiveEntryError, "entry 'blobs/forwarc.bin'"),
-    "blob for unknown method": (lambda d: repack({**entries_of(d), "blobs/other.bin": b"?"}), ArchiveEntryError, "method 'other'"),
+    "blob for unknown method": (
+        lambda d: repack({**entries_of(d), "blobs/other.bin": b"?"}),
+        ArchiveEntryError,
+        "method 'other'",
+    ),
     "out of order": (_swap_order, ArchiveEntryError, "sorted order"),
-    "manifest not first": (lambda d: repack(entries_of(d), order=["attributes.json", "manifest.json", "blobs/forward.bin", "debug.json"]), ArchiveEntryError, "first entry is 'attributes.json'"),
+    "manifest not first": (
+        lambda d: repack(entries_of(d), order=["attributes.json", "manifest.json", "blobs/forward.bin", "debug.json"]),
+        ArchiveEntryError,
+        "first entry is 'attributes.json'",
+    ),
     "duplicate entry": (_duplicate, ArchiveEntryError, "entry 'blobs/forward.bin'.*appears twice"),
     "parent traversal": (_raw_names("../evil"), ArchiveEntryError, r"entry '\.\./evil'.*unsafe"),
     "nested traversal": (_raw_names("blobs/../../evil"), ArchiveEntryError, "unsafe"),
@@ -724,40 +760,124 @@ HOSTILE = {
     "methods not a list": (_set(["methods"], {"forward": {}}), ArchiveManifestError, "methods must be a list"),
     "methods empty": (_set(["methods"], []), ArchiveManifestError, "methods is empty"),
     "method not an object": (_set(["methods"], [3]), ArchiveManifestError, r"methods\[0\] must be an object"),
-    "method spec incomplete": (_set(["methods", 0, "inputs"], None), ArchiveManifestError, r"methods\[0\] is not a valid method spec"),
-    "bad input dtype": (_set(["methods", 0, "inputs", 0, "dtype"], "float8"), ArchiveManifestError, "unknown dtype 'float8'"),
-    "bad parameter name": (_set(["methods", 0, "params", 0, "name"], "not a name"), ArchiveManifestError, r"methods\[0\]"),
-    "reserved method name": (lambda d: _set(["method_compile_spec"], {"lowered": {}})(_set(["methods", 0, "name"], "lowered")(d)), ArchiveManifestError, "name 'lowered'"),
-    "compile spec mismatch": (_set(["method_compile_spec", "forward"], {"x": 1}), ArchiveManifestError, r"method_compile_spec\['forward'\]"),
-    "unreadable in_structure": (_set(["methods", 0, "in_structure"], "garbage"), ArchiveManifestError, "in_structure: structure is 'garbage', not a structure node"),
-    "in_structure of wrong arity": (_set(["methods", 0, "inputs"], []), ArchiveManifestError, "in_structure has 1 leaves but the method has 0 flat inputs"),
+    "method spec incomplete": (
+        _set(["methods", 0, "inputs"], None),
+        ArchiveManifestError,
+        r"methods\[0\] is not a valid method spec",
+    ),
+    "bad input dtype": (
+        _set(["methods", 0, "inputs", 0, "dtype"], "float8"),
+        ArchiveManifestError,
+        "unknown dtype 'float8'",
+    ),
+    "bad parameter name": (
+        _set(["methods", 0, "params", 0, "name"], "not a name"),
+        ArchiveManifestError,
+        r"methods\[0\]",
+    ),
+    "reserved method name": (
+        lambda d: _set(["method_compile_spec"], {"lowered": {}})(_set(["methods", 0, "name"], "lowered")(d)),
+        ArchiveManifestError,
+        "name 'lowered'",
+    ),
+    "compile spec mismatch": (
+        _set(["method_compile_spec", "forward"], {"x": 1}),
+        ArchiveManifestError,
+        r"method_compile_spec\['forward'\]",
+    ),
+    "unreadable in_structure": (
+        _set(["methods", 0, "in_structure"], "garbage"),
+        ArchiveManifestError,
+        "in_structure: structure is 'garbage', not a structure node",
+    ),
+    "in_structure of wrong arity": (
+        _set(["methods", 0, "inputs"], []),
+        ArchiveManifestError,
+        "in_structure has 1 leaves but the method has 0 flat inputs",
+    ),
     "backend name a number": (_set(["backend", "name"], 7), ArchiveManifestError, "name must be a string"),
     "backend name bad": (_set(["backend", "name"], "../x"), ArchiveManifestError, "is not a backend name"),
     "torch version missing": (_set(["torch_version"], None), ArchiveManifestError, "torch_version must be a string"),
     "entries record wrong": (_set(["entries", "debug.json"], "abc"), ArchiveManifestError, r"entries\['debug.json'\]"),
-    "manifest lists itself": (_set(["entries", "manifest.json"], {"size": 1, "sha256": "0"}), ArchiveManifestError, "lists manifest.json itself"),
+    "manifest lists itself": (
+        _set(["entries", "manifest.json"], {"size": 1, "sha256": "0"}),
+        ArchiveManifestError,
+        "lists manifest.json itself",
+    ),
     "manifest not JSON": (_manifest_bytes(b"{not json"), ArchiveManifestError, "entry 'manifest.json'.*not valid JSON"),
-    "manifest not UTF-8": (_manifest_bytes(b'{"format": "\xff\xfe"}'), ArchiveManifestError, "entry 'manifest.json'.*not UTF-8"),
+    "manifest not UTF-8": (
+        _manifest_bytes(b'{"format": "\xff\xfe"}'),
+        ArchiveManifestError,
+        "entry 'manifest.json'.*not UTF-8",
+    ),
     "manifest a list": (_manifest_bytes(b"[1, 2]"), ArchiveManifestError, "must be a JSON object"),
-    "duplicate JSON keys": (_manifest_bytes(b'{"format": "backendconf-archive", "format": "x"}'), ArchiveManifestError, "duplicate key 'format'"),
+    "duplicate JSON keys": (
+        _manifest_bytes(b'{"format": "backendconf-archive", "format": "x"}'),
+        ArchiveManifestError,
+        "duplicate key 'format'",
+    ),
     "NaN in JSON": (_manifest_bytes(b'{"format": NaN}'), ArchiveManifestError, "NaN is not allowed"),
-    "infinite number in JSON": (_manifest_text(b'"compile_spec": {}', b'"compile_spec": {"x": 1e999}'), ArchiveManifestError, "number 1e999 is out of range"),
-    "deeply nested JSON": (_manifest_bytes(b"[" * 100_000 + b"]" * 100_000), ArchiveManifestError, "entry 'manifest.json'"),
+    "infinite number in JSON": (
+        _manifest_text(b'"compile_spec": {}', b'"compile_spec": {"x": 1e999}'),
+        ArchiveManifestError,
+        "number 1e999 is out of range",
+    ),
+    "deeply nested JSON": (
+        _manifest_bytes(b"[" * 100_000 + b"]" * 100_000),
+        ArchiveManifestError,
+        "entry 'manifest.json'",
+    ),
     # debug.json and attributes.json
     "debug not UTF-8": (_json_entry("debug.json", b"\xff"), ArchiveManifestError, "entry 'debug.json'.*not UTF-8"),
-    "debug index out of range": (_debug(lambda d: d["nodes"][1].__setitem__(1, 999)), ArchiveManifestError, r"entry 'debug.json'.*nodes\[1\] op refers to 999"),
-    "debug handles not increasing": (_debug(lambda d: d["nodes"][2].__setitem__(0, 0)), ArchiveManifestError, "handles must increase"),
-    "debug table of numbers": (_debug(lambda d: d.__setitem__("files", [1])), ArchiveManifestError, r"files\[0\] must be a string"),
-    "debug unknown method": (_debug(lambda d: d["names"].__setitem__(d["nodes"][0][3], "nope")), ArchiveManifestError, "method 'nope'"),
+    "debug index out of range": (
+        _debug(lambda d: d["nodes"][1].__setitem__(1, 999)),
+        ArchiveManifestError,
+        r"entry 'debug.json'.*nodes\[1\] op refers to 999",
+    ),
+    "debug handles not increasing": (
+        _debug(lambda d: d["nodes"][2].__setitem__(0, 0)),
+        ArchiveManifestError,
+        "handles must increase",
+    ),
+    "debug table of numbers": (
+        _debug(lambda d: d.__setitem__("files", [1])),
+        ArchiveManifestError,
+        r"files\[0\] must be a string",
+    ),
+    "debug unknown method": (
+        _debug(lambda d: d["names"].__setitem__(d["nodes"][0][3], "nope")),
+        ArchiveManifestError,
+        "method 'nope'",
+    ),
     "attributes wrong shape": (_attributes({"attributes": {}}), ArchiveManifestError, "entry 'attributes.json'"),
-    "attribute dunder name": (_attributes({"attributes": [{"name": "__class__", "kind": "attribute", "value": 1}], "tensors": []}), ArchiveManifestError, "name '__class__'"),
-    "attribute shadows member": (_attributes({"attributes": [{"name": "cuda", "kind": "attribute", "value": 1}], "tensors": []}), ArchiveManifestError, "attribute 'cuda' would replace"),
-    "attribute bad tag": (_attributes({"attributes": [{"name": "a", "kind": "attribute", "value": {"code": "x"}}], "tensors": []}), ArchiveManifestError, "is not an encoded value"),
-    "attribute tensor index": (_attributes({"attributes": [{"name": "a", "kind": "attribute", "value": {"tensor": 4}}], "tensors": []}), ArchiveManifestError, "tensor reference 4"),
+    "attribute dunder name": (
+        _attributes({"attributes": [{"name": "__class__", "kind": "attribute", "value": 1}], "tensors": []}),
+        ArchiveManifestError,
+        "name '__class__'",
+    ),
+    "attribute shadows member": (
+        _attributes({"attributes": [{"name": "cuda", "kind": "attribute", "value": 1}], "tensors": []}),
+        ArchiveManifestError,
+        "attribute 'cuda' would replace",
+    ),
+    "attribute bad tag": (
+        _attributes({"attributes": [{"name": "a", "kind": "attribute", "value": {"code": "x"}}], "tensors": []}),
+        ArchiveManifestError,
+        "is not an encoded value",
+    ),
+    "attribute tensor index": (
+        _attributes({"attributes": [{"name": "a", "kind": "attribute", "value": {"tensor": 4}}], "tensors": []}),
+        ArchiveManifestError,
+        "tensor reference 4",
+    ),
     "bad tensor dtype": (_tensor_attribute(dtype="object"), ArchiveManifestError, "unknown tensor dtype 'object'"),
     "tensor bytes short": (_tensor_attribute(content=b"\0" * 7), ArchiveSizeError, r"entry 'tensors/0.bin'.*needs 8"),
     "tensor shape negative": (_tensor_attribute(shape=(-1,)), ArchiveManifestError, "not a list of sizes"),
-    "tensor without entry": (lambda d: _without("tensors/0.bin")(_tensor_attribute()(d)), ArchiveEntryError, "entry 'tensors/0.bin'"),
+    "tensor without entry": (
+        lambda d: _without("tensors/0.bin")(_tensor_attribute()(d)),
+        ArchiveEntryError,
+        "entry 'tensors/0.bin'",
+    ),
     "unknown backend": (_set(["backend", "name"], "nowhere"), ArchiveBackendError, "backend 'nowhere'"),
 }
 
@@ -834,8 +954,12 @@ def test_mutated_archives_raise_only_archive_errors(small, data):
 
 def test_archive_code_never_unpickles_or_evaluates():
     package = os.path.dirname(bc.__file__)
-    archive_modules = [n for n in os.listdir(package) if n.startswith("_archive") or n in (
-        "_manifest.py", "_tensor_codec.py", "_debug_table.py", "_symbolication.py", "_files.py", "_target.py")]
+    archive_modules = [
+        n
+        for n in os.listdir(package)
+        if n.startswith("_archive")
+        or n in ("_manifest.py", "_tensor_codec.py", "_debug_table.py", "_symbolication.py", "_files.py", "_target.py")
+    ]
     assert len(archive_modules) >= 9, archive_modules
     for name in archive_modules:
         source = open(os.path.join(package, name), encoding="utf-8").read()

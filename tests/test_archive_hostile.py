@@ -60,7 +60,8 @@ def honest(entries: dict[str, bytes], deflated: frozenset = frozenset({"debug.js
     if isinstance(manifest, dict):
         manifest["entries"] = {
             n: {"size": len(d), "sha256": hashlib.sha256(stored[n]).hexdigest()}
-            for n, d in sorted(entries.items()) if n != "manifest.json"
+            for n, d in sorted(entries.items())
+            if n != "manifest.json"
         }
     entries = {**entries, "manifest.json": json.dumps(manifest).encode()}
     stored["manifest.json"] = entries["manifest.json"]
@@ -96,8 +97,11 @@ def test_a_debug_section_that_inflates_a_thousandfold_is_refused_before_inflatin
     entries["debug.json"] = json.dumps(document).encode()
     bomb = honest(entries)
     started = time.perf_counter()
-    with pytest.raises(ArchiveSizeError, match=r"entry 'debug.json': declares \d+ bytes from \d+ deflated bytes, more "
-                       r"than the limit of 64 times \(a zip bomb\?\); pass limits=Limits\(max_expansion_ratio=\.\.\.\)"):
+    with pytest.raises(
+        ArchiveSizeError,
+        match=r"entry 'debug.json': declares \d+ bytes from \d+ deflated bytes, more "
+        r"than the limit of 64 times \(a zip bomb\?\); pass limits=Limits\(max_expansion_ratio=\.\.\.\)",
+    ):
         bc.load(bomb)
     assert time.perf_counter() - started < 5
     # A trusted archive can be read by raising the limit.
@@ -111,17 +115,24 @@ def test_a_deflated_tensor_is_refused_whatever_its_ratio(rich):
     entries["attributes.json"] = json.dumps(attributes).encode()
     entries["tensors/0.bin"] = bytes(4 << 20)
     with pytest.raises(ArchiveFormatError, match=r"entry 'tensors/0.bin': is deflated, but this format stores it"):
-        bc.load(honest(entries, deflated=frozenset({"debug.json", "tensors/0.bin"})),
-                limits=bc.Limits(max_expansion_ratio=10**6))
+        bc.load(
+            honest(entries, deflated=frozenset({"debug.json", "tensors/0.bin"})),
+            limits=bc.Limits(max_expansion_ratio=10**6),
+        )
 
 
 def test_each_kind_of_entry_has_its_own_cap(rich):
-    with pytest.raises(ArchiveSizeError, match=r"entry 'debug.json': \d+ bytes of JSON, more than the limit of 100; "
-                       r"pass limits=Limits\(max_debug_bytes=\.\.\.\)"):
+    with pytest.raises(
+        ArchiveSizeError,
+        match=r"entry 'debug.json': \d+ bytes of JSON, more than the limit of 100; "
+        r"pass limits=Limits\(max_debug_bytes=\.\.\.\)",
+    ):
         bc.load(rich, limits=bc.Limits(max_debug_bytes=100))
     lowered = lower()
     lowered.notes = "n" * 3000
-    with pytest.raises(ArchiveSizeError, match=r"entry 'attributes.json': \d+ bytes of JSON, more than the limit of 2500"):
+    with pytest.raises(
+        ArchiveSizeError, match=r"entry 'attributes.json': \d+ bytes of JSON, more than the limit of 2500"
+    ):
         bc.load(_archive.to_bytes(lowered), limits=bc.Limits(max_json_bytes=2500))
 
 
@@ -154,8 +165,11 @@ def test_caret_columns_are_bounded_by_the_source_line(rich, column):
     def edit(document):
         frame = next(f for f in document["frames"] if len(f) == 6)
         frame[5] = column
+
     started = time.perf_counter()
-    with pytest.raises(ArchiveManifestError, match=r"entry 'debug.json': frames\[\d+\] has column .*outside its source line"):
+    with pytest.raises(
+        ArchiveManifestError, match=r"entry 'debug.json': frames\[\d+\] has column .*outside its source line"
+    ):
         bc.symbolicate(with_json(rich, "debug.json", edit), [1])
     assert time.perf_counter() - started < 5
 
@@ -164,6 +178,7 @@ def test_caret_columns_are_bounded_by_the_source_line(rich, column):
 def test_line_numbers_are_bounded(rich, line):
     def edit(document):
         document["frames"][0][1] = line
+
     with pytest.raises(ArchiveManifestError, match=r"frames\[0\] has line .*lines are integers from 0 to 2147483647"):
         bc.read_archive(with_json(rich, "debug.json", edit))
 
@@ -171,13 +186,17 @@ def test_line_numbers_are_bounded(rich, line):
 def test_a_tensor_dtype_that_is_an_object_names_the_field(rich):
     def edit(document):
         document["tensors"][0]["dtype"] = {"a": 1}
-    with pytest.raises(ArchiveManifestError, match=r"entry 'attributes.json', tensors\[0\]: unknown tensor dtype \{'a': 1\}"):
+
+    with pytest.raises(
+        ArchiveManifestError, match=r"entry 'attributes.json', tensors\[0\]: unknown tensor dtype \{'a': 1\}"
+    ):
         bc.load(with_json(rich, "attributes.json", edit))
 
 
 def test_an_input_shape_beyond_int64_is_a_manifest_error(rich):
     def edit(document):
         document["methods"][0]["inputs"][0]["shape"] = [2**63, 3]
+
     with pytest.raises(ArchiveManifestError, match=r"entry 'manifest.json': methods\[0\] is not a valid method spec"):
         bc.read_archive(with_json(rich, "manifest.json", edit))
 
@@ -188,11 +207,15 @@ def test_an_input_shape_beyond_int64_is_a_manifest_error(rich):
 def test_example_inputs_from_the_manifest_are_bounded(tmp_path, rich, capsys):
     def edit(document):
         document["methods"][0]["inputs"][0]["shape"] = [16384, 16384]
+
     path = tmp_path / "big.bcpt"
     path.write_bytes(with_json(rich, "manifest.json", edit))
     assert cli.main(["run-target", str(path), "--example-inputs"]) == 1
     err = capsys.readouterr().err
-    assert "the example inputs of its methods need more than 268435456 bytes (method 'forward', input 'x' of shape [16384, 16384])" in err
+    assert (
+        "the example inputs of its methods need more than 268435456 bytes (method 'forward', input 'x' of shape [16384, 16384])"
+        in err
+    )
     assert "--max-example-input-bytes" in err
     assert cli.main(["inspect", str(path), "--max-debug-bytes", "10"]) == 1
     err = capsys.readouterr().err
@@ -220,7 +243,10 @@ def test_a_corrupt_blob_with_consistent_hashes_says_compile_failed_on_the_archiv
         archive.instantiate(FUSSY)
     text = str(error.value)
     assert "backend 'fussy': compile() failed at load: " in text
-    assert "It failed on this archive's blobs: the file may be damaged or written by another version of the backend" in text
+    assert (
+        "It failed on this archive's blobs: the file may be damaged or written by another version of the backend"
+        in text
+    )
 
 
 # --- symbolication ----------------------------------------------------------------------------------------------
@@ -251,7 +277,10 @@ def test_symbolicate_into_a_closed_pipe_exits_quietly(tmp_path, rich):
     log.write_text("debug_handle=1\n" * 20000)
     done = subprocess.run(
         f"{os.path.join(os.path.dirname(sys.executable), 'backendconf')} symbolicate {path} --log {log} | head -1",
-        shell=True, capture_output=True, text=True, timeout=120,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.stdout == "debug_handle=1\n"
     assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -298,15 +327,22 @@ def test_debug_info_stores_paths_relative_to_the_import_root(rich):
     debug = json.loads(entries_of(rich)["debug.json"])
     assert debug["files"] == ["test_archive.py"]
     here = os.path.dirname(os.path.abspath(__file__))
-    assert all(f.file == os.path.join(here, "test_archive.py") for i in bc.read_archive(rich).debug.values() for f in i.frames)
+    assert all(
+        f.file == os.path.join(here, "test_archive.py") for i in bc.read_archive(rich).debug.values() for f in i.frames
+    )
 
 
 # --- fuzzing the content ------------------------------------------------------------------------------------------
 
 json_values = st.recursive(
     st.one_of(
-        st.none(), st.booleans(), st.integers(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
-        st.text(max_size=6), st.sampled_from(["leaf", "float32", "tensor", "forward", "aten::mul", "parameter", "dict"]),
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=6),
+        st.sampled_from(["leaf", "float32", "tensor", "forward", "aten::mul", "parameter", "dict"]),
     ),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
     max_leaves=8,

@@ -66,6 +66,7 @@ LEAF_1_0 = old_node()
 
 def as_treespec_1_0(structure) -> str:
     """The ``treespec_dumps`` string 0.1.0 wrote for a structure of leaves, tuples, lists and dicts."""
+
     def node(s):
         if s == "leaf":
             return LEAF_1_0
@@ -73,6 +74,7 @@ def as_treespec_1_0(structure) -> str:
         if tag == "dict":
             return old_node("builtins.dict", json.dumps([k for k, _ in body]), [node(c) for _, c in body])
         return old_node(f"builtins.{tag}", "null", [node(c) for c in body])
+
     return json.dumps([1, node(structure)])
 
 
@@ -86,8 +88,10 @@ def as_schema_1_0(manifest: dict) -> None:
 
 def with_old_in_spec(node) -> bytes:
     """The 0.1.0 fixture with its forward method's in_spec replaced (checksums kept valid)."""
+
     def edit(manifest):
         manifest["methods"][0]["in_spec"] = json.dumps([1, node])
+
     return edit_manifest(OLD.read_bytes(), edit)
 
 
@@ -99,13 +103,18 @@ def test_an_archive_written_by_0_1_0_loads_and_runs():
     assert archive.schema_version == (1, 0)
     assert archive.writer == "pytest-backendconf 0.1.0"
     forward = archive.methods["forward"]
-    assert forward.in_structure == {"tuple": [
-        {"tuple": ["leaf", {"tuple": ["leaf", {"list": ["leaf", "leaf"]}]}]},
-        {"dict": [["opts", {"dict": [["scale", "leaf"]]}]]},
-    ]}
-    assert forward.out_structure == {"dict": [
-        ["sum", "leaf"], ["parts", {"tuple": ["leaf", {"list": ["leaf", "leaf"]}]}],
-    ]}
+    assert forward.in_structure == {
+        "tuple": [
+            {"tuple": ["leaf", {"tuple": ["leaf", {"list": ["leaf", "leaf"]}]}]},
+            {"dict": [["opts", {"dict": [["scale", "leaf"]]}]]},
+        ]
+    }
+    assert forward.out_structure == {
+        "dict": [
+            ["sum", "leaf"],
+            ["parts", {"tuple": ["leaf", {"list": ["leaf", "leaf"]}]}],
+        ]
+    }
     module = bc.load(OLD)
     got = module(*module.fixture_args, opts=module.fixture_kwargs)
     torch.testing.assert_close(got, module.fixture_expected)
@@ -146,7 +155,9 @@ def test_named_tuples_are_kept_by_their_name_and_fields(tmp_path):
         assert none is None
         assert type(out).__name__ == "Point" and out._fields == ("x", "y")
         torch.testing.assert_close(tuple(out), (p.x * 2, p.y + p.x))
-    with pytest.raises(InputSpecError, match=r"shaped like \(\(Point\(x=\*, y=\*\), \*\), \{\}\).*called with \(\(\(\*, \*\), \*\)"):
+    with pytest.raises(
+        InputSpecError, match=r"shaped like \(\(Point\(x=\*, y=\*\), \*\), \{\}\).*called with \(\(\(\*, \*\), \*\)"
+    ):
         lowered(tuple(p))
 
 
@@ -183,19 +194,44 @@ def canary(tmp_path, monkeypatch):
 
 HOSTILE_1_0 = {
     # {"__enum__": ...} as a dict key: treespec_loads imports the module to find the enum.
-    "enum key": old_node("builtins.tuple", "null", [
-        old_node("builtins.tuple", "null", [LEAF_1_0, old_node("builtins.tuple", "null", [
-            LEAF_1_0, old_node("builtins.list", "null", [LEAF_1_0, LEAF_1_0])])]),
-        old_node("builtins.dict", json.dumps([{"__enum__": True, "fqn": f"{CANARY}:Color", "name": "RED"}]),
-                 [old_node("builtins.dict", json.dumps(["scale"]), [LEAF_1_0])]),
-    ]),
+    "enum key": old_node(
+        "builtins.tuple",
+        "null",
+        [
+            old_node(
+                "builtins.tuple",
+                "null",
+                [
+                    LEAF_1_0,
+                    old_node(
+                        "builtins.tuple", "null", [LEAF_1_0, old_node("builtins.list", "null", [LEAF_1_0, LEAF_1_0])]
+                    ),
+                ],
+            ),
+            old_node(
+                "builtins.dict",
+                json.dumps([{"__enum__": True, "fqn": f"{CANARY}:Color", "name": "RED"}]),
+                [old_node("builtins.dict", json.dumps(["scale"]), [LEAF_1_0])],
+            ),
+        ],
+    ),
     # A defaultdict whose factory is looked up by module and name (os.abort in the crafted case).
-    "defaultdict factory": old_node("builtins.tuple", "null", [
-        old_node("collections.defaultdict", {"default_factory_module": CANARY, "default_factory_name": "factory",
-                                             "dict_context": ["a"]}, [LEAF_1_0]),
-    ]),
-    "os.abort factory": old_node("collections.defaultdict", {
-        "default_factory_module": "os", "default_factory_name": "abort", "dict_context": []}, []),
+    "defaultdict factory": old_node(
+        "builtins.tuple",
+        "null",
+        [
+            old_node(
+                "collections.defaultdict",
+                {"default_factory_module": CANARY, "default_factory_name": "factory", "dict_context": ["a"]},
+                [LEAF_1_0],
+            ),
+        ],
+    ),
+    "os.abort factory": old_node(
+        "collections.defaultdict",
+        {"default_factory_module": "os", "default_factory_name": "abort", "dict_context": []},
+        [],
+    ),
     "registered type name": old_node(f"{CANARY}.Thing", "null", [LEAF_1_0]),
     "named tuple": old_node("collections.namedtuple", f"{CANARY}.Point", [LEAF_1_0]),
 }
@@ -208,7 +244,9 @@ def test_a_crafted_0_1_0_archive_is_refused_without_importing_anything(canary, c
     path.write_bytes(with_old_in_spec(HOSTILE_1_0[case]))
     bc.load(OLD)  # the backend and torch are imported by an honest archive first
     before = set(sys.modules)
-    with pytest.raises(ArchiveManifestError, match=r"entry 'manifest.json': method 'forward' has an unreadable in_spec"):
+    with pytest.raises(
+        ArchiveManifestError, match=r"entry 'manifest.json': method 'forward' has an unreadable in_spec"
+    ):
         bc.load(path)
     assert set(sys.modules) == before
     assert not marker.exists()
@@ -218,8 +256,10 @@ def test_loading_honest_archives_imports_no_module(canary, tmp_path):
     _, marker = canary
     bc.load(OLD)
     fresh = tmp_path / "fresh.bcpt"
-    bc.save(bc.to_backend(TwoWays(), "reference", {"forward": {}},
-                          example_inputs=(Point(torch.ones(2), torch.ones(2)),)), fresh)
+    bc.save(
+        bc.to_backend(TwoWays(), "reference", {"forward": {}}, example_inputs=(Point(torch.ones(2), torch.ones(2)),)),
+        fresh,
+    )
     bc.load(fresh)
     before = set(sys.modules)
     for path in (OLD, fresh):
@@ -234,14 +274,20 @@ def test_the_old_reader_keeps_what_0_1_0_wrote_and_names_what_it_refuses():
     assert _structure.from_treespec_1_0(json.dumps([1, LEAF_1_0])) == "leaf"
     keys = old_node("builtins.dict", json.dumps(["a", 7, None, True, 2.5]), [LEAF_1_0] * 5)
     assert _structure.from_treespec_1_0(json.dumps([1, keys])) == {
-        "dict": [["a", "leaf"], [7, "leaf"], [None, "leaf"], [True, "leaf"], [2.5, "leaf"]]}
+        "dict": [["a", "leaf"], [7, "leaf"], [None, "leaf"], [True, "leaf"], [2.5, "leaf"]]
+    }
     refused = {
         "not JSON": ("{", "is not JSON"),
         "protocol 2": (json.dumps([2, LEAF_1_0]), "not a protocol-1 treespec"),
         "tuple key": (json.dumps([1, old_node("builtins.dict", json.dumps([[1, 2]]), [LEAF_1_0])]), "has key [1, 2]"),
-        "repeated key": (json.dumps([1, old_node("builtins.dict", json.dumps([1, True]), [LEAF_1_0] * 2)]), "repeats the key"),
-        "OrderedDict": (json.dumps([1, old_node("collections.OrderedDict", json.dumps(["a"]), [LEAF_1_0])]),
-                        "type 'collections.OrderedDict', which this release does not read"),
+        "repeated key": (
+            json.dumps([1, old_node("builtins.dict", json.dumps([1, True]), [LEAF_1_0] * 2)]),
+            "repeats the key",
+        ),
+        "OrderedDict": (
+            json.dumps([1, old_node("collections.OrderedDict", json.dumps(["a"]), [LEAF_1_0])]),
+            "type 'collections.OrderedDict', which this release does not read",
+        ),
         "leaf with children": (json.dumps([1, old_node(None, None, [LEAF_1_0])]), "a leaf with a context or children"),
         "extra field": (json.dumps([1, {**LEAF_1_0, "x": 1}]), "not a treespec node"),
         "deep": (json.dumps([1, _deep_old(100)]), "nested more than 64 levels"),
@@ -260,35 +306,52 @@ def _deep_old(n):
 
 
 def test_new_archives_name_the_field_of_a_bad_structure():
-    data = _archive.to_bytes(bc.to_backend(TwoWays(), "reference", {"forward": {}},
-                                           example_inputs=(Point(torch.ones(2), torch.ones(2)),)))
+    data = _archive.to_bytes(
+        bc.to_backend(TwoWays(), "reference", {"forward": {}}, example_inputs=(Point(torch.ones(2), torch.ones(2)),))
+    )
     cases = {
         "old key in a new archive": (lambda m: m["methods"][0].pop("in_structure"), "in_structure is missing"),
         "unknown kind": (lambda m: m["methods"][0].update(out_structure={"set": []}), "unknown kind 'set'"),
-        "too few leaves": (lambda m: m["methods"][0].update(out_structure="leaf"), "out_structure has 1 leaves but the method has 3 flat outputs"),
-        "bad field": (lambda m: m["methods"][0]["in_structure"]["tuple"][0]["tuple"][0]["namedtuple"].update(
-            fields=["x", "_y"]), "must be distinct identifiers"),
-        "object key": (lambda m: m["methods"][0]["in_structure"]["tuple"][1].update(dict=[[{"a": 1}, "leaf"]]),
-                       "has key {'a': 1}"),
+        "too few leaves": (
+            lambda m: m["methods"][0].update(out_structure="leaf"),
+            "out_structure has 1 leaves but the method has 3 flat outputs",
+        ),
+        "bad field": (
+            lambda m: m["methods"][0]["in_structure"]["tuple"][0]["tuple"][0]["namedtuple"].update(fields=["x", "_y"]),
+            "must be distinct identifiers",
+        ),
+        "object key": (
+            lambda m: m["methods"][0]["in_structure"]["tuple"][1].update(dict=[[{"a": 1}, "leaf"]]),
+            "has key {'a': 1}",
+        ),
     }
     for name, (edit, message) in cases.items():
-        with pytest.raises(ArchiveManifestError, match=r"entry 'manifest.json': methods\[0\] is not a valid method spec") as e:
+        with pytest.raises(
+            ArchiveManifestError, match=r"entry 'manifest.json': methods\[0\] is not a valid method spec"
+        ) as e:
             bc.read_archive(edit_manifest(data, edit))
         assert message in str(e.value), name
 
 
 # --- the format, property-tested -------------------------------------------------------------------------
 
-keys = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=4),
-                 st.floats(allow_nan=False, allow_infinity=False))
+keys = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.text(max_size=4),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
 structures = st.recursive(
     st.sampled_from(["leaf", "none"]),
     lambda inner: st.one_of(
         st.builds(lambda xs: {"tuple": xs}, st.lists(inner, max_size=3)),
         st.builds(lambda xs: {"list": xs}, st.lists(inner, max_size=3)),
         st.builds(lambda d: {"dict": [[k, v] for k, v in d.items()]}, st.dictionaries(keys, inner, max_size=3)),
-        st.builds(lambda xs: {"namedtuple": {"name": "T", "fields": [f"f{i}" for i in range(len(xs))], "items": xs}},
-                  st.lists(inner, max_size=3)),
+        st.builds(
+            lambda xs: {"namedtuple": {"name": "T", "fields": [f"f{i}" for i in range(len(xs))], "items": xs}},
+            st.lists(inner, max_size=3),
+        ),
     ),
     max_leaves=12,
 )
@@ -307,9 +370,28 @@ def test_rebuilding_then_flattening_gives_back_the_leaves(structure):
 
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.sampled_from(["leaf", "none"])),
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(
-        st.sampled_from(["tuple", "list", "dict", "namedtuple", "name", "fields", "items", "type", "context",
-                         "children_spec", "x"]), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "tuple",
+                    "list",
+                    "dict",
+                    "namedtuple",
+                    "name",
+                    "fields",
+                    "items",
+                    "type",
+                    "context",
+                    "children_spec",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=3,
+        ),
+    ),
     max_leaves=15,
 )
 

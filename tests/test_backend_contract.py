@@ -44,7 +44,9 @@ def test_fault_node_name_reads_the_key() -> None:
 
 @pytest.mark.parametrize("value", ["mul", {"node": 3}, {"node": "mul", "extra": 1}, {}])
 def test_a_malformed_fault_key_names_the_key_and_the_shape(value: object) -> None:
-    with pytest.raises(ValueError, match=r"compile-spec key '__backendconf_fault__' must be \{'node': '<FX node name>'\}"):
+    with pytest.raises(
+        ValueError, match=r"compile-spec key '__backendconf_fault__' must be \{'node': '<FX node name>'\}"
+    ):
         fault_node_name({FAULT_KEY: value})
 
 

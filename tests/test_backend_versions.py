@@ -69,10 +69,13 @@ def test_a_backend_without_a_version_policy_accepts_any_version(archive):
     assert loaded.lowered.backend_version == FUTURE_VERSION
 
 
-@pytest.mark.parametrize("backend, says", [
-    (AnswersNone(), "returned None; it must return True or False"),
-    (Raises(), "raised ValueError: cannot parse; it must return True or False for any version string"),
-])
+@pytest.mark.parametrize(
+    "backend, says",
+    [
+        (AnswersNone(), "returned None; it must return True or False"),
+        (Raises(), "raised ValueError: cannot parse; it must return True or False for any version string"),
+    ],
+)
 def test_a_broken_version_policy_is_a_contract_error_naming_it(archive, backend, says):
     archive_obj = bc.read_archive(with_backend_version(archive, FUTURE_VERSION))
     with pytest.raises(BackendContractError, match=f"accepts_blob_version\\('{FUTURE_VERSION}'\\) {says}"):
@@ -83,7 +86,9 @@ def test_a_version_that_is_not_a_string_is_refused_at_lowering():
     class IntVersion(ReferenceBackend):
         version = 3
 
-    with pytest.raises(BackendContractError, match="declares version 3; a backend's `version` must be a non-empty string"):
+    with pytest.raises(
+        BackendContractError, match="declares version 3; a backend's `version` must be a non-empty string"
+    ):
         bc.to_backend(N(), IntVersion(), {"forward": {}}, example_inputs=(torch.randn(2, 3),))
 
 
@@ -109,8 +114,9 @@ def _exec_model(file: str, register: bool) -> torch.nn.Module:
 
 def test_a_model_defined_with_exec_shows_its_string_frame_and_op():
     with pytest.raises(bc.UnsupportedNodeError) as info:
-        bc.to_backend(_exec_model("<string>", register=False), "reference", {"forward": {}},
-                      example_inputs=(torch.randn(2, 3),))
+        bc.to_backend(
+            _exec_model("<string>", register=False), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 3),)
+        )
     lines = str(info.value).splitlines()
     assert lines[:3] == [
         "The node of backendconf_probe::mystery is not supported in this compiler. Source code:",
@@ -124,8 +130,9 @@ def test_a_notebook_cell_gets_its_source_and_carets_from_linecache():
     cell = "<ipython-input-7-0123456789ab>"
     try:
         with pytest.raises(bc.UnsupportedNodeError) as info:
-            bc.to_backend(_exec_model(cell, register=True), "reference", {"forward": {}},
-                          example_inputs=(torch.randn(2, 3),))
+            bc.to_backend(
+                _exec_model(cell, register=True), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 3),)
+            )
     finally:
         linecache.cache.pop(cell, None)
     assert str(info.value).splitlines()[1:4] == [

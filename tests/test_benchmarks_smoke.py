@@ -67,10 +67,19 @@ def test_main_writes_json(bench, tmp_path, capsys, monkeypatch):
     assert {"settings", "machine", "figures"} <= set(document)
     assert document["machine"]["torch"].startswith("2.")
     assert {f["key"] for f in document["figures"]} == {
-        "call.overhead.small_mlp", "call.overhead.elementwise", "call.overhead.dict_output",
-        "call.vs_eager.small_mlp", "call.vs_eager.elementwise", "call.vs_eager.small_cnn",
-        "call.vs_eager.wide_mlp", "call.vs_eager.conv_net", "call.eager_dispatch", "call.partition_boundary",
-        "call.profiled.elementwise", "call.profiled.small_cnn", "call.profiled.conv_net",
+        "call.overhead.small_mlp",
+        "call.overhead.elementwise",
+        "call.overhead.dict_output",
+        "call.vs_eager.small_mlp",
+        "call.vs_eager.elementwise",
+        "call.vs_eager.small_cnn",
+        "call.vs_eager.wide_mlp",
+        "call.vs_eager.conv_net",
+        "call.eager_dispatch",
+        "call.partition_boundary",
+        "call.profiled.elementwise",
+        "call.profiled.small_cnn",
+        "call.profiled.conv_net",
     }
     assert "call overhead over execute: small_mlp" in capsys.readouterr().out
 
@@ -78,7 +87,9 @@ def test_main_writes_json(bench, tmp_path, capsys, monkeypatch):
 def test_suite_stats_plugin_counts_exports(bench):
     """The plugin the suite run loads reports exports and the context's cache from inside pytest."""
     settings = bench.dataclasses.replace(
-        bench.Settings.tiny(), run_suite=True, suite_select=("backendconf::contract::preprocess_returns_bytes[arithmetic_tensors]",)
+        bench.Settings.tiny(),
+        run_suite=True,
+        suite_select=("backendconf::contract::preprocess_returns_bytes[arithmetic_tensors]",),
     )
     figures = {f.key: f for f in bench.suite_figures(settings)}
     assert figures["suite.tests"].value == 1

@@ -24,7 +24,7 @@ def _reheaded(blob: bytes, header: bytes) -> bytes:
     """``blob`` with another header and a CRC that matches: only the JSON reader can refuse it."""
     import zlib
 
-    payload = blob[struct.calcsize("<8sIIQQ") + struct.unpack_from("<8sIIQQ", blob)[3]:]
+    payload = blob[struct.calcsize("<8sIIQQ") + struct.unpack_from("<8sIIQQ", blob)[3] :]
     rest = header + payload
     return struct.pack("<8sIIQQ", MAGIC, 1, zlib.crc32(rest), len(header), len(payload)) + rest
 
@@ -33,10 +33,19 @@ def _reheaded(blob: bytes, header: bytes) -> bytes:
     ("damage", "message"),
     [
         (lambda b: "text", "the test backend blob must be bytes, not str"),
-        (lambda b: b"\x89BCORT\r\n" + b[8:], r"not a valid test backend blob \(bad magic or too short\); was it written by another backend\?"),
+        (
+            lambda b: b"\x89BCORT\r\n" + b[8:],
+            r"not a valid test backend blob \(bad magic or too short\); was it written by another backend\?",
+        ),
         (lambda b: b[:10], "not a valid test backend blob"),
-        (lambda b: b[:8] + struct.pack("<I", 9) + b[12:], r"test backend blob format 9 is newer than this reader \(1\); upgrade backendconf-test"),
-        (lambda b: b[:-1], r"test backend blob is truncated or padded: \d+ bytes after the prefix, expected \d+ \(header\) \+ 7 \(payload\)"),
+        (
+            lambda b: b[:8] + struct.pack("<I", 9) + b[12:],
+            r"test backend blob format 9 is newer than this reader \(1\); upgrade backendconf-test",
+        ),
+        (
+            lambda b: b[:-1],
+            r"test backend blob is truncated or padded: \d+ bytes after the prefix, expected \d+ \(header\) \+ 7 \(payload\)",
+        ),
         (lambda b: b + b"x", "test backend blob is truncated or padded"),
         (lambda b: b[:-1] + b"X", "test backend blob is corrupt: CRC-32 checksum mismatch"),
         (lambda b: _reheaded(b, b"{not json"), "test backend blob has a malformed header: "),

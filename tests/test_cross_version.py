@@ -63,13 +63,15 @@ def write_archives(directory: Path, only: set[str] | None = None) -> dict[str, A
                 for m, specs in case.inputs.items()
             }
             lowered = bc.to_backend(
-                module, "reference", {m: {} for m in case.methods},
-                example_inputs=inputs, example_kwargs=case.kwargs,
+                module,
+                "reference",
+                {m: {} for m in case.methods},
+                example_inputs=inputs,
+                example_kwargs=case.kwargs,
             )
             lowered.cross_inputs = {m: list(args) for m, args in inputs.items()}
             lowered.cross_expected = {
-                m: pytree.tree_leaves(getattr(module, m)(*args, **case.kwargs.get(m, {})))
-                for m, args in inputs.items()
+                m: pytree.tree_leaves(getattr(module, m)(*args, **case.kwargs.get(m, {}))) for m, args in inputs.items()
             }
             lowered.cross_state = dict(module.state_dict())
             name = f"{case.name}[{dtype}].bcpt"
@@ -124,7 +126,10 @@ def check_archives(directory: Path) -> dict[str, Any]:
                 kwargs = case.kwargs.get(method, {})
                 actual = pytree.tree_leaves(getattr(loaded, method)(*args, **kwargs))
                 eager = pytree.tree_leaves(getattr(module, method)(*args, **kwargs))
-                for label, expected in (("eager PyTorch here", eager), ("the writer's eager outputs", loaded.cross_expected[method])):
+                for label, expected in (
+                    ("eager PyTorch here", eager),
+                    ("the writer's eager outputs", loaded.cross_expected[method]),
+                ):
                     try:
                         torch.testing.assert_close(actual, list(expected), rtol=rtol, atol=atol, equal_nan=True)
                     except AssertionError as exc:
@@ -132,8 +137,13 @@ def check_archives(directory: Path) -> dict[str, Any]:
             checked += 1
         except Exception as exc:  # report every archive, not just the first failure
             problems.append(f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    return {"torch": torch.__version__, "writer": index["torch"], "checked": checked,
-            "archives": len(index["archives"]), "problems": problems}
+    return {
+        "torch": torch.__version__,
+        "writer": index["torch"],
+        "checked": checked,
+        "archives": len(index["archives"]),
+        "problems": problems,
+    }
 
 
 def _main(argv: list[str]) -> int:
@@ -154,11 +164,11 @@ def _run_other(*args: str) -> dict[str, Any]:
     python = _other_python()
     assert python is not None
     env = {k: v for k, v in os.environ.items() if k != OTHER_PYTHON_VAR}
-    proc = subprocess.run(
-        [python, __file__, *args], capture_output=True, text=True, timeout=TIMEOUT, env=env
-    )
+    proc = subprocess.run([python, __file__, *args], capture_output=True, text=True, timeout=TIMEOUT, env=env)
     if proc.returncode != 0:
-        pytest.fail(f"{python} {Path(__file__).name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"{python} {Path(__file__).name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -167,8 +177,7 @@ def other_torch() -> str:
     python = _other_python()
     if python is None:
         pytest.skip(
-            f"{OTHER_PYTHON_VAR} is not set: it names the python of another torch version "
-            "(tox sets it; see tox.ini)"
+            f"{OTHER_PYTHON_VAR} is not set: it names the python of another torch version (tox sets it; see tox.ini)"
         )
     if not os.access(python, os.X_OK):
         pytest.skip(

@@ -76,8 +76,11 @@ def test_the_sidecar_symbolicates_every_handle_as_the_embedded_form(lowered, pai
 def test_a_wrong_sidecar_is_refused_naming_both_hashes(pair, tmp_path):
     path, sidecar = pair
     other = tmp_path / "other.bcpt"
-    bc.save(bc.to_backend(N(), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 3),)), other,
-            debug_info="separate")
+    bc.save(
+        bc.to_backend(N(), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 3),)),
+        other,
+        debug_info="separate",
+    )
     archive, theirs = bc.read_archive(path), _archive.debug_source(str(other) + ".debug")
     with pytest.raises(DebugSidecarError) as info:
         bc.load(path, debug_file=str(other) + ".debug")
@@ -108,7 +111,9 @@ def test_without_its_sidecar_it_loads_and_a_failure_says_how_to_symbolicate(lowe
         f"backendconf symbolicate {alone}.debug {handle})"
     )
     assert info.value.debug_handle == handle
-    with pytest.raises(DebugSidecarError, match=r"keeps its debug info in a separate \.debug file, which is not beside it"):
+    with pytest.raises(
+        DebugSidecarError, match=r"keeps its debug info in a separate \.debug file, which is not beside it"
+    ):
         bc.symbolicate(alone, handle)
     with pytest.raises(ArchiveError, match="loaded from a handles-only archive without its .debug file"):
         bc.save(loaded, tmp_path / "x.bcpt")
@@ -117,16 +122,31 @@ def test_without_its_sidecar_it_loads_and_a_failure_says_how_to_symbolicate(lowe
         bc.load(path)(torch.randn(2, 3))
 
 
-@pytest.mark.parametrize("call, error, says", [
-    (lambda low, tmp: bc.save(low, tmp / "a.bcpt", debug_info="apart"), ValueError,
-     'save\\(debug_info=\'apart\'\\): pass debug_info="embedded"'),
-    (lambda low, tmp: bc.save(low, io.BytesIO(), debug_info="separate"), ArchiveError,
-     "to a file object needs debug_file="),
-    (lambda low, tmp: bc.save(low, tmp / "a.bcpt", debug_file=tmp / "a.debug"), ArchiveError,
-     "save\\(debug_file=...\\) is for debug_info=\"separate\""),
-    (lambda low, tmp: (bc.save(low, tmp / "e.bcpt"), bc.load(tmp / "e.bcpt", debug_file=tmp / "e.debug")),
-     ArchiveError, "has its debug info embedded; it has no .debug file"),
-])
+@pytest.mark.parametrize(
+    "call, error, says",
+    [
+        (
+            lambda low, tmp: bc.save(low, tmp / "a.bcpt", debug_info="apart"),
+            ValueError,
+            "save\\(debug_info='apart'\\): pass debug_info=\"embedded\"",
+        ),
+        (
+            lambda low, tmp: bc.save(low, io.BytesIO(), debug_info="separate"),
+            ArchiveError,
+            "to a file object needs debug_file=",
+        ),
+        (
+            lambda low, tmp: bc.save(low, tmp / "a.bcpt", debug_file=tmp / "a.debug"),
+            ArchiveError,
+            'save\\(debug_file=...\\) is for debug_info="separate"',
+        ),
+        (
+            lambda low, tmp: (bc.save(low, tmp / "e.bcpt"), bc.load(tmp / "e.bcpt", debug_file=tmp / "e.debug")),
+            ArchiveError,
+            "has its debug info embedded; it has no .debug file",
+        ),
+    ],
+)
 def test_misuse_is_a_clear_error(lowered, tmp_path, call, error, says):
     with pytest.raises(error, match=says):
         call(lowered, tmp_path)
@@ -152,7 +172,10 @@ def test_backendconf_symbolicate_reads_the_sidecar_with_handles_and_log(lowered,
     log = f"step 3 failed (debug_handle={handle}; symbolicate with: backendconf symbolicate {sidecar} {handle})\n"
     done = subprocess.run(
         [sys.executable, "-m", "pytest_backendconf.cli", "symbolicate", str(sidecar), str(handle), "--log", "-"],
-        capture_output=True, text=True, input=log, timeout=120,
+        capture_output=True,
+        text=True,
+        input=log,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     expected = bc.symbolicate(lowered, handle)

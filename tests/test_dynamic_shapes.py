@@ -65,7 +65,7 @@ def test_the_archive_keeps_the_ranges_in_its_own_json_and_a_fresh_process_checks
         f"""
         import torch, pytest_backendconf as bc
         m = bc.load({str(path)!r})
-        inputs, expected = torch.load({str(tmp_path / 'inputs.pt')!r}), torch.load({str(tmp_path / 'expected.pt')!r})
+        inputs, expected = torch.load({str(tmp_path / "inputs.pt")!r}), torch.load({str(tmp_path / "expected.pt")!r})
         for b, x in inputs.items():
             torch.testing.assert_close(m(x), expected[b], rtol=0, atol=0)
         try:
@@ -88,7 +88,10 @@ class Pair(torch.nn.Module):
 def lowered_pair():
     b = Dim("b", min=2, max=8)
     return bc.to_backend(
-        Pair(), "reference", {"forward": {}}, example_inputs=(torch.randn(3, 4), torch.randn(3, 4), torch.randn(4, 4)),
+        Pair(),
+        "reference",
+        {"forward": {}},
+        example_inputs=(torch.randn(3, 4), torch.randn(3, 4), torch.randn(4, 4)),
         dynamic_shapes=({0: b}, {0: b}, {0: b + 1}),
     )
 
@@ -96,9 +99,13 @@ def lowered_pair():
 def test_equal_and_derived_dimensions_are_checked(lowered_pair):
     out = lowered_pair(torch.randn(5, 4), torch.randn(5, 4), torch.randn(6, 4))
     assert [o.shape[0] for o in out] == [5, 11]
-    with pytest.raises(bc.InputSpecError, match=r"input 'y': dimension 0 is 4, but it must equal input 'x' dimension 0, which is 5"):
+    with pytest.raises(
+        bc.InputSpecError, match=r"input 'y': dimension 0 is 4, but it must equal input 'x' dimension 0, which is 5"
+    ):
         lowered_pair(torch.randn(5, 4), torch.randn(4, 4), torch.randn(6, 4))
-    with pytest.raises(bc.InputSpecError, match=r"input 'z': dimension 0 is 5, but it must be \(input 'x' dimension 0\) \+ 1 = 6"):
+    with pytest.raises(
+        bc.InputSpecError, match=r"input 'z': dimension 0 is 5, but it must be \(input 'x' dimension 0\) \+ 1 = 6"
+    ):
         lowered_pair(torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 4))
 
 
@@ -131,7 +138,9 @@ class TwoMethods(torch.nn.Module):
 def test_several_methods_take_dynamic_shapes_per_method():
     model = TwoMethods().eval()
     lowered = bc.to_backend(
-        model, "reference", {"encode": {}, "decode": {}},
+        model,
+        "reference",
+        {"encode": {}, "decode": {}},
         example_inputs={"encode": (torch.randn(3, 4),), "decode": (torch.randn(3, 2),)},
         dynamic_shapes={"encode": {"x": {0: Dim("n", min=1, max=10)}}},
     )
@@ -142,7 +151,10 @@ def test_several_methods_take_dynamic_shapes_per_method():
 
 def test_one_method_may_be_keyed_by_its_name():
     lowered = bc.to_backend(
-        zoo.build(zoo.MLP), "reference", {"forward": {}}, example_inputs=(torch.randn(4, 8),),
+        zoo.build(zoo.MLP),
+        "reference",
+        {"forward": {}},
+        example_inputs=(torch.randn(4, 8),),
         dynamic_shapes={"forward": {"x": {0: Dim("n", min=1, max=10)}}},
     )
     assert lowered(torch.randn(9, 8)).shape == (9, 3)
@@ -151,14 +163,25 @@ def test_one_method_may_be_keyed_by_its_name():
 def test_bad_dynamic_shapes_are_lowering_errors():
     model = TwoMethods().eval()
     examples = {"encode": (torch.randn(3, 4),), "decode": (torch.randn(3, 2),)}
-    with pytest.raises(bc.LoweringError, match=r"dynamic_shapes must be a dict \{method_name: .*\['z'\] are not among them"):
-        bc.to_backend(model, "reference", {"encode": {}, "decode": {}}, example_inputs=examples,
-                      dynamic_shapes={"encode": {}, "z": {}})
+    with pytest.raises(
+        bc.LoweringError, match=r"dynamic_shapes must be a dict \{method_name: .*\['z'\] are not among them"
+    ):
+        bc.to_backend(
+            model,
+            "reference",
+            {"encode": {}, "decode": {}},
+            example_inputs=examples,
+            dynamic_shapes={"encode": {}, "z": {}},
+        )
     with pytest.raises(bc.LoweringError, match=r"could not export method 'forward'"):
         # Export proves the batch must be 3 here: torch says which Dim and why.
-        bc.to_backend(Pair(), "reference", {"forward": {}},
-                      example_inputs=(torch.randn(3, 4), torch.randn(3, 4), torch.randn(4, 4)),
-                      dynamic_shapes=({0: Dim("a", min=2, max=8)}, None, None))
+        bc.to_backend(
+            Pair(),
+            "reference",
+            {"forward": {}},
+            example_inputs=(torch.randn(3, 4), torch.randn(3, 4), torch.randn(4, 4)),
+            dynamic_shapes=({0: Dim("a", min=2, max=8)}, None, None),
+        )
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,9 @@ def suite(pytester):
     pytester.makeconftest(CONFTEST)
 
     def run(backend: str, *args: str):
-        return pytester.runpytest(f"--backend={backend}", "--backendconf-hypothesis=ci", "-p", "no:cacheprovider", *args)
+        return pytester.runpytest(
+            f"--backend={backend}", "--backendconf-hypothesis=ci", "-p", "no:cacheprovider", *args
+        )
 
     return run
 
@@ -262,7 +264,9 @@ def test_an_output_file_in_a_missing_folder_is_a_usage_error(suite):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     expect(
         result.stderr,
-        ["ERROR: --backendconf-report=no/such/folder/report.json: the directory *folder does not exist; create it first."],
+        [
+            "ERROR: --backendconf-report=no/such/folder/report.json: the directory *folder does not exist; create it first."
+        ],
     )
 
 
@@ -307,7 +311,9 @@ def test_the_written_file_makes_the_next_run_pass_and_ratchets_when_the_backend_
 
 
 def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
-    known = write(pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs", link = "https://b/7" }}\n')
+    known = write(
+        pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs", link = "https://b/7" }}\n'
+    )
     result = suite(
         "no_mul_wrong_dtype",
         *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
@@ -415,7 +421,10 @@ def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(sui
         "-rs",
     )
     result.assert_outcomes(passed=1, xfailed=1, skipped=1, failed=1)
-    expect(result.stdout, ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"])
+    expect(
+        result.stdout,
+        ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"],
+    )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["run"]["xdist_workers"] == 2
     assert [(t["id"], t["outcome"]) for t in report["tests"]] == [
@@ -431,7 +440,8 @@ def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(sui
     expect(result.stdout, [f"backendconf: hypothesis profile 'ci', seed {seed} *"])
 
     cases = {
-        f"{case.get('classname')}.{case.get('name')}": case for case in ET.parse(pytester.path / "junit.xml").iter("testcase")
+        f"{case.get('classname')}.{case.get('name')}": case
+        for case in ET.parse(pytester.path / "junit.xml").iter("testcase")
     }
     dropout = cases["backendconf.parity.mlp[float32]"]
     properties = {p.get("name"): p.get("value") for p in dropout.iter("property")}

@@ -27,8 +27,13 @@ CHROMIUM = os.environ.get("BACKENDCONF_CHROMIUM", "/usr/bin/chromium")
 #: Where the browser test leaves its screenshot (CI keeps the folder as an artifact).
 ARTIFACTS = Path(os.environ.get("BACKENDCONF_ARTIFACTS", Path(__file__).parent.parent / "build" / "test-artifacts"))
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 
@@ -42,10 +47,24 @@ def run(tmp_path_factory):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--backend=no_mul_wrong_dtype", "--backendconf-hypothesis=ci",
-         "-p", "no:cacheprovider", *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
-         "--backendconf-known-failures=known.toml", "--backendconf-report=r.json", "--backendconf-html=r.html"],
-        cwd=pytester_dir, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--backend=no_mul_wrong_dtype",
+            "--backendconf-hypothesis=ci",
+            "-p",
+            "no:cacheprovider",
+            *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
+            "--backendconf-known-failures=known.toml",
+            "--backendconf-report=r.json",
+            "--backendconf-html=r.html",
+        ],
+        cwd=pytester_dir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=600,
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"backendconf: HTML report written to {pytester_dir / 'r.html'}" in result.stdout
@@ -95,8 +114,13 @@ def test_the_run_writes_a_self_contained_accessible_page_from_its_report(run):
     assert page.tags.count("h1") == 1 and "h2" in page.tags
     assert page.th_scopes and all(scope in ("col", "row") for scope in page.th_scopes)
     words = " ".join(page.text)
-    for fact in ("no_mul_wrong_dtype", report["environment"]["torch"], report["environment"]["machine"],
-                 str(report["hypothesis"]["seed"]), "profile ci"):
+    for fact in (
+        "no_mul_wrong_dtype",
+        report["environment"]["torch"],
+        report["environment"]["machine"],
+        str(report["hypothesis"]["seed"]),
+        "profile ci",
+    ):
         assert fact in words
     # A failure's details carry its reproduce command and its error.
     mlp = next(t for t in report["tests"] if t["id"] == MLP)
@@ -105,20 +129,39 @@ def test_the_run_writes_a_self_contained_accessible_page_from_its_report(run):
 
 
 def test_matrix_columns_and_root_causes():
-    assert check_column({"id": "backendconf::parity::small_cnn[float16]", "category": "parity", "case": "small_cnn"}) == "parity[float16]"
-    assert check_column({"id": "backendconf::parity::enc.decode[float32]", "category": "parity", "case": "enc"}) == "parity.decode[float32]"
     assert (
-        check_column({"id": "backendconf::contract::preprocess_returns_bytes[mlp]", "category": "contract", "case": "mlp"})
+        check_column({"id": "backendconf::parity::small_cnn[float16]", "category": "parity", "case": "small_cnn"})
+        == "parity[float16]"
+    )
+    assert (
+        check_column({"id": "backendconf::parity::enc.decode[float32]", "category": "parity", "case": "enc"})
+        == "parity.decode[float32]"
+    )
+    assert (
+        check_column(
+            {"id": "backendconf::contract::preprocess_returns_bytes[mlp]", "category": "contract", "case": "mlp"}
+        )
         == "contract: preprocess_returns_bytes"
     )
     assert (
-        check_column({"id": "backendconf::symbolication::runtime_fault_is_symbolicated[nested:cos]",
-                      "category": "symbolication", "case": "nested"})
+        check_column(
+            {
+                "id": "backendconf::symbolication::runtime_fault_is_symbolicated[nested:cos]",
+                "category": "symbolication",
+                "case": "nested",
+            }
+        )
         == "symbolication: runtime_fault_is_symbolicated[*:cos]"
     )
     # Two models failing for one reason share a root cause; another message does not.
-    a = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "output 0: expected a float32[4, 3] tensor, got 'x'"}}
-    b = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "output 1: expected a float32[2, 5] tensor, got 'y'"}}
+    a = {
+        "outcome": "failed",
+        "error": {"type": "OutputSpecError", "message": "output 0: expected a float32[4, 3] tensor, got 'x'"},
+    }
+    b = {
+        "outcome": "failed",
+        "error": {"type": "OutputSpecError", "message": "output 1: expected a float32[2, 5] tensor, got 'y'"},
+    }
     c = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "method 'f' returned 3 outputs"}}
     assert root_cause(a) == root_cause(b) != root_cause(c)
 
@@ -134,7 +177,10 @@ def test_report_html_puts_several_reports_side_by_side_and_marks_the_flips(run, 
             test["outcome"] = "skipped"
     (tmp_path / "a.json").write_text(json.dumps(first))
     (tmp_path / "b.json").write_text(json.dumps(second))
-    assert main(["report", "html", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "-o", str(tmp_path / "index.html")]) == 0
+    assert (
+        main(["report", "html", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "-o", str(tmp_path / "index.html")])
+        == 0
+    )
     assert "HTML report of 2 reports written to" in capsys.readouterr().out
     text = (tmp_path / "index.html").read_text()
     # Columns in torch order, whatever the order given.
@@ -166,7 +212,9 @@ def test_an_html_file_in_a_missing_folder_is_a_usage_error(pytester):
     pytester.makeconftest(CONFTEST)
     result = pytester.runpytest("--backend=no_mul_wrong_dtype", "--backendconf-html=no/such/r.html")
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["ERROR: --backendconf-html=no/such/r.html: the directory *such does not exist; create it first."])
+    result.stderr.fnmatch_lines(
+        ["ERROR: --backendconf-html=no/such/r.html: the directory *such does not exist; create it first."]
+    )
 
 
 # --- in a real browser ---------------------------------------------------------------------
@@ -228,7 +276,9 @@ def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tm
             page.fill("#filter", "mlp")
             visible = [r for r in rows.all() if r.is_visible()]
             assert [r.locator("th").inner_text() for r in visible] == ["mlp"]
-            assert page.locator("#filter-count").inner_text() == "1 of 4 rows shown"  # the three models and the one whole-backend check
+            assert (
+                page.locator("#filter-count").inner_text() == "1 of 4 rows shown"
+            )  # the three models and the one whole-backend check
             page.fill("#filter", "")
             assert all(r.is_visible() for r in rows.all())
 
@@ -244,14 +294,22 @@ def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tm
 def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
     report = json.loads((run / "r.json").read_text())
     assert "Operators × dtypes" not in render([report]) and "<h2>Delegation</h2>" not in render([report])
-    failing = dict(report["tests"][0], id="backendconf::ops::aten.add.Tensor[float16-sample0]", category="ops",
-                   case=None, outcome="failed", error={"type": "CheckFailed", "module": "m", "message": "mismatch"})
+    failing = dict(
+        report["tests"][0],
+        id="backendconf::ops::aten.add.Tensor[float16-sample0]",
+        category="ops",
+        case=None,
+        outcome="failed",
+        error={"type": "CheckFailed", "module": "m", "message": "mismatch"},
+    )
     report["tests"].append(failing)
-    report["ops"] = {"dtypes": ["float32", "float16"],
-                     "overloads": {"aten.add.Tensor": {"float32": "passed", "float16": "failed"}}}
+    report["ops"] = {
+        "dtypes": ["float32", "float16"],
+        "overloads": {"aten.add.Tensor": {"float32": "passed", "float16": "failed"}},
+    }
     report["delegation"] = {"models": {"small_cnn": {"delegated": 7, "total": 9}}}
     text = render([report])
-    ops = text[text.index("Operators × dtypes"):text.index("<h2>Delegation</h2>")]
+    ops = text[text.index("Operators × dtypes") : text.index("<h2>Delegation</h2>")]
     assert re.search(r'<th scope="row">aten.add.Tensor</th><td class="cell passed".*?<td class="cell failed"', ops)
     assert 'data-open="r0-f-' in ops  # the failing cell opens its check's details
     assert "77.8%" in text and "7/9 nodes" in text

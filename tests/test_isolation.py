@@ -18,6 +18,7 @@ from pytest_backendconf import _child
 TESTS_DIR = Path(__file__).parent
 ROOT = TESTS_DIR.parent
 
+
 @pytest.fixture(autouse=True)
 def in_the_host(monkeypatch):
     """These runs test the backend host: undo the project's in-process default (tests/conftest.py)."""
@@ -37,9 +38,15 @@ def backendconf_register_backends(register):
 def run(pytester, module: str, cls: str, name: str, select: list[str], *more: str):
     pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), module=module, cls=cls))
     result = pytester.runpytest_subprocess(
-        f"--backend={name}", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci", "-rfs",
-        "--backendconf-report=report.json", "--junitxml=junit.xml",
-        *(f"--backendconf-select={s}" for s in select), *more,
+        f"--backend={name}",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-hypothesis=ci",
+        "-rfs",
+        "--backendconf-report=report.json",
+        "--junitxml=junit.xml",
+        *(f"--backendconf-select={s}" for s in select),
+        *more,
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert (pytester.path / "junit.xml").exists()
@@ -49,36 +56,56 @@ def run(pytester, module: str, cls: str, name: str, select: list[str], *more: st
 
 def test_a_backend_that_exits_on_its_third_execute_fails_those_checks_and_the_run_goes_on(pytester):
     result, outcomes = run(
-        pytester, "broken_backends_isolation", "ExitsOnThirdExecute", "exits_on_third_execute",
-        ["backendconf::contract::*[[]small_cnn]", "backendconf::parity::small_cnn[float32]",
-         "backendconf::parity::nested_nml[float32]"],
+        pytester,
+        "broken_backends_isolation",
+        "ExitsOnThirdExecute",
+        "exits_on_third_execute",
+        [
+            "backendconf::contract::*[[]small_cnn]",
+            "backendconf::parity::small_cnn[float32]",
+            "backendconf::parity::nested_nml[float32]",
+        ],
     )
     # Parity calls execute six times: the host dies in each; the contract checks call it once.
     assert outcomes["backendconf::parity::small_cnn[float32]"] == "failed"
     assert outcomes["backendconf::parity::nested_nml[float32]"] == "failed"
     assert {k: v for k, v in outcomes.items() if "contract" in k} == {
         f"backendconf::contract::{c}[small_cnn]": "passed"
-        for c in ("preprocess_returns_bytes", "preprocess_is_deterministic", "preprocess_leaves_the_program_alone",
-                  "compile_returns_a_handle_per_method", "execute_matches_the_output_spec", "execute_profiled_events")
+        for c in (
+            "preprocess_returns_bytes",
+            "preprocess_is_deterministic",
+            "preprocess_leaves_the_program_alone",
+            "compile_returns_a_handle_per_method",
+            "execute_matches_the_output_spec",
+            "execute_profiled_events",
+        )
     }
-    result.stdout.fnmatch_lines([
-        "the backend took down the process running parity::nested_nml[[]float32]: it exited with code 3 before "
-        "answering — in the pytest process this would have ended the whole run.*",
-        "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
-        "inputs [[]float32[[]4, 3]] (backend call * of this check).",
-        "A fresh process runs the next checks.",
-        "the backend took down the process running parity::small_cnn[[]float32]: it exited with code 3*",
-        "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward', "
-        "inputs [[]float32[[]2, 3, 8, 8]] (backend call * of this check).",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "the backend took down the process running parity::nested_nml[[]float32]: it exited with code 3 before "
+            "answering — in the pytest process this would have ended the whole run.*",
+            "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
+            "inputs [[]float32[[]4, 3]] (backend call * of this check).",
+            "A fresh process runs the next checks.",
+            "the backend took down the process running parity::small_cnn[[]float32]: it exited with code 3*",
+            "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward', "
+            "inputs [[]float32[[]2, 3, 8, 8]] (backend call * of this check).",
+        ]
+    )
     result.stdout.fnmatch_lines(["FAILED backendconf::parity::small_cnn[[]float32] - the backend took down*"])
 
 
 def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pytester):
     result, outcomes = run(
-        pytester, "broken_backends_isolation", "HangsInExecute", "hangs_in_execute",
-        ["backendconf::contract::preprocess_returns_bytes[nested_nml]", "backendconf::parity::nested_nml[float32]",
-         "backendconf::symbolication::unsupported_node_is_symbolicated[flat]"],
+        pytester,
+        "broken_backends_isolation",
+        "HangsInExecute",
+        "hangs_in_execute",
+        [
+            "backendconf::contract::preprocess_returns_bytes[nested_nml]",
+            "backendconf::parity::nested_nml[float32]",
+            "backendconf::symbolication::unsupported_node_is_symbolicated[flat]",
+        ],
         "--backendconf-timeout=10",
     )
     assert outcomes == {
@@ -86,20 +113,25 @@ def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pyte
         "backendconf::parity::nested_nml[float32]": "failed",
         "backendconf::symbolication::unsupported_node_is_symbolicated[flat]": "passed",
     }
-    result.stdout.fnmatch_lines([
-        "parity::nested_nml[[]float32] did not finish within 10 s (--backendconf-timeout); the process running it "
-        "was killed.",
-        "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
-        "inputs [[]float32[[]4, 3]] (backend call * of this check).",
-        "its stderr ended with:",
-        # faulthandler's dump, asked for before the kill, shows where it hung.
-        '*File "*broken_backends_isolation.py", line * in execute',
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "parity::nested_nml[[]float32] did not finish within 10 s (--backendconf-timeout); the process running it "
+            "was killed.",
+            "Subject: model nested_nml, dtype float32; the last backend call was execute() of method 'forward', "
+            "inputs [[]float32[[]4, 3]] (backend call * of this check).",
+            "its stderr ended with:",
+            # faulthandler's dump, asked for before the kill, shows where it hung.
+            '*File "*broken_backends_isolation.py", line * in execute',
+        ]
+    )
 
 
 def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memory_limit(pytester):
     result, outcomes = run(
-        pytester, "broken_backends_isolation", "Leaks8MBPerCall", "leaks_8mb_per_call",
+        pytester,
+        "broken_backends_isolation",
+        "Leaks8MBPerCall",
+        "leaks_8mb_per_call",
         ["backendconf::parity::small_cnn[float32]", "backendconf::reliability::memory_stays_flat*"],
         "--backendconf-max-rss=900",
     )
@@ -108,19 +140,25 @@ def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memor
         "backendconf::reliability::memory_stays_flat[small_cnn]": "failed",
         "backendconf::reliability::memory_stays_flat[nested_nml]": "failed",
     }
-    result.stdout.fnmatch_lines([
-        "the process running reliability::memory_stays_flat[[]small_cnn] was killed: its memory grew past "
-        "--backendconf-max-rss (* MiB > 900 MiB) (from * MiB at the start of this check).",
-        "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward'*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "the process running reliability::memory_stays_flat[[]small_cnn] was killed: its memory grew past "
+            "--backendconf-max-rss (* MiB > 900 MiB) (from * MiB at the start of this check).",
+            "Subject: model small_cnn, dtype float32; the last backend call was execute() of method 'forward'*",
+        ]
+    )
     # The second one ran in a fresh process, and crossed the limit there again.
     result.stdout.fnmatch_lines(["*memory_stays_flat[[]nested_nml] was killed: its memory grew past*"])
 
 
 def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_rest_not_applicable(pytester):
-    select = ["backendconf::availability::*", "backendconf::contract::*[[]small_cnn]",
-              "backendconf::parity::small_cnn*", "backendconf::serialization::*[[]small_cnn]",
-              "backendconf::symbolication::unsupported_node_is_symbolicated*"]
+    select = [
+        "backendconf::availability::*",
+        "backendconf::contract::*[[]small_cnn]",
+        "backendconf::parity::small_cnn*",
+        "backendconf::serialization::*[[]small_cnn]",
+        "backendconf::symbolication::unsupported_node_is_symbolicated*",
+    ]
     result, outcomes = run(pytester, "broken_backends", "Unavailable", "unavailable", select)
     ran = {k for k, v in outcomes.items() if v != "skipped"}
     assert ran == {
@@ -140,11 +178,13 @@ def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_
     assert all(outcomes[k] == "passed" for k in ran), outcomes
     skipped = len(outcomes) - len(ran)
     # One line for all of them, with the one reason.
-    result.stdout.fnmatch_lines([
-        f"SKIPPED [[]{skipped}] backendconf: not applicable: backend 'unavailable' is not available here (no "
-        "device in this test); the availability rows and the lowering-side checks ran, the rest need "
-        "is_available() True",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            f"SKIPPED [[]{skipped}] backendconf: not applicable: backend 'unavailable' is not available here (no "
+            "device in this test); the availability rows and the lowering-side checks ran, the rest need "
+            "is_available() True",
+        ]
+    )
     assert "Traceback" not in result.stdout.str()
 
 
@@ -161,17 +201,25 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
         "    register(Mine())\n"
     )
     result = pytester.runpytest_subprocess(
-        "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
+        "--backend=mine",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-select=backendconf::contract::*[[]small_cnn]",
     )
     result.assert_outcomes(failed=6)  # small_cnn's five contract checks and its execute_profiled one
-    result.stdout.fnmatch_lines([
-        "the suite could not be set up in its child process (the backend host): PluginLoadError: plugin "
-        "'*conftest.py' failed to import in a child process: RuntimeError: this conftest cannot be imported twice*",
-        "*--backendconf-in-process runs them in the pytest process instead.",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "the suite could not be set up in its child process (the backend host): PluginLoadError: plugin "
+            "'*conftest.py' failed to import in a child process: RuntimeError: this conftest cannot be imported twice*",
+            "*--backendconf-in-process runs them in the pytest process instead.",
+        ]
+    )
     # In the pytest process, the same checks pass.
     again = pytester.runpytest_subprocess(
-        "--backend=mine", "-p", "no:cacheprovider", "--backendconf-select=backendconf::contract::*[[]small_cnn]",
+        "--backend=mine",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-select=backendconf::contract::*[[]small_cnn]",
         "--backendconf-in-process",
     )
     again.assert_outcomes(passed=6)
@@ -196,8 +244,10 @@ def test_child_handlers_must_live_in_the_package():
 
 def test_no_pickle_in_the_package():
     """Child processes and archives exchange JSON and raw tensor bytes only; nothing is unpickled."""
-    pattern = re.compile(r"\b(import\s+(c?pickle|dill|cloudpickle|marshal|shelve)|from\s+(c?pickle|dill|cloudpickle|"
-                         r"marshal|shelve)\s+import|pickle\.|multiprocessing|torch\.load\()")
+    pattern = re.compile(
+        r"\b(import\s+(c?pickle|dill|cloudpickle|marshal|shelve)|from\s+(c?pickle|dill|cloudpickle|"
+        r"marshal|shelve)\s+import|pickle\.|multiprocessing|torch\.load\()"
+    )
     found = []
     for folder in ("pytest_backendconf", "conformance", "backends"):
         for path in (ROOT / folder).rglob("*.py"):

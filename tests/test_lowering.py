@@ -100,17 +100,35 @@ def test_to_backend_never_mutates_the_module():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: lower(models.N(), {"fwd": {}}, {"fwd": (X,)}), "compile-spec key 'fwd' is not a method of N; its methods: forward"),
-        (lambda: lower(models.Outputs(), {"forward": {}, "single": {}}, {"forward": (X, X)}), "no example inputs for method 'single'"),
-        (lambda: lower(models.N(), {"forward": {"w": torch.ones(1)}}, (X,)), "compile spec of method 'forward' has a value of type Tensor at ['w']"),
+        (
+            lambda: lower(models.N(), {"fwd": {}}, {"fwd": (X,)}),
+            "compile-spec key 'fwd' is not a method of N; its methods: forward",
+        ),
+        (
+            lambda: lower(models.Outputs(), {"forward": {}, "single": {}}, {"forward": (X, X)}),
+            "no example inputs for method 'single'",
+        ),
+        (
+            lambda: lower(models.N(), {"forward": {"w": torch.ones(1)}}, (X,)),
+            "compile spec of method 'forward' has a value of type Tensor at ['w']",
+        ),
         (lambda: lower(models.N(), {"forward": {"w": float("nan")}}, (X,)), "has a value of type float at ['w']"),
         (lambda: lower(models.N(), {"forward": {1: 2}}, (X,)), "has key 1 at top level; keys must be strings"),
         (lambda: lower(models.N(), {}, (X,)), "the method compile spec must be a non-empty dict"),
-        (lambda: lower(models.N(), {"forward": []}, (X,)), "the compile spec of method 'forward' must be a dict of options, got list"),
-        (lambda: lower(models.N(), inputs={"forward": X}), "example inputs of method 'forward' must be a tuple, got Tensor; write (x,)"),
+        (
+            lambda: lower(models.N(), {"forward": []}, (X,)),
+            "the compile spec of method 'forward' must be a dict of options, got list",
+        ),
+        (
+            lambda: lower(models.N(), inputs={"forward": X}),
+            "example inputs of method 'forward' must be a tuple, got Tensor; write (x,)",
+        ),
         (lambda: lower(models.N(), inputs=(X, X)), "example inputs do not fit method 'forward'"),
         (lambda: lower(lambda x: x, inputs=(X,)), "to_backend() needs a torch.nn.Module, got function"),
-        (lambda: lower(models.SmallCNN().train(), inputs=(torch.randn(2, 3, 8, 8),)), "mutates state (node 'add_' (aten::add_ on 'b_bn_num_batches_tracked', in place)); delegate backends run graphs without side effects. Is the module in training mode? Call .eval() before lowering."),
+        (
+            lambda: lower(models.SmallCNN().train(), inputs=(torch.randn(2, 3, 8, 8),)),
+            "mutates state (node 'add_' (aten::add_ on 'b_bn_num_batches_tracked', in place)); delegate backends run graphs without side effects. Is the module in training mode? Call .eval() before lowering.",
+        ),
     ],
 )
 def test_bad_arguments_raise_lowering_error_naming_the_fix(call, message):
@@ -132,7 +150,10 @@ def test_export_failure_carries_torchs_message():
 
 def test_inputs_differing_from_the_export_are_named():
     lowered = lower(models.Outputs(), {"forward": {}, "as_dict": {}}, {"forward": (X, X), "as_dict": (X,)})
-    with pytest.raises(bc.InputSpecError, match=r"method 'forward' input 1 \('y'\) must be a float32\[2, 3\] tensor as when it was exported, got a float32\[4\] tensor"):
+    with pytest.raises(
+        bc.InputSpecError,
+        match=r"method 'forward' input 1 \('y'\) must be a float32\[2, 3\] tensor as when it was exported, got a float32\[4\] tensor",
+    ):
         lowered(X, torch.ones(4))
     with pytest.raises(bc.InputSpecError, match=r"lowered with scale=2.0 .* called with scale=3.0"):
         lowered.as_dict(X, scale=3.0)
@@ -310,8 +331,16 @@ def test_available_backend_compiles_once_at_lowering_without_warning():
 @pytest.mark.parametrize(
     "backend, error, message",
     [
-        (broken_backends.CompileFailsWhileAvailable(), bc.BackendContractError, "reports is_available() == True, but compile() failed at lowering: RuntimeError: device driver refused the blob"),
-        (broken_backends.PreprocessReturnsStr(), bc.BackendContractError, "preprocess() of backend 'preprocess_str' returned str for method 'forward'; it must return bytes"),
+        (
+            broken_backends.CompileFailsWhileAvailable(),
+            bc.BackendContractError,
+            "reports is_available() == True, but compile() failed at lowering: RuntimeError: device driver refused the blob",
+        ),
+        (
+            broken_backends.PreprocessReturnsStr(),
+            bc.BackendContractError,
+            "preprocess() of backend 'preprocess_str' returned str for method 'forward'; it must return bytes",
+        ),
     ],
 )
 def test_contract_violations_at_lowering(backend, error, message):
@@ -321,15 +350,29 @@ def test_contract_violations_at_lowering(backend, error, message):
 
 
 def test_missing_handle_from_compile_is_a_contract_error():
-    with pytest.raises(bc.BackendContractError, match=r"must return a dict with a handle for every method; got dict without \['single'\]"):
-        lower(models.Outputs(), {"forward": {}, "single": {}}, {"forward": (X, X), "single": (X,)}, backend=broken_backends.MissingHandle())
+    with pytest.raises(
+        bc.BackendContractError,
+        match=r"must return a dict with a handle for every method; got dict without \['single'\]",
+    ):
+        lower(
+            models.Outputs(),
+            {"forward": {}, "single": {}},
+            {"forward": (X, X), "single": (X,)},
+            backend=broken_backends.MissingHandle(),
+        )
 
 
 @pytest.mark.parametrize(
     "backend, message",
     [
-        (broken_backends.WrongOutputDtype(), "method 'forward' output 0: expected a float32[2, 3] tensor, got a float64[2, 3] tensor from backend 'wrong_dtype'"),
-        (broken_backends.WrongOutputCount(), "method 'forward': execute() of backend 'wrong_count' must return a list of 2 outputs, got 1 outputs"),
+        (
+            broken_backends.WrongOutputDtype(),
+            "method 'forward' output 0: expected a float32[2, 3] tensor, got a float64[2, 3] tensor from backend 'wrong_dtype'",
+        ),
+        (
+            broken_backends.WrongOutputCount(),
+            "method 'forward': execute() of backend 'wrong_count' must return a list of 2 outputs, got 1 outputs",
+        ),
     ],
 )
 def test_outputs_are_checked_against_the_program(backend, message):
@@ -348,7 +391,9 @@ class _Double(torch.nn.Module):
 
 
 def test_example_kwargs_that_is_not_a_dict_is_named():
-    with pytest.raises(bc.LoweringError, match=r"example_kwargs must be a dict \{method_name: \{argument: value\}\}, got list"):
+    with pytest.raises(
+        bc.LoweringError, match=r"example_kwargs must be a dict \{method_name: \{argument: value\}\}, got list"
+    ):
         bc.to_backend(_Double(), "reference", {"forward": {}}, example_inputs=(torch.ones(2),), example_kwargs=[1])
 
 
@@ -365,7 +410,9 @@ def test_a_compile_spec_that_contains_itself_is_named():
 
 
 def test_a_compile_spec_integer_beyond_64_bits_is_named():
-    with pytest.raises(bc.LoweringError, match=r"compile spec of method 'forward' has an integer of 16610 bits at \['n'\]"):
+    with pytest.raises(
+        bc.LoweringError, match=r"compile spec of method 'forward' has an integer of 16610 bits at \['n'\]"
+    ):
         bc.to_backend(_Double(), "reference", {"forward": {"n": 10**5000}}, example_inputs=(torch.ones(2),))
 
 
@@ -384,7 +431,9 @@ def test_exceptions_from_is_available_and_preprocess_name_the_backend():
         def is_available(self):
             raise OSError("driver not loaded")
 
-    with pytest.raises(bc.BackendContractError, match=r"is_available\(\) of backend 'flaky' raised OSError: driver not loaded"):
+    with pytest.raises(
+        bc.BackendContractError, match=r"is_available\(\) of backend 'flaky' raised OSError: driver not loaded"
+    ):
         bc.to_backend(_Double(), Flaky(), {"forward": {}}, example_inputs=(torch.ones(2),))
 
     class Crashy(ReferenceBackend):
@@ -393,6 +442,9 @@ def test_exceptions_from_is_available_and_preprocess_name_the_backend():
         def preprocess(self, program, compile_spec, debug_handles):
             raise KeyError("register file")
 
-    with pytest.raises(bc.LoweringError, match=r"preprocess\(\) of backend 'crashy' failed for method 'forward': KeyError: 'register file'") as caught:
+    with pytest.raises(
+        bc.LoweringError,
+        match=r"preprocess\(\) of backend 'crashy' failed for method 'forward': KeyError: 'register file'",
+    ) as caught:
         bc.to_backend(_Double(), Crashy(), {"forward": {}}, example_inputs=(torch.ones(2),))
     assert isinstance(caught.value.__cause__, KeyError)

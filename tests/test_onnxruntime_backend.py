@@ -21,9 +21,7 @@ from torch import nn
 
 pytest.importorskip("onnxruntime", reason="the onnxruntime backend needs onnxruntime (pip install onnxruntime)")
 pytest.importorskip("onnxscript", reason="the onnxruntime backend exports with torch.onnx, which needs onnxscript")
-pytest.importorskip(
-    "backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime"
-)
+pytest.importorskip("backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime")
 
 import pytest_backendconf as bc
 from pytest_backendconf._debug_handles import DebugHandleRecorder
@@ -181,7 +179,7 @@ def test_an_op_without_onnx_translation_is_rejected_at_its_node(mystery_op):
     assert caught.value.node.name == "mystery"
     text = str(caught.value)
     assert text.startswith("The node of backendconf_ort_test::mystery is not supported in this compiler. Source code:")
-    assert f'line {_line_of("MYSTERY_LINE")}, in forward' in text
+    assert f"line {_line_of('MYSTERY_LINE')}, in forward" in text
     assert "torch.onnx has no ONNX translation of backendconf_ort_test.mystery.default" in text
 
 
@@ -229,7 +227,9 @@ def test_fault_in_a_cond_branch_fires_only_when_the_branch_runs():
 def test_a_corrupt_blob_is_a_value_error_naming_the_method():
     good = OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),)))
     bad = good[:-10] + bytes(10)
-    with pytest.raises(ValueError, match=r"method 'forward': onnxruntime backend blob is corrupt: CRC-32 checksum mismatch"):
+    with pytest.raises(
+        ValueError, match=r"method 'forward': onnxruntime backend blob is corrupt: CRC-32 checksum mismatch"
+    ):
         OnnxRuntimeBackend().compile({"forward": bad}, {"forward": {}})
     with pytest.raises(ValueError, match="not a valid onnxruntime backend blob"):
         OnnxRuntimeBackend().compile({"forward": b"\x89BCREF\r\n" + bytes(40)}, {"forward": {}})
@@ -278,8 +278,13 @@ def test_dynamic_shapes_export_named_onnx_dimensions_and_run_any_size_in_the_ran
 
     model = zoo.build(zoo.TinyAttention)
     batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=16)
-    lowered = bc.to_backend(model, BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 5, 8),),
-                            dynamic_shapes={"x": {0: batch, 1: seq}})
+    lowered = bc.to_backend(
+        model,
+        BACKEND,
+        {"forward": {}},
+        example_inputs=(torch.randn(2, 5, 8),),
+        dynamic_shapes={"x": {0: batch, 1: seq}},
+    )
     header, data = blob.decode(lowered.lowered.blobs["forward"])
     (x,) = [slot for slot in header.inputs if slot is not None]
     assert x.shape == (None, None, 8)

@@ -91,14 +91,46 @@ def test_without_data_or_opinfo_the_category_is_skipped_with_a_notice(tmp_path, 
 
     ctx = Ctx()
     assert ops_category._load_or_discover(ctx, "default") is None
-    assert ctx.notices == [f"ops category skipped: no ops data for torch {discovery.release()} and OpInfo moved in this torch"]
+    assert ctx.notices == [
+        f"ops category skipped: no ops data for torch {discovery.release()} and OpInfo moved in this torch"
+    ]
+
+
+def test_each_ops_mode_selects_its_samples():
+    from pytest_backendconf.capabilities import Capabilities
+
+    class Ctx:
+        capabilities = Capabilities()  # every dtype declared
+        notices: list = []
+
+        def __init__(self, mode):
+            self.ops_mode = mode
+            self._memo = {}
+
+        def memo(self, key, make):
+            return self._memo.setdefault(key, make())
+
+    def selection(mode):
+        names = [c.name for c in ops_category.checks(Ctx(mode))]
+        dtypes = {n.rpartition("[")[2].split("-")[0] for n in names}
+        samples = {n.rpartition("-sample")[2].rstrip("]") for n in names}
+        return len(names), dtypes, samples
+
+    quick, default = selection("quick"), selection("default")
+    assert quick[1:] == ({"float32", "float16"}, {"0"})
+    assert default[1] == {"float32", "float16", "bfloat16", "int64", "bool"} and default[2] == {"0", "1"}
+    assert 300 <= quick[0] < default[0]
 
 
 # --- tensor files ---------------------------------------------------------------------------
 
 
 def test_tensor_file_round_trip_and_errors(tmp_path):
-    tensors = {"a": torch.arange(6, dtype=torch.float16).reshape(2, 3), "b": torch.tensor([True, False]), "c": torch.empty(0, 3)}
+    tensors = {
+        "a": torch.arange(6, dtype=torch.float16).reshape(2, 3),
+        "b": torch.tensor([True, False]),
+        "c": torch.empty(0, 3),
+    }
     path = tmp_path / "x.safetensors"
     write_tensors(path, tensors, {"kind": "ops"})
     back, meta = read_tensors(path)
@@ -128,7 +160,9 @@ def test_closeness_statistics_name_the_worst_element():
 
 
 def test_nan_inf_and_integers():
-    (same,) = compare_outputs([torch.tensor([math.nan, math.inf])], [torch.tensor([math.nan, math.inf])], Tolerance(0, 0))
+    (same,) = compare_outputs(
+        [torch.tensor([math.nan, math.inf])], [torch.tensor([math.nan, math.inf])], Tolerance(0, 0)
+    )
     assert same.passed and same.closeness == 0
     (one_nan,) = compare_outputs([torch.tensor([math.nan])], [torch.tensor([1.0])], Tolerance(1, 1))
     assert not one_nan.passed and one_nan.closeness == math.inf
@@ -140,7 +174,11 @@ def test_nan_inf_and_integers():
 
 def test_tolerance_lookup_is_most_specific_first():
     defaults = {"float16": [1e-3, 1e-5]}
-    declared = {"aten.exp.default": (0.01, 0.001), "small_cnn": {torch.float16: (0.02, 0.002)}, torch.float16: (0.005, 0.0)}
+    declared = {
+        "aten.exp.default": (0.01, 0.001),
+        "small_cnn": {torch.float16: (0.02, 0.002)},
+        torch.float16: (0.005, 0.0),
+    }
     assert resolve_tolerance(torch.float16, ["aten.exp.default"], declared, defaults).rtol == 0.01
     by_model = resolve_tolerance(torch.float16, ["small_cnn"], declared, defaults)
     assert (by_model.rtol, by_model.source) == (0.02, "override 'small_cnn' in the backend's capabilities")
@@ -159,7 +197,12 @@ def test_tolerance_lookup_is_most_specific_first():
 
 
 def test_capabilities_accept_per_op_and_per_model_tolerances():
-    assert bc.Capabilities(tolerances={"aten.exp.default": (1e-2, 1e-3), "small_cnn": {torch.float16: (1e-2, 0.0)}}).problems() == []
+    assert (
+        bc.Capabilities(
+            tolerances={"aten.exp.default": (1e-2, 1e-3), "small_cnn": {torch.float16: (1e-2, 0.0)}}
+        ).problems()
+        == []
+    )
     problems = bc.Capabilities(tolerances={"aten.exp.default": (1e-2,)}).problems()
     assert problems and "aten.exp.default" in problems[0]
     # and the report records them as declared
@@ -184,7 +227,12 @@ def test_matrix_summary_and_capabilities():
     matrix = ops_matrix(tests, declared={"aten.sub.Tensor", "aten.add.Tensor"})
     assert matrix is not None
     assert matrix["overloads"]["aten.sub.Tensor"] == {
-        "float32": "passed", "float16": "failed", "bfloat16": "not under test", "int64": "not under test", "bool": "not under test"}
+        "float32": "passed",
+        "float16": "failed",
+        "bfloat16": "not under test",
+        "int64": "not under test",
+        "bool": "not under test",
+    }
     assert summary_line(matrix) == "ops  3/5 passed; 1 unsupported; 1 failed — 1 of 3 overloads fully supported"
     assert matrix["declared_but_not_passing"] == ["aten.sub.Tensor"]
     text = capabilities_text(matrix)
@@ -195,8 +243,13 @@ def test_matrix_summary_and_capabilities():
 
 def test_failures_sharing_a_template_form_one_group():
     failures = [
-        {"id": f"backendconf::ops::aten.sub.Tensor[float16-sample{k}]",
-         "error": {"type": "CheckFailed", "message": f"aten.sub.Tensor in float16 (sample {k}): max abs error 0.0{k}1"}}
+        {
+            "id": f"backendconf::ops::aten.sub.Tensor[float16-sample{k}]",
+            "error": {
+                "type": "CheckFailed",
+                "message": f"aten.sub.Tensor in float16 (sample {k}): max abs error 0.0{k}1",
+            },
+        }
         for k in range(4)
     ] + [{"id": "backendconf::parity::x[float32]", "error": {"type": "ValueError", "message": "bad blob 'x'"}}]
     groups = group_failures(failures)
@@ -229,15 +282,20 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
     monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
     report = ops_pytester.path / "report.json"
     result = _run(
-        ops_pytester, "wrong_half_sub",
-        "backendconf::ops::aten.sub.Tensor*", "backendconf::ops::aten.add.Tensor*",
-        "backendconf::parity::nested_nml*", "backendconf::parity::small_cnn*",
+        ops_pytester,
+        "wrong_half_sub",
+        "backendconf::ops::aten.sub.Tensor*",
+        "backendconf::ops::aten.add.Tensor*",
+        "backendconf::parity::nested_nml*",
+        "backendconf::parity::small_cnn*",
         "backendconf::parity::arithmetic_tensors[[]float16-dynamic]",
         extra=[f"--backendconf-report={report}", "--backendconf-hypothesis=ci"],
     )
     document = json.loads(report.read_text())
     failed = sorted(t["id"] for t in document["tests"] if t["outcome"] == "failed")
-    subs = sorted(t["id"] for t in document["tests"] if t["id"].startswith("backendconf::ops::aten.sub.Tensor[float16-"))
+    subs = sorted(
+        t["id"] for t in document["tests"] if t["id"].startswith("backendconf::ops::aten.sub.Tensor[float16-")
+    )
     assert len(subs) == 2  # up to two samples per (overload, dtype) by default
     dynamic = "backendconf::parity::arithmetic_tensors[float16-dynamic]"
     assert failed == sorted(subs + ["backendconf::parity::nested_nml[float16]", dynamic])
@@ -256,35 +314,67 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
     assert text.index("failures grouped by message") < text.index("short test summary info")
     # the saved inputs rerun the comparison alone, from the file
     saved = next(line.split("inputs: ", 1)[1].strip() for line in text.splitlines() if "  inputs: " in line)
-    command = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line)
+    command = next(
+        line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line
+    )
     assert command.endswith("--backend=wrong_half_sub -p broken_backends_ops")
-    rerun = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    rerun = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
+    )
     assert rerun.returncode == 1 and "FAILED" in rerun.stdout and "max abs error" in rerun.stdout, rerun.stderr
     assert saved in command
-    parity = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines()
-                  if "rerun this comparison: " in line and "nested_nml.forward-float16.safetensors" in line)
-    rerun = subprocess.run([sys.executable, *shlex.split(parity)[1:]], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    parity = next(
+        line.split("rerun this comparison: ", 1)[1]
+        for line in text.splitlines()
+        if "rerun this comparison: " in line and "nested_nml.forward-float16.safetensors" in line
+    )
+    rerun = subprocess.run(
+        [sys.executable, *shlex.split(parity)[1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
+    )
     assert rerun.returncode == 1 and "nested_nml.forward in float16" in rerun.stdout, rerun.stderr
-    at_sizes = next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines()
-                    if "rerun this comparison: " in line and "-dynamic.safetensors" in line)
+    at_sizes = next(
+        line.split("rerun this comparison: ", 1)[1]
+        for line in text.splitlines()
+        if "rerun this comparison: " in line and "-dynamic.safetensors" in line
+    )
     assert at_sizes.endswith("--backend=wrong_half_sub -p broken_backends_ops")
-    rerun = subprocess.run([sys.executable, *shlex.split(at_sizes)[1:]], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    rerun = subprocess.run(
+        [sys.executable, *shlex.split(at_sizes)[1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
+    )
     assert rerun.returncode == 1 and "lowered with dynamic shapes, at rows=" in rerun.stdout, rerun.stderr
 
 
 @needs_data
 def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
     report = ops_pytester.path / "report.json"
-    result = _run(ops_pytester, "reference", "backendconf::ops::aten.add.Tensor*", "backendconf::ops::aten.rsqrt*",
-                  extra=[f"--backendconf-report={report}"])
+    result = _run(
+        ops_pytester,
+        "reference",
+        "backendconf::ops::aten.add.Tensor*",
+        "backendconf::ops::aten.rsqrt*",
+        extra=[f"--backendconf-report={report}"],
+    )
     result.assert_outcomes(passed=result.parseoutcomes()["passed"])
     document = json.loads(report.read_text())
     ops = document["ops"]
-    assert set(ops) == {"dtypes", "checks", "overloads_total", "overloads_fully_supported", "fully_supported",
-                        "declared_but_not_passing", "overloads"}
+    assert set(ops) == {
+        "dtypes",
+        "checks",
+        "overloads_total",
+        "overloads_fully_supported",
+        "fully_supported",
+        "declared_but_not_passing",
+        "overloads",
+    }
     assert ops["dtypes"] == ["float32", "float16", "bfloat16", "int64", "bool"]
     assert set(ops["checks"]) == {"total", "passed", "unsupported", "failed"}
     assert set(ops["overloads"]["aten.add.Tensor"].values()) <= {"passed", "unsupported", "failed", "not under test"}
@@ -292,23 +382,43 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
     numerics = test["numerics"]
     assert set(numerics) == {"closeness", "max_abs_error", "max_rel_error", "outputs", "reference"}
     assert numerics["reference"] == "eager in float64, cast back"
-    assert set(numerics["outputs"][0]) == {"output", "dtype", "numel", "mismatched", "max_abs_error", "max_rel_error",
-                                           "index", "actual", "expected", "ulp", "closeness", "tolerance"}
+    assert set(numerics["outputs"][0]) == {
+        "output",
+        "dtype",
+        "numel",
+        "mismatched",
+        "max_abs_error",
+        "max_rel_error",
+        "index",
+        "actual",
+        "expected",
+        "ulp",
+        "closeness",
+        "tolerance",
+    }
     assert set(numerics["outputs"][0]["tolerance"]) == {"rtol", "atol", "source"}
     assert "ops  " in result.stdout.str() and "overloads fully supported" in result.stdout.str()
-    cli = subprocess.run([sys.executable, "-m", "pytest_backendconf.cli", "report", "ops", str(report), "--capabilities"],
-                         capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "pytest_backendconf.cli", "report", "ops", str(report), "--capabilities"],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.startswith("Capabilities(supported_ops={\n") and '"aten.add.Tensor",' in cli.stdout
-    bad = subprocess.run([sys.executable, "-m", "pytest_backendconf.cli", "report", "ops", str(ops_pytester.path / "nope.json")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_backendconf.cli", "report", "ops", str(ops_pytester.path / "nope.json")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "cannot read report" in bad.stderr
 
 
 @needs_data
 def test_a_backend_more_accurate_than_eager_passes_float16_ops(ops_pytester):
     report = ops_pytester.path / "report.json"
-    result = _run(ops_pytester, "accurate_half", "backendconf::ops::*[[]float16-*", extra=[f"--backendconf-report={report}"])
+    result = _run(
+        ops_pytester, "accurate_half", "backendconf::ops::*[[]float16-*", extra=[f"--backendconf-report={report}"]
+    )
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes["passed"] >= 50, result.stdout.str()[-3000:]
     passed = {t["id"] for t in json.loads(report.read_text())["tests"] if t["outcome"] == "passed"}

@@ -141,7 +141,10 @@ def test_a_failure_inside_the_fallback_names_the_custom_op_and_its_line():
 
 def test_a_partition_that_drops_an_output_is_a_contract_error_naming_it():
     lowered, x = lower(WithCustomOp(), DropsPartitionOutput())  # its second partition gives two values
-    with pytest.raises(bc.OutputSpecError, match=r"partition 'forward\.partition1': execute\(\) of backend 'drops_output' must return a list of 2 outputs"):
+    with pytest.raises(
+        bc.OutputSpecError,
+        match=r"partition 'forward\.partition1': execute\(\) of backend 'drops_output' must return a list of 2 outputs",
+    ):
         lowered(x)
 
 
@@ -240,7 +243,10 @@ def test_loading_where_the_custom_op_is_not_registered_names_it_and_its_line(tmp
     # A fresh process that never imports partition_models: bcpartition::scale does not exist there.
     done = run_python(f"import pytest_backendconf as bc\nbc.load({str(path)!r})", tmp_path)
     assert done.returncode != 0
-    assert "OperatorNotRegisteredError: operator bcpartition::scale (bcpartition.scale.default) is not registered" in done.stderr
+    assert (
+        "OperatorNotRegisteredError: operator bcpartition::scale (bcpartition.scale.default) is not registered"
+        in done.stderr
+    )
     assert 'partition_models.py", line' in done.stderr
     assert "h = torch.ops.bcpartition.scale(h, 2.0)" in done.stderr
     # With the op registered, the same archive loads and matches eager.
@@ -274,15 +280,21 @@ def test_selective_nml_in_a_fresh_process_and_on_the_target(tmp_path):
     torch.testing.assert_close(target["outputs"]["forward"][0], model(x))
     cli = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "backendconf"), "run-target", str(path), "--example-inputs"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert cli.returncode == 0, cli.stderr
     assert "target: ok" in cli.stdout
     inspect = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "backendconf"), "inspect", str(path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert "  method forward: 1 partition, 2/3 nodes delegated\n    partition 0     2 nodes  mul, sub\n" in inspect.stdout
+    assert (
+        "  method forward: 1 partition, 2/3 nodes delegated\n    partition 0     2 nodes  mul, sub\n" in inspect.stdout
+    )
 
 
 def test_hooks_on_the_lowered_module_still_run_despite_the_fast_call_path():

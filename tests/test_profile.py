@@ -70,7 +70,9 @@ def test_rows_ops_and_modules(cnn):
     assert conv["total_ns"] == conv["self_ns"] == next(r["total_ns"] for r in rows if r["op"] == "aten::conv2d")
     text = str(profile)
     assert f"profile of 'forward' on backend 'reference': {REPEAT} call(s)" in text
-    assert "total ms    self ms" in text and "zoo.py:" in text and "top(SmallCNN)::forward.conv(Conv2d)::forward" in text
+    assert (
+        "total ms    self ms" in text and "zoo.py:" in text and "top(SmallCNN)::forward.conv(Conv2d)::forward" in text
+    )
 
 
 def test_the_chrome_trace_has_one_event_per_node_per_call(cnn, tmp_path):
@@ -83,7 +85,11 @@ def test_the_chrome_trace_has_one_event_per_node_per_call(cnn, tmp_path):
     assert len(calls) == REPEAT and len(nodes) == sum(len(c.events) for c in profile.calls)
     assert len(nodes) == REPEAT * len(bc.delegation(lowered)["forward"].delegated)
     conv = next(e for e in nodes if e["name"] == "aten::conv2d")
-    assert conv["ph"] == "X" and conv["dur"] > 0 and conv["args"]["source"].endswith(f":{conv['args']['source'].rsplit(':')[-1]}")
+    assert (
+        conv["ph"] == "X"
+        and conv["dur"] > 0
+        and conv["args"]["source"].endswith(f":{conv['args']['source'].rsplit(':')[-1]}")
+    )
     assert "self.conv(x)" in conv["args"]["text"] and conv["args"]["hierarchy"].endswith("conv(Conv2d)::forward")
 
 
@@ -92,15 +98,26 @@ def test_a_backend_without_execute_profiled_gives_one_row_for_the_method():
     lowered = bc.to_backend(N(), NotProfiled(), {"forward": {}}, example_inputs=(x,))
     profile = bc.profile(lowered, x, repeat=3)
     assert not profile.profiled
-    assert profile.rows == [{"op": "forward", "file": None, "line": None, "hierarchy": "top(N)::forward",
-                             "calls": 3, "self_ns": sum(profile.call_ns), "total_ns": sum(profile.call_ns)}]
+    assert profile.rows == [
+        {
+            "op": "forward",
+            "file": None,
+            "line": None,
+            "hierarchy": "top(N)::forward",
+            "calls": 3,
+            "self_ns": sum(profile.call_ns),
+            "total_ns": sum(profile.call_ns),
+        }
+    ]
     assert "whole calls only" in str(profile)
 
 
 def test_bad_events_and_bad_arguments_are_clear_errors():
     x = torch.randn(2, 3)
     lowered = bc.to_backend(N(), BadEvents(), {"forward": {}}, example_inputs=(x,))
-    with pytest.raises(BackendContractError, match=r"event 0 is \('\d+', \d+, \d+\); each event is \(debug_handle, start_ns, end_ns\)"):
+    with pytest.raises(
+        BackendContractError, match=r"event 0 is \('\d+', \d+, \d+\); each event is \(debug_handle, start_ns, end_ns\)"
+    ):
         bc.profile(lowered, x)
     with pytest.raises(ValueError, match="profile\\(repeat=0\\): repeat is the number of calls"):
         bc.profile(lowered, x, repeat=0)
@@ -117,7 +134,9 @@ def test_profile_of_a_handles_only_archive_names_handles_and_the_symbolicate_com
     assert all(r["op"] is None and "handle" in r for r in profile.rows)
     assert f"symbolicate handles with: backendconf symbolicate {path}.debug HANDLE" in str(profile)
     trace = profile.chrome_trace()["traceEvents"]
-    assert any(e.get("args", {}).get("symbolicate", "").startswith(f"backendconf symbolicate {path}.debug ") for e in trace)
+    assert any(
+        e.get("args", {}).get("symbolicate", "").startswith(f"backendconf symbolicate {path}.debug ") for e in trace
+    )
 
 
 def test_backendconf_profile_from_an_archive(tmp_path):
@@ -128,16 +147,33 @@ def test_backendconf_profile_from_an_archive(tmp_path):
     inputs.write_text(json.dumps({"forward": [[x.tolist()]]}))
     trace = tmp_path / "trace.json"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest_backendconf.cli", "profile", str(path), "--inputs", str(inputs),
-         "--repeat", "3", "--chrome-trace", str(trace)],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pytest_backendconf.cli",
+            "profile",
+            str(path),
+            "--inputs",
+            str(inputs),
+            "--repeat",
+            "3",
+            "--chrome-trace",
+            str(trace),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
     assert "profile of 'forward' on backend 'reference': 3 call(s)" in done.stdout
     assert "aten::conv2d" in done.stdout and "conv(Conv2d)" in done.stdout
     assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "node"]) == 3 * 6
-    bad = subprocess.run([sys.executable, "-m", "pytest_backendconf.cli", "profile", str(path), "--example-inputs",
-                          "--repeat", "0"], capture_output=True, text=True, timeout=180)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_backendconf.cli", "profile", str(path), "--example-inputs", "--repeat", "0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert bad.returncode == 1 and "--repeat 0: give the number of calls to time, 1 or more" in bad.stderr
 
 
@@ -154,18 +190,36 @@ def backendconf_register_backends(register):
 """
 
 
-@pytest.mark.parametrize("backend, lines", [
-    ("wall_clock_events", ["nested_nml.forward (float32): execute_profiled() events are wrong:",
-                           "  event 0 (handle *) spans *..* ns, outside the call *..* ns (time.perf_counter_ns)"]),
-    ("first_node_only", ["small_cnn.forward (float32): execute_profiled() events are wrong:",
-                         "  no event for 5 of the 6 delegated nodes: 'batch_norm' (aten::batch_norm), *"]),
-])
+@pytest.mark.parametrize(
+    "backend, lines",
+    [
+        (
+            "wall_clock_events",
+            [
+                "nested_nml.forward (float32): execute_profiled() events are wrong:",
+                "  event 0 (handle *) spans *..* ns, outside the call *..* ns (time.perf_counter_ns)",
+            ],
+        ),
+        (
+            "first_node_only",
+            [
+                "small_cnn.forward (float32): execute_profiled() events are wrong:",
+                "  no event for 5 of the 6 delegated nodes: 'batch_norm' (aten::batch_norm), *",
+            ],
+        ),
+    ],
+)
 def test_the_profiling_check_catches_broken_events(pytester, backend, lines):
     from pytest_backendconf.conformance._spec import section
 
     cases = section("contract")["profiling_cases"]
     pytester.makeconftest(CONFTEST.format(tests=TESTS))
-    result = pytester.runpytest(f"--backend={backend}", "-p", "no:cacheprovider", "-rfs",
-                                "--backendconf-select=backendconf::contract::execute_profiled_events*")
+    result = pytester.runpytest(
+        f"--backend={backend}",
+        "-p",
+        "no:cacheprovider",
+        "-rfs",
+        "--backendconf-select=backendconf::contract::execute_profiled_events*",
+    )
     result.assert_outcomes(failed=len(cases))
     result.stdout.fnmatch_lines(lines)

@@ -21,7 +21,15 @@ needs_torchvision = pytest.mark.skipif(
     not torchvision_available(), reason="needs torchvision: pip install 'pytest-backendconf[models]'"
 )
 
-NAMES = ["resnet18", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5", "efficientnet_b0", "vit_tiny", "text_encoder"]
+NAMES = [
+    "resnet18",
+    "mobilenet_v3_small",
+    "squeezenet1_1",
+    "shufflenet_v2_x0_5",
+    "efficientnet_b0",
+    "vit_tiny",
+    "text_encoder",
+]
 
 
 def test_every_real_model_says_what_it_is_and_where_it_comes_from():
@@ -86,8 +94,15 @@ def test_torchvision_models_build_beside_this_torch_whatever_its_build():
 @needs_torchvision
 def test_the_text_encoder_passes_parity_on_the_reference_backend(pytester):
     result = pytester.runpytest(
-        "--backend=reference", "--backendconf-zoo=real", "-m", MARKER, "-p", "no:cacheprovider",
-        "--backendconf-hypothesis=ci", "--backendconf-select=parity::text_encoder*", "--backendconf-report=r.json",
+        "--backend=reference",
+        "--backendconf-zoo=real",
+        "-m",
+        MARKER,
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-hypothesis=ci",
+        "--backendconf-select=parity::text_encoder*",
+        "--backendconf-report=r.json",
     )
     result.assert_outcomes(passed=1)
     report = json.loads((pytester.path / "r.json").read_text())

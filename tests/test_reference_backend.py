@@ -51,13 +51,45 @@ class Arithmetic(nn.Module):
     def forward(self, x, y):
         a = x.abs() + 0.1
         return (
-            x + y, x + 1.5, aten.add.Scalar(x, 2), x - y, aten.sub.Scalar(x, 1), 1 - x,
-            torch.rsub(x, y), x * y, aten.mul.Scalar(x, 3), x / y, aten.div.Scalar(x, 4),
-            torch.div(x, y, rounding_mode="floor"), x // 0.7, torch.remainder(x, 0.5),
-            torch.remainder(x, y), -x, a.log(), x.exp(), a.sqrt(), a.rsqrt(), a.reciprocal(),
-            x.square(), x**2, a**y, 2**x, torch.maximum(x, y), torch.minimum(x, y),
-            x.clamp(-0.5, 0.5), x.clamp(min=y), torch.where(x > y, x, y), torch.erf(x),
-            x.sin(), x.cos(), a.log1p(), x.expm1(), x.floor(), x.ceil(), x.round(), x.sign(),
+            x + y,
+            x + 1.5,
+            aten.add.Scalar(x, 2),
+            x - y,
+            aten.sub.Scalar(x, 1),
+            1 - x,
+            torch.rsub(x, y),
+            x * y,
+            aten.mul.Scalar(x, 3),
+            x / y,
+            aten.div.Scalar(x, 4),
+            torch.div(x, y, rounding_mode="floor"),
+            x // 0.7,
+            torch.remainder(x, 0.5),
+            torch.remainder(x, y),
+            -x,
+            a.log(),
+            x.exp(),
+            a.sqrt(),
+            a.rsqrt(),
+            a.reciprocal(),
+            x.square(),
+            x**2,
+            a**y,
+            2**x,
+            torch.maximum(x, y),
+            torch.minimum(x, y),
+            x.clamp(-0.5, 0.5),
+            x.clamp(min=y),
+            torch.where(x > y, x, y),
+            torch.erf(x),
+            x.sin(),
+            x.cos(),
+            a.log1p(),
+            x.expm1(),
+            x.floor(),
+            x.ceil(),
+            x.round(),
+            x.sign(),
         )
 
 
@@ -65,30 +97,73 @@ class Comparisons(nn.Module):
     def forward(self, x, y):
         a, b = x > 0, y > 0
         return (
-            x == y, x == 0.5, x != y, x != 0.5, x < y, x < 0, x <= y, x <= 0, x > y, x > 0.1,
-            x >= y, x >= 0, torch.logical_and(a, b), torch.logical_or(a, b),
-            torch.logical_xor(a, b), torch.logical_not(a), torch.bitwise_and(a, b),
-            torch.bitwise_or(a, b), ~a, a & b, a | b,
+            x == y,
+            x == 0.5,
+            x != y,
+            x != 0.5,
+            x < y,
+            x < 0,
+            x <= y,
+            x <= 0,
+            x > y,
+            x > 0.1,
+            x >= y,
+            x >= 0,
+            torch.logical_and(a, b),
+            torch.logical_or(a, b),
+            torch.logical_xor(a, b),
+            torch.logical_not(a),
+            torch.bitwise_and(a, b),
+            torch.bitwise_or(a, b),
+            ~a,
+            a & b,
+            a | b,
         )
 
 
 class Activations(nn.Module):
     def forward(self, x):
         return (
-            torch.relu(x), F.relu6(x * 4), F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x),
-            torch.sigmoid(x), torch.tanh(x), F.hardtanh(x, -0.5, 0.5), F.leaky_relu(x, 0.2),
-            F.elu(x, 0.7), aten.elu.default(x, 1.0, 2.0, 0.5), F.softplus(x, 2.0, 1.0),
-            F.hardswish(x * 4), F.hardsigmoid(x * 4),
+            torch.relu(x),
+            F.relu6(x * 4),
+            F.gelu(x),
+            F.gelu(x, approximate="tanh"),
+            F.silu(x),
+            torch.sigmoid(x),
+            torch.tanh(x),
+            F.hardtanh(x, -0.5, 0.5),
+            F.leaky_relu(x, 0.2),
+            F.elu(x, 0.7),
+            aten.elu.default(x, 1.0, 2.0, 0.5),
+            F.softplus(x, 2.0, 1.0),
+            F.hardswish(x * 4),
+            F.hardsigmoid(x * 4),
         )
 
 
 class Reductions(nn.Module):
     def forward(self, x):
         return (
-            x.sum(), x.sum(1), x.sum([0, 1], keepdim=True), x.mean(), x.mean(-1, keepdim=True),
-            x.amax(1), x.amin(0), x.argmax(), x.argmax(1), x.argmin(1, keepdim=True),
-            x.max(), x.min(), *x.max(1), *x.min(0, keepdim=True), x.var(1), x.var(),
-            torch.var(x, 0, correction=0), x.std(0), x.std(), torch.std(x, 1, unbiased=False),
+            x.sum(),
+            x.sum(1),
+            x.sum([0, 1], keepdim=True),
+            x.mean(),
+            x.mean(-1, keepdim=True),
+            x.amax(1),
+            x.amin(0),
+            x.argmax(),
+            x.argmax(1),
+            x.argmin(1, keepdim=True),
+            x.max(),
+            x.min(),
+            *x.max(1),
+            *x.min(0, keepdim=True),
+            x.var(1),
+            x.var(),
+            torch.var(x, 0, correction=0),
+            x.std(0),
+            x.std(),
+            torch.std(x, 1, unbiased=False),
             x.cumsum(1),
         )
 
@@ -101,7 +176,10 @@ class LinearAlgebra(nn.Module):
 
     def forward(self, x, y):
         return (
-            x @ y, torch.mm(x, y), torch.bmm(x.unsqueeze(0), y.unsqueeze(0)), self.lin(x),
+            x @ y,
+            torch.mm(x, y),
+            torch.bmm(x.unsqueeze(0), y.unsqueeze(0)),
+            self.lin(x),
             torch.addmm(self.bias, x, y, beta=0.5, alpha=2.0),
         )
 
@@ -114,10 +192,13 @@ class ConvPool(nn.Module):
 
     def forward(self, image, signal):
         return (
-            self.conv1(signal), F.avg_pool2d(image, 2),
+            self.conv1(signal),
+            F.avg_pool2d(image, 2),
             F.avg_pool2d(image, 3, stride=1, padding=1, count_include_pad=False),
-            F.adaptive_avg_pool2d(image, (3, 3)), aten._adaptive_avg_pool2d.default(image, [2, 2]),
-            self.gn(image), F.max_pool2d(image, 3, stride=2, padding=1),
+            F.adaptive_avg_pool2d(image, (3, 3)),
+            aten._adaptive_avg_pool2d.default(image, [2, 2]),
+            self.gn(image),
+            F.max_pool2d(image, 3, stride=2, padding=1),
         )
 
 
@@ -129,22 +210,47 @@ class NormSoftmax(nn.Module):
 
     def forward(self, x):
         return (
-            torch.softmax(x, -1), torch.log_softmax(x, 0), aten._softmax.default(x, 1, False),
-            aten._log_softmax.default(x, 0, False), self.ln(x),
-            *torch.native_layer_norm(x, [6], None, None, 1e-5), self.drop(x),
+            torch.softmax(x, -1),
+            torch.log_softmax(x, 0),
+            aten._softmax.default(x, 1, False),
+            aten._log_softmax.default(x, 0, False),
+            self.ln(x),
+            *torch.native_layer_norm(x, [6], None, None, 1e-5),
+            self.drop(x),
         )
 
 
 class Shapes(nn.Module):
     def forward(self, x):
         return (
-            x.view(6, 4), aten._unsafe_view.default(x, [4, 6]), x.reshape(-1), x.permute(2, 0, 1),
-            x.transpose(0, 2), x[0].t(), torch.cat([x, x], 1), torch.stack([x, x], -1), x[:, 1:],
-            x[..., ::2], x[:, -2:-1], x[:, 2], x[0:1].squeeze(), x.unsqueeze(2).squeeze(2),
-            x.view(2, 1, 3, 1, 4).squeeze((1, 3)), x.unsqueeze(-1), x[:, :1].expand(2, 5, 4),
-            x.flatten(1), x.transpose(0, 1).contiguous(), x.clone(), *x.split(2, 2),
-            *torch.split(x, [1, 2], 1), *x.chunk(2, 2), *x.unbind(1), x.repeat(1, 2, 1),
-            x[0].triu(), x[0].tril(-1), x.masked_fill(x > 0, -1.0),
+            x.view(6, 4),
+            aten._unsafe_view.default(x, [4, 6]),
+            x.reshape(-1),
+            x.permute(2, 0, 1),
+            x.transpose(0, 2),
+            x[0].t(),
+            torch.cat([x, x], 1),
+            torch.stack([x, x], -1),
+            x[:, 1:],
+            x[..., ::2],
+            x[:, -2:-1],
+            x[:, 2],
+            x[0:1].squeeze(),
+            x.unsqueeze(2).squeeze(2),
+            x.view(2, 1, 3, 1, 4).squeeze((1, 3)),
+            x.unsqueeze(-1),
+            x[:, :1].expand(2, 5, 4),
+            x.flatten(1),
+            x.transpose(0, 1).contiguous(),
+            x.clone(),
+            *x.split(2, 2),
+            *torch.split(x, [1, 2], 1),
+            *x.chunk(2, 2),
+            *x.unbind(1),
+            x.repeat(1, 2, 1),
+            x[0].triu(),
+            x[0].tril(-1),
+            x.masked_fill(x > 0, -1.0),
             x.masked_fill(x > 0.5, torch.tensor(2.0)),
         )
 
@@ -156,7 +262,8 @@ class Embedding(nn.Module):
 
     def forward(self, idx):
         return (
-            self.emb(idx), F.embedding(torch.tensor([1, 0]), self.emb.weight),
+            self.emb(idx),
+            F.embedding(torch.tensor([1, 0]), self.emb.weight),
             torch.index_select(self.emb.weight, 0, idx.flatten()),
         )
 
@@ -164,18 +271,31 @@ class Embedding(nn.Module):
 class Creation(nn.Module):
     def forward(self, x):
         return (
-            torch.zeros(2, 3), torch.ones(4), torch.full((2,), 7.0), torch.zeros_like(x),
-            torch.ones_like(x), torch.full_like(x, 3), x.new_zeros(2), x.new_ones(3),
-            torch.arange(5), torch.arange(1, 4), torch.arange(0, 6, 2),
+            torch.zeros(2, 3),
+            torch.ones(4),
+            torch.full((2,), 7.0),
+            torch.zeros_like(x),
+            torch.ones_like(x),
+            torch.full_like(x, 3),
+            x.new_zeros(2),
+            x.new_ones(3),
+            torch.arange(5),
+            torch.arange(1, 4),
+            torch.arange(0, 6, 2),
         )
 
 
 class Casts(nn.Module):
     def forward(self, x, i):
         return (
-            x.to(torch.float16), x.to(dtype=torch.bfloat16, copy=True),
-            aten._to_copy.default(x, dtype=torch.int64), x.to(device="cpu", dtype=torch.float16),
-            aten.to.dtype_layout(x, dtype=torch.bool), i.float(), i.bool(), x.half().float(),
+            x.to(torch.float16),
+            x.to(dtype=torch.bfloat16, copy=True),
+            aten._to_copy.default(x, dtype=torch.int64),
+            x.to(device="cpu", dtype=torch.float16),
+            aten.to.dtype_layout(x, dtype=torch.bool),
+            i.float(),
+            i.bool(),
+            x.half().float(),
         )
 
 
@@ -189,8 +309,12 @@ class DynamicShapes(nn.Module):
         # A symbolic predicate: the branch depends on the runtime batch size.
         y = torch.cond(n > 3, lambda x: x + 1, lambda x: x - 1, (x,))
         return (
-            x.view(n * 3) + 1, x.new_zeros(n // 2 + 1), x.reshape(-1)[n - 1 :], torch.zeros(u),
-            y, x.detach() * 2,
+            x.view(n * 3) + 1,
+            x.new_zeros(n // 2 + 1),
+            x.reshape(-1)[n - 1 :],
+            torch.zeros(u),
+            y,
+            x.detach() * 2,
         )
 
 
@@ -228,9 +352,14 @@ class InPlace(nn.Module):
         super().__init__()
         self.lin = nn.Linear(4, 4)
         self.acts = nn.Sequential(
-            nn.ReLU(inplace=True), nn.Hardtanh(-2, 2, inplace=True), nn.SiLU(inplace=True),
-            nn.Hardswish(inplace=True), nn.LeakyReLU(0.1, inplace=True), nn.Dropout(inplace=True),
-            nn.ELU(inplace=True), nn.Hardsigmoid(inplace=True),
+            nn.ReLU(inplace=True),
+            nn.Hardtanh(-2, 2, inplace=True),
+            nn.SiLU(inplace=True),
+            nn.Hardswish(inplace=True),
+            nn.LeakyReLU(0.1, inplace=True),
+            nn.Dropout(inplace=True),
+            nn.ELU(inplace=True),
+            nn.Hardsigmoid(inplace=True),
         )
 
     def forward(self, x):
@@ -292,11 +421,9 @@ def _zoo_attention() -> nn.Module:
 CASES = [
     Case("nml", N, lambda: [(torch.randn(2, 3),), (torch.randn(2, 3),)]),
     Case("small_cnn", SmallCNN, lambda: [(torch.randn(2, 3, 8, 8),), (torch.randn(2, 3, 8, 8),)]),
-    Case("small_cnn_decomposed", SmallCNN, lambda: [(torch.randn(2, 3, 8, 8),)],
-         transform=_cnn_decomposed),
+    Case("small_cnn_decomposed", SmallCNN, lambda: [(torch.randn(2, 3, 8, 8),)], transform=_cnn_decomposed),
     Case("arithmetic", Arithmetic, lambda: [(torch.randn(3, 4), torch.randn(3, 4) + 2)]),
-    Case("comparisons", Comparisons,
-         lambda: [(x := torch.randn(3, 4), torch.where(torch.rand(3, 4) > 0.5, x, -x))]),
+    Case("comparisons", Comparisons, lambda: [(x := torch.randn(3, 4), torch.where(torch.rand(3, 4) > 0.5, x, -x))]),
     Case("activations", Activations, lambda: [(torch.randn(3, 5) * 2,)]),
     Case("reductions", Reductions, lambda: [(torch.randn(3, 5),)]),
     Case("linear_algebra", LinearAlgebra, lambda: [(torch.randn(2, 4), torch.randn(4, 5))]),
@@ -307,19 +434,19 @@ CASES = [
     Case("embedding", Embedding, lambda: [(torch.tensor([[1, 2, 3], [4, 5, 9]]),)]),
     Case("creation", Creation, lambda: [(torch.randn(2, 3),)]),
     Case("casts", Casts, lambda: [(torch.randn(2, 3), torch.tensor([0, 3, -2]))]),
-    Case("dynamic_shapes", DynamicShapes,
-         lambda: [(torch.randn(4, 3), torch.tensor([1, 2])), (torch.randn(3, 3), torch.tensor([4, 5]))],
-         dynamic_shapes={"x": {0: torch.export.Dim("batch", min=2, max=64)}, "k": None}),
-    Case("cond", Cond, lambda: [(torch.randn(2, 4), torch.tensor([True])),
-                                (torch.randn(2, 4), torch.tensor([False]))]),
+    Case(
+        "dynamic_shapes",
+        DynamicShapes,
+        lambda: [(torch.randn(4, 3), torch.tensor([1, 2])), (torch.randn(3, 3), torch.tensor([4, 5]))],
+        dynamic_shapes={"x": {0: torch.export.Dim("batch", min=2, max=64)}, "k": None},
+    ),
+    Case("cond", Cond, lambda: [(torch.randn(2, 4), torch.tensor([True])), (torch.randn(2, 4), torch.tensor([False]))]),
     Case("in_place", InPlace, lambda: [(torch.randn(2, 4),)]),
     Case("multiple_outputs", MultipleOutputs, lambda: [(torch.randn(2, 3),)]),
     Case("int64", Int64Ops, lambda: [(torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (3, 4)))]),
     Case("bool", BoolOps, lambda: [(torch.rand(3, 4) > 0.5, torch.rand(3, 4) > 0.5)]),
-    Case("float16", functools.partial(HalfPrecision, torch.float16),
-         lambda: [(_randn(2, 4, dtype=torch.float16),)]),
-    Case("bfloat16", functools.partial(HalfPrecision, torch.bfloat16),
-         lambda: [(_randn(2, 4, dtype=torch.bfloat16),)]),
+    Case("float16", functools.partial(HalfPrecision, torch.float16), lambda: [(_randn(2, 4, dtype=torch.float16),)]),
+    Case("bfloat16", functools.partial(HalfPrecision, torch.bfloat16), lambda: [(_randn(2, 4, dtype=torch.bfloat16),)]),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -451,9 +578,14 @@ def test_encode_decode_round_trip_preserves_the_program():
 
 def test_constants_keep_dtype_shape_and_values():
     tensors = [
-        torch.randn(2, 3), torch.randn(3, 2).t(), torch.arange(10)[2:7:2],
-        torch.tensor(1.5, dtype=torch.bfloat16), torch.randn(4).half(), torch.tensor([True, False]),
-        torch.empty(0, 3), torch.randint(-9, 9, (2, 2, 2)),
+        torch.randn(2, 3),
+        torch.randn(3, 2).t(),
+        torch.arange(10)[2:7:2],
+        torch.tensor(1.5, dtype=torch.bfloat16),
+        torch.randn(4).half(),
+        torch.tensor([True, False]),
+        torch.empty(0, 3),
+        torch.randint(-9, 9, (2, 2, 2)),
     ]
     program = bytecode.Program(tensors, [Block(0, [], [Const(i) for i in range(len(tensors))])])
     decoded = bytecode.decode(bytecode.encode(program)).constants
@@ -526,8 +658,9 @@ def test_failed_runtime_assert_is_a_backend_error():
     c = compiled("dynamic_shapes")
     with pytest.raises(bc.BackendError, match="runtime assertion failed") as info:
         c.handle.run([torch.randn(4, 3), torch.tensor([10, 5])])  # u = 15 breaks u < 10
-    node = next(n for n in c.handles if n.target is aten._assert_scalar.default
-                and c.handles[n] == info.value.debug_handle)
+    node = next(
+        n for n in c.handles if n.target is aten._assert_scalar.default and c.handles[n] == info.value.debug_handle
+    )
     assert "u0 <= 9" in node.args[1] or "u0 < 10" in node.args[1]
 
 
@@ -568,8 +701,7 @@ def test_injected_fault_inside_a_cond_branch():
     assert info.value.message == "injected fault at node 'mul' (aten::mul)"
     assert info.value.debug_handle == c.handles[node_named(branch, "mul")]
     # The other branch does not reach the node.
-    assert_outputs_equal(handle.run([x, torch.tensor([False])]),
-                         eager_outputs(c.module, (x, torch.tensor([False]))))
+    assert_outputs_equal(handle.run([x, torch.tensor([False])]), eager_outputs(c.module, (x, torch.tensor([False]))))
 
 
 def test_fault_at_an_unknown_node_names_the_valid_ones():
@@ -628,9 +760,7 @@ def test_unsupported_op_names_the_node_and_overload():
     program, preprocess = _preprocess_model(Erfcx(), (torch.randn(3),))
     with pytest.raises(bc.UnsupportedNodeError) as info:
         preprocess()
-    assert info.value.node is next(
-        n for n in program.graph.nodes if n.target is aten.special_erfcx.default
-    )
+    assert info.value.node is next(n for n in program.graph.nodes if n.target is aten.special_erfcx.default)
     assert "aten.special_erfcx.default is not in the reference backend's op table" in info.value.reason
 
 
@@ -763,8 +893,10 @@ BAD_BLOBS = {
     "truncated header": (lambda b: b[:12], "truncated: 12 bytes, shorter than the 24-byte header"),
     "truncated payload": (lambda b: b[:-3], "truncated: the header announces"),
     "trailing bytes": (lambda b: b + b"\0\0", "2 unexpected bytes after"),
-    "newer version": (lambda b: _with_header(_payload(b), version=99),
-                      "format version 99, newer than this interpreter's version 1"),
+    "newer version": (
+        lambda b: _with_header(_payload(b), version=99),
+        "format version 99, newer than this interpreter's version 1",
+    ),
     "unknown older version": (lambda b: _with_header(_payload(b), version=0), "unknown format version 0"),
     "corrupt payload": (lambda b: _flip(b, len(b) - 5), "fails the CRC-32 check"),
     "not bytes": (lambda b: "a string", "must be bytes, not str"),
@@ -785,16 +917,18 @@ def _program(instructions, n_inputs=1, outputs=None, constants=(), blocks=()):
 
 
 MALFORMED = {
-    "future register": (
-        _program([Instruction(7, [Reg(0), Reg(5)], {}, 1, "mul")]), "reads register 5"),
+    "future register": (_program([Instruction(7, [Reg(0), Reg(5)], {}, 1, "mul")]), "reads register 5"),
     "unknown opcode": (_program([Instruction(9999, [Reg(0)], {}, 1, "mystery")]), "unknown opcode 9999"),
     "missing constant": (_program([], outputs=[Const(3)]), "names constant 3 of 0"),
     "block cycle": (
         _program([Instruction(251, [True, BlockRef(0), BlockRef(0), [Reg(0)]], {}, 1, "cond")]),
-        "names block 0; block 0 may only use blocks"),
+        "names block 0; block 0 may only use blocks",
+    ),
     "no blocks": (_with_header(struct.pack("<II", 0, 0)), "has no code block"),
-    "huge count": (_with_header(struct.pack("<IIII", 0, 1, 0, 2**31) + bytes(4)),
-                   "instruction count of block 0 is 2147483648, more than the rest"),
+    "huge count": (
+        _with_header(struct.pack("<IIII", 0, 1, 0, 2**31) + bytes(4)),
+        "instruction count of block 0 is 2147483648, more than the rest",
+    ),
 }
 
 
@@ -863,7 +997,9 @@ def test_target_without_the_compiler_loads_and_runs_a_blob(tmp_path):
     blob_path.write_bytes(compiled("nml").blob)
     result = subprocess.run(
         [sys.executable, "-c", TARGET_SCRIPT, str(blob_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -87,9 +87,7 @@ def test_a_backend_without_execute_names_the_object_and_the_method(pytester):
 
 
 def test_a_bad_name_is_rejected_with_the_rule(pytester):
-    pytester.makeconftest(
-        CONFTEST_TOY.replace("register(Toy())", "register(Toy(name='My-Backend'))")
-    )
+    pytester.makeconftest(CONFTEST_TOY.replace("register(Toy())", "register(Toy(name='My-Backend'))"))
     result = pytester.runpytest("--backend=toy")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*has name 'My-Backend'; a backend's `name` must be a string matching [[]a-z[]]*"])
@@ -309,8 +307,11 @@ def test_register_backend_twice_under_one_name_names_both(monkeypatch):
     monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
     first = register_backend(_Backend())
     assert register_backend(first) is first  # the same object again is no second backend
-    with pytest.raises(DuplicateBackendError, match=r"backend name 'lib' is registered twice: by register_backend\(\) "
-                       r"in module 'test_registry'.* and by register_backend\(\) in module 'test_registry'"):
+    with pytest.raises(
+        DuplicateBackendError,
+        match=r"backend name 'lib' is registered twice: by register_backend\(\) "
+        r"in module 'test_registry'.* and by register_backend\(\) in module 'test_registry'",
+    ):
         register_backend(_Backend())
 
 
@@ -320,8 +321,11 @@ def test_register_backend_cannot_shadow_an_installed_backend(monkeypatch):
     class Impostor(_Backend):
         name = "reference"
 
-    with pytest.raises(DuplicateBackendError, match=r"'reference' is registered twice: .* installed entry point "
-                       r"'reference = backendconf_reference.plugin'.*Give your backend another name"):
+    with pytest.raises(
+        DuplicateBackendError,
+        match=r"'reference' is registered twice: .* installed entry point "
+        r"'reference = backendconf_reference.plugin'.*Give your backend another name",
+    ):
         register_backend(Impostor())
     from pytest_backendconf._registry import lookup_backend
 

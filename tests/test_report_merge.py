@@ -27,14 +27,26 @@ def make_report(torch="2.13.0+cpu", outcomes=None, backend="mybackend", python="
     for test_id, outcome in outcomes.items():
         category = test_id.split("::")[1]
         failing = outcome in ("failed", "error", "known_failure")
-        tests.append({
-            "id": test_id, "category": category, "case": None, "stage": "execute", "outcome": outcome,
-            "duration": 0.1,
-            "error": {"type": "OutputSpecError", "module": "pytest_backendconf.errors",
-                      "message": "method 'forward' output 0: expected a float16[2, 5] tensor\nmore"} if failing else None,
-            "reason": None, "known_failure": None,
-            "reproduce": f"pytest --backend={backend} '--backendconf-select={test_id}'",
-        })
+        tests.append(
+            {
+                "id": test_id,
+                "category": category,
+                "case": None,
+                "stage": "execute",
+                "outcome": outcome,
+                "duration": 0.1,
+                "error": {
+                    "type": "OutputSpecError",
+                    "module": "pytest_backendconf.errors",
+                    "message": "method 'forward' output 0: expected a float16[2, 5] tensor\nmore",
+                }
+                if failing
+                else None,
+                "reason": None,
+                "known_failure": None,
+                "reproduce": f"pytest --backend={backend} '--backendconf-select={test_id}'",
+            }
+        )
         summary[category]["total"] += 1
         summary[category][outcome] += 1
     for counts in summary.values():
@@ -43,14 +55,31 @@ def make_report(torch="2.13.0+cpu", outcomes=None, backend="mybackend", python="
     return {
         "schema": REPORT_SCHEMA,
         "schema_version": list(REPORT_SCHEMA_VERSION),
-        "backend": {"name": backend, "source": "entry point", "distribution": backend, "version": "1.4.0",
-                    "available": True, "unavailable_reason": None},
-        "environment": {"torch": torch, "python": python, "python_implementation": "CPython",
-                        "platform": "Linux-6.1-x86_64-with-glibc2.36", "machine": "x86_64",
-                        "pytest": "9.2.0", "pytest_backendconf": "0.1.0"},
+        "backend": {
+            "name": backend,
+            "source": "entry point",
+            "distribution": backend,
+            "version": "1.4.0",
+            "available": True,
+            "unavailable_reason": None,
+        },
+        "environment": {
+            "torch": torch,
+            "python": python,
+            "python_implementation": "CPython",
+            "platform": "Linux-6.1-x86_64-with-glibc2.36",
+            "machine": "x86_64",
+            "pytest": "9.2.0",
+            "pytest_backendconf": "0.1.0",
+        },
         "hypothesis": {"profile": "ci", "seed": 1, "derandomized": True},
-        "run": {"started": "2025-01-31T12:00:00+00:00", "duration": 1.0, "exit_status": 0,
-                "select": list(select), "xdist_workers": 0},
+        "run": {
+            "started": "2025-01-31T12:00:00+00:00",
+            "duration": 1.0,
+            "exit_status": 0,
+            "select": list(select),
+            "xdist_workers": 0,
+        },
         "known_failures": None,
         "summary": summary,
         "errors": {"total": 0, "by_type": {}, "by_stage": {}},
@@ -72,8 +101,10 @@ def merge(capsys, *args):
 @pytest.fixture
 def two_versions(tmp_path):
     old = write(tmp_path / "torch213.json", make_report())
-    new = write(tmp_path / "torch214.json", make_report(
-        torch="2.14.1", outcomes={SMALL_CNN: "failed", LINEAR: "passed", ROUND_TRIP: "unsupported"}))
+    new = write(
+        tmp_path / "torch214.json",
+        make_report(torch="2.14.1", outcomes={SMALL_CNN: "failed", LINEAR: "passed", ROUND_TRIP: "unsupported"}),
+    )
     return old, new
 
 
@@ -89,7 +120,20 @@ def test_matrix_has_a_row_per_environment_and_a_cell_per_category(capsys, two_ve
     old = next(line for line in lines if line.startswith("mybackend") and "2.13.0+cpu" in line)
     new = next(line for line in lines if line.startswith("mybackend") and "2.14.1" in line)
     # parity 2/2 then 1/2; serialization 1/1 then 0/1; categories without checks (ops too) are 0/0
-    assert old.split()[3:] == ["0/0", "2/2", "100.0%", "0/0", "1/1", "100.0%", "0/0", "0/0", "0/0", "0/0", "3/3", "100.0%"]
+    assert old.split()[3:] == [
+        "0/0",
+        "2/2",
+        "100.0%",
+        "0/0",
+        "1/1",
+        "100.0%",
+        "0/0",
+        "0/0",
+        "0/0",
+        "0/0",
+        "3/3",
+        "100.0%",
+    ]
     assert new.split()[3:] == ["0/0", "1/2", "50.0%", "0/0", "0/1", "0.0%", "0/0", "0/0", "0/0", "0/0", "1/3", "33.3%"]
     assert lines.index(old) < lines.index(new)  # rows sorted by torch version
 
@@ -97,13 +141,16 @@ def test_matrix_has_a_row_per_environment_and_a_cell_per_category(capsys, two_ve
 def test_a_check_that_passes_in_one_environment_and_fails_in_another_is_a_flip(capsys, two_versions):
     code, out, _ = merge(capsys, *two_versions)
     assert "flips: 1 check passed in one environment and failed in another" in out
-    flips = out[out.index("flips:"):out.index("other differences:")]
+    flips = out[out.index("flips:") : out.index("other differences:")]
     assert f"  {SMALL_CNN} (mybackend)" in flips
     assert "    torch 2.13.0+cpu: passed" in flips
-    assert "    torch 2.14.1: failed (OutputSpecError: method 'forward' output 0: expected a float16[2, 5] tensor)" in flips
+    assert (
+        "    torch 2.14.1: failed (OutputSpecError: method 'forward' output 0: expected a float16[2, 5] tensor)"
+        in flips
+    )
     assert LINEAR not in out  # the same outcome everywhere is not listed
     # passed -> unsupported is a difference, not a flip
-    others = out[out.index("other differences:"):]
+    others = out[out.index("other differences:") :]
     assert f"{ROUND_TRIP} (mybackend) — torch 2.13.0+cpu: passed; torch 2.14.1: unsupported" in others
 
 
@@ -160,10 +207,15 @@ def test_environments_with_the_same_torch_are_told_apart_by_python(capsys, tmp_p
 
 def test_a_check_missing_from_one_environment_is_not_a_difference(capsys, tmp_path):
     a = write(tmp_path / "a.json", make_report())
-    b = write(tmp_path / "b.json", make_report(torch="2.14.1", outcomes={SMALL_CNN: "passed"}, select=["parity::small*"]))
+    b = write(
+        tmp_path / "b.json", make_report(torch="2.14.1", outcomes={SMALL_CNN: "passed"}, select=["parity::small*"])
+    )
     code, out, _ = merge(capsys, a, b)
     assert "flips: none" in out and "other differences" not in out
-    assert "note: mybackend, torch 2.14.1 ran a selection (parity::small*): its scores cover the selected checks only" in out
+    assert (
+        "note: mybackend, torch 2.14.1 ran a selection (parity::small*): its scores cover the selected checks only"
+        in out
+    )
 
 
 def test_a_directory_merges_its_json_files(capsys, two_versions, tmp_path):
@@ -202,20 +254,44 @@ def _with(change):
             f"report '{{path}}' has schema version {REPORT_SCHEMA_VERSION[0] + 1}.0; this backendconf reads "
             f"version {REPORT_SCHEMA_VERSION[0]}.x",
         ),
-        (_with(lambda d: d.update(schema_version="1.0")), "report '{path}': \"schema_version\" must be [major, minor], got '1.0'"),
+        (
+            _with(lambda d: d.update(schema_version="1.0")),
+            "report '{path}': \"schema_version\" must be [major, minor], got '1.0'",
+        ),
         (_with(lambda d: d.pop("environment")), "report '{path}': environment must be an object, got null or nothing"),
         (_with(lambda d: d["environment"].pop("torch")), "report '{path}': environment.torch must be a string"),
-        (_with(lambda d: d["summary"]["parity"].update(total="2")), "report '{path}': summary.parity.total must be a count"),
-        (_with(lambda d: d["summary"].update(parity=[])), "report '{path}': summary.parity must be an object, got a list"),
+        (
+            _with(lambda d: d["summary"]["parity"].update(total="2")),
+            "report '{path}': summary.parity.total must be a count",
+        ),
+        (
+            _with(lambda d: d["summary"].update(parity=[])),
+            "report '{path}': summary.parity must be an object, got a list",
+        ),
         (_with(lambda d: d.update(tests={})), "report '{path}': \"tests\" must be a list, got an object"),
         (
             _with(lambda d: d["tests"][1].update(outcome="flaky")),
             f"report '{{path}}': tests[1] ({LINEAR}) has outcome 'flaky'; expected one of passed, skipped",
         ),
-        (_with(lambda d: d["tests"].append(copy.deepcopy(d["tests"][0]))), f"report '{{path}}': tests[3]: check '{SMALL_CNN}' is listed twice"),
+        (
+            _with(lambda d: d["tests"].append(copy.deepcopy(d["tests"][0]))),
+            f"report '{{path}}': tests[3]: check '{SMALL_CNN}' is listed twice",
+        ),
     ],
-    ids=["not-json", "not-an-object", "other-schema", "major-version", "version-type", "no-environment",
-         "no-torch", "bad-count", "bad-category", "tests-not-list", "bad-outcome", "duplicate-id"],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "other-schema",
+        "major-version",
+        "version-type",
+        "no-environment",
+        "no-torch",
+        "bad-count",
+        "bad-category",
+        "tests-not-list",
+        "bad-outcome",
+        "duplicate-id",
+    ],
 )
 def test_a_bad_report_is_an_error_naming_the_file(capsys, tmp_path, two_versions, content, message):
     bad = write(tmp_path / "bad.json", content)
@@ -257,8 +333,17 @@ def test_a_report_from_a_real_run_merges_with_another_environment(capsys, tmp_pa
     pytest.importorskip("backendconf_reference")
     selected = ["parity::linear*", "serialization::round_trip[[]linear]"]
     report = tmp_path / "real.json"
-    command = [sys.executable, "-m", "pytest", "--backend=reference", "-p", "no:cacheprovider", "-q",
-               *(f"--backendconf-select={s}" for s in selected), f"--backendconf-report={report}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *(f"--backendconf-select={s}" for s in selected),
+        f"--backendconf-report={report}",
+    ]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     real = json.loads(report.read_text())
@@ -276,7 +361,9 @@ def test_a_report_from_a_real_run_merges_with_another_environment(capsys, tmp_pa
     code, out, err = merge(capsys, report, write(tmp_path / "other.json", other), "--markdown", tmp_path / "m.md")
     assert code == 0, err
     n = sum(1 for t in real["tests"] if t["category"] == "parity")
-    row = next(line for line in out.splitlines() if line.startswith("reference") and real["environment"]["torch"] in line)
+    row = next(
+        line for line in out.splitlines() if line.startswith("reference") and real["environment"]["torch"] in line
+    )
     assert f"{n}/{n} 100.0%" in row
     assert f"{ROUND_TRIP} (reference)" in out
     assert "    torch 99.0.0: failed (ArchiveError: boom)" in out

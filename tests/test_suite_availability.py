@@ -16,7 +16,9 @@ HOST_NO_NO, HOST_NO_YES, HOST_YES_NO, HOST_YES_YES = ROWS[:4]
 TARGET_NO_NO, TARGET_NO_YES, TARGET_NOT_READY, TARGET_YES_NO, TARGET_YES_YES = ROWS[4:]
 
 
-def run_rows(pytester, backend: str, conftest: str = "", select: str = "*", *more: str) -> tuple[dict[str, str], pytest.RunResult]:
+def run_rows(
+    pytester, backend: str, conftest: str = "", select: str = "*", *more: str
+) -> tuple[dict[str, str], pytest.RunResult]:
     """Run the availability rows matching ``select`` (and the checks ``more`` selects);
     return ({check name: outcome}, the run)."""
     pytester.syspathinsert(TESTS)
@@ -50,8 +52,14 @@ def failed(outcomes: dict[str, str]) -> set[str]:
 
 def test_the_table_has_the_eight_rows_of_the_design_in_order():
     assert [(r["where"], r["compile"], r["execute"]) for r in table()["row"] if r["blobs"] == "intact"] == [
-        ("host", False, False), ("host", False, True), ("host", True, False), ("host", True, True),
-        ("target", False, False), ("target", False, True), ("target", True, False), ("target", True, True),
+        ("host", False, False),
+        ("host", False, True),
+        ("host", True, False),
+        ("host", True, True),
+        ("target", False, False),
+        ("target", False, True),
+        ("target", True, False),
+        ("target", True, True),
     ]
     assert all(r["outcome"] and r["simulation"] for r in table()["row"])
     assert table()["texts"]["warning"] == (
@@ -70,34 +78,40 @@ def test_a_backend_whose_compile_needs_the_host_compiler_fails_the_target_rows(p
     outcomes, result = run_rows(pytester, "compiler_on_target", registering("CompilerNeededOnTarget"), "target-*")
     assert failed(outcomes) == {TARGET_NO_YES, TARGET_YES_YES}
     assert outcomes[TARGET_NOT_READY] == outcomes[TARGET_NO_NO] == outcomes[TARGET_YES_NO] == "passed"
-    result.stdout.fnmatch_lines([
-        "*row target-compile_no-execute_yes, small_cnn (float32) on the target: the archive did not load with "
-        "backendconf_reference.compiler, torch._dynamo, torch.export._trace blocked: BackendContractError: *"
-        "compile() failed at load: ImportError: blocked on the target: backendconf_reference.compiler is host-only*",
-        "reproduce: pytest --backend=compiler_on_target "
-        "--backendconf-select=backendconf::availability::target-compile_no-execute_yes*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row target-compile_no-execute_yes, small_cnn (float32) on the target: the archive did not load with "
+            "backendconf_reference.compiler, torch._dynamo, torch.export._trace blocked: BackendContractError: *"
+            "compile() failed at load: ImportError: blocked on the target: backendconf_reference.compiler is host-only*",
+            "reproduce: pytest --backend=compiler_on_target "
+            "--backendconf-select=backendconf::availability::target-compile_no-execute_yes*",
+        ]
+    )
 
 
 def test_a_backend_that_says_available_but_cannot_compile_fails_the_honesty_row(pytester):
     outcomes, result = run_rows(pytester, "lies_about_availability", registering("LiesAboutAvailability"))
     assert failed(outcomes) == {HOST_YES_YES, TARGET_NO_YES, TARGET_YES_YES}
-    result.stdout.fnmatch_lines([
-        "*row host-compile_yes-execute_yes, small_cnn (float32): is_available() returned True on this host, "
-        "but lowering raised BackendContractError: *compile() failed at lowering: RuntimeError: no NPU device "
-        "found*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row host-compile_yes-execute_yes, small_cnn (float32): is_available() returned True on this host, "
+            "but lowering raised BackendContractError: *compile() failed at lowering: RuntimeError: no NPU device "
+            "found*",
+        ]
+    )
 
 
 def test_a_preprocess_that_needs_the_device_fails_the_unavailable_host_rows(pytester):
     outcomes, result = run_rows(pytester, "preprocess_needs_device", registering("PreprocessNeedsDevice"), "host-*")
     assert failed(outcomes) == {HOST_NO_NO, HOST_YES_NO}
     assert outcomes[HOST_NO_YES] == outcomes[HOST_YES_YES] == "passed"
-    result.stdout.fnmatch_lines([
-        "*row host-compile_no-execute_no, small_cnn (float32): with is_available() False, lowering must succeed "
-        "with a BackendUnavailableWarning; it raised LoweringError: preprocess() of backend "
-        "'preprocess_needs_device' failed for method 'forward': RuntimeError: cannot preprocess: no NPU device*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row host-compile_no-execute_no, small_cnn (float32): with is_available() False, lowering must succeed "
+            "with a BackendUnavailableWarning; it raised LoweringError: preprocess() of backend "
+            "'preprocess_needs_device' failed for method 'forward': RuntimeError: cannot preprocess: no NPU device*",
+        ]
+    )
 
 
 def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(pytester):
@@ -105,16 +119,22 @@ def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(
     # serialization category's fresh lowering, which parity's lowering of
     # small_cnn brought into the same process): that is retried elsewhere.
     outcomes, result = run_rows(
-        pytester, "crashes_on_bad_blob", registering("CrashesOnBadBlob"), "target-*",
-        "backendconf::parity::small_cnn[[]float32]", "backendconf::serialization::deterministic_lowering[[]small_cnn]",
+        pytester,
+        "crashes_on_bad_blob",
+        registering("CrashesOnBadBlob"),
+        "target-*",
+        "backendconf::parity::small_cnn[[]float32]",
+        "backendconf::serialization::deterministic_lowering[[]small_cnn]",
     )
     assert failed(outcomes) == {TARGET_NOT_READY}
     assert outcomes["deterministic_lowering[small_cnn]"] == "passed"
-    result.stdout.fnmatch_lines([
-        "*row target-compile_no-execute_yes-blob_not_ready, small_cnn (float32) on the target: loading blobs cut "
-        "to half their length must fail with a clear error, never a crash or a hang: TargetCrashError: the "
-        "process exited with code -6 while on availability:target-compile_no-execute_yes-blob_not_ready/*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row target-compile_no-execute_yes-blob_not_ready, small_cnn (float32) on the target: loading blobs cut "
+            "to half their length must fail with a clear error, never a crash or a hang: TargetCrashError: the "
+            "process exited with code -6 while on availability:target-compile_no-execute_yes-blob_not_ready/*",
+        ]
+    )
 
 
 # A lowering that breaks §3.4 itself: only these rows can catch it, in this process and on the target.
@@ -156,26 +176,30 @@ SWALLOWS_VIOLATIONS = """
 def test_a_lowering_that_compiles_while_unavailable_fails_the_unavailable_rows(pytester):
     outcomes, result = run_rows(pytester, "reference", IGNORES_AVAILABILITY)
     assert failed(outcomes) == {HOST_NO_NO, HOST_YES_NO, TARGET_NO_NO}
-    result.stdout.fnmatch_lines([
-        "*row host-compile_no-execute_no, small_cnn (float32), lowering: compile() was called 1 time(s) although "
-        "is_available() returned False; docs/backend-contract.md#availability forbids calling them then",
-        "*row host-compile_yes-execute_no, small_cnn (float32): lowering did not warn 'Backend [[]reference] is "
-        "not available. *'; warnings seen: none",
-        "*row target-compile_no-execute_no, small_cnn (float32) on the target: load must raise "
-        "BackendUnavailableError starting 'Backend is not available.'; it raised BackendContractError: *simulated*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row host-compile_no-execute_no, small_cnn (float32), lowering: compile() was called 1 time(s) although "
+            "is_available() returned False; docs/backend-contract.md#availability forbids calling them then",
+            "*row host-compile_yes-execute_no, small_cnn (float32): lowering did not warn 'Backend [[]reference] is "
+            "not available. *'; warnings seen: none",
+            "*row target-compile_no-execute_no, small_cnn (float32) on the target: load must raise "
+            "BackendUnavailableError starting 'Backend is not available.'; it raised BackendContractError: *simulated*",
+        ]
+    )
 
 
 def test_a_lowering_that_swallows_violations_fails_the_invalid_rows(pytester):
     outcomes, result = run_rows(pytester, "reference", SWALLOWS_VIOLATIONS)
     # A blob that is not ready is a compile() failure too: swallowed, it loads.
     assert failed(outcomes) == {HOST_NO_YES, TARGET_YES_NO, TARGET_NOT_READY}
-    result.stdout.fnmatch_lines([
-        "*row host-compile_no-execute_yes, small_cnn (float32): is_available() returned True and compile() raised "
-        "(1 call(s)), yet lowering returned a module: the contract violation was not reported",
-        "*row target-compile_yes-execute_no, small_cnn (float32) on the target: is_available() returned True and "
-        "compile() raised, yet the archive loaded: the contract violation was not reported",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*row host-compile_no-execute_yes, small_cnn (float32): is_available() returned True and compile() raised "
+            "(1 call(s)), yet lowering returned a module: the contract violation was not reported",
+            "*row target-compile_yes-execute_no, small_cnn (float32) on the target: is_available() returned True and "
+            "compile() raised, yet the archive loaded: the contract violation was not reported",
+        ]
+    )
 
 
 def test_row_ids_are_plain_words_a_shell_and_fnmatch_leave_alone():

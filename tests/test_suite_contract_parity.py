@@ -59,11 +59,27 @@ def test_the_reference_backend_passes_every_contract_check(pytester):
 @pytest.mark.parametrize(
     "backend, expected, message",
     [
-        ("FlickeringAvailability", {"backendconf::contract::is_available_is_a_stable_bool"}, "is_available() changed between calls"),
+        (
+            "FlickeringAvailability",
+            {"backendconf::contract::is_available_is_a_stable_bool"},
+            "is_available() changed between calls",
+        ),
         ("MalformedCapabilities", {"backendconf::contract::capabilities_are_well_formed"}, "supported_ops has ['mul']"),
-        ("SaltedBlob", contract_ids("preprocess_is_deterministic"), "preprocess() gave different bytes for the same program"),
-        ("DropsMethods", {f"backendconf::contract::compile_returns_a_handle_per_method[{c}]" for c in MULTI_METHOD}, "compile() returned no handle for method(s) ['decode']"),
-        ("ReturnsTuple", contract_ids("execute_matches_the_output_spec"), "execute() returned tuple for method 'forward'; it must return a list"),
+        (
+            "SaltedBlob",
+            contract_ids("preprocess_is_deterministic"),
+            "preprocess() gave different bytes for the same program",
+        ),
+        (
+            "DropsMethods",
+            {f"backendconf::contract::compile_returns_a_handle_per_method[{c}]" for c in MULTI_METHOD},
+            "compile() returned no handle for method(s) ['decode']",
+        ),
+        (
+            "ReturnsTuple",
+            contract_ids("execute_matches_the_output_spec"),
+            "execute() returned tuple for method 'forward'; it must return a list",
+        ),
     ],
 )
 def test_each_contract_defect_fails_exactly_its_check(pytester, backend, expected, message):
@@ -79,8 +95,7 @@ def test_a_program_written_to_by_preprocess_is_caught(pytester):
     assert failed and failed <= contract_ids("preprocess_leaves_the_program_alone")
     # Exactly the models that have a float parameter for the backend to overwrite.
     with_parameters = {
-        name for name in CONTRACT_CASES
-        if any(v.is_floating_point() for v in ZOO[name].build().state_dict().values())
+        name for name in CONTRACT_CASES if any(v.is_floating_point() for v in ZOO[name].build().state_dict().values())
     }
     assert {f.split("[")[1].rstrip("]") for f in failed} == with_parameters
     result.stdout.fnmatch_lines(["*preprocess() changed parameter * it must treat the exported program as read-only*"])
@@ -103,9 +118,11 @@ def test_parity_catches_wrong_half_precision_outputs_only(pytester):
     # float32 and bfloat16 of each, again for the dynamic checks, and the integer model.
     assert outcomes["passed"] == 2 * (len(float_outputs) + len(dynamic)) + 1
     result.stdout.fnmatch_lines(
-        ["*the backend's outputs differ from eager PyTorch for inputs drawn with seed=*",
-         "*max abs error 0.5*, max rel error*",
-         "*tolerance rtol=0.001, atol=1e-05 (default); closeness*"]
+        [
+            "*the backend's outputs differ from eager PyTorch for inputs drawn with seed=*",
+            "*max abs error 0.5*, max rel error*",
+            "*tolerance rtol=0.001, atol=1e-05 (default); closeness*",
+        ]
     )
 
 
@@ -118,7 +135,9 @@ def test_a_rejected_op_makes_its_models_unsupported_never_passed(pytester):
     result.assert_outcomes(passed=len(sample) - len(uses_mul), skipped=len(uses_mul))
     for case in uses_mul:
         result.stdout.fnmatch_lines(
-            [f"SKIPPED * backendconf::parity::{case}[[]float32[]]: unsupported: The node of aten::mul is not supported in this compiler (this backend has no multiplier) at *zoo.py:*"]
+            [
+                f"SKIPPED * backendconf::parity::{case}[[]float32[]]: unsupported: The node of aten::mul is not supported in this compiler (this backend has no multiplier) at *zoo.py:*"
+            ]
         )
 
 
@@ -147,15 +166,23 @@ def backendconf_register_cases(register):
 def test_a_vendor_case_runs_through_every_per_model_check(pytester):
     pytester.makeconftest(VENDOR_CASE)
     result = pytester.runpytest(
-        "--backend=reference", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci",
-        "--backendconf-select=*vendor_gate*", "--collect-only", "-q",
+        "--backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-hypothesis=ci",
+        "--backendconf-select=*vendor_gate*",
+        "--collect-only",
+        "-q",
     )
     ids = set(re.findall(r"^(backendconf::\S+)$", result.stdout.str(), re.M))
     categories = {i.split("::")[1] for i in ids}
     assert {"contract", "parity", "serialization"} <= categories
     assert "backendconf::parity::vendor_gate[float32]" in ids
     result = pytester.runpytest(
-        "--backend=reference", "-p", "no:cacheprovider", "--backendconf-hypothesis=ci",
+        "--backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-hypothesis=ci",
         "--backendconf-select=backendconf::parity::vendor_gate*",
         "--backendconf-select=backendconf::contract::*[[]vendor_gate[]]",
     )

@@ -19,7 +19,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 def run(pytester, backend: str, *select: str, report: bool = False) -> tuple[dict[str, str], pytest.RunResult]:
     pytester.syspathinsert(TESTS)
-    pytester.makeconftest(textwrap.dedent("""
+    pytester.makeconftest(
+        textwrap.dedent("""
         from partition_models import (
             ClaimsTooMuch, DeclaresSubtraction, DropsOutputWithoutSub, RejectsSub, SwapsInputsWithoutSub,
         )
@@ -27,10 +28,16 @@ def run(pytester, backend: str, *select: str, report: bool = False) -> tuple[dic
         def backendconf_register_backends(register):
             for cls in (ClaimsTooMuch, DeclaresSubtraction, DropsOutputWithoutSub, RejectsSub, SwapsInputsWithoutSub):
                 register(cls())
-    """))
+    """)
+    )
     extra = ["--backendconf-report=report.json"] if report else []
     result = pytester.runpytest(
-        f"--backend={backend}", "-p", "no:cacheprovider", "-m", "delegation", *extra,
+        f"--backend={backend}",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "delegation",
+        *extra,
         *[f"--backendconf-select=backendconf::delegation::{pattern}" for pattern in select],
     )
     outcomes = {}
@@ -47,13 +54,19 @@ def test_the_reference_backend_needs_no_partial_delegation(pytester):
 
 
 def test_a_backend_without_sub_runs_the_models_with_sub_partially(pytester):
-    outcomes, result = run(pytester, "rejects_sub", "nested_nml?float32?", "small_cnn?float32?", "target?nested_nml?", report=True)
+    outcomes, result = run(
+        pytester, "rejects_sub", "nested_nml?float32?", "small_cnn?float32?", "target?nested_nml?", report=True
+    )
     assert outcomes == {
-        "nested_nml[float32]": "passed", "small_cnn[float32]": "skipped", "target[nested_nml]": "passed",
+        "nested_nml[float32]": "passed",
+        "small_cnn[float32]": "skipped",
+        "target[nested_nml]": "passed",
     }
-    result.stdout.fnmatch_lines([
-        "delegation     1/1 model runs partially delegated; 2 of 3 nodes delegated (66.7%); 1 not needed (lowered whole)"
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "delegation     1/1 model runs partially delegated; 2 of 3 nodes delegated (66.7%); 1 not needed (lowered whole)"
+        ]
+    )
     report = json.loads((pytester.path / "report.json").read_text())
     (test,) = [t for t in report["tests"] if t["id"].endswith("nested_nml[float32]")]
     assert test["details"] == {"delegation": {"delegated": 2, "total": 3, "partitions": 2}}
@@ -63,17 +76,29 @@ def test_a_backend_without_sub_runs_the_models_with_sub_partially(pytester):
     "backend, case, message",
     [
         # Declares aten.sub in supported_ops, then rejects it.
-        ("declares_sub", "nested_nml?float32?",
-         "*backend 'declares_sub' declares aten.sub.Tensor in Capabilities.supported_ops, but preprocess rejected node 'sub'*"),
+        (
+            "declares_sub",
+            "nested_nml?float32?",
+            "*backend 'declares_sub' declares aten.sub.Tensor in Capabilities.supported_ops, but preprocess rejected node 'sub'*",
+        ),
         # Its supported_nodes() claims sub, which preprocess rejects: a partition that claims too much.
-        ("claims_too_much", "nested_nml?float32?",
-         "*supported_nodes() of backend 'claims_too_much' lists node 'sub' (aten.sub.Tensor), but preprocess rejected it*"),
+        (
+            "claims_too_much",
+            "nested_nml?float32?",
+            "*supported_nodes() of backend 'claims_too_much' lists node 'sub' (aten.sub.Tensor), but preprocess rejected it*",
+        ),
         # A fallback boundary that loses a value.
-        ("drops_output_no_sub", "nested_output?float32?",
-         "*partition 'forward.partition0': execute() of backend 'drops_output_no_sub' must return a list of 4 outputs*"),
+        (
+            "drops_output_no_sub",
+            "nested_output?float32?",
+            "*partition 'forward.partition0': execute() of backend 'drops_output_no_sub' must return a list of 4 outputs*",
+        ),
         # Partition inputs in the wrong order: same shapes, other values.
-        ("swaps_inputs_no_sub", "arithmetic_tensors?float32?",
-         "*arithmetic_tensors.forward in float32, partially delegated (*): the outputs differ from eager PyTorch*"),
+        (
+            "swaps_inputs_no_sub",
+            "arithmetic_tensors?float32?",
+            "*arithmetic_tensors.forward in float32, partially delegated (*): the outputs differ from eager PyTorch*",
+        ),
     ],
 )
 def test_each_broken_backend_is_caught(pytester, backend, case, message):

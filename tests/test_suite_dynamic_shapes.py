@@ -35,7 +35,9 @@ def run_suite(pytester, backend_class: str | None, *select: str):
             f"def backendconf_register_backends(register):\n    register({backend_class}())\n"
         )
     args = [f"--backendconf-select={s}" for s in select]
-    return pytester.runpytest(f"--backend={name}", "-p", "no:cacheprovider", "-rfEs", "--backendconf-hypothesis=ci", *args)
+    return pytester.runpytest(
+        f"--backend={name}", "-p", "no:cacheprovider", "-rfEs", "--backendconf-hypothesis=ci", *args
+    )
 
 
 def outcomes(result) -> dict[str, str]:
@@ -66,7 +68,10 @@ def test_the_reference_backend_passes_the_dynamic_checks(pytester):
 @pytest.mark.parametrize(
     "backend, message",
     [
-        ("FirstShapeBuffers", r"dimension 0 is 1 from backend 'first_shape_buffers', but this call's input sizes make it \d+"),
+        (
+            "FirstShapeBuffers",
+            r"dimension 0 is 1 from backend 'first_shape_buffers', but this call's input sizes make it \d+",
+        ),
         ("IgnoresRanges", r"lowered once with dynamic shapes and called at batch=\d+"),
     ],
 )
@@ -118,15 +123,21 @@ def test_each_dynamic_check_calls_one_lowered_module_at_both_ends_and_more(case_
 
 @pytest.mark.parametrize("backend", [None, "FirstShapeBuffers"])
 def test_archives_of_dynamic_lowerings_run_a_second_shape_after_load_and_on_the_target(pytester, backend):
-    select = ["backendconf::serialization::dynamic_round_trip[linear]",
-              "backendconf::serialization::dynamic_target_round_trip[linear]"]
+    select = [
+        "backendconf::serialization::dynamic_round_trip[linear]",
+        "backendconf::serialization::dynamic_target_round_trip[linear]",
+    ]
     result = run_suite(pytester, backend, *select)
     if backend is None:
         result.assert_outcomes(passed=2)
         return
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
-    assert "linear.forward (float32) with dynamic shapes, at the max sizes after load: method 'forward' output 0: " \
+    assert (
+        "linear.forward (float32) with dynamic shapes, at the max sizes after load: method 'forward' output 0: "
         "dimension 0 is 3" in text
-    assert "linear.forward (float32) with dynamic shapes, at the max sizes, before saving: method 'forward' output 0: " \
+    )
+    assert (
+        "linear.forward (float32) with dynamic shapes, at the max sizes, before saving: method 'forward' output 0: "
         "dimension 0 is 3" in text
+    )

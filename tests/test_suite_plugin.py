@@ -11,7 +11,9 @@ AVAILABLE = "backendconf::contract::is_available_is_a_stable_bool"
 
 
 def test_collect_only_counts_the_suite_items(pytester):
-    result = pytester.runpytest("--backend=reference", f"--backendconf-select={AVAILABLE}", "--co", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest(
+        "--backend=reference", f"--backendconf-select={AVAILABLE}", "--co", "-q", "-p", "no:cacheprovider"
+    )
     result.stdout.fnmatch_lines([AVAILABLE, "1 test collected in *"])
     result.stdout.no_fnmatch_line("*no tests collected*")
     assert result.ret == 0
@@ -76,7 +78,17 @@ def test_a_plugin_module_in_the_current_folder_works_with_python_dash_m(pytester
             """
         )
     )
-    command = [sys.executable, "-m", "pytest", "-p", "mymodule", "--backend=mine", f"--backendconf-select={AVAILABLE}", "--co", "-q"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "mymodule",
+        "--backend=mine",
+        f"--backendconf-select={AVAILABLE}",
+        "--co",
+        "-q",
+    ]
     done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 test collected" in done.stdout

@@ -64,10 +64,12 @@ def test_a_crash_fails_its_check_and_skips_the_in_process_checks(pytester):
     result = run_suite(pytester, "CrashesOnExecute", ["backendconf::reliability::*"], subprocess=True)
     result.assert_outcomes(failed=1, skipped=ALL - 1)
     assert failed_ids(result) == {"backendconf::reliability::execute_does_not_crash_the_process"}
-    result.stdout.fnmatch_lines([
-        f"execute() (call 1 of 3) of {CASES[0]}.forward * crashed the process (exit code 139). It ran "
-        "in a child process; in the pytest process it would have ended the whole session.*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            f"execute() (call 1 of 3) of {CASES[0]}.forward * crashed the process (exit code 139). It ran "
+            "in a child process; in the pytest process it would have ended the whole session.*",
+        ]
+    )
     result.stdout.fnmatch_lines(["SKIPPED * not run in-process: *crashed in the child process"])
 
 
@@ -76,38 +78,48 @@ def test_a_hang_fails_its_check_within_the_timeout(pytester, monkeypatch):
     result = run_suite(pytester, "HangsOnExecute", ["backendconf::reliability::*"], subprocess=True)
     result.assert_outcomes(failed=1, skipped=ALL - 1)
     assert failed_ids(result) == {"backendconf::reliability::execute_returns_in_time"}
-    result.stdout.fnmatch_lines([
-        f"execute() (call 1 of 3) of {CASES[0]}.forward * did not return within 2 s; the child process "
-        "running it was killed*",
-        "the child's stderr ended with:",
-        # faulthandler's dump shows where it hung.
-        '*File "*broken_backends.py", line * in execute',
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            f"execute() (call 1 of 3) of {CASES[0]}.forward * did not return within 2 s; the child process "
+            "running it was killed*",
+            "the child's stderr ended with:",
+            # faulthandler's dump shows where it hung.
+            '*File "*broken_backends.py", line * in execute',
+        ]
+    )
 
 
 @pytest.mark.parametrize(
     ("cls", "failing", "count", "line"),
     [
         pytest.param(
-            "MutatesInputs", "backendconf::reliability::execute_leaves_inputs_alone*", len(CASES),
+            "MutatesInputs",
+            "backendconf::reliability::execute_leaves_inputs_alone*",
+            len(CASES),
             f"execute() changed input 0 of {CASES[0]}.forward * in place (max difference 1); inputs "
             "belong to the caller*",
             id="mutates-inputs",
         ),
         pytest.param(
-            "Nondeterministic", "backendconf::reliability::execute_is_deterministic*", len(CASES),
+            "Nondeterministic",
+            "backendconf::reliability::execute_is_deterministic*",
+            len(CASES),
             f"{CASES[0]}.forward *: the same inputs gave different outputs right after (max difference *); "
             "execute() must be deterministic, bit for bit",
             id="nondeterministic",
         ),
         pytest.param(
-            "NotThreadSafe", "backendconf::reliability::execute_is_thread_safe*", len(CASES),
+            "NotThreadSafe",
+            "backendconf::reliability::execute_is_thread_safe*",
+            len(CASES),
             f"calling {CASES[0]}.forward * from {SPEC['threads']} threads at once ({SPEC['calls_per_thread']} "
             "calls each): * of * calls gave outputs different from the same call alone*",
             id="not-thread-safe",
         ),
         pytest.param(
-            "LeaksMemory", "backendconf::reliability::memory_stays_flat*", len(MEMORY_CASES),
+            "LeaksMemory",
+            "backendconf::reliability::memory_stays_flat*",
+            len(MEMORY_CASES),
             f"{MEMORY_CASES[0]} * keeps memory it does not free: RSS grew by * MiB, then * MiB, then * MiB "
             f"over successive windows of {SPEC['memory_window_calls']} calls of forward after a warm-up, "
             "about * KiB per call*",
@@ -136,7 +148,10 @@ def test_a_backend_that_does_not_declare_thread_safe_is_not_called_from_threads(
         "    register(OneThread())\n"
     )
     result = pytester.runpytest(
-        "--backend=one_thread", "-p", "no:cacheprovider", "-rs",
+        "--backend=one_thread",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
         "--backendconf-select=backendconf::reliability::execute_is_thread_safe*",
     )
     result.assert_outcomes(skipped=len(CASES))

@@ -24,7 +24,9 @@ def run_checks(pytester, backend: str, conftest: str, *select: str) -> tuple[dic
     if conftest:
         pytester.makeconftest(textwrap.dedent(conftest))
     result = pytester.runpytest(
-        f"--backend={backend}", "-p", "no:cacheprovider",
+        f"--backend={backend}",
+        "-p",
+        "no:cacheprovider",
         *[f"--backendconf-select=backendconf::serialization::{pattern}" for pattern in select],
     )
     outcomes = {}
@@ -66,7 +68,9 @@ def test_the_reference_backend_passes_every_serialization_check(pytester):
     cases = {name.split("[")[1].rstrip("]") for name in outcomes}
     dynamic = sum(1 for name in outcomes if name.startswith("dynamic_round_trip["))
     assert dynamic >= 12
-    assert len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC) + len(VERSIONS) + 2 * dynamic
+    assert (
+        len(cases) == 56 and len(outcomes) == 3 * 56 + 2 * len(STATE) + len(DETERMINISTIC) + len(VERSIONS) + 2 * dynamic
+    )
     for case in ("small_cnn", "encoder_decoder", "dict_output"):
         assert set(every_check(case)) <= set(outcomes)
 
@@ -77,61 +81,85 @@ def test_a_backend_whose_loaded_modules_lose_their_constants_fails_the_round_tri
     assert set(outcomes) == set(every_check("mlp") + every_check("tuple_output"))
     # mlp has varying dimensions: its dynamic-shape archive loses its constants too.
     assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]", "dynamic_round_trip[mlp]"}
-    result.stdout.fnmatch_lines([
-        "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
-        "lowered module it was saved from (exact comparison):",
-        "Tensor-likes are not equal!",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
+            "lowered module it was saved from (exact comparison):",
+            "Tensor-likes are not equal!",
+        ]
+    )
 
 
 def test_a_version_policy_that_answers_none_fails_the_future_version_check_only(pytester):
     outcomes, result = run_checks(
-        pytester, "forgets_version_answer", registering("ForgetsToAnswerVersions"),
-        "future_backend_version[[]*", "round_trip[[]small_cnn]",
+        pytester,
+        "forgets_version_answer",
+        registering("ForgetsToAnswerVersions"),
+        "future_backend_version[[]*",
+        "round_trip[[]small_cnn]",
     )
     assert failed(outcomes) == {f"future_backend_version[{case}]" for case in VERSIONS}
     assert outcomes["round_trip[small_cnn]"] == "passed"
-    result.stdout.fnmatch_lines([
-        "small_cnn (float32): loading an archive written by backend version 9999.0.0 (this backend: 0.1.0) "
-        "raised BackendContractError: backend 'forgets_version_answer': accepts_blob_version('9999.0.0') "
-        "returned None; it must return True or False",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "small_cnn (float32): loading an archive written by backend version 9999.0.0 (this backend: 0.1.0) "
+            "raised BackendContractError: backend 'forgets_version_answer': accepts_blob_version('9999.0.0') "
+            "returned None; it must return True or False",
+        ]
+    )
 
 
 def test_a_blob_stamped_with_the_process_fails_deterministic_lowering_only(pytester):
     outcomes, result = run_checks(
-        pytester, "nondeterministic_blob", registering("NondeterministicBlob"),
-        "deterministic_lowering[[]*", "*[[]small_cnn]",
+        pytester,
+        "nondeterministic_blob",
+        registering("NondeterministicBlob"),
+        "deterministic_lowering[[]*",
+        "*[[]small_cnn]",
     )
     assert failed(outcomes) == {f"deterministic_lowering[{case}]" for case in DETERMINISTIC}
     assert set(outcomes) - failed(outcomes) == set(every_check("small_cnn")) - {"deterministic_lowering[small_cnn]"}
-    result.stdout.fnmatch_lines([
-        "small_cnn (float32): lowering it in a fresh process (debug handles aligned to start at *) gives a different "
-        "archive: entries blobs/forward.bin (* vs * bytes, first difference at byte 0), manifest.json differ. "
-        "Is preprocess() deterministic across processes*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "small_cnn (float32): lowering it in a fresh process (debug handles aligned to start at *) gives a different "
+            "archive: entries blobs/forward.bin (* vs * bytes, first difference at byte 0), manifest.json differ. "
+            "Is preprocess() deterministic across processes*",
+        ]
+    )
 
 
 def test_a_backend_whose_compile_needs_the_host_compiler_fails_the_target_round_trip_only(pytester):
-    outcomes, result = run_checks(pytester, "compiler_on_target", registering("CompilerNeededOnTarget"), "*[[]nested_output]")
+    outcomes, result = run_checks(
+        pytester, "compiler_on_target", registering("CompilerNeededOnTarget"), "*[[]nested_output]"
+    )
     assert set(outcomes) == set(every_check("nested_output"))
     assert failed(outcomes) == {"target_round_trip[nested_output]"}
-    result.stdout.fnmatch_lines([
-        "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
-        "torch._dynamo, torch.export._trace blocked): BackendContractError: *ImportError: blocked on the "
-        "target: backendconf_reference.compiler is host-only*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
+            "torch._dynamo, torch.export._trace blocked): BackendContractError: *ImportError: blocked on the "
+            "target: backendconf_reference.compiler is host-only*",
+        ]
+    )
 
 
 def test_a_backend_whose_compile_reexports_on_the_target_fails_though_its_runtime_modules_are_declared(pytester):
-    outcomes, result = run_checks(pytester, "reexports_on_target", registering("ReexportsOnTarget"), "round_trip[[]nested_output]", "target_round_trip[[]nested_output]")
+    outcomes, result = run_checks(
+        pytester,
+        "reexports_on_target",
+        registering("ReexportsOnTarget"),
+        "round_trip[[]nested_output]",
+        "target_round_trip[[]nested_output]",
+    )
     assert outcomes == {"round_trip[nested_output]": "passed", "target_round_trip[nested_output]": "failed"}
     # torch._dynamo is let in (declared); the call of torch.export.export is what fails the load.
-    result.stdout.fnmatch_lines([
-        "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
-        "torch.export._trace blocked): BackendContractError: backend 'reexports_on_target' called "
-        "torch.export.export on the target; a target loads and runs compiled blobs and does not trace*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "nested_output (float32): the archive did not load on the target (backendconf_reference.compiler, "
+            "torch.export._trace blocked): BackendContractError: backend 'reexports_on_target' called "
+            "torch.export.export on the target; a target loads and runs compiled blobs and does not trace*",
+        ]
+    )
 
 
 # Defects in the archive code itself: the checks must catch those too.
@@ -180,30 +208,38 @@ LOSES_COMPILE_SPEC = """
 
 
 def test_an_archive_that_is_not_rewritten_byte_for_byte_fails_the_resave(pytester):
-    outcomes, result = run_checks(pytester, "reference", UNSTABLE_ARCHIVE, "round_trip[[]mlp]", "resave_is_byte_identical[[]mlp]")
+    outcomes, result = run_checks(
+        pytester, "reference", UNSTABLE_ARCHIVE, "round_trip[[]mlp]", "resave_is_byte_identical[[]mlp]"
+    )
     assert outcomes == {"round_trip[mlp]": "passed", "resave_is_byte_identical[mlp]": "failed"}
-    result.stdout.fnmatch_lines([
-        "mlp (float32): save(load(archive)) is not byte-identical to the archive: entries debug.json, "
-        "manifest.json differ",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "mlp (float32): save(load(archive)) is not byte-identical to the archive: entries debug.json, "
+            "manifest.json differ",
+        ]
+    )
 
 
 def test_an_archive_that_drops_wrapper_attributes_fails_that_check_only(pytester):
     outcomes, result = run_checks(pytester, "reference", DROPS_ATTRIBUTES, "*_survive[[]*")
     assert failed(outcomes) == {f"wrapper_attributes_survive[{case}]" for case in STATE}
     assert len(outcomes) == 2 * len(STATE)
-    result.stdout.fnmatch_lines([
-        f"{STATE[0]} (float32): attribute 'calibration' set on the lowered module after lowering is missing after load",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            f"{STATE[0]} (float32): attribute 'calibration' set on the lowered module after lowering is missing after load",
+        ]
+    )
 
 
 def test_an_archive_that_loses_the_compile_spec_fails_that_check_only(pytester):
     outcomes, result = run_checks(pytester, "reference", LOSES_COMPILE_SPEC, "*_survive[[]*")
     assert failed(outcomes) == {f"compile_spec_and_debug_info_survive[{case}]" for case in STATE}
-    result.stdout.fnmatch_lines([
-        f"{STATE[0]} (float32): after load the method compile spec is {{*: {{}}*}}; it was lowered with "
-        "{*'__backendconf_fault__': {'node': *}*}",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            f"{STATE[0]} (float32): after load the method compile spec is {{*: {{}}*}}; it was lowered with "
+            "{*'__backendconf_fault__': {'node': *}*}",
+        ]
+    )
 
 
 def test_a_backend_that_writes_to_its_inputs_does_not_fail_the_round_trip(pytester):

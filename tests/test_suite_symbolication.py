@@ -65,48 +65,72 @@ APART = "backendconf::symbolication::debug_info_apart*"
     ("cls", "failing", "count", "lines"),
     [
         pytest.param(
-            "AcceptsEverything", [REJECTIONS], 3,
-            ["*preprocess() accepted backendconf_probe::mystery in Mystery (*_probe_models.py), an op no "
-             "backend can know, and returned * bytes; execute() then raised RuntimeError: no kernel for "
-             "backendconf_probe.mystery.default. Reject such a node at preprocess with UnsupportedNodeError*"],
+            "AcceptsEverything",
+            [REJECTIONS],
+            3,
+            [
+                "*preprocess() accepted backendconf_probe::mystery in Mystery (*_probe_models.py), an op no "
+                "backend can know, and returned * bytes; execute() then raised RuntimeError: no kernel for "
+                "backendconf_probe.mystery.default. Reject such a node at preprocess with UnsupportedNodeError*"
+            ],
             id="accepts-then-fails-at-execute",
         ),
         pytest.param(
-            "RejectsWithTheWrongError", [REJECTIONS], 3,
-            ["*preprocess() raised NotImplementedError for backendconf_probe::mystery in Outer*",
-             "A node the backend cannot compile must be rejected with UnsupportedNodeError(node, reason)*"],
+            "RejectsWithTheWrongError",
+            [REJECTIONS],
+            3,
+            [
+                "*preprocess() raised NotImplementedError for backendconf_probe::mystery in Outer*",
+                "A node the backend cannot compile must be rejected with UnsupportedNodeError(node, reason)*",
+            ],
             id="wrong-exception-type",
         ),
         pytest.param(
-            "NoSourceRejection", [REJECTIONS], 3,
-            ["*UnsupportedNodeError.node is node 'output' (output); expected node 'mystery' "
-             "(backendconf_probe::mystery), the one the backend cannot compile",
-             "*it has no line '  Module hierarchy:top(Outer)::forward.middle(Middle)::forward.inner(Inner)"
-             "::forward.backendconf_probe::mystery'",
-             "*frame 1 of 3 of the traceback should be",
-             '*File "*_probe_models.py", line *, in forward',
-             "*return self.middle(x) * 2",
-             "*~~~~~~~~~~~~~~ <--- HERE"],
+            "NoSourceRejection",
+            [REJECTIONS],
+            3,
+            [
+                "*UnsupportedNodeError.node is node 'output' (output); expected node 'mystery' "
+                "(backendconf_probe::mystery), the one the backend cannot compile",
+                "*it has no line '  Module hierarchy:top(Outer)::forward.middle(Middle)::forward.inner(Inner)"
+                "::forward.backendconf_probe::mystery'",
+                "*frame 1 of 3 of the traceback should be",
+                '*File "*_probe_models.py", line *, in forward',
+                "*return self.middle(x) * 2",
+                "*~~~~~~~~~~~~~~ <--- HERE",
+            ],
             id="rejects-another-node",
         ),
         pytest.param(
-            "WrongHandleOnFault", [FAULTS], 4,
-            ["*execute() reported debug handle * for the fault injected at node 'mul' of nested_nml.forward "
-             "*, which the DebugHandleRecorder never issued; expected *, the handle preprocess was given for "
-             "that node (the user sees only: 'Debug info for handle(s): debug_handles:{*}, was not found.')"],
+            "WrongHandleOnFault",
+            [FAULTS],
+            4,
+            [
+                "*execute() reported debug handle * for the fault injected at node 'mul' of nested_nml.forward "
+                "*, which the DebugHandleRecorder never issued; expected *, the handle preprocess was given for "
+                "that node (the user sees only: 'Debug info for handle(s): debug_handles:{*}, was not found.')"
+            ],
             id="wrong-debug-handle",
         ),
         pytest.param(
-            "ChangesProgram", [COVERAGE], 4,
-            ["*bc.debug_info() of encoder_decoder.encode * does not match the program's * nodes*",
-             "*no debug info for 'clone_default*' (aten::clone)"],
+            "ChangesProgram",
+            [COVERAGE],
+            4,
+            [
+                "*bc.debug_info() of encoder_decoder.encode * does not match the program's * nodes*",
+                "*no debug info for 'clone_default*' (aten::clone)",
+            ],
             id="program-changed-at-preprocess",
         ),
         pytest.param(
-            "CopiesStackTracesIntoBlob", [APART], 3,
-            ["*nested_nml (float32): the handles-only archive (save(..., debug_info=\"separate\")) still holds "
-             "* piece(s) of the model's source:",
-             "*source line *zoo.py:* 'return x * 5' in the archive file, entry 'blobs/forward.bin'"],
+            "CopiesStackTracesIntoBlob",
+            [APART],
+            3,
+            [
+                '*nested_nml (float32): the handles-only archive (save(..., debug_info="separate")) still holds '
+                "* piece(s) of the model's source:",
+                "*source line *zoo.py:* 'return x * 5' in the archive file, entry 'blobs/forward.bin'",
+            ],
             id="stack-traces-in-the-blob",
         ),
     ],
@@ -180,7 +204,9 @@ def test_a_backend_that_runs_any_op_has_no_rejection_to_check(pytester):
         "--backend=eager_fallback", "-p", "no:cacheprovider", "-rs", f"--backendconf-select={REJECTIONS}"
     )
     result.assert_outcomes(skipped=len(section("symbolication")["rejections"]))
-    result.stdout.fnmatch_lines(["*backend 'eager_fallback' ran the custom op correctly (a fallback for unknown ops?)*"])
+    result.stdout.fnmatch_lines(
+        ["*backend 'eager_fallback' ran the custom op correctly (a fallback for unknown ops?)*"]
+    )
 
 
 def test_a_backend_that_lacks_an_op_beside_the_probe_op_gets_unsupported_not_failed(pytester):
@@ -201,6 +227,10 @@ def test_a_backend_that_lacks_an_op_beside_the_probe_op_gets_unsupported_not_fai
         "def backendconf_register_backends(register):\n"
         "    register(NoAdd())\n"
     )
-    result = pytester.runpytest("--backend=no_add", "-p", "no:cacheprovider", "-rs", f"--backendconf-select={REJECTIONS}")
+    result = pytester.runpytest(
+        "--backend=no_add", "-p", "no:cacheprovider", "-rs", f"--backendconf-select={REJECTIONS}"
+    )
     result.assert_outcomes(skipped=len(section("symbolication")["rejections"]))
-    result.stdout.fnmatch_lines(["*the probe model, also uses aten::add, which backend 'no_add' rejects without the probe op too*"])
+    result.stdout.fnmatch_lines(
+        ["*the probe model, also uses aten::add, which backend 'no_add' rejects without the probe op too*"]
+    )

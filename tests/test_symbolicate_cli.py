@@ -24,7 +24,11 @@ def backendconf(*args, stdin=None, model_code_importable=True):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(TEST_ARCHIVE_FILE), env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "pytest_backendconf.cli", *map(str, args)],
-        capture_output=True, text=True, input=stdin, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=120,
+        env=env,
     )
 
 
@@ -52,7 +56,12 @@ def test_inspect_shows_versions_backend_methods_entries_and_handles(archive):
     assert 'compile spec: {"__backendconf_fault__": {"node": "mul"}}' in out
     lines = out[out.index("entries:") :].splitlines()[1:]
     assert [line.split()[0] for line in lines] == [
-        "manifest.json", "attributes.json", "blobs/boom.bin", "blobs/forward.bin", "blobs/pair.bin", "debug.json",
+        "manifest.json",
+        "attributes.json",
+        "blobs/boom.bin",
+        "blobs/forward.bin",
+        "blobs/pair.bin",
+        "debug.json",
     ]
     assert "deflated" in lines[-1] and "stored" in lines[0]
 
@@ -111,8 +120,12 @@ def test_symbolicate_imports_neither_torch_nor_the_backend(tmp_path):
         import backendconf_reference  # noqa: F401
 
         path = tmp_path / "reference.bcpt"
-        bc.save(bc.to_backend(__import__("test_archive").N(), "reference", {"forward": {}},
-                              example_inputs=ALL_INPUTS["forward"]), path)
+        bc.save(
+            bc.to_backend(
+                __import__("test_archive").N(), "reference", {"forward": {}}, example_inputs=ALL_INPUTS["forward"]
+            ),
+            path,
+        )
     except ImportError:
         path = tmp_path / "tiny.bcpt"
         bc.save(lower(), path)
@@ -165,6 +178,6 @@ def test_inputs_file_becomes_tensors_of_the_lowered_dtype(archive, tmp_path):
 def test_example_inputs_follow_the_input_specs(archive):
     calls = cli._example_calls(_archive.read_archive(archive))
     assert list(calls) == ["forward", "pair", "boom"]
-    (x, y), = calls["pair"]
+    ((x, y),) = calls["pair"]
     assert x.shape == y.shape == (2, 3) and x.dtype == y.dtype == __import__("torch").float32
     assert cli._describe((x, {"k": [y]})) == "(float32[2, 3], {'k': [float32[2, 3]]})"

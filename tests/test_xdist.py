@@ -29,7 +29,10 @@ pytest.importorskip("xdist")
         ("backendconf::contract::preprocess_returns_bytes[mlp]", "mlp"),
         ("backendconf::serialization::round_trip[resnet18]", "resnet18"),
         ("backendconf::symbolication::runtime_fault_is_symbolicated[nested_nml:cos]", "nested_nml"),
-        ("backendconf::symbolication::runtime_fault_is_symbolicated[encoder_decoder.decode:sigmoid]", "encoder_decoder"),
+        (
+            "backendconf::symbolication::runtime_fault_is_symbolicated[encoder_decoder.decode:sigmoid]",
+            "encoder_decoder",
+        ),
         ("backendconf::ops::aten.add.Tensor[float16]", "aten.add.Tensor"),
         ("backendconf::ops::aten.add.Tensor[float16-sample1]", "aten.add.Tensor"),
         ("backendconf::contract::is_available_is_a_stable_bool", None),
@@ -55,9 +58,22 @@ SELECTION = [
 
 def run(folder, *args):
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--backend=no_mul_wrong_dtype", "--backendconf-hypothesis=ci",
-         "-p", "no:cacheprovider", "-v", *SELECTION, *args],
-        cwd=folder, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--backend=no_mul_wrong_dtype",
+            "--backendconf-hypothesis=ci",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            *SELECTION,
+            *args,
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

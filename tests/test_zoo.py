@@ -260,7 +260,8 @@ def test_parse_models_reads_text_and_files(tmp_path):
 
 def test_parse_models_reads_varying_dimensions():
     (case,) = parse_models(
-        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = {min = 1, max = 8, example = 4}\n"
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}')
+        + "[model.dims]\nbatch = {min = 1, max = 8, example = 4}\n"
     )
     (spec,) = case.inputs["forward"]
     dim = spec.shape[0]
@@ -275,13 +276,25 @@ def test_model_case_checks_its_dims():
     case = bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (bc.TensorInput(shape=(batch, 3)),)})
     assert case.example_sizes() == {"batch": 2}
     with pytest.raises(ValueError, match=r"dim_examples\['batch'\] = 40 is outside \[1, 16\]"):
-        bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (bc.TensorInput(shape=(batch, 3)),)},
-                     dim_examples={"batch": 40})
+        bc.ModelCase(
+            name="c",
+            build=lambda: None,
+            inputs={"forward": (bc.TensorInput(shape=(batch, 3)),)},
+            dim_examples={"batch": 40},
+        )
     with pytest.raises(ValueError, match=r"Dim 'n' needs bounds"):
         bc.TensorInput(shape=(torch.export.Dim("n"), 3))
     with pytest.raises(ValueError, match=r"two Dims named 'batch' have different bounds"):
-        bc.ModelCase(name="c", build=lambda: None, inputs={"forward": (
-            bc.TensorInput(shape=(batch, 3)), bc.TensorInput(shape=(torch.export.Dim("batch", min=1, max=4),)))})
+        bc.ModelCase(
+            name="c",
+            build=lambda: None,
+            inputs={
+                "forward": (
+                    bc.TensorInput(shape=(batch, 3)),
+                    bc.TensorInput(shape=(torch.export.Dim("batch", min=1, max=4),)),
+                )
+            },
+        )
 
 
 def test_parse_models_reads_constants_kwargs_and_default_dtypes():
@@ -401,7 +414,8 @@ BAD_ENTRIES = [
         id="bad-op-name",
     ),
     pytest.param(
-        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}') + "[model.dims]\nbatch = {min = 1, max = 8, example = 1}\n",
+        VALID.replace("{shape = [4, 3]}", '{shape = ["batch", 3]}')
+        + "[model.dims]\nbatch = {min = 1, max = 8, example = 1}\n",
         "field 'dims.batch.example': 1 must lie in [max(2, min), max] = [2, 8] (torch.export specialises sizes 0 and 1)",
         id="dim-example-below-two",
     ),

@@ -72,8 +72,21 @@ class BlockRef:
 
 
 #: What an argument can be: an immediate, a reference, or a list of values.
-Value = (None | bool | int | float | str | list | Reg | Const | BlockRef | torch.dtype
-         | torch.memory_format | torch.layout | torch.device)
+Value = (
+    None
+    | bool
+    | int
+    | float
+    | str
+    | list
+    | Reg
+    | Const
+    | BlockRef
+    | torch.dtype
+    | torch.memory_format
+    | torch.layout
+    | torch.device
+)
 
 
 @dataclasses.dataclass
@@ -124,11 +137,21 @@ class _Tag(enum.IntEnum):
 
 # Codes are part of the format: append only.
 _DTYPES = (
-    torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool,
-    torch.float64, torch.int32, torch.int16, torch.int8, torch.uint8,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.bool,
+    torch.float64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
 )
 _MEMORY_FORMATS = (
-    torch.contiguous_format, torch.preserve_format, torch.channels_last,
+    torch.contiguous_format,
+    torch.preserve_format,
+    torch.channels_last,
     torch.channels_last_3d,
 )
 _LAYOUTS = (torch.strided,)
@@ -287,14 +310,10 @@ def decode(blob: bytes) -> Program:
     # A view, not a copy: blobs carry the weights and may be large.
     blob = memoryview(blob).cast("B")
     if bytes(blob[: len(MAGIC)]) != MAGIC:
-        raise ValueError(
-            f"not a reference-backend blob: it starts with {bytes(blob[:8])!r}, "
-            f"expected {MAGIC!r}"
-        )
+        raise ValueError(f"not a reference-backend blob: it starts with {bytes(blob[:8])!r}, expected {MAGIC!r}")
     if len(blob) < _HEADER.size:
         raise ValueError(
-            f"reference-backend blob is truncated: {len(blob)} bytes, "
-            f"shorter than the {_HEADER.size}-byte header"
+            f"reference-backend blob is truncated: {len(blob)} bytes, shorter than the {_HEADER.size}-byte header"
         )
     _, version, crc, length = _HEADER.unpack_from(blob)
     if version > FORMAT_VERSION:
@@ -315,8 +334,7 @@ def decode(blob: bytes) -> Program:
         )
     if len(payload) > length:
         raise ValueError(
-            f"reference-backend blob has {len(payload) - length} unexpected bytes after its "
-            f"{length}-byte payload"
+            f"reference-backend blob has {len(payload) - length} unexpected bytes after its {length}-byte payload"
         )
     if zlib.crc32(payload) != crc:
         raise ValueError("reference-backend blob is corrupt: its payload fails the CRC-32 check")
@@ -410,8 +428,7 @@ class _Reader:
         itemsize = dtype.itemsize
         if nbytes != numel * itemsize:
             raise self.fail(
-                f"{what} holds {nbytes} bytes, but a {dtype} tensor of shape "
-                f"{tuple(shape)} needs {numel * itemsize}"
+                f"{what} holds {nbytes} bytes, but a {dtype} tensor of shape {tuple(shape)} needs {numel * itemsize}"
             )
         data = self.take(nbytes, f"data of {what}")
         try:
@@ -432,8 +449,10 @@ class _Reader:
             self.n_registers = n_inputs + i  # SSA: only earlier registers are readable
             instructions.append(self.instruction(i))
         self.n_registers = n_inputs + n_instructions
-        outputs = [self.value(f"output {k} of block {self.block}")
-                   for k in range(self.count(f"output count of block {self.block}", 1))]
+        outputs = [
+            self.value(f"output {k} of block {self.block}")
+            for k in range(self.count(f"output count of block {self.block}", 1))
+        ]
         return Block(n_inputs, instructions, outputs)
 
     def instruction(self, i: int) -> Instruction:
@@ -445,8 +464,10 @@ class _Reader:
         handle = self.read(_I64, f"debug handle of {where}")
         node = self.str(f"node name of {where}")
         where = f"{where} (node {node!r})"
-        args = [self.value(f"argument {k} of {where}")
-                for k in range(self.count(f"argument count of {where}", 1, wide=False))]
+        args = [
+            self.value(f"argument {k} of {where}")
+            for k in range(self.count(f"argument count of {where}", 1, wide=False))
+        ]
         kwargs = {}
         for _ in range(self.count(f"keyword count of {where}", 5, wide=False)):
             name = self.str(f"keyword name of {where}")
@@ -477,9 +498,7 @@ class _Reader:
         if tag == _Tag.REG:
             index = self.u32(what)
             if index >= self.n_registers:
-                raise self.fail(
-                    f"{what} reads register {index}, but only {self.n_registers} are set here"
-                )
+                raise self.fail(f"{what} reads register {index}, but only {self.n_registers} are set here")
             return Reg(index)
         if tag == _Tag.CONST:
             index = self.u32(what)
@@ -496,8 +515,7 @@ class _Reader:
                 )
             return BlockRef(index)
         if tag in (_Tag.DTYPE, _Tag.MEMORY_FORMAT, _Tag.LAYOUT):
-            table = {_Tag.DTYPE: _DTYPES, _Tag.MEMORY_FORMAT: _MEMORY_FORMATS,
-                     _Tag.LAYOUT: _LAYOUTS}[tag]
+            table = {_Tag.DTYPE: _DTYPES, _Tag.MEMORY_FORMAT: _MEMORY_FORMATS, _Tag.LAYOUT: _LAYOUTS}[tag]
             code = self.u8(what)
             if code >= len(table):
                 raise self.fail(f"{what} has unknown {_Tag(tag).name.lower()} code {code}")

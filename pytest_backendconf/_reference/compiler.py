@@ -63,10 +63,7 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
     if compile_spec is None:
         return None
     if not isinstance(compile_spec, Mapping):
-        raise ValueError(
-            "the reference backend's compile spec must be a dict, "
-            f"not {type(compile_spec).__name__}"
-        )
+        raise ValueError(f"the reference backend's compile spec must be a dict, not {type(compile_spec).__name__}")
     # A misspelt key silently ignored would make a test pass for the wrong reason.
     unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
     if unknown:
@@ -79,9 +76,7 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
         return None
     well_formed = isinstance(fault, Mapping) and set(fault) == {"node"}
     if not (well_formed and isinstance(fault["node"], str)):
-        raise ValueError(
-            f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}"
-        )
+        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
     return fault["node"]
 
 
@@ -172,9 +167,7 @@ class _Compiler:
         input_specs = {}
         if is_main:
             input_specs = {
-                spec.arg.name: spec
-                for spec in self.exported.graph_signature.input_specs
-                if hasattr(spec.arg, "name")
+                spec.arg.name: spec for spec in self.exported.graph_signature.input_specs if hasattr(spec.arg, "name")
             }
         env: dict[torch.fx.Node, Any] = {}
         n_inputs = 0
@@ -209,9 +202,7 @@ class _Compiler:
             elif node.op == "output":
                 outputs = self._outputs(node, env, is_main)
             else:
-                raise UnsupportedNodeError(
-                    node, f"{node.op} nodes are not supported (torch.export does not make them)"
-                )
+                raise UnsupportedNodeError(node, f"{node.op} nodes are not supported (torch.export does not make them)")
         self.blocks[index] = Block(n_inputs, instructions, outputs)
         return BlockRef(index)
 
@@ -260,9 +251,7 @@ class _Compiler:
 
     def _write_reason(self, name: str, base: torch.fx.Node) -> str:
         spec = self.input_specs.get(base)
-        functional = (
-            "the reference backend runs programs that leave their inputs and state unchanged"
-        )
+        functional = "the reference backend runs programs that leave their inputs and state unchanged"
         if spec is None:
             return f"{name} writes to {base.name!r}, an input of a subgraph; {functional}"
         if spec.kind == InputKind.USER_INPUT:
@@ -278,9 +267,7 @@ class _Compiler:
         else:
             tensor = self.exported.constants.get(target)
         if not isinstance(tensor, torch.Tensor):
-            raise UnsupportedNodeError(
-                node, f"constant {target!r} is a {type(tensor).__name__}, not a tensor"
-            )
+            raise UnsupportedNodeError(node, f"constant {target!r} is a {type(tensor).__name__}, not a tensor")
         self._check_dtype(node, tensor.dtype, f"constant {target!r}")
         self.constants.append(tensor)
         return Const(len(self.constants) - 1)
@@ -371,9 +358,7 @@ class _Compiler:
             return  # the fallback runs eager kernels: any dtype the blob can name
         if dtype not in ops.SUPPORTED_DTYPES:
             supported = ", ".join(sorted(str(d) for d in ops.SUPPORTED_DTYPES))
-            raise UnsupportedNodeError(
-                node, f"{what} has dtype {dtype}; the reference backend supports {supported}"
-            )
+            raise UnsupportedNodeError(node, f"{what} has dtype {dtype}; the reference backend supports {supported}")
 
 
 # --- helpers ---------------------------------------------------------------------

@@ -92,9 +92,7 @@ class CodeBlock:
     def run(self, inputs: Sequence[Any]) -> list:
         """Run the block on ``inputs``; raise `BackendError` naming a failing node."""
         if len(inputs) != self.n_inputs:
-            raise ValueError(
-                f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}"
-            )
+            raise ValueError(f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}")
         regs = [*inputs, *self._tail]  # per call: nothing shared between threads
         try:
             for call, out in self.steps:
@@ -110,9 +108,7 @@ class CodeBlock:
         inside their owner's event, e.g. a ``cond`` node's). Kept apart from `run` so that the
         unprofiled loop pays nothing for it."""
         if len(inputs) != self.n_inputs:
-            raise ValueError(
-                f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}"
-            )
+            raise ValueError(f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}")
         regs = [*inputs, *self._tail]
         events = []
         clock, record = time.perf_counter_ns, events.append
@@ -140,9 +136,7 @@ class CodeBlock:
 # --- building blocks ----------------------------------------------------------------
 
 
-def _build_block(
-    index: int, block: bytecode.Block, constants: list, blocks: list
-) -> CodeBlock:
+def _build_block(index: int, block: bytecode.Block, constants: list, blocks: list) -> CodeBlock:
     steps = []
     for i, ins in enumerate(block.instructions):
         if ins.opcode == ops.DISPATCH_OPCODE:
@@ -212,7 +206,7 @@ class UnregisteredOperatorError(ValueError):
 
 
 def _qualified(overload: str) -> str:
-    """"mylib::scale" for "mylib.scale.default", as debug info names ops."""
+    """ "mylib::scale" for "mylib.scale.default", as debug info names ops."""
     namespace, _, rest = overload.partition(".")
     return f"{namespace}::{rest.split('.')[0]}"
 

@@ -24,9 +24,7 @@ import torch
 import torch.nn.functional as F
 
 #: Tensor dtypes the backend executes; any other dtype is rejected at preprocess.
-SUPPORTED_DTYPES = frozenset(
-    {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool}
-)
+SUPPORTED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +109,11 @@ def _to_copy(
     # _to_copy always copies, even to the same dtype: callers may rely on
     # the result not aliasing the input.
     return _to_dtype_layout(
-        x, dtype=dtype, device=device, non_blocking=non_blocking, copy=True,
+        x,
+        dtype=dtype,
+        device=device,
+        non_blocking=non_blocking,
+        copy=True,
         memory_format=memory_format,
     )
 

@@ -36,8 +36,11 @@ def main(path: str) -> None:
     pair = (torch.randn(4, 2), [torch.randn(4, 2), torch.randn(4, 2)])
     opts = {"scale": torch.randn(2)}
     lowered = bc.to_backend(
-        model, "reference", {"forward": {}},
-        example_inputs={"forward": (x, pair)}, example_kwargs={"forward": {"opts": opts}},
+        model,
+        "reference",
+        {"forward": {}},
+        example_inputs={"forward": (x, pair)},
+        example_kwargs={"forward": {"opts": opts}},
     )
     lowered.fixture_args = [x, pair]
     lowered.fixture_kwargs = opts

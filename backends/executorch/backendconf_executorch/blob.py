@@ -27,9 +27,7 @@ MAGIC = b"\x89BCET\r\n\x1a"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
 #: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset(
-    {"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"}
-)
+DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +81,9 @@ def encode(header: Header, program: bytes) -> bytes:
 
 def decode(blob: Any) -> tuple[Header, bytes]:
     """``(header, .pte bytes)`` of a blob; ``ValueError`` naming what is wrong."""
-    raw, program = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="executorch backend blob", upgrade="backendconf-executorch")
+    raw, program = unpack_blob(
+        blob, MAGIC, FORMAT_VERSION, kind="executorch backend blob", upgrade="backendconf-executorch"
+    )
     try:
         header = _header(raw)
     except (ValueError, KeyError, TypeError) as exc:

@@ -214,7 +214,9 @@ def _lower(
     except Exception as exc:  # ExecuTorch's lowering raises plain exceptions
         node = originals.naming(str(exc))
         if node is None:
-            raise RuntimeError(f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}") from exc
+            raise RuntimeError(
+                f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}"
+            ) from exc
         raise UnsupportedNodeError(
             node, f"ExecuTorch cannot lower {_op_name(node)}: {type(exc).__name__}: {_first_line(exc)}"
         ) from exc
@@ -295,7 +297,9 @@ def _outputs(program: Any) -> tuple[tuple[str, Any], ...]:
         elif value is None or isinstance(value, (bool, int, float, str)):
             outputs.append(("constant", value))
         else:
-            raise RuntimeError(f"output {name!r} is a {type(value).__name__}; the executorch backend returns tensors and constants")
+            raise RuntimeError(
+                f"output {name!r} is a {type(value).__name__}; the executorch backend returns tensors and constants"
+            )
     return tuple(outputs)
 
 
@@ -318,7 +322,9 @@ def _check_runtime_can_load(
     names = [_operator_name(op) for op in plan.operators]
     for name in names:
         if name not in registered:
-            _raise_missing_kernel(name, f"ExecuTorch's runtime has no kernel '{name}'", instructions, covered, originals)
+            _raise_missing_kernel(
+                name, f"ExecuTorch's runtime has no kernel '{name}'", instructions, covered, originals
+            )
     problem, log = runtime.try_load(pte, "forward")
     if problem is None:
         return
@@ -333,7 +339,9 @@ def _check_runtime_can_load(
             covered,
             originals,
         )
-    raise RuntimeError(f"ExecuTorch's runtime cannot load the lowered method: {problem}; runtime log: {log.strip()[-500:]}")
+    raise RuntimeError(
+        f"ExecuTorch's runtime cannot load the lowered method: {problem}; runtime log: {log.strip()[-500:]}"
+    )
 
 
 def _raise_missing_kernel(

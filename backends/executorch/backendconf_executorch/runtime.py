@@ -143,8 +143,7 @@ class CompiledMethod:
         tensors = sum(1 for kind, _ in kinds if kind == "tensor")
         if len(results) not in (len(kinds), tensors):
             raise BackendError(
-                f"ExecuTorch's method returned {len(results)} outputs; the program has {len(kinds)} "
-                f"({tensors} tensors)"
+                f"ExecuTorch's method returned {len(results)} outputs; the program has {len(kinds)} ({tensors} tensors)"
             )
         given = iter(results)
         outputs = []

@@ -48,7 +48,8 @@ class OnnxRuntimeBackend:
         # scalar loops. Near cancellation (a - b with a ~ b) one ulp of an
         # operand is all of the result, hence an absolute term. See README.md.
         tolerances={
-            torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 4e-3),
+            torch.float16: (2e-3, 1e-3),
+            torch.bfloat16: (1.6e-2, 4e-3),
             # A sum of batched matrix products, accumulated in another order
             # than eager's: seen 1e-4 relative in float32 (the ops category).
             "aten.addbmm.default": {torch.float32: (2e-4, 1e-5)},

@@ -27,9 +27,7 @@ MAGIC = b"\x89BCORT\r\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
 #: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset(
-    {"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"}
-)
+DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +86,9 @@ def encode(header: Header, model: bytes) -> bytes:
 
 def decode(blob: bytes) -> tuple[Header, bytes]:
     """Check and split a blob; ``ValueError`` naming the problem if it is not one."""
-    data, model = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="onnxruntime backend blob", upgrade="backendconf-onnxruntime")
+    data, model = unpack_blob(
+        blob, MAGIC, FORMAT_VERSION, kind="onnxruntime backend blob", upgrade="backendconf-onnxruntime"
+    )
     try:
         header = _header_from_json(data)
     except (ValueError, KeyError, TypeError) as exc:
@@ -119,7 +119,8 @@ def _header_to_json(header: Header) -> dict:
     return {
         "inputs": [None if slot is None else _slot_to_json(slot) for slot in header.inputs],
         "outputs": [
-            {"kind": "tensor", "slot": _slot_to_json(value)} if kind == "tensor"
+            {"kind": "tensor", "slot": _slot_to_json(value)}
+            if kind == "tensor"
             else {"kind": "constant", "value": value}
             for kind, value in header.outputs
         ],
@@ -141,12 +142,14 @@ def _header_from_json(data: Any) -> Header:
         else:
             raise ValueError(f"unknown output kind {item['kind']!r}")
     nodes = data["nodes"]
-    if not isinstance(nodes, dict) or not all(
-        isinstance(k, str) and type(v) is int for k, v in nodes.items()
-    ):
+    if not isinstance(nodes, dict) or not all(isinstance(k, str) and type(v) is int for k, v in nodes.items()):
         raise ValueError("the node table must map node names to integer handles")
     fault = data["fault"]
     if fault is not None:
-        fault = Fault(node=str(fault["node"]), op=str(fault["op"]), handle=int(fault["handle"]),
-                      flag=None if fault["flag"] is None else str(fault["flag"]))
+        fault = Fault(
+            node=str(fault["node"]),
+            op=str(fault["op"]),
+            handle=int(fault["handle"]),
+            flag=None if fault["flag"] is None else str(fault["flag"]),
+        )
     return Header(inputs=inputs, outputs=tuple(outputs), nodes=dict(nodes), fault=fault)

@@ -87,9 +87,7 @@ def fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
     if compile_spec is None:
         return None
     if not isinstance(compile_spec, Mapping):
-        raise ValueError(
-            f"the onnxruntime backend's compile spec must be a dict, not {type(compile_spec).__name__}"
-        )
+        raise ValueError(f"the onnxruntime backend's compile spec must be a dict, not {type(compile_spec).__name__}")
     # A misspelt key silently ignored would make a test pass for the wrong reason.
     unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
     if unknown:
@@ -180,9 +178,7 @@ def _check_signature(program: torch.export.ExportedProgram, originals: _Original
     for node in originals.nodes:
         for tensor in _tensors(node.meta.get("val")):
             if str(tensor.dtype).removeprefix("torch.") not in _SUPPORTED_DTYPES:
-                raise UnsupportedNodeError(
-                    node, f"dtype {tensor.dtype} is not supported by the onnxruntime backend"
-                )
+                raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the onnxruntime backend")
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -245,8 +241,7 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
                     culprit = originals.origin(node) or originals.output
                     raise UnsupportedNodeError(
                         culprit,
-                        f"torch.onnx has no ONNX translation of {node.target} "
-                        f"(from {_describe(culprit)}): {message}",
+                        f"torch.onnx has no ONNX translation of {node.target} (from {_describe(culprit)}): {message}",
                     )
         try:
             onnx_program = steps.translate(decomposed, registry=registry)

@@ -41,8 +41,13 @@ PRODUCER = "backendconf-onnxruntime"
 class ModelBuilder:
     """Names, handles, low-precision widening and fault flag on the exporter's IR model."""
 
-    def __init__(self, model: Any, program: torch.export.ExportedProgram, originals: Any,
-                 debug_handles: Mapping[torch.fx.Node, int]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        program: torch.export.ExportedProgram,
+        originals: Any,
+        debug_handles: Mapping[torch.fx.Node, int],
+    ) -> None:
         """``originals`` is the exporter's index of the program's nodes (``origin``, ``path``, ``output``)."""
         self.model = model
         self.program = program
@@ -92,8 +97,10 @@ class ModelBuilder:
         fault = None
         if fault_node is not None:
             fault = blob_format.Fault(
-                node=fault_node.name, op=_op_name(fault_node),
-                handle=self.debug_handles[fault_node], flag=flag,
+                node=fault_node.name,
+                op=_op_name(fault_node),
+                handle=self.debug_handles[fault_node],
+                flag=flag,
             )
         return blob_format.Header(
             inputs=self._input_slots(widened),

@@ -136,9 +136,7 @@ class CompiledMethod:
     def _fault_error(self) -> BackendError:
         fault = self.header.fault
         assert fault is not None
-        return BackendError(
-            f"injected fault at node {fault.node!r} ({fault.op})", debug_handle=fault.handle
-        )
+        return BackendError(f"injected fault at node {fault.node!r} ({fault.op})", debug_handle=fault.handle)
 
     def _runtime_error(self, exc: Exception) -> BackendError:
         text = str(exc)

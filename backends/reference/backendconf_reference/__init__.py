@@ -65,9 +65,7 @@ class ReferenceBackend:
 
         return compile_program(program, compile_spec, debug_handles)
 
-    def compile(
-        self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]
-    ) -> dict[str, LoadedProgram]:
+    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, LoadedProgram]:
         """Decode each method's blob; a bad blob raises ``ValueError`` naming the method.
 
         The compile spec is already baked into the blob by ``preprocess``, so
@@ -85,8 +83,7 @@ class ReferenceBackend:
         """``execute``, timing each instruction: ``(outputs, [(debug_handle, start_ns, end_ns), ...])``."""
         if not isinstance(handle, LoadedProgram):
             raise TypeError(
-                f"execute_profiled() expects a handle returned by ReferenceBackend.compile, "
-                f"got {type(handle).__name__}"
+                f"execute_profiled() expects a handle returned by ReferenceBackend.compile, got {type(handle).__name__}"
             )
         return handle.run_profiled(inputs)
 
@@ -100,8 +97,7 @@ class ReferenceBackend:
         """Run a compiled method on its flat user inputs; return the flat outputs."""
         if not isinstance(handle, LoadedProgram):
             raise TypeError(
-                f"execute() expects a handle returned by ReferenceBackend.compile, "
-                f"got {type(handle).__name__}"
+                f"execute() expects a handle returned by ReferenceBackend.compile, got {type(handle).__name__}"
             )
         return handle.run(inputs)
 

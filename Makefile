@@ -60,14 +60,16 @@ $(VENV)/.installed-executorch: $(VENV)/.installed backends/executorch/pyproject.
 
 # The suite against ExecuTorch, two workers, each model's checks on one worker
 # (the suite's xdist grouping), so each worker lowers its own models, once each.
-# The Hypothesis seed is pinned: a few bfloat16 convolutions miss the declared
-# tolerance for some drawn inputs and not others (known-failures.toml), and a
-# strict gate needs the same inputs every run. EXECUTORCH_SEED= draws afresh.
+# The Hypothesis profile is pinned to the derandomized `ci` profile, here and
+# on CI alike: a few low-precision checks (bfloat16 convolutions, float16
+# exp/log) miss the declared tolerance for some drawn inputs and not others
+# (known-failures.toml), and a strict gate needs the same inputs every run.
+# EXECUTORCH_HYPOTHESIS=dev draws afresh (expect those entries to flip).
 # SUITE_ARGS adds options, e.g. SUITE_ARGS=--backendconf-report=$$PWD/executorch.json
-EXECUTORCH_SEED ?= 2913085664
+EXECUTORCH_HYPOTHESIS ?= ci
 suite-executorch: $(VENV)/.installed-executorch
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=executorch -n 2 \
-	    $(if $(EXECUTORCH_SEED),--hypothesis-seed=$(EXECUTORCH_SEED)) --backendconf-ops=$(ENGINE_OPS) \
+	    --backendconf-hypothesis=$(EXECUTORCH_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/executorch/known-failures.toml) $(SUITE_ARGS)
 
 demo: $(VENV)/.installed

@@ -20,7 +20,8 @@ import pytest_backendconf as bc
 from pytest_backendconf import _archive
 from pytest_backendconf._check import Check, CheckFailed, fail
 
-from .availability import Scenario, session
+from ._extra_process import session
+from ._session_work import Scenario
 
 #: The calls made per method: the example sizes, a second shape, the minimum, then one outside the range.
 SHAPES = ("example", "max", "min", "outside")

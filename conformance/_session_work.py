@@ -1,10 +1,10 @@
 """What the session's extra process is handed: archives to load on the target, cases to lower afresh.
 
-The availability category runs the process (`availability.session`); the
-serialization category hands it work too. Both import the records from here,
-so neither category imports the other's internals, and a category offers the
-work it already has at hand through `offer_at_hand` instead of being imported
-by the process's owner.
+`_extra_process` runs the process (`session`); the availability and
+serialization categories hand it work. They import the records from here,
+so no category imports another's internals, and a category offers the work
+it already has at hand through `offer_at_hand` instead of being imported by
+the process's owner.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ same outputs as the one saved, saving it again gives the same bytes, and it
 loads and runs in the target process. For a few models (``suite.toml``):
 the compile spec, debug info and wrapper attributes survive, and lowering in
 a fresh process gives a byte-identical archive. The target loads and the
-fresh lowering run in the availability category's extra process.
+fresh lowering run in the suite's extra process (`_extra_process`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ._spec import section
 from ._session_work import Lowering, Scenario, offer_at_hand
 from ._session_work import archive_directory as _directory
 from ._session_work import same_outputs as _same
-from .availability import session
+from ._extra_process import session
 
 
 def checks(ctx: Any) -> Iterator[Check]:
@@ -282,7 +282,7 @@ def _same_value(got: Any, want: Any) -> str | None:
     return None if got == want else f"{got!r} instead of {want!r}"
 
 
-# --- the target process and the fresh lowering (availability.Session runs both, _session_work has the records)
+# --- the target process and the fresh lowering (_extra_process runs both, _session_work has the records)
 
 
 def _scenario(ctx: Any, case: str) -> Scenario:

@@ -308,7 +308,7 @@ def availability_scenarios(ctx: Any) -> list[Scenario]:
 
 def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]:
     """Intact and truncated archives of one case, preprocessed without compiling."""
-    from pytest_backendconf._lowering import LoweredModule
+    from pytest_backendconf._lowered_module import LoweredModule
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BackendUnavailableWarning)

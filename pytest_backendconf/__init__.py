@@ -52,10 +52,10 @@ __version__ = "0.1.0"
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
     "to_backend": "._lowering",
-    "LoweredModule": "._lowering",
-    "WrapperModule": "._lowering",
-    "debug_info": "._lowering",
-    "delegation": "._lowering",
+    "LoweredModule": "._lowered_module",
+    "WrapperModule": "._lowered_module",
+    "debug_info": "._lowered_module",
+    "delegation": "._lowered_module",
     "Delegation": "._plan",
     "DebugInfo": "._debug_info",
     "Frame": "._debug_info",

@@ -160,7 +160,7 @@ def _encode(lowered: Any, *, separate: bool) -> tuple[bytes, bytes | None]:
     import torch
 
     from . import __version__
-    from ._lowering import LoweredModule, WrapperModule
+    from ._lowered_module import LoweredModule, WrapperModule
 
     if isinstance(lowered, WrapperModule):
         core = lowered.lowered

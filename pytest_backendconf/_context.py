@@ -16,7 +16,8 @@ import torch
 
 from . import _compat
 from ._debug_handles import walk_nodes
-from ._lowering import WrapperModule, export_method, lower_programs
+from ._lowered_module import WrapperModule
+from ._lowering import export_method, lower_programs
 from ._lowering_args import normalize as normalize_call
 from ._registry import RegisteredBackend
 from .backend import Backend

@@ -107,7 +107,7 @@ class Archive:
             named in the manifest (the suite's availability checks load with
             stand-ins that force a condition).
         """
-        from ._lowering import LoweredModule, WrapperModule
+        from ._lowered_module import LoweredModule, WrapperModule
         from ._registry import lookup_backend
 
         if backend is None:

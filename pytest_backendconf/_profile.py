@@ -104,7 +104,7 @@ def profile(lowered: Any, *args: Any, repeat: int = 1, method: str = "forward", 
     :param args: the method's arguments (and ``kwargs``, its keyword arguments).
     :param repeat: how many calls to time (all are reported; the first may include warm-up).
     """
-    from ._lowering import LoweredModule, WrapperModule
+    from ._lowered_module import LoweredModule, WrapperModule
 
     core = lowered.lowered if isinstance(lowered, WrapperModule) else lowered
     if not isinstance(core, LoweredModule):

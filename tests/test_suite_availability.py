@@ -139,23 +139,24 @@ def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(
 
 # A lowering that breaks §3.4 itself: only these rows can catch it, in this process and on the target.
 IGNORES_AVAILABILITY = """
-    from pytest_backendconf import _lowering
+    from pytest_backendconf import _lowered_module, _lowering
 
     _original = _lowering.availability
-    _lowering.availability = lambda backend: True  # the defect: never asks the backend
+    # The defect: never asks the backend, at lowering (_lowering) or at load and call (_lowered_module).
+    _lowering.availability = _lowered_module.availability = lambda backend: True
 
     def backendconf_register_backends(register):
         pass  # a backendconf plugin, so that the suite's extra process imports this file too
 
     def pytest_unconfigure(config):
-        _lowering.availability = _original
+        _lowering.availability = _lowered_module.availability = _original
 """
 
 SWALLOWS_VIOLATIONS = """
-    from pytest_backendconf import _lowering
+    from pytest_backendconf import _lowered_module
     from pytest_backendconf.errors import BackendContractError
 
-    _original = _lowering.LoweredModule.compile_now
+    _original = _lowered_module.LoweredModule.compile_now
 
     def compile_now(self, *, at="load"):
         try:
@@ -163,13 +164,13 @@ SWALLOWS_VIOLATIONS = """
         except BackendContractError:
             self.handles = {}  # the defect: a violation goes unreported
 
-    _lowering.LoweredModule.compile_now = compile_now
+    _lowered_module.LoweredModule.compile_now = compile_now
 
     def backendconf_register_backends(register):
         pass
 
     def pytest_unconfigure(config):
-        _lowering.LoweredModule.compile_now = _original
+        _lowered_module.LoweredModule.compile_now = _original
 """
 
 

@@ -178,13 +178,13 @@ UNSTABLE_ARCHIVE = """
 """
 
 DROPS_ATTRIBUTES = """
-    from pytest_backendconf import _lowering
+    from pytest_backendconf import _lowered_module
 
-    _original = _lowering.WrapperModule.extra_attributes
-    _lowering.WrapperModule.extra_attributes = lambda self: {}  # the defect: attributes are not saved
+    _original = _lowered_module.WrapperModule.extra_attributes
+    _lowered_module.WrapperModule.extra_attributes = lambda self: {}  # the defect: attributes are not saved
 
     def pytest_unconfigure(config):
-        _lowering.WrapperModule.extra_attributes = _original
+        _lowered_module.WrapperModule.extra_attributes = _original
 """
 
 LOSES_COMPILE_SPEC = """

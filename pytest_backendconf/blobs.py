@@ -1,5 +1,8 @@
 """A checked frame for a backend's blob: a JSON header and an engine's payload, safe to read.
 
+Also the two steps around it that such a backend's ``compile`` and
+``execute`` share: `compile_each` and `checked_handle`.
+
 A backend's ``preprocess`` returns bytes that an archive stores and that
 ``compile`` later reads, maybe from an untrusted file on a target. Most
 backends need the same frame around their engine's own format (an ONNX
@@ -23,9 +26,11 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 _PREFIX = struct.Struct("<8sIIQQ")
+
+_Handle = TypeVar("_Handle")
 
 
 def pack_blob(magic: bytes, version: int, header: Mapping[str, Any], payload: bytes) -> bytes:
@@ -69,3 +74,29 @@ def unpack_blob(blob: Any, magic: bytes, version: int, *, kind: str, upgrade: st
     except ValueError as exc:
         raise ValueError(f"{kind} has a malformed header: {exc}") from None
     return header, rest[head_len:]
+
+
+def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], Any]) -> dict[str, Any]:
+    """``{method: load(blob)}``: a ``compile`` whose blobs each hold all their method needs.
+
+    A ``ValueError`` from ``load`` (a damaged or foreign blob, from
+    `unpack_blob`) is raised again with the method's name in front, so the
+    error says which of the archive's blobs it was.
+    """
+    handles = {}
+    for method, blob in processed.items():
+        try:
+            handles[method] = load(blob)
+        except ValueError as exc:
+            raise ValueError(f"method {method!r}: {exc}") from exc
+    return handles
+
+
+def checked_handle(handle: Any, handle_type: type[_Handle], compiled_by: str) -> _Handle:
+    """``handle``, if it is a ``handle_type``; else a ``TypeError`` naming what ``execute`` expects.
+
+    :param compiled_by: the method that makes such handles, e.g. ``"OnnxRuntimeBackend.compile"``.
+    """
+    if not isinstance(handle, handle_type):
+        raise TypeError(f"execute() expects a handle returned by {compiled_by}, got {type(handle).__name__}")
+    return handle

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from pytest_backendconf.blobs import pack_blob, unpack_blob
+from pytest_backendconf.blobs import checked_handle, compile_each, pack_blob, unpack_blob
 
 MAGIC = b"\x89BCTEST\n"
 READ = {"kind": "test backend blob", "upgrade": "backendconf-test"}
@@ -63,3 +63,22 @@ def test_writing_refuses_a_bad_magic_and_nan():
         pack_blob(b"BCXX", 1, {}, b"")
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         pack_blob(MAGIC, 1, {"x": float("nan")}, b"")
+
+
+def test_compile_each_loads_every_blob_and_names_the_method_of_a_bad_one():
+    def load(blob: bytes) -> tuple:
+        return unpack_blob(blob, MAGIC, 1, **READ)
+
+    good = pack_blob(MAGIC, 1, {"k": 1}, b"payload")
+    assert compile_each({"forward": good, "encode": good}, load) == {
+        "forward": ({"k": 1}, b"payload"),
+        "encode": ({"k": 1}, b"payload"),
+    }
+    with pytest.raises(ValueError, match="^method 'encode': test backend blob is corrupt: CRC-32 checksum mismatch$"):
+        compile_each({"forward": good, "encode": good[:-1] + b"X"}, load)
+
+
+def test_checked_handle_refuses_a_handle_of_another_kind_naming_who_makes_them():
+    assert checked_handle(b"x", bytes, "TestBackend.compile") == b"x"
+    with pytest.raises(TypeError, match=r"^execute\(\) expects a handle returned by TestBackend.compile, got str$"):
+        checked_handle("x", bytes, "TestBackend.compile")

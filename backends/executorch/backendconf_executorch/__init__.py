@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import pytest_backendconf as bc
+from pytest_backendconf.blobs import checked_handle, compile_each
 
 __version__ = "0.1.0"
 __all__ = ["ExecuTorchBackend"]
@@ -97,23 +98,13 @@ class ExecuTorchBackend:
         """One loaded ExecuTorch method per method; a bad blob raises ``ValueError`` naming the method."""
         from .runtime import load
 
-        handles = {}
-        for method, blob in processed.items():
-            try:
-                handles[method] = load(blob)
-            except ValueError as exc:
-                raise ValueError(f"method {method!r}: {exc}") from exc
-        return handles
+        return compile_each(processed, load)
 
     def execute(self, handle: Any, inputs: list) -> list:
         """Run a compiled method on its flat user inputs; return the flat outputs."""
         from .runtime import CompiledMethod
 
-        if not isinstance(handle, CompiledMethod):
-            raise TypeError(
-                f"execute() expects a handle returned by ExecuTorchBackend.compile, got {type(handle).__name__}"
-            )
-        return handle.run(inputs)
+        return checked_handle(handle, CompiledMethod, "ExecuTorchBackend.compile").run(inputs)
 
     def __repr__(self) -> str:
         return f"<ExecuTorchBackend {self.version}>"

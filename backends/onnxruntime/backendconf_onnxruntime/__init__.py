@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import pytest_backendconf as bc
+from pytest_backendconf.blobs import checked_handle, compile_each
 
 __version__ = "0.1.0"
 __all__ = ["OnnxRuntimeBackend"]
@@ -95,13 +96,7 @@ class OnnxRuntimeBackend:
         """
         from .runtime import load
 
-        handles = {}
-        for method, blob in processed.items():
-            try:
-                handles[method] = load(blob)
-            except ValueError as exc:
-                raise ValueError(f"method {method!r}: {exc}") from exc
-        return handles
+        return compile_each(processed, load)
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
@@ -113,11 +108,7 @@ class OnnxRuntimeBackend:
         """Run a compiled method on its flat user inputs; return the flat outputs."""
         from .runtime import CompiledMethod
 
-        if not isinstance(handle, CompiledMethod):
-            raise TypeError(
-                f"execute() expects a handle returned by OnnxRuntimeBackend.compile, got {type(handle).__name__}"
-            )
-        return handle.run(inputs)
+        return checked_handle(handle, CompiledMethod, "OnnxRuntimeBackend.compile").run(inputs)
 
     def __repr__(self) -> str:
         return f"<OnnxRuntimeBackend {self.version}>"

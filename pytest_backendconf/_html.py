@@ -496,8 +496,9 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     differences = flips(reports)
     flipping = [i for i, (_, flip) in differences.items() if flip]
     out.append(f"<h2>Checks that differ ({len(differences)}; {len(flipping)} flip between passing and failing)</h2>")
+    out += _not_everywhere(reports, labels)
     if not differences:
-        out.append("<p>Every check has the same outcome in every report.</p>")
+        out.append("<p>Every check that ran in more than one report has the same outcome in each.</p>")
         return out
     body = []
     for test_id, (outcomes, flip) in differences.items():
@@ -518,6 +519,27 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
     return out
+
+
+def _not_everywhere(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
+    """The checks some reports do not have (another torch's OpInfo samples, another zoo), listed, not compared."""
+    by_report = [{t["id"] for t in _tests(r)} for r in reports]
+    every = set.union(*by_report) if by_report else set()
+    missing = sorted(i for i in every if any(i not in found for found in by_report))
+    if not missing:
+        return []
+    rows = "".join(
+        f'<tr data-filter="{_e(test_id.lower())}"><th scope="row">{_e(test_id)}</th>'
+        + "".join("<td>ran</td>" if test_id in found else '<td class="cell none">· not in this report</td>' for found in by_report)
+        + "</tr>"
+        for test_id in missing
+    )
+    heads = "".join(f'<th scope="col">{_e(label)}</th>' for label in labels)
+    return [
+        f"<details><summary>{len(missing)} checks are in some reports only (not compared)</summary>"
+        f'<div class="scroll"><table class="side"><thead><tr><th scope="col">check</th>{heads}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></div></details>"
+    ]
 
 
 # --- the fixed parts of the page -------------------------------------------------------------

@@ -530,7 +530,10 @@ def _not_everywhere(reports: Sequence[dict[str, Any]], labels: Sequence[str]) ->
         return []
     rows = "".join(
         f'<tr data-filter="{_e(test_id.lower())}"><th scope="row">{_e(test_id)}</th>'
-        + "".join("<td>ran</td>" if test_id in found else '<td class="cell none">· not in this report</td>' for found in by_report)
+        + "".join(
+            "<td>ran</td>" if test_id in found else '<td class="cell none">· not in this report</td>'
+            for found in by_report
+        )
         + "</tr>"
         for test_id in missing
     )

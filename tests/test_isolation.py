@@ -1,8 +1,9 @@
 """A backend that crashes, hangs or leaks fails the checks it was in; the run goes on and reports.
 
-Each run is a real pytest run (in a subprocess, so that a regression of the
-isolation could not take this session down) against a backend of
-``broken_backends_isolation.py``, on a few checks to stay cheap.
+Each run is a real pytest run against a backend of ``broken_backends_isolation.py``, on a few
+checks to stay cheap. The backends that crash, hang or leak run in a pytest subprocess, so that a
+regression of the isolation could not take this session down; the others (which cannot) run in
+this process, which saves a pytest start and a torch import per run.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def backendconf_register_backends(register):
 """
 
 
-def run(pytester, module: str, cls: str, name: str, select: list[str], *more: str):
+def run(pytester, module: str, cls: str, name: str, select: list[str], *more: str, subprocess: bool = True):
     pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), module=module, cls=cls))
-    result = pytester.runpytest_subprocess(
+    result = (pytester.runpytest_subprocess if subprocess else pytester.runpytest)(
         f"--backend={name}",
         "-p",
         "no:cacheprovider",
@@ -159,7 +160,8 @@ def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_
         "backendconf::serialization::*[[]small_cnn]",
         "backendconf::symbolication::unsupported_node_is_symbolicated*",
     ]
-    result, outcomes = run(pytester, "broken_backends", "Unavailable", "unavailable", select)
+    # An unavailable backend cannot take the process down: this pytest run is in-process.
+    result, outcomes = run(pytester, "broken_backends", "Unavailable", "unavailable", select, subprocess=False)
     ran = {k for k, v in outcomes.items() if v != "skipped"}
     assert ran == {
         "backendconf::availability::host-compile_no-execute_no",
@@ -188,7 +190,11 @@ def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_
     assert "Traceback" not in result.stdout.str()
 
 
-def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pytester):
+def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pytester, monkeypatch):
+    # Both pytest runs are in-process (nothing here can crash): the conftest marks the process it
+    # was imported in, so the host child, which inherits the mark, fails to import it. Each run
+    # starts unmarked, as a fresh pytest process would; monkeypatch removes the mark afterwards.
+    monkeypatch.setenv("BACKENDCONF_TEST_IN_HOST", "0")
     pytester.makeconftest(
         "import os\n"
         "from backendconf_reference import ReferenceBackend\n"
@@ -200,7 +206,7 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
         "def backendconf_register_backends(register):\n"
         "    register(Mine())\n"
     )
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--backend=mine",
         "-p",
         "no:cacheprovider",
@@ -215,7 +221,8 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
         ]
     )
     # In the pytest process, the same checks pass.
-    again = pytester.runpytest_subprocess(
+    monkeypatch.setenv("BACKENDCONF_TEST_IN_HOST", "0")
+    again = pytester.runpytest(
         "--backend=mine",
         "-p",
         "no:cacheprovider",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -329,23 +327,21 @@ def test_merge_without_reports_is_a_usage_error(capsys):
 # --- a report written by a real run -------------------------------------------------------------
 
 
-def test_a_report_from_a_real_run_merges_with_another_environment(capsys, tmp_path):
+def test_a_report_from_a_real_run_merges_with_another_environment(capsys, pytester, tmp_path):
     pytest.importorskip("backendconf_reference")
     selected = ["parity::linear*", "serialization::round_trip[[]linear]"]
     report = tmp_path / "real.json"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
+    # A real pytest run, in this process (a subprocess would only add a torch import).
+    proc = pytester.runpytest(
         "--backend=reference",
         "-p",
         "no:cacheprovider",
         "-q",
         *(f"--backendconf-select={s}" for s in selected),
         f"--backendconf-report={report}",
-    ]
-    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
+    assert proc.ret == 0, proc.stdout.str()[-3000:] + proc.stderr.str()[-3000:]
+    capsys.readouterr()
     real = json.loads(report.read_text())
     ids = [t["id"] for t in real["tests"]]
     assert len(ids) >= 2 and ROUND_TRIP in ids

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -56,33 +54,26 @@ SELECTION = [
 ]
 
 
-def run(folder, *args):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--backend=no_mul_wrong_dtype",
-            "--backendconf-hypothesis=ci",
-            "-p",
-            "no:cacheprovider",
-            "-v",
-            *SELECTION,
-            *args,
-        ],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=900,
+def run(pytester, *args):
+    # In-process: the pytest run itself cannot crash (the workers are processes of their own), and
+    # a pytest subprocess would cost a torch import per run.
+    return pytester.runpytest(
+        "--backend=no_mul_wrong_dtype",
+        "--backendconf-hypothesis=ci",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        *SELECTION,
+        *args,
     )
 
 
-def test_a_tx_popen_run_gives_the_serial_outcomes_with_each_model_on_one_worker(tmp_path):
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    serial = run(tmp_path, "--backendconf-report=serial.json")
-    distributed = run(tmp_path, "--tx", "2*popen", "--dist", "load", "--backendconf-report=tx.json")
-    assert serial.returncode == distributed.returncode == 1, serial.stdout + distributed.stdout
-    one, two = (json.loads((tmp_path / name).read_text()) for name in ("serial.json", "tx.json"))
+def test_a_tx_popen_run_gives_the_serial_outcomes_with_each_model_on_one_worker(pytester):
+    pytester.makeconftest(CONFTEST)
+    serial = run(pytester, "--backendconf-report=serial.json")
+    distributed = run(pytester, "--tx", "2*popen", "--dist", "load", "--backendconf-report=tx.json")
+    assert serial.ret == distributed.ret == 1, serial.stdout.str() + distributed.stdout.str()
+    one, two = (json.loads((pytester.path / name).read_text()) for name in ("serial.json", "tx.json"))
     outcomes = lambda report: {t["id"]: (t["outcome"], (t["error"] or {}).get("type")) for t in report["tests"]}  # noqa: E731
     assert outcomes(one) == outcomes(two)
     assert len(outcomes(one)) == 19 and {o for o, _ in outcomes(one).values()} >= {"passed", "failed", "unsupported"}
@@ -92,7 +83,7 @@ def test_a_tx_popen_run_gives_the_serial_outcomes_with_each_model_on_one_worker(
     # "[gw0] [ 5%] PASSED backendconf::contract::…[mlp]": every model's checks on one worker, both workers busy.
     workers: dict[str, set[str]] = {}
     for worker, nodeid in re.findall(
-        r"\[(gw\d+)\][^\n]*?(?:PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR) (backendconf::\S+)", distributed.stdout
+        r"\[(gw\d+)\][^\n]*?(?:PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR) (backendconf::\S+)", distributed.stdout.str()
     ):
         workers.setdefault(model_of(nodeid) or nodeid, set()).add(worker)
     assert {m for m in workers if not m.startswith("backendconf::")} == {"mlp", "linear", "arithmetic_tensors"}

@@ -11,9 +11,6 @@ refused with `InputSpecError`, since the ranges come from the archive.
 from __future__ import annotations
 
 import functools
-import os
-import threading
-import weakref
 from typing import Any, Iterator
 
 import pytest_backendconf as bc
@@ -21,6 +18,7 @@ from pytest_backendconf import _archive
 from pytest_backendconf._check import Check, CheckFailed, fail
 
 from ._extra_process import session
+from ._saved_archives import SavedLowerings, serialization_check, target_scenario
 from ._session_work import Scenario
 
 #: The calls made per method: the example sizes, a second shape, the minimum, then one outside the range.
@@ -30,19 +28,9 @@ SHAPES = ("example", "max", "min", "outside")
 def checks(ctx: Any) -> Iterator[Check]:
     cases = [(c.name, ctx.first_dtype(c.name)) for c in ctx.cases.values() if c.dims and ctx.first_dtype(c.name)]
     for name, dtype in cases:
-        yield _check(check_dynamic_round_trip, name, dtype, "load")
+        yield serialization_check(check_dynamic_round_trip, name, dtype, "load")
     for name, dtype in cases:
-        yield _check(check_dynamic_target_round_trip, name, dtype, "target")
-
-
-def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
-    return Check(
-        "serialization",
-        f"{check.__name__.removeprefix('check_')}[{case}]",
-        functools.partial(check, case=case, dtype=dtype),
-        stage=stage,
-        case=case,
-    )
+        yield serialization_check(check_dynamic_target_round_trip, name, dtype, "target")
 
 
 class _Saved:
@@ -95,16 +83,11 @@ class _Saved:
         return self._outputs
 
 
-_SAVED: "weakref.WeakKeyDictionary[Any, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
-_LOCK = threading.RLock()
+_SAVED: SavedLowerings[_Saved] = SavedLowerings()
 
 
 def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
-    with _LOCK:
-        done = _SAVED.setdefault(ctx, {})
-        if case not in done:
-            done[case] = _Saved(ctx, case, dtype)
-        return done[case]
+    return _SAVED.get(ctx, case, lambda: _Saved(ctx, case, dtype))
 
 
 def _compare(case: str, dtype: str, method: str, where: str, got: list, want: list, *, rtol=0.0, atol=0.0) -> None:
@@ -145,39 +128,34 @@ def check_dynamic_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
         )
 
 
-def scenarios_at_hand(ctx: Any, directory: str) -> list[Scenario]:
+def scenarios_at_hand(ctx: Any) -> list[Scenario]:
     """Target scenarios for the dynamic lowerings parity has made already (none lowered here)."""
     found = []
     for case in ctx.cases.values():
         dtype = ctx.first_dtype(case.name)
         if case.dims and dtype is not None and ctx.has_lowered(case.name, dtype, dynamic=True):
             try:
-                found.append(_scenario(ctx, case.name, dtype, directory))
+                found.append(_scenario(ctx, case.name, dtype))
             except Exception:  # unsupported or broken: the case's own checks report it
                 continue
     return found
 
 
-def _scenario(ctx: Any, case: str, dtype: str, directory: str) -> Scenario:
+def _scenario(ctx: Any, case: str, dtype: str) -> Scenario:
     saved = _saved(ctx, case, dtype)
-    path = os.path.join(directory, f"{case}-dynamic.bcpt")
-    with open(path, "wb") as f:
-        f.write(saved.data)
-    return Scenario(f"serialization-dynamic:{case}", path, saved.calls)
+    return target_scenario(ctx, f"serialization-dynamic:{case}", f"{case}-dynamic.bcpt", saved.data, saved.calls)
 
 
 def check_dynamic_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     from .parity import tolerance
-    from ._session_work import archive_directory as _directory
 
     saved = _saved(ctx, case, dtype)
     runs = session(ctx)
     key = f"serialization-dynamic:{case}"
-    with _LOCK:
+    with _SAVED.lock:
         if key not in runs.placed:
-            directory = _directory(ctx)
-            more = [s for s in scenarios_at_hand(ctx, directory) if s.key not in runs.placed]
-            runs.place([_scenario(ctx, case, dtype, directory)] + [s for s in more if s.key != key], [])
+            more = [s for s in scenarios_at_hand(ctx) if s.key not in runs.placed]
+            runs.place([_scenario(ctx, case, dtype)] + [s for s in more if s.key != key], [])
     result = runs.result(key)
     if not result["loaded"]:
         error = result["error"]

@@ -11,9 +11,6 @@ fresh lowering run in the suite's extra process (`_extra_process`).
 from __future__ import annotations
 
 import functools
-import os
-import threading
-import weakref
 from typing import Any, Iterator
 
 import torch
@@ -26,7 +23,7 @@ from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
 from ._session_work import Lowering, Scenario, offer_at_hand
-from ._session_work import archive_directory as _directory
+from ._saved_archives import SavedLowerings, serialization_check, target_scenario
 from ._session_work import same_outputs as _same
 from ._extra_process import session
 
@@ -37,30 +34,20 @@ def checks(ctx: Any) -> Iterator[Check]:
     per_case = [(check_round_trip, "load"), (check_resave_is_byte_identical, "save")]
     for name, dtype in cases:
         for check, stage in per_case:
-            yield _check(check, name, dtype, stage)
+            yield serialization_check(check, name, dtype, stage)
     for name, dtype in cases:
         if name in spec["state_cases"]:
-            yield _check(check_compile_spec_and_debug_info_survive, name, dtype, "save")
-            yield _check(check_wrapper_attributes_survive, name, dtype, "save")
+            yield serialization_check(check_compile_spec_and_debug_info_survive, name, dtype, "save")
+            yield serialization_check(check_wrapper_attributes_survive, name, dtype, "save")
     for name, dtype in cases:
-        yield _check(check_target_round_trip, name, dtype, "target")
+        yield serialization_check(check_target_round_trip, name, dtype, "target")
     for name, dtype in cases:
         if name in spec["deterministic_cases"]:
-            yield _check(check_deterministic_lowering, name, dtype, "preprocess")
+            yield serialization_check(check_deterministic_lowering, name, dtype, "preprocess")
     from . import _dynamic_archives, backend_versions
 
     yield from _dynamic_archives.checks(ctx)
     yield from backend_versions.checks(ctx, _saved, call_fresh)
-
-
-def _check(check: Any, case: str, dtype: str, stage: str) -> Check:
-    return Check(
-        "serialization",
-        f"{check.__name__.removeprefix('check_')}[{case}]",
-        functools.partial(check, case=case, dtype=dtype),
-        stage=stage,
-        case=case,
-    )
 
 
 # --- what every check shares: the lowered module, its archive, its outputs ---------------------
@@ -91,23 +78,22 @@ class _Saved:
             return exc
 
 
-_SAVED: "weakref.WeakKeyDictionary[Any, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
-_LOCK = threading.RLock()
+_SAVED: SavedLowerings[_Saved] = SavedLowerings()
 
 
 def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
     """The case's shared lowering (the one parity uses), saved once per session."""
-    with _LOCK:
-        done = _SAVED.setdefault(ctx, {})
-        if case not in done:
-            try:
-                lowered = ctx.lower(case, dtype)
-            except UnsupportedNodeError as exc:
-                raise Unsupported.from_rejection(exc) from exc
-            seeds = section("serialization")["seeds"]
-            calls = {m: [ctx.example(case, dtype, m, seed=s) for s in seeds] for m in ctx.cases[case].methods}
-            done[case] = _Saved(lowered, calls)
-        return done[case]
+
+    def save() -> _Saved:
+        try:
+            lowered = ctx.lower(case, dtype)
+        except UnsupportedNodeError as exc:
+            raise Unsupported.from_rejection(exc) from exc
+        seeds = section("serialization")["seeds"]
+        calls = {m: [ctx.example(case, dtype, m, seed=s) for s in seeds] for m in ctx.cases[case].methods}
+        return _Saved(lowered, calls)
+
+    return _SAVED.get(ctx, case, save)
 
 
 def _loaded(ctx: Any, case: str, dtype: str) -> tuple[_Saved, Any]:
@@ -286,11 +272,8 @@ def _same_value(got: Any, want: Any) -> str | None:
 
 
 def _scenario(ctx: Any, case: str) -> Scenario:
-    saved = _SAVED[ctx][case]
-    path = os.path.join(_directory(ctx), f"{case}.bcpt")
-    with open(path, "wb") as f:
-        f.write(saved.data)
-    return Scenario(f"serialization:{case}", path, saved.calls)
+    saved = _SAVED.of(ctx)[case]
+    return target_scenario(ctx, f"serialization:{case}", f"{case}.bcpt", saved.data, saved.calls)
 
 
 @offer_at_hand
@@ -311,13 +294,13 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
             scenarios.append(_scenario(ctx, case.name))
     from ._dynamic_archives import scenarios_at_hand
 
-    scenarios += scenarios_at_hand(ctx, _directory(ctx))
+    scenarios += scenarios_at_hand(ctx)
     return scenarios, _lowerings(ctx, at_hand=True)
 
 
 def _at_hand(ctx: Any, case: str) -> bool:
     dtype = ctx.first_dtype(case)
-    return dtype is not None and (case in _SAVED.get(ctx, {}) or ctx.has_lowered(case, dtype))
+    return dtype is not None and (case in _SAVED.of(ctx) or ctx.has_lowered(case, dtype))
 
 
 def _lowerings(ctx: Any, *, at_hand: bool = False) -> list[Lowering]:
@@ -343,10 +326,10 @@ def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
 
     saved = _saved(ctx, case, dtype)
     runs = session(ctx)
-    with _LOCK:
+    with _SAVED.lock:
         if f"serialization:{case}" not in runs.placed:
             # One process for every case saved so far that none holds yet.
-            runs.place([_scenario(ctx, c) for c in _SAVED[ctx] if f"serialization:{c}" not in runs.placed], [])
+            runs.place([_scenario(ctx, c) for c in _SAVED.of(ctx) if f"serialization:{c}" not in runs.placed], [])
     result = runs.result(f"serialization:{case}")
     if not result["loaded"]:
         error = result["error"]

@@ -18,7 +18,7 @@ import functools
 import json
 import shlex
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from pytest_backendconf import _compat
@@ -97,7 +97,7 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     run = getattr(lowered, method)
     tol = tolerance_for(ctx, dtype, case_name)
     profile = PROFILES[ctx.hypothesis_profile]
-    #: The worst comparison among the passing examples, and the last failing one.
+    #: The worst comparison among the passing examples.
     seen: dict = {}
 
     @profile
@@ -108,23 +108,8 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         expected = eager(*args, **kwargs)
         actual = run(*args, **kwargs)
         where = f"{case_name}.{method} in {dtype}"
-        drawn = f"inputs drawn with seed={seed}, mode={mode!r}"
-        if _compat.tree_structure(actual) != _compat.tree_structure(expected):
-            raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's for {drawn}")
-        try:
-            results = compare_outputs(actual, expected, tol)
-        except StructureMismatch as exc:
-            raise CheckFailed(f"{where}: {exc} for {drawn}") from None
-        failing = [r for r in results if not r.passed]
-        if failing:
-            seen["failed"] = (args, kwargs)
-            raise CheckFailed(
-                f"{where}: the backend's outputs differ from eager PyTorch for {drawn}:\n"
-                + "\n".join(r.text() for r in failing)
-            )
-        top = worst(results)
-        if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
-            seen["worst"] = results
+        drawn = f" for inputs drawn with seed={seed}, mode={mode!r}"
+        _compare_with_eager(actual, expected, tol, seen, (args, kwargs, None), where, after=drawn)
         for i, (before, after) in enumerate(zip(originals, args)):
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
@@ -133,15 +118,70 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         compare = hypothesis_seed(ctx.hypothesis_seed)(compare)
     try:
         compare()
-    except CheckFailed as exc:
-        if "failed" not in seen:
-            raise
-        saved = save_inputs(ctx, case_name, dtype, method, *seen["failed"])
-        raise CheckFailed(
-            f"{exc}{divergence_text(ctx, case_name, dtype, method, *seen['failed'], tol)}\n"
-            f"  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
-        ) from None
+    except _Differs as exc:
+        raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
     return {"numerics": summary_json(seen.get("worst") or [])}
+
+
+class _Differs(CheckFailed):
+    """Outputs out of tolerance; ``example`` is the ``(args, kwargs, sizes)`` that showed it.
+
+    Kept on the exception: of several failing explicit examples Hypothesis
+    reports the first, after running them all, and after shrinking it
+    reports the last example it ran.
+    """
+
+    def __init__(self, message: str, example: tuple) -> None:
+        super().__init__(message)
+        self.example = example
+
+
+def _compare_with_eager(
+    actual: Any,
+    expected: Any,
+    tol: Tolerance,
+    seen: dict,
+    example: tuple,
+    where: str,
+    *,
+    after: str = "",
+    hint: str = "",
+) -> None:
+    """`CheckFailed` if the backend's outputs have another structure than eager's, `_Differs` if one is out of tolerance.
+
+    ``where`` starts every message and ``after`` (the drawn inputs) ends its
+    first part; ``hint`` (what a backend must not do) follows. ``seen["worst"]``
+    keeps the comparisons of the example closest to failing.
+    """
+    if _compat.tree_structure(actual) != _compat.tree_structure(expected):
+        raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's{after}{hint}")
+    try:
+        results = compare_outputs(actual, expected, tol)
+    except StructureMismatch as exc:
+        raise CheckFailed(f"{where}: {exc}{after}{hint}") from None
+    failing = [r for r in results if not r.passed]
+    if failing:
+        raise _Differs(
+            f"{where}: the backend's outputs differ from eager PyTorch{after}:\n"
+            + "\n".join(r.text() for r in failing)
+            + hint,
+            example,
+        )
+    top = worst(results)
+    if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
+        seen["worst"] = results
+
+
+def _with_saved_inputs(
+    exc: _Differs, ctx: SuiteContext, case_name: str, dtype: str, method: str, tol: Tolerance
+) -> CheckFailed:
+    """The failure, with where the outputs first diverge, the failing inputs saved and the command that reruns them."""
+    args, kwargs, sizes = exc.example
+    saved = save_inputs(ctx, case_name, dtype, method, args, kwargs, sizes=sizes)
+    # A dynamic-shape failure is localised on the model exported at the failing sizes: the dynamic
+    # program's symbolic shapes have no place in the one-node programs the bisection lowers.
+    located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
+    return CheckFailed(f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}")
 
 
 def divergence_text(
@@ -226,30 +266,12 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             f"{case_name}.{method} in {dtype}, lowered once with dynamic shapes and called at {shapes}, "
             f"inputs drawn with seed={seed}, mode={mode!r}"
         )
-        hint = "A backend must not specialise on the first shape it runs (or on the example shape of the export)."
+        hint = "\nA backend must not specialise on the first shape it runs (or on the example shape of the export)."
         try:
             actual = run(*args, **kwargs)
         except OutputSpecError as exc:
-            raise CheckFailed(f"{where}: {exc}\n{hint}") from None
-        if _compat.tree_structure(actual) != _compat.tree_structure(expected):
-            raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's")
-        try:
-            results = compare_outputs(actual, expected, tol)
-        except StructureMismatch as exc:
-            raise CheckFailed(f"{where}: {exc}\n{hint}") from None
-        failing = [r for r in results if not r.passed]
-        if failing:
-            error = CheckFailed(
-                f"{where}: the backend's outputs differ from eager PyTorch. {hint}\n"
-                + "\n".join(r.text() for r in failing)
-            )
-            # On the exception, not in `seen`: of several failing explicit examples
-            # Hypothesis reports the first, after running them all.
-            error.example = (args, kwargs, sizes)  # type: ignore[attr-defined]
-            raise error
-        top = worst(results)
-        if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
-            seen["worst"] = results
+            raise CheckFailed(f"{where}: {exc}{hint}") from None
+        _compare_with_eager(actual, expected, tol, seen, (args, kwargs, sizes), where, hint=hint)
 
     test = given(sizes=strategy, seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))(compare)
     for sizes in reversed(always):  # example() stacks: the last applied runs first
@@ -261,17 +283,8 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
         test = hypothesis_seed(ctx.hypothesis_seed)(test)
     try:
         test()
-    except CheckFailed as exc:
-        if not hasattr(exc, "example"):
-            raise
-        args, kwargs, sizes = exc.example
-        saved = save_inputs(ctx, case_name, dtype, method, args, kwargs, sizes=sizes)
-        # Localised on the model exported at the failing sizes: the dynamic program's
-        # symbolic shapes have no place in the one-node programs the bisection lowers.
-        raise CheckFailed(
-            f"{exc}{divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=True)}\n"
-            f"  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
-        ) from None
+    except _Differs as exc:
+        raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 

@@ -42,10 +42,12 @@ class ExtraProcess:
     (a path) or ``{"error"}``. If the process crashes or times out, the item
     it was on gets that as its error; later items get ``TargetNotRunError``.
 
-    A process started with scenarios only never leaves the target phase, so
-    it stays open for more scenarios (`take`): under pytest-xdist each worker
-    reaches its models' target checks one model at a time, and a process per
-    model (a torch import each) made ``-n 2`` slower than a serial run.
+    A process whose requests held scenarios only has not left the target
+    phase, so it stays open (`take`) for more scenarios, and for one last
+    request with lowerings, after which it is in the host phase and closes:
+    under pytest-xdist each worker reaches its models' target checks and
+    fresh lowerings one model at a time, and a process per model (a torch
+    import each) made ``-n 2`` slower than a serial run.
     """
 
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
@@ -64,7 +66,7 @@ class ExtraProcess:
         self._end: Any = None
         self._lock = threading.RLock()
         self._deadline = time.monotonic() + timeout
-        #: Open for more scenarios: target phase only, and nothing in it that may take it down.
+        #: Open for more work: still in the target phase, and nothing in it that may take it down.
         self.reusable = not self.lowerings and not any(s.last for s in self.scenarios)
         #: The keys of each request not answered yet, in order.
         self._batches: list[list[str]] = [list(self.keys)]
@@ -87,16 +89,24 @@ class ExtraProcess:
         # Once the session that wanted it is gone, so is a process still working for it.
         weakref.finalize(self, self._child.kill)
 
-    def take(self, scenarios: list[Scenario]) -> bool:
-        """Run these scenarios here too, if this process is still open for them (see the class)."""
+    def take(self, scenarios: list[Scenario], lowerings: list[Lowering]) -> bool:
+        """Do these items here too, if this process is still open for them (see the class)."""
         with self._lock:
             if not self.reusable or self._end is not None or not self._child.alive or any(s.last for s in scenarios):
                 return False
-            keys = [s.key for s in scenarios]
-            self._child.send({"scenarios": [_scenario_message(s) for s in scenarios], "lowerings": []})
+            lowerings = sorted(lowerings, key=lambda item: item.start)
+            keys = [s.key for s in scenarios] + [item.key for item in lowerings]
+            self._child.send(
+                {
+                    "scenarios": [_scenario_message(s) for s in scenarios],
+                    "lowerings": [dataclasses.asdict(item) for item in lowerings],
+                }
+            )
             self.scenarios += scenarios
+            self.lowerings += lowerings
             self.keys += keys
             self._batches.append(keys)
+            self.reusable = not lowerings  # lowerings take it into the host phase: its last request
             self._deadline = time.monotonic() + self.timeout  # each request gets the whole timeout
             return True
 
@@ -122,7 +132,7 @@ class ExtraProcess:
 
     def _answered(self, batch: list[str]) -> None:
         """One request is answered: the process is done, or idle until `take` brings more."""
-        if not self.reusable:
+        if not self.reusable and not self._batches:
             self._finish(None)
             return
         for key in batch:  # the handler gave up on the request (its error is in stderr)
@@ -226,8 +236,10 @@ class Session:
             lowerings = [item for item in lowerings if item.key not in self.placed]
             if not scenarios and not lowerings:
                 return
-            if not lowerings and self._open is not None and self._open.take(scenarios):
-                self.placed.update({s.key: self._open for s in scenarios})
+            if self._open is not None and self._open.take(scenarios, lowerings):
+                self.placed.update({key: self._open for key in [s.key for s in scenarios] + [i.key for i in lowerings]})
+                if not self._open.reusable:
+                    self._open = None
                 return
             timeout = section("availability")["extra_process_timeout"]
             process = ExtraProcess(self.ctx, scenarios, lowerings, timeout=timeout)

@@ -35,13 +35,15 @@ class ExtraProcessHandler:
             channel.send(
                 {"kind": "item", "key": scenario["key"], **_run_scenario(scenario, self.real.backend, channel)}
             )
-        # The host phase: lifting the blocker and the tracing guard lets the compiler and torch's tracing work from here on.
-        if self.blocker in sys.meta_path:
-            sys.meta_path.remove(self.blocker)
-        if channel.tracing_guard is not None:
-            channel.tracing_guard.lift()
-        _registry.set_active_registry(self.registry)
         if request["lowerings"]:
+            # The host phase: lifting the blocker and the tracing guard lets the compiler and torch's
+            # tracing work from here on, so a request without lowerings leaves both in place: the
+            # process stays on the target for the scenarios of the next request.
+            if self.blocker in sys.meta_path:
+                sys.meta_path.remove(self.blocker)
+            if channel.tracing_guard is not None:
+                channel.tracing_guard.lift()
+            _registry.set_active_registry(self.registry)
             try:
                 lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
             except Exception as exc:

@@ -318,39 +318,58 @@ def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytes
         line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line
     )
     assert command.endswith("--backend=wrong_half_sub -p broken_backends_ops")
-    rerun = subprocess.run(
-        [sys.executable, *shlex.split(command)[1:]],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
-    )
-    assert rerun.returncode == 1 and "FAILED" in rerun.stdout and "max abs error" in rerun.stdout, rerun.stderr
     assert saved in command
     parity = next(
         line.split("rerun this comparison: ", 1)[1]
         for line in text.splitlines()
         if "rerun this comparison: " in line and "nested_nml.forward-float16.safetensors" in line
     )
-    rerun = subprocess.run(
-        [sys.executable, *shlex.split(parity)[1:]],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
-    )
-    assert rerun.returncode == 1 and "nested_nml.forward in float16" in rerun.stdout, rerun.stderr
     at_sizes = next(
         line.split("rerun this comparison: ", 1)[1]
         for line in text.splitlines()
         if "rerun this comparison: " in line and "-dynamic.safetensors" in line
     )
     assert at_sizes.endswith("--backend=wrong_half_sub -p broken_backends_ops")
-    rerun = subprocess.run(
-        [sys.executable, *shlex.split(at_sizes)[1:]],
+    (op, model, dynamic) = rerun_commands([command, parity, at_sizes])
+    assert op["code"] == 1 and "FAILED" in op["stdout"] and "max abs error" in op["stdout"], op["stderr"]
+    assert model["code"] == 1 and "nested_nml.forward in float16" in model["stdout"], model["stderr"]
+    assert dynamic["code"] == 1 and "lowered with dynamic shapes, at rows=" in dynamic["stdout"], dynamic["stderr"]
+
+
+# Runs printed `python -m pytest_backendconf.rerun ...` commands one after the other in one fresh
+# process, each as `python -m` runs it (runpy, sys.argv, its exit status): one torch import for all.
+_RERUN = """
+import contextlib, io, json, runpy, sys
+done = []
+for module, args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = [module, *args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    done.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(done))
+"""
+
+
+def rerun_commands(commands: list[str]) -> list[dict]:
+    """The exit status and output of each printed rerun command."""
+    calls = []
+    for command in commands:
+        python, dash_m, module, *args = shlex.split(command)
+        assert (python, dash_m, module) == ("python", "-m", "pytest_backendconf.rerun"), command
+        calls.append([module, args])
+    done = subprocess.run(
+        [sys.executable, "-c", _RERUN, json.dumps(calls)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
     )
-    assert rerun.returncode == 1 and "lowered with dynamic shapes, at rows=" in rerun.stdout, rerun.stderr
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @needs_data

@@ -17,8 +17,11 @@ from _pytest import pytester as _pytester
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: torch's own thread pool per worker would
-    # oversubscribe the machine several times over.
+    # oversubscribe the machine several times over. The same holds for the
+    # processes the tests start (pytest runs, backend hosts, targets, fresh
+    # interpreters): they inherit the environment.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 from hypothesis import settings
 
 # The many small suite runs of these tests check what the checks find, not the isolation, and a

@@ -150,7 +150,7 @@ def check_dynamic_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     from .parity import tolerance
 
     saved = _saved(ctx, case, dtype)
-    runs = session(ctx)
+    runs = session(ctx, "serialization")
     key = f"serialization-dynamic:{case}"
     with _SAVED.lock:
         if key not in runs.placed:

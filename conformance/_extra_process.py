@@ -2,8 +2,8 @@
 
 Categories hand it their work (`_session_work` has the records: a `Scenario`
 to load and call on the target, a `Lowering` to redo in a fresh process),
-place it with `session(ctx).place` and read each item's result with
-`session(ctx).result`. What runs inside the process is
+place it with `session(ctx, category).place` and read each item's result with
+`session(ctx, category).result`. What runs inside the process is
 `_extra_process_handler`; the child-process protocol is
 `pytest_backendconf._child`.
 
@@ -42,12 +42,13 @@ class ExtraProcess:
     (a path) or ``{"error"}``. If the process crashes or times out, the item
     it was on gets that as its error; later items get ``TargetNotRunError``.
 
-    A process whose requests held scenarios only has not left the target
-    phase, so it stays open (`take`) for more scenarios, and for one last
-    request with lowerings, after which it is in the host phase and closes:
-    under pytest-xdist each worker reaches its models' target checks and
-    fresh lowerings one model at a time, and a process per model (a torch
-    import each) made ``-n 2`` slower than a serial run.
+    A process stays open (`take`) for more work of its phase: one whose
+    requests held scenarios only is still on the target and takes more
+    scenarios, or lowerings, which take it into the host phase; from there it
+    takes more lowerings. Under pytest-xdist each worker reaches its models'
+    target checks and fresh lowerings one model at a time, and a process per
+    model (a torch import each) made ``-n 2`` slower than a serial run. A
+    process that ran a scenario that may take it down (``last``) takes nothing more.
     """
 
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
@@ -66,8 +67,10 @@ class ExtraProcess:
         self._end: Any = None
         self._lock = threading.RLock()
         self._deadline = time.monotonic() + timeout
-        #: Open for more work: still in the target phase, and nothing in it that may take it down.
-        self.reusable = not self.lowerings and not any(s.last for s in self.scenarios)
+        #: "target" until a request brings lowerings, then "host" (the blocker is lifted for good).
+        self.phase = "host" if self.lowerings else "target"
+        #: Open for more work of its phase: nothing in it that may take it down.
+        self.reusable = not any(s.last for s in self.scenarios)
         #: The keys of each request not answered yet, in order.
         self._batches: list[list[str]] = [list(self.keys)]
         # A fresh lowering must not depend on the hash seed: a pinned one gets another one there.
@@ -94,6 +97,8 @@ class ExtraProcess:
         with self._lock:
             if not self.reusable or self._end is not None or not self._child.alive or any(s.last for s in scenarios):
                 return False
+            if scenarios and self.phase == "host":
+                return False
             lowerings = sorted(lowerings, key=lambda item: item.start)
             keys = [s.key for s in scenarios] + [item.key for item in lowerings]
             self._child.send(
@@ -106,7 +111,8 @@ class ExtraProcess:
             self.lowerings += lowerings
             self.keys += keys
             self._batches.append(keys)
-            self.reusable = not lowerings  # lowerings take it into the host phase: its last request
+            if lowerings:
+                self.phase = "host"
             self._deadline = time.monotonic() + self.timeout  # each request gets the whole timeout
             return True
 
@@ -227,7 +233,10 @@ class Session:
         self.lock = threading.RLock()
         #: Processes started (the benchmarks and tests read it).
         self.started = 0
-        self._open: ExtraProcess | None = None
+        #: Processes open for more work, the newest first.
+        self._open: list[ExtraProcess] = []
+        #: The categories that have placed their work at hand (`session`).
+        self.asked: set[str] = set()
 
     def place(self, scenarios: list[Scenario], lowerings: list[Lowering]) -> None:
         """Start one process for the items not placed yet (none if there are none)."""
@@ -236,16 +245,20 @@ class Session:
             lowerings = [item for item in lowerings if item.key not in self.placed]
             if not scenarios and not lowerings:
                 return
-            if self._open is not None and self._open.take(scenarios, lowerings):
-                self.placed.update({key: self._open for key in [s.key for s in scenarios] + [i.key for i in lowerings]})
-                if not self._open.reusable:
-                    self._open = None
-                return
+            # Lowerings alone go to a process already in the host phase if there is one, so that a
+            # process still on the target stays there for the next scenarios.
+            wanted = "host" if not scenarios else "target"
+            for process in sorted(self._open, key=lambda p: p.phase != wanted):
+                if process.take(scenarios, lowerings):
+                    self.placed.update(
+                        {key: process for key in [s.key for s in scenarios] + [i.key for i in lowerings]}
+                    )
+                    return
             timeout = section("availability")["extra_process_timeout"]
             process = ExtraProcess(self.ctx, scenarios, lowerings, timeout=timeout)
             self.started += 1
             if process.reusable:
-                self._open = process
+                self._open.insert(0, process)
             self.placed.update({key: process for key in process.keys})
 
     def result(self, key: str) -> dict:
@@ -288,10 +301,18 @@ _SESSIONS: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary
 _SESSIONS_LOCK = threading.Lock()
 
 
-def session(ctx: Any) -> Session:
-    """The session's extra processes; the first use starts one with everything both categories can name now."""
+def session(ctx: Any, asking: str) -> Session:
+    """The session's extra processes. A category's first use places everything at hand for it then.
+
+    In the default order the availability category asks first and one
+    process does everything at hand for both categories. Under pytest-xdist a
+    worker that runs no availability check never loads its target rows.
+    """
     with _SESSIONS_LOCK:
-        if ctx not in _SESSIONS:
+        found = _SESSIONS.get(ctx)
+        if found is None:
             _SESSIONS[ctx] = found = Session(ctx)
-            found.place(*items_at_hand(ctx))
-        return _SESSIONS[ctx]
+        if asking not in found.asked:
+            found.asked.add(asking)
+            found.place(*items_at_hand(ctx, asking))
+        return found

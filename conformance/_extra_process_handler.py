@@ -27,6 +27,7 @@ class ExtraProcessHandler:
         self.workdir = options["workdir"]
         self.channel = channel
         self.blocker = channel.blocker
+        self.lowerer: FreshLowerer | None = None
         _target.prepare_target(channel, self.real.name)
 
     def __call__(self, request: dict, channel: Any) -> dict:
@@ -45,7 +46,9 @@ class ExtraProcessHandler:
                 channel.tracing_guard.lift()
             _registry.set_active_registry(self.registry)
             try:
-                lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
+                if self.lowerer is None:  # one per process: later requests bring more cases to lower
+                    self.lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
+                lowerer = self.lowerer
             except Exception as exc:
                 for item in request["lowerings"]:
                     channel.send(

@@ -50,22 +50,22 @@ class Lowering:
 
 
 #: What a category can hand the session's first extra process without lowering anything here.
-AtHand = Callable[[Any], "tuple[list[Scenario], list[Lowering]]"]
+AtHand = Callable[[Any, str], "tuple[list[Scenario], list[Lowering]]"]
 _AT_HAND: list[AtHand] = []
 
 
 def offer_at_hand(provider: AtHand) -> AtHand:
-    """Register ``provider(ctx)``; the first extra process of a session carries what it returns."""
+    """Register ``provider(ctx, asking)``: what a session's extra process can carry when category ``asking`` first needs it."""
     _AT_HAND.append(provider)
     return provider
 
 
-def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
-    """Every registered category's work at hand, in registration order."""
+def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
+    """Every registered category's work at hand when category ``asking`` first needs the process."""
     scenarios: list[Scenario] = []
     lowerings: list[Lowering] = []
     for provider in _AT_HAND:
-        more, fresh = provider(ctx)
+        more, fresh = provider(ctx, asking)
         scenarios += more
         lowerings += fresh
     return scenarios, lowerings

@@ -273,9 +273,9 @@ def _scenario_key(row: dict, case: str) -> str:
 
 
 @offer_at_hand
-def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
-    """The session's first extra process carries every target row's scenario (archives written now)."""
-    return availability_scenarios(ctx), []
+def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
+    """Every target row's scenario (archives written now), once this category asks for the process."""
+    return (availability_scenarios(ctx), []) if asking == "availability" else ([], [])
 
 
 def availability_scenarios(ctx: Any) -> list[Scenario]:
@@ -329,7 +329,7 @@ def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]
 
 def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]:
     """(case, dtype, where, result) of this row's scenario for every subject that has an archive."""
-    found = session(ctx)
+    found = session(ctx, "availability")
     problems = _ARCHIVE_PROBLEMS.get(ctx, {})
     ran = False
     for case, dtype in subjects(ctx):

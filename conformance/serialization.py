@@ -277,7 +277,7 @@ def _scenario(ctx: Any, case: str) -> Scenario:
 
 
 @offer_at_hand
-def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
+def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
     """What the session's first extra process can carry without lowering anything here.
 
     Every case already saved or lowered: in the default order parity has
@@ -295,7 +295,7 @@ def items_at_hand(ctx: Any) -> tuple[list[Scenario], list[Lowering]]:
     from ._dynamic_archives import scenarios_at_hand
 
     scenarios += scenarios_at_hand(ctx)
-    return scenarios, _lowerings(ctx, at_hand=True)
+    return scenarios, _lowerings(ctx)
 
 
 def _at_hand(ctx: Any, case: str) -> bool:
@@ -303,12 +303,17 @@ def _at_hand(ctx: Any, case: str) -> bool:
     return dtype is not None and (case in _SAVED.of(ctx) or ctx.has_lowered(case, dtype))
 
 
-def _lowerings(ctx: Any, *, at_hand: bool = False) -> list[Lowering]:
-    """The deterministic cases' fresh lowerings. With ``at_hand``, none unless one of them is at hand:
-    the process's torch tracing import costs more than lowering the others here."""
-    cases = [c for c in section("serialization")["deterministic_cases"] if ctx.first_dtype(c) is not None]
-    if at_hand and not any(_at_hand(ctx, c) for c in cases):
-        return []
+def _lowerings(ctx: Any, *, also: str | None = None) -> list[Lowering]:
+    """The fresh lowerings of the deterministic cases at hand (saved or lowered here already) and of ``also``.
+
+    Only those: under pytest-xdist another worker has the other cases, and
+    lowering them here would repeat its work.
+    """
+    cases = [
+        c
+        for c in section("serialization")["deterministic_cases"]
+        if ctx.first_dtype(c) is not None and (c == also or _at_hand(ctx, c))
+    ]
     found = []
     for case in cases:
         dtype = ctx.first_dtype(case)
@@ -325,7 +330,7 @@ def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
     from .parity import tolerance
 
     saved = _saved(ctx, case, dtype)
-    runs = session(ctx)
+    runs = session(ctx, "serialization")
     with _SAVED.lock:
         if f"serialization:{case}" not in runs.placed:
             # One process for every case saved so far that none holds yet.
@@ -356,8 +361,8 @@ def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
 
 def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
     saved = _saved(ctx, case, dtype)
-    runs = session(ctx)
-    runs.place([], _lowerings(ctx))
+    runs = session(ctx, "serialization")
+    runs.place([], _lowerings(ctx, also=case))
     result = runs.result(f"fresh:{case}")
     if result.get("error"):
         fail(

@@ -50,9 +50,15 @@ def model_of(nodeid: str) -> str | None:
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit xdist sends to one worker: the model's checks together, anything else on its own."""
+    """The unit xdist sends to one worker: the model's checks together, the availability rows together,
+    anything else on its own."""
     model = model_of(nodeid)
-    return f"{ROOT_ID}::model::{model}" if model is not None else nodeid
+    if model is not None:
+        return f"{ROOT_ID}::model::{model}"
+    if nodeid.startswith(f"{ROOT_ID}::availability::"):
+        # The target rows share one extra process's archives and loads: spread out, every worker repeats them.
+        return f"{ROOT_ID}::availability"
+    return nodeid
 
 
 class ModelGrouping:

@@ -12,7 +12,7 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 #: The session's ``(profile, seed)``, chosen once (see `hypothesis_choice`).
 CHOICE_KEY = pytest.StashKey[tuple[str, int]]()
@@ -26,6 +26,10 @@ def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
         deadline=None,  # backends may compile lazily on first call; time is not what we check
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
         print_blob=True,
+        # No explain phase: after shrinking it runs the failing check about 160 more times (a
+        # backend call each, seconds on a real engine) to annotate which inputs could vary; the
+        # shrunk example, the error statistics and the saved inputs already say what failed.
+        phases=[phase for phase in Phase if phase is not Phase.explain],
     )
     # Derandomized runs keep no example database: the same examples every run, nothing written.
     return settings(common, derandomize=True, database=None) if derandomize else common

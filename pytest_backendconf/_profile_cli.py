@@ -60,9 +60,8 @@ def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, calls_from_json: Any, example_calls: Any) -> int:
-    """The command; ``calls_from_json`` and ``example_calls`` read inputs as ``run-target`` does."""
-    import json
+def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> int:
+    """The command; ``calls_from_file`` and ``example_calls`` read inputs as ``run-target`` does."""
     import os
 
     from ._archive import read_archive, with_sidecar
@@ -80,12 +79,7 @@ def run(args: argparse.Namespace, calls_from_json: Any, example_calls: Any) -> i
 
             import_plugins(args.plugins)
         if args.inputs is not None:
-            with open(args.inputs, encoding="utf-8") as f:
-                try:
-                    document = json.load(f)
-                except ValueError as exc:
-                    raise BackendConfError(f"--inputs {args.inputs!r} is not valid JSON: {exc}") from None
-            calls = calls_from_json(archive, document, args.inputs)
+            calls = calls_from_file(archive, args.inputs)
         else:
             calls = example_calls(archive, limits)
         for name in args.method or ():

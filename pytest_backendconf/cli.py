@@ -318,7 +318,7 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
 def _profile(args: argparse.Namespace) -> int:
     from ._profile_cli import run
 
-    return run(args, _calls_from_json, _example_calls)
+    return run(args, _calls_from_file, _example_calls)
 
 
 @_file_errors
@@ -326,18 +326,12 @@ def _run_target(args: argparse.Namespace) -> int:
     from ._archive import read_archive
     from ._limits import limits_from_options
     from ._target import run_on_target
-    from .errors import BackendConfError
 
     limits = limits_from_options(args)
     archive = read_archive(args.archive, limits=limits)  # a bad file is reported here, before a process starts
     calls = None
     if args.inputs is not None:
-        with open(args.inputs, encoding="utf-8") as f:
-            try:
-                document = json.load(f)
-            except ValueError as exc:
-                raise BackendConfError(f"--inputs {args.inputs!r} is not valid JSON: {exc}") from None
-        calls = _calls_from_json(archive, document, args.inputs)
+        calls = _calls_from_file(archive, args.inputs)
     elif args.example_inputs:
         calls = _example_calls(archive, limits)
     result = run_on_target(
@@ -364,6 +358,16 @@ def _run_target(args: argparse.Namespace) -> int:
                 print(f"  {method} call {i}: {error['type']}: {error['message']}")
     print("target: ok" if result["ok"] else "target: FAILED (see above)")
     return 0 if result["ok"] else 1
+
+
+def _calls_from_file(archive: object, path: str) -> dict:
+    """The calls of an ``--inputs`` JSON file (``run-target`` and ``profile``)."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            document = json.load(f)
+        except ValueError as exc:
+            raise BackendConfError(f"--inputs {path!r} is not valid JSON: {exc}") from None
+    return _calls_from_json(archive, document, path)
 
 
 def _calls_from_json(archive: object, document: object, name: str) -> dict:

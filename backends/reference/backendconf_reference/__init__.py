@@ -26,6 +26,7 @@ import pytest_backendconf as bc
 # (shared with partial delegation's CPU fallback); this package is the backend.
 from pytest_backendconf._reference import bytecode, ops
 from pytest_backendconf._reference.interpreter import LoadedProgram, load
+from pytest_backendconf.blobs import compile_each
 
 __version__ = "0.1.0"
 __all__ = ["ReferenceBackend", "LoadedProgram", "bytecode", "ops"]
@@ -71,13 +72,7 @@ class ReferenceBackend:
         The compile spec is already baked into the blob by ``preprocess``, so
         this is a pure load and works on a target without the compiler.
         """
-        handles = {}
-        for method, blob in processed.items():
-            try:
-                handles[method] = load(blob)
-            except ValueError as exc:
-                raise ValueError(f"method {method!r}: {exc}") from exc
-        return handles
+        return compile_each(processed, load)
 
     def execute_profiled(self, handle: LoadedProgram, inputs: list) -> tuple[list, list]:
         """``execute``, timing each instruction: ``(outputs, [(debug_handle, start_ns, end_ns), ...])``."""

@@ -1,4 +1,5 @@
-"""CI gating: known failures (strict, stale, bad files, the ratchet), the JSON report, the summary, JUnit, xdist.
+"""CI gating: known failures (strict, stale, bad files, the ratchet), the JSON report, the summary, JUnit
+(under xdist: tests/test_xdist.py).
 
 Each run selects a few fast checks with --backendconf-select so that the
 whole file stays quick; the backends are the reference backend with one
@@ -8,10 +9,8 @@ defect each (see broken_backends.py).
 from __future__ import annotations
 
 import json
-import re
 import sys
 import textwrap
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -406,62 +405,6 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     assert report["summary"]["contract"]["score"] == 1.0
     assert report["summary"]["reliability"]["total"] == 0 and report["summary"]["reliability"]["score"] is None
     assert report["errors"] == {"total": 2, "by_type": {"OutputSpecError": 2}, "by_stage": {"execute": 2}}
-
-
-def test_under_xdist_the_report_summary_junit_and_seed_come_from_the_workers(suite, pytester):
-    known = write(pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs" }}\n')
-    result = suite(
-        "no_mul_wrong_dtype",
-        "-n",
-        "2",
-        *select(AVAILABLE, LINEAR, ARITHMETIC, MLP),
-        f"--backendconf-known-failures={known}",
-        "--backendconf-report=report.json",
-        "--junitxml=junit.xml",
-        "-rs",
-    )
-    result.assert_outcomes(passed=1, xfailed=1, skipped=1, failed=1)
-    expect(
-        result.stdout,
-        ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"],
-    )
-    report = json.loads((pytester.path / "report.json").read_text())
-    assert report["run"]["xdist_workers"] == 2
-    assert [(t["id"], t["outcome"]) for t in report["tests"]] == [
-        (AVAILABLE, "passed"),
-        (ARITHMETIC, "unsupported"),
-        (LINEAR, "known_failure"),
-        (MLP, "failed"),
-    ]
-    assert report["tests"][3]["error"]["type"] == "OutputSpecError"
-    assert report["summary"]["parity"]["score"] == 0.0 and report["summary"]["contract"]["score"] == 1.0
-    # The header's seed is the workers' seed.
-    seed = report["hypothesis"]["seed"]
-    expect(result.stdout, [f"backendconf: hypothesis profile 'ci', seed {seed} *"])
-
-    cases = {
-        f"{case.get('classname')}.{case.get('name')}": case
-        for case in ET.parse(pytester.path / "junit.xml").iter("testcase")
-    }
-    dropout = cases["backendconf.parity.mlp[float32]"]
-    properties = {p.get("name"): p.get("value") for p in dropout.iter("property")}
-    assert properties == {
-        "category": "parity",
-        "stage": "execute",
-        "case": "mlp",
-        "reproduce": f"pytest --backend=no_mul_wrong_dtype '--backendconf-select={MLP}' --backendconf-hypothesis=ci",
-    }
-    linear = {p.get("name"): p.get("value") for p in cases["backendconf.parity.linear[float32]"].iter("property")}
-    assert linear["known_failure"] == LINEAR
-    failure = dropout.find("failure")
-    assert failure is not None
-    assert failure.text.rstrip().endswith(f"reproduce: {properties['reproduce']}")
-    # An unsupported check's skip text points at the check's code, never "<id>:None:".
-    skipped = cases["backendconf.parity.arithmetic_tensors[float32]"].find("skipped")
-    assert skipped is not None and ":None:" not in skipped.text
-    assert re.match(r"pytest_backendconf/conformance/parity\.py:\d+: unsupported: ", skipped.text), skipped.text
-    # The terminal still names the check by its id.
-    expect(result.stdout, [f"SKIPPED [1] {ARITHMETIC}: unsupported: *"])
 
 
 def test_the_report_and_the_summary_say_what_the_declaration_left_out(suite, pytester):

@@ -1,4 +1,5 @@
-"""pytest-xdist: the checks of one model go to one worker, and a distributed run gives a serial run's outcomes.
+"""pytest-xdist: the checks of one model go to one worker, and a distributed run gives a serial run's
+outcomes, report, summary and JUnit file.
 
 The speed of `-n 2` against a serial run is measured by
 benchmarks/bench_xdist.py, never asserted here.
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from pytest_backendconf._xdist import model_of, scope_of
 
-from test_gating import AVAILABLE, CONFTEST
+from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, expect, write
 
 pytest.importorskip("xdist")
 
@@ -68,20 +70,31 @@ def run(pytester, *args):
         "-p",
         "no:cacheprovider",
         "-v",
+        "-rs",
+        "--backendconf-known-failures=known.toml",
         *SELECTION,
         *args,
     )
 
 
-def test_a_tx_popen_run_gives_the_serial_outcomes_with_each_model_on_one_worker(pytester):
+# One distributed run (two workers, each a fresh pytest process with a torch import) serves
+# everything xdist changes: the outcomes, the workers' grouping, and the report, summary, JUnit
+# file and seed, which the controller builds from what the workers send.
+def test_under_xdist_the_outcomes_report_summary_junit_and_seed_are_a_serial_runs_with_each_model_on_one_worker(
+    pytester,
+):
     pytester.makeconftest(CONFTEST)
+    write(pytester.path / "known.toml", f'"{LINEAR}" = {{ reason = "float64 outputs" }}\n')
     serial = run(pytester, "--backendconf-report=serial.json")
-    distributed = run(pytester, "--tx", "2*popen", "--dist", "load", "--backendconf-report=tx.json")
+    distributed = run(
+        pytester, "--tx", "2*popen", "--dist", "load", "--backendconf-report=tx.json", "--junitxml=junit.xml"
+    )
     assert serial.ret == distributed.ret == 1, serial.stdout.str() + distributed.stdout.str()
     one, two = (json.loads((pytester.path / name).read_text()) for name in ("serial.json", "tx.json"))
     outcomes = lambda report: {t["id"]: (t["outcome"], (t["error"] or {}).get("type")) for t in report["tests"]}  # noqa: E731
     assert outcomes(one) == outcomes(two)
-    assert len(outcomes(one)) == 19 and {o for o, _ in outcomes(one).values()} >= {"passed", "failed", "unsupported"}
+    assert len(outcomes(one)) == 19
+    assert {o for o, _ in outcomes(one).values()} >= {"passed", "failed", "unsupported", "known_failure"}
     assert one["summary"] == two["summary"] and one["errors"] == two["errors"]
     assert two["run"]["xdist_workers"] == 2 and one["run"]["xdist_workers"] == 0
 
@@ -94,3 +107,51 @@ def test_a_tx_popen_run_gives_the_serial_outcomes_with_each_model_on_one_worker(
     assert {m for m in workers if not m.startswith("backendconf::")} == {"mlp", "linear", "arithmetic_tensors"}
     assert all(len(found) == 1 for found in workers.values()), workers
     assert len(set().union(*workers.values())) == 2
+
+    # The summary and the report: built by the controller from the workers' results.
+    counts = {"passed": 0, "failed": 0, "unsupported": 0, "known_failure": 0}
+    for outcome, _ in outcomes(two).values():
+        counts[outcome] += 1
+    distributed.assert_outcomes(
+        passed=counts["passed"], xfailed=counts["known_failure"], skipped=counts["unsupported"], failed=counts["failed"]
+    )
+    expect(
+        distributed.stdout,
+        ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"],
+    )
+    parity = [(t["id"], t["outcome"]) for t in two["tests"] if t["id"] in (AVAILABLE, ARITHMETIC, LINEAR, MLP)]
+    assert parity == [(AVAILABLE, "passed"), (ARITHMETIC, "unsupported"), (LINEAR, "known_failure"), (MLP, "failed")]
+    mlp = next(t for t in two["tests"] if t["id"] == MLP)
+    assert mlp["error"]["type"] == "OutputSpecError"
+    assert two["summary"]["parity"]["score"] == 0.0
+    contract = two["summary"]["contract"]
+    # is_available, and mlp's and linear's checks but their float64 outputs; arithmetic's need aten.mul.
+    assert (contract["passed"], contract["failed"], contract["unsupported"]) == (9, 2, 5)
+    assert contract["score"] == 9 / 16
+    # The header's seed is the workers' seed.
+    seed = two["hypothesis"]["seed"]
+    expect(distributed.stdout, [f"backendconf: hypothesis profile 'ci', seed {seed} *"])
+
+    cases = {
+        f"{case.get('classname')}.{case.get('name')}": case
+        for case in ET.parse(pytester.path / "junit.xml").iter("testcase")
+    }
+    dropout = cases["backendconf.parity.mlp[float32]"]
+    properties = {p.get("name"): p.get("value") for p in dropout.iter("property")}
+    assert properties == {
+        "category": "parity",
+        "stage": "execute",
+        "case": "mlp",
+        "reproduce": f"pytest --backend=no_mul_wrong_dtype '--backendconf-select={MLP}' --backendconf-hypothesis=ci",
+    }
+    linear = {p.get("name"): p.get("value") for p in cases["backendconf.parity.linear[float32]"].iter("property")}
+    assert linear["known_failure"] == LINEAR
+    failure = dropout.find("failure")
+    assert failure is not None
+    assert failure.text.rstrip().endswith(f"reproduce: {properties['reproduce']}")
+    # An unsupported check's skip text points at the check's code, never "<id>:None:".
+    skipped = cases["backendconf.parity.arithmetic_tensors[float32]"].find("skipped")
+    assert skipped is not None and ":None:" not in skipped.text
+    assert re.match(r"pytest_backendconf/conformance/parity\.py:\d+: unsupported: ", skipped.text), skipped.text
+    # The terminal still names the check by its id.
+    expect(distributed.stdout, [f"SKIPPED [1] {ARITHMETIC}: unsupported: *"])

@@ -37,7 +37,7 @@ from pytest_backendconf._numerics import (
     summary_json,
     worst,
 )
-from pytest_backendconf._hypothesis import PROFILES
+from pytest_backendconf._hypothesis import PROFILES, draws_seed
 from pytest_backendconf._check import Check, CheckFailed, Unsupported
 
 from ._spec import section
@@ -114,8 +114,9 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
 
-    if not profile.derandomize:
-        compare = hypothesis_seed(ctx.hypothesis_seed)(compare)
+    compare = hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, f"{case_name}[{dtype}].{method}"))(
+        compare
+    )
     try:
         compare()
     except _Differs as exc:
@@ -279,8 +280,8 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     # Values are parity's job; here the sizes are: a third of the profile's
     # draws on top of the three sizes always tried keeps the suite's time.
     test = settings(profile, max_examples=max(1, profile.max_examples // 3))(test)
-    if not profile.derandomize:
-        test = hypothesis_seed(ctx.hypothesis_seed)(test)
+    check = f"{case_name}[{dtype}-dynamic].{method}"
+    test = hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, check))(test)
     try:
         test()
     except _Differs as exc:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pytest_backendconf._context import SuiteContext
+from pytest_backendconf._hypothesis import draws_seed
 from pytest_backendconf._registry import RegisteredBackend, Source
 from pytest_backendconf.conformance import parity
 from pytest_backendconf.conformance._zoo_loader import load_zoo
@@ -89,7 +90,7 @@ def test_a_static_only_backend_gets_the_dynamic_checks_as_unsupported(pytester):
 
 
 class RecordsShapes:
-    """The reference backend, recording the input shapes each handle is called with."""
+    """The reference backend, recording the inputs (and their shapes) each handle is called with."""
 
     def __init__(self):
         from backendconf_reference import ReferenceBackend
@@ -98,12 +99,14 @@ class RecordsShapes:
         self.name = "records_shapes"
         self.capabilities = self.inner.capabilities
         self.shapes: list[tuple] = []
+        self.inputs: list[list[torch.Tensor]] = []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def execute(self, handle, inputs):
         self.shapes.append(tuple(tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)))
+        self.inputs.append([x.clone() for x in inputs if isinstance(x, torch.Tensor)])
         return self.inner.execute(handle, inputs)
 
 
@@ -141,3 +144,23 @@ def test_archives_of_dynamic_lowerings_run_a_second_shape_after_load_and_on_the_
         "linear.forward (float32) with dynamic shapes, at the max sizes, before saving: method 'forward' output 0: "
         "dimension 0 is 3" in text
     )
+
+
+def test_the_ci_profile_draws_a_checks_inputs_from_its_name_not_the_session_seed(tmp_path):
+    # The ci inputs are what a known-failures file is recorded against: they must not move with the
+    # session seed, nor with the text of the check's code (Hypothesis's own derandomization hashes it).
+    def drawn(profile, session_seed):
+        backend = RecordsShapes()
+        ctx = SuiteContext(RegisteredBackend(backend, Source("a test")), [ZOO["mlp"]], tmp_dir=lambda name: tmp_path)
+        ctx.hypothesis_profile, ctx.hypothesis_seed = profile, session_seed
+        parity.check_parity(ctx, case_name="mlp", dtype="float32", method="forward")
+        return backend.inputs
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+    assert same(drawn("ci", 1), drawn("ci", 2))
+    assert not same(drawn("dev", 1), drawn("dev", 2))
+    assert draws_seed("ci", 1, "mlp[float32].forward") == draws_seed("ci", 2, "mlp[float32].forward")
+    assert draws_seed("ci", 1, "mlp[float32].forward") != draws_seed("ci", 1, "mlp[float16].forward")
+    assert draws_seed("dev", 7, "mlp[float32].forward") == 7

@@ -114,9 +114,9 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
 
-    compare = hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, f"{case_name}[{dtype}].{method}"))(
-        compare
-    )
+    compare = hypothesis_seed(
+        draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, f"{case_name}[{dtype}].{method}")
+    )(compare)
     try:
         compare()
     except _Differs as exc:

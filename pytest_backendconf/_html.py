@@ -495,7 +495,8 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     ]
     differences = flips(reports)
     flipping = [i for i, (_, flip) in differences.items() if flip]
-    out.append(f"<h2>Checks that differ ({len(differences)}; {len(flipping)} flip between passing and failing)</h2>")
+    flip_count = f"{len(flipping)} flip{'' if len(flipping) == 1 else 's'}"
+    out.append(f"<h2>Checks that differ ({len(differences)}; {flip_count} between passing and failing)</h2>")
     out += _not_everywhere(reports, labels)
     if not differences:
         out.append("<p>Every check that ran in more than one report has the same outcome in each.</p>")
@@ -539,7 +540,8 @@ def _not_everywhere(reports: Sequence[dict[str, Any]], labels: Sequence[str]) ->
     )
     heads = "".join(f'<th scope="col">{_e(label)}</th>' for label in labels)
     return [
-        f"<details><summary>{len(missing)} checks are in some reports only (not compared)</summary>"
+        f"<details><summary>{len(missing)} {'check is' if len(missing) == 1 else 'checks are'} in some reports only "
+        "(not compared)</summary>"
         f'<div class="scroll"><table class="side"><thead><tr><th scope="col">check</th>{heads}</tr></thead>'
         f"<tbody>{rows}</tbody></table></div></details>"
     ]

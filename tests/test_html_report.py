@@ -194,11 +194,18 @@ def test_report_html_puts_several_reports_side_by_side_and_marks_the_flips(run, 
     assert MLP in flip_row and "failed" in flip_row and "passed" in flip_row
     other = re.search(r'<tr class="difference"[^>]*>(.*?)</tr>', text).group(1)
     assert ARITHMETIC in other
-    assert "1 checks are in some reports only (not compared)" in text
+    assert "1 check is in some reports only (not compared)" in text
     only = re.search(rf'<tr data-filter="{re.escape(html.escape(gone.lower()))}">(.*?)</tr>', text).group(1)
     assert "not in this report" in only and "ran" in only
     # Each report in full below, under its own heading.
     assert text.count("<h3>Scores</h3>") == 2
+    # Two reports that agree: differences and flips counted in plain words.
+    (tmp_path / "a2.json").write_text(json.dumps(first))
+    assert (
+        main(["report", "html", str(tmp_path / "a.json"), str(tmp_path / "a2.json"), "-o", str(tmp_path / "same.html")])
+        == 0
+    )
+    assert "Checks that differ (0; 0 flips between passing and failing)" in (tmp_path / "same.html").read_text()
 
 
 def test_report_html_names_a_bad_report_or_output(tmp_path, capsys):

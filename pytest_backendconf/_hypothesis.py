@@ -22,7 +22,13 @@ WORKERINPUT_KEY = "backendconf_hypothesis"
 
 
 def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
+    # Built on Hypothesis's own defaults, not on the settings in force: Hypothesis loads its
+    # built-in `ci` profile (derandomized, no example database) by itself wherever $CI is set,
+    # and `dev` or `thorough` must still draw afresh and keep the database there (a nightly
+    # `thorough` job on CI runs to see new inputs, and to replay the ones that failed before).
     common = settings(
+        settings.get_profile("default"),
+        derandomize=derandomize,
         max_examples=max_examples,
         deadline=None,  # backends may compile lazily on first call; time is not what we check
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
@@ -33,7 +39,7 @@ def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
         phases=[phase for phase in Phase if phase is not Phase.explain],
     )
     # Derandomized runs keep no example database: the same examples every run, nothing written.
-    return settings(common, derandomize=True, database=None) if derandomize else common
+    return settings(common, database=None) if derandomize else common
 
 
 PROFILES = {

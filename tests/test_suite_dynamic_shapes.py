@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -164,3 +166,16 @@ def test_the_ci_profile_draws_a_checks_inputs_from_its_name_not_the_session_seed
     assert draws_seed("ci", 1, "mlp[float32].forward") == draws_seed("ci", 2, "mlp[float32].forward")
     assert draws_seed("ci", 1, "mlp[float32].forward") != draws_seed("ci", 1, "mlp[float16].forward")
     assert draws_seed("dev", 7, "mlp[float32].forward") == 7
+
+
+def test_dev_and_thorough_draw_afresh_where_ci_is_set():
+    # Hypothesis loads its own derandomized `ci` profile by itself wherever $CI is set; the suite's
+    # `dev` and `thorough` must not inherit it (a nightly `thorough` job on CI exists to see new inputs).
+    code = (
+        "from pytest_backendconf._hypothesis import PROFILES as P; "
+        "print(*(P[n].derandomize for n in ('ci', 'dev', 'thorough')), P['ci'].database, P['dev'].database is None)"
+    )
+    for ci in ("true", ""):
+        env = {**os.environ, "CI": ci}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.split() == ["True", "False", "False", "None", "False"], (ci, out)

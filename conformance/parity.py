@@ -114,14 +114,17 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
 
-    compare = hypothesis_seed(
-        draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, f"{case_name}[{dtype}].{method}")
-    )(compare)
+    compare = _seeded(ctx, f"{case_name}[{dtype}].{method}", compare)
     try:
         compare()
     except _Differs as exc:
         raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
     return {"numerics": summary_json(seen.get("worst") or [])}
+
+
+def _seeded(ctx: SuiteContext, check: str, test: Any) -> Any:
+    """``test`` drawing from the check's seed: its own under the ``ci`` profile, the session's otherwise."""
+    return hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, check))(test)
 
 
 class _Differs(CheckFailed):
@@ -280,8 +283,7 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     # Values are parity's job; here the sizes are: a third of the profile's
     # draws on top of the three sizes always tried keeps the suite's time.
     test = settings(profile, max_examples=max(1, profile.max_examples // 3))(test)
-    check = f"{case_name}[{dtype}-dynamic].{method}"
-    test = hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, check))(test)
+    test = _seeded(ctx, f"{case_name}[{dtype}-dynamic].{method}", test)
     try:
         test()
     except _Differs as exc:

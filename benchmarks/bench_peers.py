@@ -5,7 +5,7 @@
     python benchmarks/bench_peers.py --json out.json
 
 Per model: the call latency of each engine on the same inputs, timed
-interleaved in one run (``run.interleaved``: many short rounds, rotating
+interleaved in one run (``bench_timing.interleaved``: many short rounds, rotating
 order, minimum kept, one torch thread), and the lowering time of each
 backend (``to_backend`` from an eager module: export, preprocess, compile;
 CPU time, minimum of a few runs, after one warm-up lowering per backend
@@ -29,7 +29,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import bench_models as models  # noqa: E402
-import run  # noqa: E402  (interleaved, best_of, Settings)
+import bench_timing as timing  # noqa: E402  (interleaved, best_of, Settings, machine)
 
 #: (backend name, what the table calls it)
 BACKENDS = (("reference", "reference"), ("onnxruntime", "ONNX Runtime"), ("executorch", "ExecuTorch XNNPACK"))
@@ -38,7 +38,7 @@ MODELS = {**models.SMALL, **models.LARGE}
 
 def available_backends() -> dict[str, str]:
     """{backend: ""} for those that can run here, {backend: why not} for the others."""
-    from pytest_backendconf import _registry
+    from pytest_backendconf.registry import _registry
     from pytest_backendconf.errors import RegistryError
 
     reasons = {}
@@ -53,7 +53,7 @@ def available_backends() -> dict[str, str]:
     return reasons
 
 
-def measure(settings: run.Settings, lowering_rounds: int) -> dict[str, Any]:
+def measure(settings: timing.Settings, lowering_rounds: int) -> dict[str, Any]:
     import torch
 
     import pytest_backendconf as bc
@@ -74,14 +74,14 @@ def measure(settings: run.Settings, lowering_rounds: int) -> dict[str, Any]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 lowered[name] = lower()  # also the warm-up: first-use imports are not timed
-                lowering[name] = run.best_of(lower, lowering_rounds)
+                lowering[name] = timing.best_of(lower, lowering_rounds)
         with torch.no_grad():
             expected = model(*inputs)
             for module in lowered.values():
                 torch.testing.assert_close(module(*inputs), expected, rtol=1e-4, atol=1e-4)
             calls = {"eager": lambda: model(*inputs)}
             calls.update({name: (lambda module=module: module(*inputs)) for name, module in lowered.items()})
-            latency = run.interleaved(calls, settings)
+            latency = timing.interleaved(calls, settings)
         rows[model_name] = {"latency_s": latency, "lowering_cpu_s": lowering}
     return {"engines": ["eager", *engines], "unavailable": {k: v for k, v in reasons.items() if v}, "models": rows}
 
@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
-    settings = run.Settings.quick() if args.quick else run.Settings.full()
+    settings = timing.Settings.quick() if args.quick else timing.Settings.full()
     start = time.monotonic()
     result = measure(settings, lowering_rounds=1 if args.quick else 3)
-    result["machine"] = run.machine()
+    result["machine"] = timing.machine()
     result["wall_s"] = time.monotonic() - start
     print(render(result))
     print(f"\nwhole run {result['wall_s']:.0f} s")

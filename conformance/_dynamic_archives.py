@@ -14,8 +14,8 @@ import functools
 from typing import Any, Iterator
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive
-from pytest_backendconf._check import Check, CheckFailed, fail
+from pytest_backendconf import lowering as _lowering
+from pytest_backendconf.report import Check, CheckFailed, fail
 
 from ._extra_process import session
 from ._saved_archives import SavedLowerings, serialization_check, target_scenario
@@ -40,7 +40,7 @@ class _Saved:
         from .parity import lowered_or_unsupported
 
         self.lowered = lowered_or_unsupported(ctx, case, dtype, dynamic=True)
-        self.data = _archive.to_bytes(self.lowered)
+        self.data = _lowering.to_bytes(self.lowered)
         self.case, self.dtype = case, dtype
         model = ctx.cases[case]
         self.calls: dict[str, list[tuple[tuple, dict]]] = {}

@@ -5,7 +5,7 @@ to load and call on the target, a `Lowering` to redo in a fresh process),
 place it with `session(ctx, category).place` and read each item's result with
 `session(ctx, category).result`. What runs inside the process is
 `_extra_process_handler`; the child-process protocol is
-`pytest_backendconf._child`.
+`pytest_backendconf.target._child`.
 
 Each extra process costs a torch import, and the fresh lowering a torch
 tracing import on top, so one process per session does everything in two
@@ -27,14 +27,14 @@ import time
 import weakref
 from typing import Any
 
-from pytest_backendconf import _target
+from pytest_backendconf.target import _target
 
 from ._session_work import Lowering, Scenario, items_at_hand
 from ._spec import section
 
 
 class ExtraProcess:
-    """One child process (`pytest_backendconf._child`) doing a batch of items, read as it goes.
+    """One child process (`pytest_backendconf.target._child`) doing a batch of items, read as it goes.
 
     A scenario's result is ``{"loaded", "error", "outputs", "errors",
     "blocked", "returncode", "stderr"}`` (outputs and errors per method, one
@@ -54,7 +54,7 @@ class ExtraProcess:
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
 
     def __init__(self, ctx: Any, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float) -> None:
-        from pytest_backendconf._child import ChildProcess
+        from pytest_backendconf.target import ChildProcess
 
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
@@ -118,7 +118,7 @@ class ExtraProcess:
 
     def result(self, key: str) -> dict:
         """The item's result, as soon as the process has sent it."""
-        from pytest_backendconf._child import Ended
+        from pytest_backendconf.target import Ended
 
         with self._lock:
             while key not in self._records and self._end is None:
@@ -160,7 +160,7 @@ class ExtraProcess:
             )
 
     def _decode(self, record: dict) -> dict:
-        from pytest_backendconf._child import unpack_value
+        from pytest_backendconf.target import unpack_value
 
         if "outputs" not in record:
             return {k: v for k, v in record.items() if k != "kind"}
@@ -282,7 +282,7 @@ class Session:
 
 
 def _scenario_message(s: Scenario) -> dict:
-    from pytest_backendconf._child import pack_value
+    from pytest_backendconf.target import pack_value
 
     return {
         "key": s.key,

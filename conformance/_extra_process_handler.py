@@ -11,7 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pytest_backendconf import _archive, _registry, _target
+from pytest_backendconf import lowering as _lowering
+from pytest_backendconf.registry import _registry
+from pytest_backendconf.target import _target
 
 from ._session_work import FreshLowerer
 from ._stand_in import StandIn
@@ -62,7 +64,7 @@ class ExtraProcessHandler:
 
 
 def _run_scenario(scenario: dict, backend: Any, channel: Any) -> dict:
-    from pytest_backendconf._child import error_record, pack_value, unpack_value
+    from pytest_backendconf.target import error_record, pack_value, unpack_value
 
     options = scenario["stand_in"]
     if options is not None:
@@ -70,7 +72,7 @@ def _run_scenario(scenario: dict, backend: Any, channel: Any) -> dict:
     _registry.set_active_registry(_registry_of(backend))
     record: dict[str, Any] = {"loaded": False, "error": None, "outputs": None, "errors": {}}
     try:
-        wrapper = _target.load_on_target(channel, lambda: _archive.load(scenario["archive"]))
+        wrapper = _target.load_on_target(channel, lambda: _lowering.load(scenario["archive"]))
         record["loaded"] = True
     except Exception as exc:
         record["error"] = error_record(exc)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import _compat
-from .._tensorfile import read_tensors, write_tensors
+from ..archive import read_tensors, write_tensors
 
 #: Dtypes discovery looks at; the suite tests those the backend declares (or all of them).
 DISCOVERY_DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")

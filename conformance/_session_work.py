@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from pytest_backendconf import _archive
+from pytest_backendconf import lowering as _lowering
 from pytest_backendconf._compat import tree_structure
 from pytest_backendconf.errors import BackendUnavailableWarning
 
@@ -82,8 +82,8 @@ class FreshLowerer:
     def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
         import tempfile
 
-        from pytest_backendconf._context import SuiteContext
-        from pytest_backendconf._debug_handles import DebugHandleRecorder
+        from pytest_backendconf.suite._context import SuiteContext
+        from pytest_backendconf.debuginfo import DebugHandleRecorder
 
         from ._zoo_loader import load_zoo
 
@@ -94,7 +94,7 @@ class FreshLowerer:
         self.recorder = DebugHandleRecorder.default()
 
     def lower(self, item: dict, workdir: str) -> dict:
-        from pytest_backendconf._lowering import lower_programs
+        from pytest_backendconf.lowering import lower_programs
 
         case, dtype, ctx = item["case"], item["dtype"], self.ctx
         try:
@@ -114,7 +114,7 @@ class FreshLowerer:
                 )
             path = os.path.join(workdir, f"fresh-{case}.bcpt")
             with open(path, "wb") as f:
-                f.write(_archive.to_bytes(lowered))
+                f.write(_lowering.to_bytes(lowered))
             return {"archive": path}
         except Exception as exc:
             return {"error": {"type": type(exc).__name__, "message": str(exc)}}

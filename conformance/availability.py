@@ -22,8 +22,9 @@ from typing import Any, Iterator
 
 import torch
 
-from pytest_backendconf import _archive
-from pytest_backendconf._check import Check, Unsupported, fail
+from pytest_backendconf import archive as _archive
+from pytest_backendconf import lowering as _lowering
+from pytest_backendconf.report import Check, Unsupported, fail
 from pytest_backendconf.errors import (
     BackendContractError,
     BackendUnavailableError,
@@ -84,7 +85,7 @@ class _PreprocessOnly:
 
 def load_with(backend: Any, data: bytes) -> Any:
     """`pytest_backendconf.load` of ``data``, with ``backend`` instead of the registered one."""
-    return _archive.read_archive(data).instantiate(backend)
+    return _lowering.instantiate(_archive.read_archive(data), backend)
 
 
 # --- host rows ---------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def unavailable_on_host(ctx: Any, *, row: dict) -> None:
             fail(f"{where}: lowering did not warn {warning!r}; warnings seen: {others or 'none'}")
         stand_in.expect_no_calls(f"{where}, lowering", "compile", "execute")
         try:
-            data = _archive.to_bytes(lowered)
+            data = _lowering.to_bytes(lowered)
         except Exception as exc:
             fail(f"{where}: saving the module lowered while unavailable raised {type(exc).__name__}: {exc}")
         _expect_unavailable(f"{where}: loading the saved archive", lambda: load_with(stand_in.backend, data))
@@ -308,7 +309,7 @@ def availability_scenarios(ctx: Any) -> list[Scenario]:
 
 def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]:
     """Intact and truncated archives of one case, preprocessed without compiling."""
-    from pytest_backendconf._lowered_module import LoweredModule
+    from pytest_backendconf.lowering import LoweredModule
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BackendUnavailableWarning)
@@ -323,7 +324,7 @@ def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]
     paths = {}
     for kind, module in (("intact", lowered), ("truncated", truncated)):
         paths[kind] = os.path.join(str(directory), f"{case}-{kind}.bcpt")
-        _archive.save(module, paths[kind])
+        _lowering.save(module, paths[kind])
     return paths
 
 

@@ -18,9 +18,9 @@ import zipfile
 from typing import Any, Iterator
 
 import pytest_backendconf as bc
-from pytest_backendconf._archive_zip import MANIFEST, pack
-from pytest_backendconf._check import Check, fail
-from pytest_backendconf._versions import declared_version
+from pytest_backendconf.archive import MANIFEST, pack
+from pytest_backendconf.report import Check, fail
+from pytest_backendconf.archive import declared_version
 from pytest_backendconf.errors import ArchiveVersionError
 
 from ._session_work import same_outputs

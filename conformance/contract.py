@@ -12,10 +12,10 @@ from typing import Iterator
 import torch
 
 from pytest_backendconf import UnsupportedNodeError
-from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._debug_handles import DebugHandleRecorder
-from pytest_backendconf._lowering import user_outputs
-from pytest_backendconf._check import Check, Unsupported, fail
+from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.debuginfo import DebugHandleRecorder
+from pytest_backendconf.lowering import user_outputs
+from pytest_backendconf.report import Check, Unsupported, fail
 
 from . import profiling
 from ._spec import section

@@ -19,11 +19,12 @@ from typing import Any, Iterator
 
 import torch
 
-from pytest_backendconf import _archive
-from pytest_backendconf._debug_table import PortablePaths
-from pytest_backendconf._sidecar import check_pair, read_sidecar
-from pytest_backendconf._check import Check, Unsupported, fail
-from pytest_backendconf._symbolication import SymbolTable
+from pytest_backendconf import archive as _archive
+from pytest_backendconf import lowering as _lowering
+from pytest_backendconf.archive import PortablePaths
+from pytest_backendconf.archive import check_pair, read_sidecar
+from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.debuginfo import SymbolTable
 from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
@@ -83,7 +84,7 @@ def check_debug_info_apart(ctx: Any, *, case: str, dtype: str) -> None:
         lowered = ctx.lower(case, dtype)
     except UnsupportedNodeError as exc:
         raise Unsupported.from_rejection(exc) from exc
-    archive_bytes, sidecar_bytes = _archive.to_bytes_separate(lowered)
+    archive_bytes, sidecar_bytes = _lowering.to_bytes_separate(lowered)
     embedded = lowered.lowered.debug
     found = leaks(archive_bytes, secrets(embedded))
     if found:

@@ -22,13 +22,13 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _compat
-from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._lowering import lower_programs
-from pytest_backendconf._partition import op_overload
-from pytest_backendconf._check import Check, CheckFailed, Unsupported
+from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.lowering import lower_programs
+from pytest_backendconf.lowering import op_overload
+from pytest_backendconf.report import Check, CheckFailed, Unsupported
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 
-from pytest_backendconf._delegation_summary import NOT_NEEDED
+from pytest_backendconf.report import NOT_NEEDED
 
 from ._spec import section
 
@@ -212,9 +212,9 @@ def _check_parity(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -
 
 
 def _check_round_trip(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -> None:
-    from pytest_backendconf import _archive
+    from pytest_backendconf import lowering as _lowering
 
-    loaded = bc.load(_archive.to_bytes(lowered))
+    loaded = bc.load(_lowering.to_bytes(lowered))
     if bc.delegation(loaded) != bc.delegation(lowered):
         raise CheckFailed(f"{case_name} ({dtype}): the archive does not keep the partitions: {bc.delegation(loaded)}")
     for method in ctx.cases[case_name].methods:

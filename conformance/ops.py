@@ -21,11 +21,11 @@ from typing import Any, Iterator
 import torch
 
 from .. import _compat
-from .._context import SuiteContext
-from .._lowering import lower_programs
-from .._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
-from .._check import Check, CheckFailed, Unsupported
-from .._tensorfile import write_tensors
+from ..suite._context import SuiteContext
+from ..lowering import lower_programs
+from ..diagnostics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
+from ..report import Check, CheckFailed, Unsupported
+from ..archive import write_tensors
 from ..errors import UnsupportedNodeError
 from . import _ops_discovery as discovery
 from ._ops_program import OpCall, build_program, op_call_class

@@ -25,11 +25,11 @@ from pytest_backendconf import _compat
 from hypothesis import example, given, seed as hypothesis_seed, settings, strategies as st
 
 from pytest_backendconf import OutputSpecError, UnsupportedNodeError
-from pytest_backendconf._context import FIXED, INPUT_MODES, SuiteContext
-from pytest_backendconf._context import normalize_call
-from pytest_backendconf._divergence import locate_in_program
-from pytest_backendconf._tensorfile import write_tensors
-from pytest_backendconf._numerics import (
+from pytest_backendconf.suite._context import FIXED, INPUT_MODES, SuiteContext
+from pytest_backendconf.lowering import normalize as normalize_call
+from pytest_backendconf.diagnostics import locate_in_program
+from pytest_backendconf.archive import write_tensors
+from pytest_backendconf.diagnostics import (
     StructureMismatch,
     Tolerance,
     compare_outputs,
@@ -37,8 +37,8 @@ from pytest_backendconf._numerics import (
     summary_json,
     worst,
 )
-from pytest_backendconf._hypothesis import PROFILES, draws_seed
-from pytest_backendconf._check import Check, CheckFailed, Unsupported
+from pytest_backendconf.suite._hypothesis import PROFILES, draws_seed
+from pytest_backendconf.report import Check, CheckFailed, Unsupported
 
 from ._spec import section
 
@@ -208,7 +208,7 @@ def divergence_text(
     module_type = type(module)
     try:
         if at_these_sizes:
-            from pytest_backendconf._lowering import export_method
+            from pytest_backendconf.lowering import export_method
 
             program = export_method(copy.deepcopy(module), method, tuple(args), dict(kwargs))
         else:

@@ -22,10 +22,10 @@ from typing import Any, Iterator
 
 import torch
 
-from pytest_backendconf._debug_handles import walk_nodes
-from pytest_backendconf._debug_info import op_name
-from pytest_backendconf._profile import Call, check_events
-from pytest_backendconf._check import Check, fail
+from pytest_backendconf.debuginfo import walk_nodes
+from pytest_backendconf.debuginfo import op_name
+from pytest_backendconf.diagnostics import Call, check_events
+from pytest_backendconf.report import Check, fail
 from pytest_backendconf.errors import BackendContractError
 
 from ._spec import section

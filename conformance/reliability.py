@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from pytest_backendconf import UnsupportedNodeError
-from pytest_backendconf._context import SuiteContext
+from pytest_backendconf.suite._context import SuiteContext
 from pytest_backendconf._compat import tree_leaves, tree_map
-from pytest_backendconf._check import Check, Unsupported, fail
+from pytest_backendconf.report import Check, Unsupported, fail
 
 from ._spec import section
 
@@ -129,7 +129,7 @@ def execute_timeout() -> float:
 
 
 def _run_child(ctx: SuiteContext) -> IsolatedRun:
-    from pytest_backendconf._child import ChildProcess, pack_value
+    from pytest_backendconf.target import ChildProcess, pack_value
 
     spec = section("reliability")
     run = IsolatedRun(probes=[], timeout=execute_timeout())
@@ -175,7 +175,7 @@ def _run_child(ctx: SuiteContext) -> IsolatedRun:
 
 def _follow(child: Any, probes: list[Probe], run: IsolatedRun) -> None:
     """Read the child's reports; the probe under way when it dies crashed, when it falls silent hung."""
-    from pytest_backendconf._child import Ended
+    from pytest_backendconf.target import Ended
 
     current: Probe | None = None
     while True:
@@ -214,7 +214,7 @@ def _follow(child: Any, probes: list[Probe], run: IsolatedRun) -> None:
 
 
 def exit_status(code: int | None) -> str:
-    from pytest_backendconf._child import exit_status as status
+    from pytest_backendconf.target import exit_status as status
 
     return status(code).replace(" (", ", ").rstrip(")")
 
@@ -230,14 +230,14 @@ class ProbeRunner:
     """In the child: the backend as the session created it; compile and execute every probe, report each step."""
 
     def __init__(self, options: dict, channel: Any) -> None:
-        from pytest_backendconf._registry import lookup_backend
+        from pytest_backendconf.registry import lookup_backend
 
         self.backend = lookup_backend(options["backend"]).backend
 
     def __call__(self, request: dict, channel: Any) -> dict:
         import faulthandler
 
-        from pytest_backendconf._child import unpack_value
+        from pytest_backendconf.target import unpack_value
 
         def send(probe: int, step: str, kind: str, error: str | None = None) -> None:
             channel.send({"kind": kind, "probe": probe, "step": step, "error": error})

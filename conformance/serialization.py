@@ -16,9 +16,10 @@ from typing import Any, Iterator
 import torch
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive
+from pytest_backendconf import archive as _archive
+from pytest_backendconf import lowering as _lowering
 from pytest_backendconf._compat import tree_map
-from pytest_backendconf._check import Check, Unsupported, fail
+from pytest_backendconf.report import Check, Unsupported, fail
 from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
@@ -58,7 +59,7 @@ class _Saved:
 
     def __init__(self, lowered: Any, calls: dict[str, list[tuple[tuple, dict]]]) -> None:
         self.lowered = lowered
-        self.data = _archive.to_bytes(lowered)
+        self.data = _lowering.to_bytes(lowered)
         #: Per method, the example calls (one per seed in suite.toml).
         self.calls = calls
 
@@ -129,7 +130,7 @@ def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
 
 def check_resave_is_byte_identical(ctx: Any, *, case: str, dtype: str) -> None:
     saved, loaded = _loaded(ctx, case, dtype)
-    again = _archive.to_bytes(loaded)
+    again = _lowering.to_bytes(loaded)
     if again != saved.data:
         fail(
             f"{case} ({dtype}): save(load(archive)) is not byte-identical to the archive: "
@@ -185,7 +186,7 @@ def check_compile_spec_and_debug_info_survive(ctx: Any, *, case: str, dtype: str
         lowered = ctx.lower(case, dtype, spec)
     except UnsupportedNodeError as exc:
         raise Unsupported.from_rejection(exc) from exc
-    data = _archive.to_bytes(lowered)
+    data = _lowering.to_bytes(lowered)
     manifest_spec = _archive.read_archive(data).method_compile_spec
     if manifest_spec != spec:
         fail(
@@ -234,7 +235,7 @@ def check_wrapper_attributes_survive(ctx: Any, *, case: str, dtype: str) -> None
     expected = _attributes()
     for name, value in expected.items():
         setattr(lowered, name, value)
-    data = _archive.to_bytes(lowered)
+    data = _lowering.to_bytes(lowered)
     loaded = bc.load(data)
     for name, value in expected.items():
         if not hasattr(loaded, name):
@@ -242,7 +243,7 @@ def check_wrapper_attributes_survive(ctx: Any, *, case: str, dtype: str) -> None
         problem = _same_value(getattr(loaded, name), value)
         if problem:
             fail(f"{case} ({dtype}): attribute {name!r} set after lowering came back changed: {problem}")
-    again = _archive.to_bytes(loaded)
+    again = _lowering.to_bytes(loaded)
     if again != data:
         fail(
             f"{case} ({dtype}): with attributes, save(load(archive)) is not byte-identical: "

@@ -30,12 +30,12 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import BackendRuntimeError, UnsupportedNodeError
-from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._debug_handles import DebugHandleRecorder, walk_nodes
-from pytest_backendconf._debug_info import build_debug_infos, format_missing, op_name
-from pytest_backendconf._lowering import _preprocess, export_method
+from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.debuginfo import DebugHandleRecorder, walk_nodes
+from pytest_backendconf.debuginfo import build_debug_infos, format_missing, op_name
+from pytest_backendconf.lowering import _preprocess, export_method
 from pytest_backendconf.backend import FAULT_KEY
-from pytest_backendconf._check import Check, CheckFailed, Unsupported, fail
+from pytest_backendconf.report import Check, CheckFailed, Unsupported, fail
 
 from ._spec import section
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._registry import register_backend
+from .registry import register_backend
 from .backend import Backend
 from .capabilities import Capabilities
 from .errors import (
@@ -51,25 +51,25 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
-    "to_backend": "._lowering",
-    "LoweredModule": "._lowered_module",
-    "WrapperModule": "._lowered_module",
-    "debug_info": "._lowered_module",
-    "delegation": "._lowered_module",
-    "Delegation": "._plan",
-    "DebugInfo": "._debug_info",
-    "Frame": "._debug_info",
-    "DebugHandles": "._debug_handles",
-    "DebugHandleRecorder": "._debug_handles",
-    "save": "._archive",
-    "load": "._archive",
-    "symbolicate": "._archive",
-    "profile": "._profile",
-    "Profile": "._profile",
-    "read_archive": "._archive",
-    "Limits": "._archive",
-    "run_on_target": "._target",
-    "locate_divergence": "._divergence",
+    "to_backend": ".lowering",
+    "LoweredModule": ".lowering",
+    "WrapperModule": ".lowering",
+    "debug_info": ".lowering",
+    "delegation": ".lowering",
+    "Delegation": ".archive",
+    "DebugInfo": ".debuginfo",
+    "Frame": ".debuginfo",
+    "DebugHandles": ".debuginfo",
+    "DebugHandleRecorder": ".debuginfo",
+    "save": ".lowering",
+    "load": ".lowering",
+    "symbolicate": ".archive",
+    "profile": ".diagnostics",
+    "Profile": ".diagnostics",
+    "read_archive": ".archive",
+    "Limits": ".archive",
+    "run_on_target": ".target",
+    "locate_divergence": ".diagnostics",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

@@ -58,7 +58,7 @@ class UnsupportedNodeError(BackendConfError):
         self.debug_info: Any = None
 
     def __str__(self) -> str:
-        from ._debug_info import debug_info_for_node, format_unsupported
+        from .debuginfo import debug_info_for_node, format_unsupported
 
         info = self.debug_info
         if info is None:

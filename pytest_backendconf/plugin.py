@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-from ._registry import (
-    BackendRegistry,
-    RegisteredBackend,
-    Source,
-    set_active_registry,
-    source_of_module,
-)
+from .registry import BackendRegistry, RegisteredBackend, Source, set_active_registry, source_of_module
 from .errors import RegistryError
 
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
@@ -173,7 +167,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[BACKEND_KEY] = selected
     set_active_registry(registry)
     if not config.pluginmanager.is_blocked(SUITE_PLUGIN):
-        from ._suite import SuitePlugin, suite_only
+        from .suite import SuitePlugin, suite_only
 
         if suite_only(config):
             config.args = []  # the suite alone, not whatever is in the current folder
@@ -181,11 +175,11 @@ def pytest_configure(config: pytest.Config) -> None:
             SuitePlugin(config, lambda: _make_context(config, registry, selected), selected.name), SUITE_PLUGIN
         )
         if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.is_blocked("backendconf_xdist"):
-            from ._xdist import ModelGrouping
+            from .suite import ModelGrouping
 
             config.pluginmanager.register(ModelGrouping(), "backendconf_xdist")  # one worker per model
         if not config.pluginmanager.is_blocked("backendconf_gating"):
-            from ._gating import GatingPlugin
+            from .suite import GatingPlugin
 
             config.pluginmanager.register(GatingPlugin(config, selected), "backendconf_gating")
 
@@ -194,8 +188,8 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     import tempfile
     from pathlib import Path
 
-    from ._context import build_context
-    from ._hypothesis import hypothesis_choice
+    from .suite import build_context
+    from .suite import hypothesis_choice
 
     factory = getattr(config, "_tmp_path_factory", None)
 
@@ -246,7 +240,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = "available" if available else f"not available: {reason}"
     lines = [f"backendconf: backend {selected.name!r} from {selected.source}, {state}"]
     if config.pluginmanager.has_plugin(SUITE_PLUGIN):
-        from ._hypothesis import hypothesis_choice
+        from .suite import hypothesis_choice
 
         profile, seed = hypothesis_choice(config)
         lines.append(

@@ -102,7 +102,7 @@ class RejectsMul(ReferenceBackend):
     )
 
     def preprocess(self, program, compile_spec, debug_handles):
-        from pytest_backendconf._debug_handles import walk_nodes
+        from pytest_backendconf.debuginfo._handles import walk_nodes
 
         for node in walk_nodes(program.graph_module):
             if node.op == "call_function" and node.target is torch.ops.aten.mul.Tensor:

@@ -154,7 +154,9 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pytest_backendconf import _archive, _archive_zip, _registry  # noqa: E402
+from pytest_backendconf.archive import _archive, _zip as _archive_zip  # noqa: E402
+from pytest_backendconf.lowering import _saving  # noqa: E402
+from pytest_backendconf.registry import _registry  # noqa: E402
 from pytest_backendconf.errors import (  # noqa: E402
     ArchiveBackendError,
     ArchiveChecksumError,
@@ -198,7 +200,7 @@ def registry():
 @pytest.fixture(scope="module")
 def small():
     """A small archive: N/M/L, forward only."""
-    return _archive.to_bytes(lower())
+    return _saving.to_bytes(lower())
 
 
 def entries_of(data: bytes) -> dict[str, bytes]:
@@ -255,7 +257,7 @@ def raw_zip(items: list[tuple[bytes, bytes]]) -> bytes:
 
 def assert_only_archive_error(data: bytes, **kwargs) -> None:
     try:
-        _archive.load(data, **kwargs)
+        _saving.load(data, **kwargs)
     except ArchiveError:
         pass
 
@@ -291,7 +293,7 @@ def test_round_trip_keeps_outputs_debug_info_compile_spec_and_attributes(tmp_pat
     assert again.settings == lowered.settings
     assert "offset" in again._buffers and "offset" in again._non_persistent_buffers_set
     assert isinstance(again.weight, torch.nn.Parameter) and again.weight.requires_grad
-    assert path.read_bytes() == _archive.to_bytes(again)  # save(load(a)) == a
+    assert path.read_bytes() == _saving.to_bytes(again)  # save(load(a)) == a
 
 
 def test_layout_manifest_first_sorted_fixed_timestamps_and_readable_by_zipfile(small):
@@ -322,16 +324,16 @@ def test_file_objects_and_bytes(small):
 
 def test_lowered_module_without_wrapper_saves():
     lowered = lower()
-    assert _archive.to_bytes(lowered.lowered) == _archive.to_bytes(lowered)
+    assert _saving.to_bytes(lowered.lowered) == _saving.to_bytes(lowered)
 
 
 def test_same_tensor_twice_is_stored_once_and_restored_as_one_object():
     lowered = lower()
     t = torch.ones(3)
     lowered.both = [t, t]
-    entries = entries_of(_archive.to_bytes(lowered))
+    entries = entries_of(_saving.to_bytes(lowered))
     assert [n for n in entries if n.startswith("tensors/")] == ["tensors/0.bin"]
-    again = bc.load(_archive.to_bytes(lowered))
+    again = bc.load(_saving.to_bytes(lowered))
     assert again.both[0] is again.both[1]
 
 
@@ -389,11 +391,11 @@ def test_unavailable_backend_saves_but_load_says_not_available(tmp_path):
 def test_unknown_backend_names_it_and_how_to_install():
     lowered = lower(TinyBackend("tiny_ghost"))
     with pytest.raises(ArchiveBackendError, match=r"manifest\.json.*backend 'tiny_ghost'.*Install a package"):
-        bc.load(_archive.to_bytes(lowered))
+        bc.load(_saving.to_bytes(lowered))
 
 
 def test_two_lowerings_in_one_process_differ_only_in_handles():
-    first, second = _archive.to_bytes(lower()), _archive.to_bytes(lower())
+    first, second = _saving.to_bytes(lower()), _saving.to_bytes(lower())
     a, b = entries_of(first), entries_of(second)
     assert a.keys() == b.keys()
     da, db = json.loads(a["debug.json"]), json.loads(b["debug.json"])
@@ -892,7 +894,7 @@ def test_hostile_archive_gives_a_specific_error_naming_the_entry(small, case):
 
 
 def test_limits_can_be_tightened():
-    data = _archive.to_bytes(lower())
+    data = _saving.to_bytes(lower())
     with pytest.raises(ArchiveSizeError, match="more than the limit of 100"):
         bc.load(data, limits=_archive.Limits(max_archive_bytes=100))
     with pytest.raises(ArchiveSizeError, match="4 entries, more than the limit of 3"):
@@ -954,13 +956,13 @@ def test_mutated_archives_raise_only_archive_errors(small, data):
 
 def test_archive_code_never_unpickles_or_evaluates():
     package = os.path.dirname(bc.__file__)
-    archive_modules = [
-        n
-        for n in os.listdir(package)
-        if n.startswith("_archive")
-        or n in ("_manifest.py", "_tensor_codec.py", "_debug_table.py", "_symbolication.py", "_files.py", "_target.py")
+    archive_modules = [os.path.join("archive", n) for n in os.listdir(os.path.join(package, "archive"))]
+    archive_modules += [
+        os.path.join("debuginfo", "_symbolication.py"),
+        os.path.join("target", "_target.py"),
+        os.path.join("lowering", "_saving.py"),
     ]
-    assert len(archive_modules) >= 9, archive_modules
+    assert len(archive_modules) >= 12, archive_modules
     for name in archive_modules:
         source = open(os.path.join(package, name), encoding="utf-8").read()
         for forbidden in ("pickle", "torch.load(", "eval(", "exec(", "marshal"):
@@ -987,7 +989,7 @@ def test_symbolicate_from_path_bytes_archive_and_module(tmp_path):
 
 
 def test_symbolicate_needs_no_backend():
-    data = _archive.to_bytes(lower(TinyBackend("tiny_ghost")))
+    data = _saving.to_bytes(lower(TinyBackend("tiny_ghost")))
     with pytest.raises(ArchiveBackendError):
         bc.load(data)
     assert "aten::sub" in bc.symbolicate(data, [min(_archive.read_archive(data).debug) + 2])
@@ -1034,4 +1036,4 @@ def test_debug_info_is_a_third_of_torch_export_stack_traces():
     sizes = _archive.debug_info_sizes(lowered, program)
     assert sizes.torch_stack_trace_bytes > 0
     assert sizes.ratio <= 1 / 3, sizes
-    assert sizes == _archive.debug_info_sizes(_archive.to_bytes(lowered), [program])
+    assert sizes == _archive.debug_info_sizes(_saving.to_bytes(lowered), [program])

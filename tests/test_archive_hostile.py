@@ -25,7 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive, _archive_zip, _files, _symbolication, cli
+from pytest_backendconf.archive import _zip as _archive_zip, _files
+from pytest_backendconf.lowering import _saving
+from pytest_backendconf.debuginfo import _symbolication
+from pytest_backendconf.cli import _main as cli
 from pytest_backendconf.errors import (
     ArchiveError,
     ArchiveFormatError,
@@ -44,7 +47,7 @@ def rich():
     lowered = lower()
     lowered.scale = torch.tensor([1.5, 2.0])
     lowered.settings = {"name": "n", 3: [True, None, 2.5], "pair": (1, 2.5)}
-    return _archive.to_bytes(lowered)
+    return _saving.to_bytes(lowered)
 
 
 def honest(entries: dict[str, bytes], deflated: frozenset = frozenset({"debug.json"})) -> bytes:
@@ -133,7 +136,7 @@ def test_each_kind_of_entry_has_its_own_cap(rich):
     with pytest.raises(
         ArchiveSizeError, match=r"entry 'attributes.json': \d+ bytes of JSON, more than the limit of 2500"
     ):
-        bc.load(_archive.to_bytes(lowered), limits=bc.Limits(max_json_bytes=2500))
+        bc.load(_saving.to_bytes(lowered), limits=bc.Limits(max_json_bytes=2500))
 
 
 def test_limits_are_checked_when_given():
@@ -236,11 +239,11 @@ FUSSY = Fussy("fussy")
 
 
 def test_a_corrupt_blob_with_consistent_hashes_says_compile_failed_on_the_archive():
-    entries = entries_of(_archive.to_bytes(lower()))
+    entries = entries_of(_saving.to_bytes(lower()))
     entries["blobs/forward.bin"] = b"\x00not the blob"
     archive = bc.read_archive(honest(entries))  # every hash fits: only compile can tell
     with pytest.raises(BackendContractError) as error:
-        archive.instantiate(FUSSY)
+        _saving.instantiate(archive, FUSSY)
     text = str(error.value)
     assert "backend 'fussy': compile() failed at load: " in text
     assert (
@@ -304,7 +307,7 @@ def test_a_killed_save_leaves_a_temporary_file_the_next_save_removes(tmp_path, r
     target = tmp_path / "a.bcpt"
     code = (
         "import os, time, sys\n"
-        "from pytest_backendconf import _files\n"
+        "from pytest_backendconf.archive import _files\n"
         "os.fsync = lambda fd: (print('writing', flush=True), time.sleep(600))\n"
         f"_files.write_atomic({str(target)!r}, b'x' * 1000)\n"
     )

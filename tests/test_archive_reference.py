@@ -8,7 +8,7 @@ import torch
 
 import lowering_models as models
 import pytest_backendconf as bc
-from pytest_backendconf._target import run_on_target
+from pytest_backendconf.target._target import run_on_target
 
 CASES = {
     "nml": (models.N, (torch.randn(2, 3),)),

@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive, _archive_zip, _structure
+from pytest_backendconf.archive import _archive, _zip as _archive_zip, _structure
+from pytest_backendconf.lowering import _saving
 from pytest_backendconf.errors import ArchiveManifestError, InputSpecError, LoweringError
 
 DATA = Path(__file__).parent / "data"
@@ -306,7 +307,7 @@ def _deep_old(n):
 
 
 def test_new_archives_name_the_field_of_a_bad_structure():
-    data = _archive.to_bytes(
+    data = _saving.to_bytes(
         bc.to_backend(TwoWays(), "reference", {"forward": {}}, example_inputs=(Point(torch.ones(2), torch.ones(2)),))
     )
     cases = {

@@ -11,6 +11,7 @@ from backendconf_reference import ReferenceBackend
 import pytest_backendconf as bc
 from pytest_backendconf.conformance.backend_versions import FUTURE_VERSION, with_backend_version
 from pytest_backendconf.errors import ArchiveError, ArchiveVersionError, BackendContractError, BackendVersionError
+from pytest_backendconf.lowering import _saving
 
 from lowering_models import N
 
@@ -35,7 +36,7 @@ class Raises(ReferenceBackend):
 @pytest.fixture(scope="module")
 def archive() -> bytes:
     lowered = bc.to_backend(N(), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 3),))
-    from pytest_backendconf._archive import to_bytes
+    from pytest_backendconf.lowering._saving import to_bytes
 
     return to_bytes(lowered)
 
@@ -65,7 +66,7 @@ def test_an_older_minor_of_the_same_major_loads(archive):
 
 def test_a_backend_without_a_version_policy_accepts_any_version(archive):
     archive_obj = bc.read_archive(with_backend_version(archive, FUTURE_VERSION))
-    loaded = archive_obj.instantiate(NoVersionPolicy())
+    loaded = _saving.instantiate(archive_obj, NoVersionPolicy())
     assert loaded.lowered.backend_version == FUTURE_VERSION
 
 
@@ -79,7 +80,7 @@ def test_a_backend_without_a_version_policy_accepts_any_version(archive):
 def test_a_broken_version_policy_is_a_contract_error_naming_it(archive, backend, says):
     archive_obj = bc.read_archive(with_backend_version(archive, FUTURE_VERSION))
     with pytest.raises(BackendContractError, match=f"accepts_blob_version\\('{FUTURE_VERSION}'\\) {says}"):
-        archive_obj.instantiate(backend)
+        _saving.instantiate(archive_obj, backend)
 
 
 def test_a_version_that_is_not_a_string_is_refused_at_lowering():

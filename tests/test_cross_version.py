@@ -45,7 +45,7 @@ def write_archives(directory: Path, only: set[str] | None = None) -> dict[str, A
     from torch.utils import _pytree as pytree
 
     import pytest_backendconf as bc
-    from pytest_backendconf._context import FIXED, make_input
+    from pytest_backendconf.suite._context import FIXED, make_input
     from pytest_backendconf.conformance._zoo_loader import load_zoo
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -90,8 +90,8 @@ def check_archives(directory: Path) -> dict[str, Any]:
     from torch.utils import _pytree as pytree
 
     import pytest_backendconf as bc
-    from pytest_backendconf._archive import read_archive
-    from pytest_backendconf._context import FIXED
+    from pytest_backendconf.archive._archive import read_archive
+    from pytest_backendconf.suite._context import FIXED
     from pytest_backendconf.conformance._spec import section
     from pytest_backendconf.conformance._zoo_loader import load_zoo
 

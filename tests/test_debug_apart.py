@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive
+from pytest_backendconf.archive import _archive
+from pytest_backendconf.lowering import _saving
 from pytest_backendconf.conformance.debug_apart import leaks, secrets
 from pytest_backendconf.errors import ArchiveError, DebugSidecarError
 
@@ -46,7 +47,7 @@ def test_the_archive_holds_handles_only(lowered, pair):
     assert b"return x * 5" not in _everything(data) and b"zoo.py" not in _everything(data)
     assert leaks(data, secrets(bc.debug_info(lowered))) == []
     # The embedded form has both, inflated (debug.json is deflated in the file).
-    embedded = _archive.to_bytes(lowered)
+    embedded = _saving.to_bytes(lowered)
     assert b"return x * 5" in _everything(embedded) and b"zoo.py" in _everything(embedded)
     archive = bc.read_archive(data)
     assert archive.schema_version == (1, 3) and archive.debug == {}
@@ -56,7 +57,7 @@ def test_the_archive_holds_handles_only(lowered, pair):
 
 def test_the_pair_is_deterministic_and_resaves_byte_identically(lowered, pair, tmp_path):
     path, sidecar = pair
-    assert _archive.to_bytes_separate(lowered) == (path.read_bytes(), sidecar.read_bytes())
+    assert _saving.to_bytes_separate(lowered) == (path.read_bytes(), sidecar.read_bytes())
     again = tmp_path / "again.bcpt"
     bc.save(bc.load(path), again, debug_info="separate")
     assert again.read_bytes() == path.read_bytes()
@@ -66,7 +67,7 @@ def test_the_pair_is_deterministic_and_resaves_byte_identically(lowered, pair, t
 def test_the_sidecar_symbolicates_every_handle_as_the_embedded_form(lowered, pair):
     path, sidecar = pair
     handles = sorted(bc.debug_info(lowered))
-    embedded = bc.symbolicate(_archive.to_bytes(lowered), handles)
+    embedded = bc.symbolicate(_saving.to_bytes(lowered), handles)
     assert bc.symbolicate(str(sidecar), handles) == embedded
     assert bc.symbolicate(path, handles) == embedded  # the .debug file beside it is found
     for h in handles:
@@ -155,7 +156,7 @@ def test_misuse_is_a_clear_error(lowered, tmp_path, call, error, says):
 def test_to_file_objects_and_a_damaged_or_misplaced_sidecar(lowered, tmp_path):
     archive, sidecar = io.BytesIO(), io.BytesIO()
     bc.save(lowered, archive, debug_info="separate", debug_file=sidecar)
-    assert (archive.getvalue(), sidecar.getvalue()) == _archive.to_bytes_separate(lowered)
+    assert (archive.getvalue(), sidecar.getvalue()) == _saving.to_bytes_separate(lowered)
     damaged = bytearray(sidecar.getvalue())
     damaged[-60] ^= 0xFF
     with pytest.raises(ArchiveError):

@@ -13,7 +13,7 @@ import torch
 from torch.export import Dim
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive
+from pytest_backendconf.lowering import _saving
 from pytest_backendconf.conformance import zoo
 from pytest_backendconf.errors import ArchiveError
 
@@ -199,6 +199,6 @@ def test_a_bad_dynamic_shapes_record_in_an_archive_is_refused(lowered_cnn, edit,
     def edit_forward(manifest):
         edit(next(m for m in manifest["methods"] if m["name"] == "forward"))
 
-    data = edit_manifest(_archive.to_bytes(lowered_cnn), edit_forward)
+    data = edit_manifest(_saving.to_bytes(lowered_cnn), edit_forward)
     with pytest.raises(ArchiveError, match=rf"methods\[0\] is not a valid method spec .*{message}"):
         bc.load(data)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backendconf._check import id_matches
-from pytest_backendconf._known_failures import KnownFailure, format_known_failures, merge_known_failures
-from pytest_backendconf._report import TestResult
+from pytest_backendconf.report._check import id_matches
+from pytest_backendconf.report._known_failures import KnownFailure, format_known_failures, merge_known_failures
+from pytest_backendconf.report._report import TestResult
 
 if sys.version_info >= (3, 11):
     import tomllib

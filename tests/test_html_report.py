@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backendconf._html import check_column, render, root_cause
-from pytest_backendconf.cli import main
+from pytest_backendconf.report._html import check_column, render, root_cause
+from pytest_backendconf.cli._main import main
 
 from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, select
 

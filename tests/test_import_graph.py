@@ -1,4 +1,4 @@
-"""The package's modules import each other without cycles.
+"""The package's modules import each other without cycles, and only downwards between its layers.
 
 A cycle makes import order matter and hides which module owns what. The
 graph counts every import a module can run: module level and inside
@@ -8,6 +8,12 @@ never run. The package's ``__init__`` is a facade whose heavy names load on
 first use (its ``_LAZY`` table), so using ``bc.save`` or ``from
 pytest_backendconf import save`` is an edge to the module defining ``save``,
 and ``__init__`` itself has only its eager imports as edges.
+
+The layers, top to bottom (docs/design-notes.md, "The house by domain"):
+``cli``; ``suite`` with the categories (``conformance``); ``report``,
+``target``, ``diagnostics``; ``lowering``; ``archive``; ``debuginfo``,
+``reference``, ``registry``; the public surface. A module may import its
+own layer and the layers below it, never one above.
 """
 
 from __future__ import annotations
@@ -19,12 +25,55 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The package's import name -> the folder it is installed from (pyproject.toml's package-dir).
 PACKAGES = {"pytest_backendconf": ROOT / "pytest_backendconf", "pytest_backendconf.conformance": ROOT / "conformance"}
 
+#: The layers, top to bottom; a name is a sub-package, or a top-level module of the public surface.
+LAYERS: list[tuple[str, ...]] = [
+    ("cli", "rerun"),
+    ("suite", "conformance"),
+    ("report", "target", "diagnostics"),
+    ("lowering",),
+    ("archive",),
+    ("debuginfo", "reference", "registry"),
+    ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "_compat"),
+]
+#: Above every layer: the pytest entry module and the facade (its names load lazily, each from its layer).
+ENTRIES = ("plugin", "")
+#: The one upward import, lazy: ``str()`` of an `UnsupportedNodeError` raised outside `to_backend` (a
+#: backend's own test calling ``preprocess``) formats the node's source with debuginfo's formatter.
+#: Moving that formatter into errors would put the whole source-location machinery in the public surface.
+ALLOWED_UPWARD = {("pytest_backendconf.errors", "pytest_backendconf.debuginfo")}
+
 
 def package_modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def layer_of(module: str) -> int:
+    """The index in `LAYERS` of ``module`` (0 is the top); -1 for the entry module and the facade."""
+    room = module.split(".")[1] if module.count(".") else ""
+    if room in ENTRIES:
+        return -1
+    for index, rooms in enumerate(LAYERS):
+        if room in rooms:
+            return index
+    raise AssertionError(f"{module} is in no layer: add its sub-package to LAYERS in {__file__}")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a module from a layer above the importer's."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        for imported in sorted(edges):
+            if layer_of(imported) < layer_of(module) and layer_of(imported) >= 0:
+                package = ".".join(imported.split(".")[:2])
+                if (module, package) not in ALLOWED_UPWARD:
+                    found.append(f"{module} -> {imported}")
     return found
 
 
@@ -67,15 +116,17 @@ def _imports(
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target != "pytest_backendconf":
+            if target != "pytest_backendconf" and not node.names:
                 found.add(target)
             for alias in node.names:
                 if target == "pytest_backendconf" and alias.name in lazy:
                     found.add(lazy[alias.name])
-                elif target == "pytest_backendconf" and alias.name not in submodules:
-                    found.add(target)  # a name __init__ defines or imports eagerly
-                else:
+                elif f"{target}.{alias.name}" in submodules or (
+                    target == "pytest_backendconf" and alias.name in submodules
+                ):
                     found.add(f"{target}.{alias.name}")  # `from package import submodule`
+                else:
+                    found.add(target)  # a name the package's __init__ defines or imports
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -101,7 +152,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = package_modules()
     trees = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, path in modules.items()}
     lazy = _lazy_names(trees["pytest_backendconf"])
-    submodules = {name.split(".")[1] for name in modules if name.count(".") == 1}
+    submodules = set(modules)
     graph = {}
     for name, tree in trees.items():
         edges = _imports(tree, name, modules[name].stem == "__init__", lazy, submodules)
@@ -138,8 +189,37 @@ def test_the_package_has_no_import_cycle() -> None:
     cycle = find_cycle(graph)
     assert cycle is None, (
         "import cycle: " + " -> ".join(cycle) + ". Move what both sides need into a module below them "
-        "(as _check.py is below _suite.py and the categories)."
+        "(as report/_check.py is below suite/_suite.py and the categories)."
     )
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    upward = upward_imports(import_graph())
+    assert not upward, (
+        "imports from a layer above the importer's: " + "; ".join(upward) + ". Move what the lower layer needs "
+        "down (as the archive keeps records and lowering builds modules from them), or pass it in as a parameter."
+    )
+
+
+def test_every_module_is_in_a_layer() -> None:
+    modules = import_graph()
+    assert {layer_of(m) for m in modules} == {-1, *range(len(LAYERS))}
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    # The check above can fail: archive importing lowering, debuginfo importing the suite, a lazy one too.
+    graph = import_graph()
+    graph["pytest_backendconf.archive._manifest"].add("pytest_backendconf.lowering._lowered_module")
+    graph["pytest_backendconf.debuginfo._info"].add("pytest_backendconf.suite")
+    assert upward_imports(graph) == [
+        "pytest_backendconf.archive._manifest -> pytest_backendconf.lowering._lowered_module",
+        "pytest_backendconf.debuginfo._info -> pytest_backendconf.suite",
+    ]
+    tree = ast.parse("def f():\n    from ..lowering import LoweredModule\n")
+    assert "pytest_backendconf.lowering" in _imports(tree, "pytest_backendconf.archive._archive", False)
+    assert upward_imports({"pytest_backendconf.archive._archive": {"pytest_backendconf.lowering"}}) == [
+        "pytest_backendconf.archive._archive -> pytest_backendconf.lowering"
+    ]
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -157,3 +237,21 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert "pytest_backendconf._archive" in _imports(uses, "pytest_backendconf.conformance.m", False, lazy)
     uses = ast.parse("from pytest_backendconf import save\n")
     assert "pytest_backendconf._archive" in _imports(uses, "pytest_backendconf.conformance.m", False, lazy)
+
+
+def benchmark_graph() -> dict[str, set[str]]:
+    """The benchmark scripts' imports of each other (they import their siblings by file name)."""
+    folder = ROOT / "benchmarks"
+    scripts = {path.stem: path for path in folder.glob("*.py")}
+    graph = {}
+    for name, path in scripts.items():
+        edges = _imports(ast.parse(path.read_text(encoding="utf-8")), name, False)
+        graph[name] = {e.split(".")[0] for e in edges if e.split(".")[0] in scripts and e.split(".")[0] != name}
+    return graph
+
+
+def test_the_benchmarks_have_no_import_cycle() -> None:
+    graph = benchmark_graph()
+    assert {"run", "bench_peers", "bench_timing"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between the benchmark scripts: " + " -> ".join(cycle)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backendconf import _child
+from pytest_backendconf.target import _child
 
 TESTS_DIR = Path(__file__).parent
 ROOT = TESTS_DIR.parent
@@ -236,12 +236,12 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
 
 
 def test_child_process_reports_exit_status_and_timeout():
-    child = _child.ChildProcess("pytest_backendconf._child:Echo", plugins=[])
+    child = _child.ChildProcess("pytest_backendconf.target._child:Echo", plugins=[])
     assert child.request({"say": "hello"}, timeout=60) == {"kind": "result", "said": "hello"}
     ended = child.request({"exit": 7}, timeout=60)
     assert isinstance(ended, _child.Ended) and ended.returncode == 7
     assert ended.describe() == "exited with code 7 before answering"
-    child = _child.ChildProcess("pytest_backendconf._child:Echo", plugins=[])
+    child = _child.ChildProcess("pytest_backendconf.target._child:Echo", plugins=[])
     ended = child.request({"sleep": 60}, timeout=0.5)
     assert isinstance(ended, _child.Ended) and ended.timed_out == 0.5
     assert ended.describe() == "did not answer within 0.5 s and was killed"

@@ -13,7 +13,7 @@ import torch
 import broken_backends
 import lowering_models as models
 import pytest_backendconf as bc
-from pytest_backendconf._debug_handles import DebugHandleRecorder, walk_nodes
+from pytest_backendconf.debuginfo._handles import DebugHandleRecorder, walk_nodes
 
 MODELS_FILE = inspect.getsourcefile(models)
 ZOO_FILE = inspect.getsourcefile(models.N)  # the nested trio lives in the zoo

@@ -24,8 +24,8 @@ pytest.importorskip("onnxscript", reason="the onnxruntime backend exports with t
 pytest.importorskip("backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime")
 
 import pytest_backendconf as bc
-from pytest_backendconf._debug_handles import DebugHandleRecorder
-from pytest_backendconf._lowering import export_method
+from pytest_backendconf.debuginfo._handles import DebugHandleRecorder
+from pytest_backendconf.lowering._lowering import export_method
 
 from backendconf_onnxruntime import OnnxRuntimeBackend, blob
 

@@ -19,10 +19,10 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _compat
-from pytest_backendconf._failure_groups import group_failures, template
-from pytest_backendconf._numerics import Tolerance, compare_outputs, resolve_tolerance, ulp_distance
-from pytest_backendconf._ops_report import capabilities_text, ops_matrix, parse_id, summary_line
-from pytest_backendconf._tensorfile import TensorFileError, read_tensors, write_tensors
+from pytest_backendconf.report._failure_groups import group_failures, template
+from pytest_backendconf.diagnostics._numerics import Tolerance, compare_outputs, resolve_tolerance, ulp_distance
+from pytest_backendconf.report._ops import capabilities_text, ops_matrix, parse_id, summary_line
+from pytest_backendconf.archive._tensorfile import TensorFileError, read_tensors, write_tensors
 from pytest_backendconf.conformance import _ops_discovery as discovery
 from pytest_backendconf.conformance import ops as ops_category
 from pytest_backendconf.conformance._ops_program import OpCall, build_program
@@ -206,7 +206,7 @@ def test_capabilities_accept_per_op_and_per_model_tolerances():
     problems = bc.Capabilities(tolerances={"aten.exp.default": (1e-2,)}).problems()
     assert problems and "aten.exp.default" in problems[0]
     # and the report records them as declared
-    from pytest_backendconf._report import declared
+    from pytest_backendconf.report._report import declared
 
     caps = bc.Capabilities(tolerances={"aten.exp.default": {torch.float32: (1e-2, 1e-3)}, torch.float16: (1e-3, 0)})
     assert declared(caps)["tolerances"] == {"aten.exp.default": {"float32": [1e-2, 1e-3]}, "float16": [1e-3, 0.0]}

@@ -15,7 +15,7 @@ from partition_models import (
 
 import pytest_backendconf as bc
 from lowering_models import N
-from pytest_backendconf import _partition
+from pytest_backendconf.lowering import _partition
 
 SPEC = {"forward": {}}
 
@@ -190,8 +190,8 @@ import sys  # noqa: E402
 
 from test_archive import entries_of, repack  # noqa: E402
 
-from pytest_backendconf import _archive  # noqa: E402
-from pytest_backendconf.cli import main as cli_main  # noqa: E402
+from pytest_backendconf.lowering import _saving  # noqa: E402
+from pytest_backendconf.cli._main import main as cli_main  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -204,12 +204,12 @@ def run_python(code: str, cwd) -> subprocess.CompletedProcess:
 def test_saved_partitions_load_and_resave_byte_identical():
     model = WithCustomOp().eval()
     lowered, x = lower(model)
-    data = _archive.to_bytes(lowered)
+    data = _saving.to_bytes(lowered)
     loaded = bc.load(data)
     assert bc.delegation(loaded) == bc.delegation(lowered)
     assert repr(loaded) == repr(lowered)
     assert_outputs_match(loaded, model, x)
-    assert _archive.to_bytes(loaded) == data
+    assert _saving.to_bytes(loaded) == data
     names = set(entries_of(data))
     assert {"blobs/forward.partition0.bin", "blobs/forward.partition1.bin", "fallback/forward.fallback0.bin"} <= names
     assert "blobs/forward.bin" not in names
@@ -217,7 +217,7 @@ def test_saved_partitions_load_and_resave_byte_identical():
 
 def test_a_schema_1_0_archive_still_loads():
     lowered, x = lower(N(), x=torch.randn(2, 3), partition=None)
-    entries = entries_of(_archive.to_bytes(lowered))
+    entries = entries_of(_saving.to_bytes(lowered))
     manifest = json.loads(entries["manifest.json"])
     from test_archive_structure import as_schema_1_0
 
@@ -231,7 +231,7 @@ def test_a_schema_1_0_archive_still_loads():
 
 def test_a_missing_fallback_blob_is_an_archive_error_naming_it():
     lowered, _ = lower(WithCustomOp())
-    entries = entries_of(_archive.to_bytes(lowered))
+    entries = entries_of(_saving.to_bytes(lowered))
     del entries["fallback/forward.fallback0.bin"]
     with pytest.raises(bc.ArchiveError, match=r"entry 'fallback/forward\.fallback0\.bin'.*missing"):
         bc.load(repack(entries))

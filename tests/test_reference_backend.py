@@ -31,10 +31,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import pytest_backendconf as bc
-from pytest_backendconf._debug_handles import DebugHandleRecorder
+from pytest_backendconf.debuginfo._handles import DebugHandleRecorder
 
 from backendconf_reference import LoadedProgram, ReferenceBackend, bytecode, ops
-from pytest_backendconf._reference.bytecode import Block, BlockRef, Const, Instruction, Reg
+from pytest_backendconf.reference.bytecode import Block, BlockRef, Const, Instruction, Reg
 
 aten = torch.ops.aten
 PACKAGE_DIR = pathlib.Path(ops.__file__).parent

@@ -9,18 +9,8 @@ import pytest
 
 from conftest import TOY_BACKEND, FakeDistribution
 from pytest_backendconf import Capabilities, register_backend
-from pytest_backendconf._registry import (
-    BackendRegistry,
-    PluginLoadWarning,
-    Source,
-    check_backend,
-)
-from pytest_backendconf.errors import (
-    DuplicateBackendError,
-    InvalidBackendError,
-    PluginLoadError,
-    UnknownBackendError,
-)
+from pytest_backendconf.registry._registry import BackendRegistry, PluginLoadWarning, Source, check_backend
+from pytest_backendconf.errors import DuplicateBackendError, InvalidBackendError, PluginLoadError, UnknownBackendError
 
 CONFTEST_TOY = TOY_BACKEND + "\ndef backendconf_register_backends(register):\n    register(Toy())\n"
 
@@ -208,7 +198,7 @@ class _Backend:
 
 
 def test_register_backend_records_the_calling_module(monkeypatch):
-    monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
+    monkeypatch.setattr("pytest_backendconf.registry._registry._EXPLICIT", [])
     backend = register_backend(_Backend())
     registry = BackendRegistry()
     found = registry.get("lib")
@@ -304,7 +294,7 @@ def test_missing_torch_is_a_usage_error_with_the_install_command(pytester):
 
 
 def test_register_backend_twice_under_one_name_names_both(monkeypatch):
-    monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
+    monkeypatch.setattr("pytest_backendconf.registry._registry._EXPLICIT", [])
     first = register_backend(_Backend())
     assert register_backend(first) is first  # the same object again is no second backend
     with pytest.raises(
@@ -316,7 +306,7 @@ def test_register_backend_twice_under_one_name_names_both(monkeypatch):
 
 
 def test_register_backend_cannot_shadow_an_installed_backend(monkeypatch):
-    monkeypatch.setattr("pytest_backendconf._registry._EXPLICIT", [])
+    monkeypatch.setattr("pytest_backendconf.registry._registry._EXPLICIT", [])
 
     class Impostor(_Backend):
         name = "reference"
@@ -327,13 +317,13 @@ def test_register_backend_cannot_shadow_an_installed_backend(monkeypatch):
         r"'reference = backendconf_reference.plugin'.*Give your backend another name",
     ):
         register_backend(Impostor())
-    from pytest_backendconf._registry import lookup_backend
+    from pytest_backendconf.registry._registry import lookup_backend
 
     assert type(lookup_backend("reference").backend).__name__ == "ReferenceBackend"
 
 
 def test_backendconf_list_shows_a_broken_entry_point_with_its_error(pytester, fake_distributions, capsys):
-    from pytest_backendconf.cli import main
+    from pytest_backendconf.cli._main import main
 
     pytester.makepyfile(vendor_toy=CONFTEST_TOY, vendor_broken="raise RuntimeError('driver library missing')")
     pytester.syspathinsert()
@@ -352,7 +342,7 @@ def test_backendconf_list_shows_a_broken_entry_point_with_its_error(pytester, fa
 
 
 def test_backendconf_list_takes_plugins_and_escapes_what_they_print(pytester, fake_distributions, capsys):
-    from pytest_backendconf.cli import main
+    from pytest_backendconf.cli._main import main
 
     fake_distributions([])
     plugin = pytester.makepyfile(
@@ -371,7 +361,7 @@ def test_backendconf_list_takes_plugins_and_escapes_what_they_print(pytester, fa
 
 
 def test_backendconf_list_names_a_plugin_that_fails_to_import(capsys):
-    from pytest_backendconf.cli import main
+    from pytest_backendconf.cli._main import main
 
     assert main(["list", "-p", "no_such_plugin_module"]) == 1
     assert "plugin 'no_such_plugin_module' (-p) failed to import: ModuleNotFoundError" in capsys.readouterr().err

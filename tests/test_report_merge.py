@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pytest_backendconf._check import CATEGORIES
-from pytest_backendconf._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
-from pytest_backendconf.cli import main
+from pytest_backendconf.report._check import CATEGORIES
+from pytest_backendconf.report._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
+from pytest_backendconf.cli._main import main
 
 SMALL_CNN = "backendconf::parity::small_cnn[float16]"
 LINEAR = "backendconf::parity::linear[float32]"

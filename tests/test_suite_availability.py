@@ -139,7 +139,7 @@ def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(
 
 # A lowering that breaks §3.4 itself: only these rows can catch it, in this process and on the target.
 IGNORES_AVAILABILITY = """
-    from pytest_backendconf import _lowered_module, _lowering
+    from pytest_backendconf.lowering import _lowered_module, _lowering
 
     _original = _lowering.availability
     # The defect: never asks the backend, at lowering (_lowering) or at load and call (_lowered_module).
@@ -153,7 +153,7 @@ IGNORES_AVAILABILITY = """
 """
 
 SWALLOWS_VIOLATIONS = """
-    from pytest_backendconf import _lowered_module
+    from pytest_backendconf.lowering import _lowered_module
     from pytest_backendconf.errors import BackendContractError
 
     _original = _lowered_module.LoweredModule.compile_now

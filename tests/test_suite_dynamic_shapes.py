@@ -14,9 +14,9 @@ import sys
 import pytest
 import torch
 
-from pytest_backendconf._context import SuiteContext
-from pytest_backendconf._hypothesis import draws_seed
-from pytest_backendconf._registry import RegisteredBackend, Source
+from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite._hypothesis import draws_seed
+from pytest_backendconf.registry._registry import RegisteredBackend, Source
 from pytest_backendconf.conformance import parity
 from pytest_backendconf.conformance._zoo_loader import load_zoo
 
@@ -172,7 +172,7 @@ def test_dev_and_thorough_draw_afresh_where_ci_is_set():
     # Hypothesis loads its own derandomized `ci` profile by itself wherever $CI is set; the suite's
     # `dev` and `thorough` must not inherit it (a nightly `thorough` job on CI exists to see new inputs).
     code = (
-        "from pytest_backendconf._hypothesis import PROFILES as P; "
+        "from pytest_backendconf.suite._hypothesis import PROFILES as P; "
         "print(*(P[n].derandomize for n in ('ci', 'dev', 'thorough')), P['ci'].database, P['dev'].database is None)"
     )
     for ci in ("true", ""):

@@ -190,7 +190,7 @@ def test_a_backend_whose_compile_reexports_on_the_target_fails_though_its_runtim
 UNSTABLE_ARCHIVE = """
     import itertools
 
-    from pytest_backendconf import _archive
+    from pytest_backendconf.archive import _archive
 
     _original = _archive._debug_json
     _count = itertools.count()
@@ -202,7 +202,7 @@ UNSTABLE_ARCHIVE = """
 """
 
 DROPS_ATTRIBUTES = """
-    from pytest_backendconf import _lowered_module
+    from pytest_backendconf.lowering import _lowered_module
 
     _original = _lowered_module.WrapperModule.extra_attributes
     _lowered_module.WrapperModule.extra_attributes = lambda self: {}  # the defect: attributes are not saved
@@ -214,20 +214,20 @@ DROPS_ATTRIBUTES = """
 LOSES_COMPILE_SPEC = """
     import dataclasses
 
-    from pytest_backendconf import _archive
+    from pytest_backendconf.lowering import _saving
 
-    _original = _archive.Archive.instantiate
+    _original = _saving.instantiate
 
-    def instantiate(self):  # the defect: the loaded methods forget their compile spec
-        wrapper = _original(self)
+    def instantiate(archive, backend=None):  # the defect: the loaded methods forget their compile spec
+        wrapper = _original(archive, backend)
         methods = wrapper.lowered.methods
         methods.update({name: dataclasses.replace(spec, compile_spec={}) for name, spec in methods.items()})
         return wrapper
 
-    _archive.Archive.instantiate = instantiate
+    _saving.instantiate = instantiate
 
     def pytest_unconfigure(config):
-        _archive.Archive.instantiate = _original
+        _saving.instantiate = _original
 """
 
 

@@ -216,7 +216,7 @@ def test_a_backend_that_lacks_an_op_beside_the_probe_op_gets_unsupported_not_fai
         "import torch\n"
         "import pytest_backendconf as bc\n"
         "from backendconf_reference import ReferenceBackend\n"
-        "from pytest_backendconf._debug_handles import walk_nodes\n"
+        "from pytest_backendconf.debuginfo._handles import walk_nodes\n"
         "class NoAdd(ReferenceBackend):\n"
         "    name = 'no_add'\n"
         "    def preprocess(self, program, compile_spec, debug_handles):\n"

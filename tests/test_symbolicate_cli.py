@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive, cli
+from pytest_backendconf.archive import _archive
+from pytest_backendconf.cli import _main as cli
 from test_archive import ALL_INPUTS, ALL_METHODS, TINY_OFF, TinyBackend, lower
 from test_archive import registry  # noqa: F401  (the module-scoped fixture: this module's backends)
 

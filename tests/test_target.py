@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import pytest_backendconf as bc
-from pytest_backendconf import _archive, _target
+from pytest_backendconf.lowering import _saving
+from pytest_backendconf.target import _target
 from test_archive import ALL_INPUTS, ALL_METHODS, TINY_COMPILES, TINY_EXPORTS, TINY_LEAKY, TINY_OFF, TINY_RUNTIME
 from test_archive import X, Y, N, TinyBackend, lower
 from test_archive import registry  # noqa: F401  (the module-scoped fixture: this module's backends)
@@ -51,7 +52,7 @@ def runs(tmp_path_factory, registry):  # noqa: F811
         "ghost": (archive("ghost", lower(TinyBackend("tiny_ghost"))), {}, {"plugins": []}),
     }
     corrupt = directory / "corrupt.bcpt"
-    data = bytearray(_archive.to_bytes(lower()))
+    data = bytearray(_saving.to_bytes(lower()))
     data[-40] ^= 0xFF
     corrupt.write_bytes(bytes(data))
     jobs["corrupt"] = (corrupt, {}, {"plugins": []})
@@ -129,7 +130,7 @@ def test_blocked_modules_leave_out_only_declared_tracing_modules():
 
 
 def test_tracing_call_guard_records_the_call_and_lifts_everywhere():
-    from pytest_backendconf._child import TracingCallGuard
+    from pytest_backendconf.target._child import TracingCallGuard
 
     original = torch.compile
     guard = TracingCallGuard()

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_backendconf._xdist import model_of, scope_of
+from pytest_backendconf.suite._xdist import model_of, scope_of
 
 from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, expect, write
 

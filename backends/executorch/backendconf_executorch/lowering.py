@@ -270,7 +270,7 @@ def _operator_name(operator: Any) -> str:
 
 
 def _fed(program: Any, plan_inputs: int) -> tuple[bool, ...]:
-    from pytest_backendconf._lowering import user_inputs
+    from pytest_backendconf.lowering._lowering import user_inputs
 
     inputs = user_inputs(program)
     tensors = tuple(isinstance(value, torch.Tensor) for _, value in inputs)
@@ -285,7 +285,7 @@ def _fed(program: Any, plan_inputs: int) -> tuple[bool, ...]:
 
 
 def _outputs(program: Any) -> tuple[tuple[str, Any], ...]:
-    from pytest_backendconf._lowering import user_outputs
+    from pytest_backendconf.lowering._lowering import user_outputs
 
     outputs: list[tuple[str, Any]] = []
     for name, value in user_outputs(program):

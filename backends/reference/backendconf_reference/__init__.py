@@ -3,7 +3,7 @@
 It is a complete delegate backend for ``torch.export`` programs, written to
 be read and copied: ``compiler`` (host only) turns a program into a compact
 blob (``bytecode``), and ``interpreter`` runs it, calling the kernels of the
-op table (``ops``). Those modules live in ``pytest_backendconf._reference``,
+op table (``ops``). Those modules live in ``pytest_backendconf.reference``,
 because partial delegation runs every node a backend does not take on the
 same interpreter; this package is the backend around them. It passes the whole conformance suite::
 
@@ -24,8 +24,8 @@ import pytest_backendconf as bc
 
 # The compiler, blob format, op table and interpreter are the core package's
 # (shared with partial delegation's CPU fallback); this package is the backend.
-from pytest_backendconf._reference import bytecode, ops
-from pytest_backendconf._reference.interpreter import LoadedProgram, load
+from pytest_backendconf.reference import bytecode, ops
+from pytest_backendconf.reference.interpreter import LoadedProgram, load
 from pytest_backendconf.blobs import compile_each
 
 __version__ = "0.1.0"
@@ -84,7 +84,7 @@ class ReferenceBackend:
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
-        from pytest_backendconf._versions import same_major_not_newer
+        from pytest_backendconf.archive._versions import same_major_not_newer
 
         return same_major_not_newer(version, self.version)
 

@@ -1,0 +1,63 @@
+"""The archive: the records a lowered module is saved as, and the files that hold them.
+
+Owns the zip container, the manifest and the verified `Archive`, method specs and the structure of
+their values, dynamic-shape ranges, partition plans, tensors and attributes, the debug tables and the
+``.debug`` sidecar, reading limits, backend versions, tensor files and atomic writes. It reads and
+writes records only: turning records into a module that runs is the lowering layer's job.
+
+May import: `debuginfo`, `registry`, `reference` and the public surface; never `lowering` or above.
+"""
+
+from ._archive import debug_source, encode, read_archive, symbolicate, with_sidecar
+from ._attributes import encode_attributes
+from ._debug_table import PortablePaths
+from ._files import write_atomic
+from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
+from ._manifest import Archive, SCHEMA_VERSION
+from ._method_spec import MethodSpec, params_of, value_spec
+from ._partitions import delegation
+from ._plan import Delegation, Plan, Step, format_delegation
+from ._sidecar import check_pair, debug_info_mode, default_sidecar_path, read_sidecar
+from ._tensor_codec import ITEMSIZE, from_message, to_message
+from ._tensorfile import TensorFileError, read_tensors, write_tensors
+from ._versions import declared_version
+from ._zip import MANIFEST, pack
+
+__all__ = [
+    "Archive",
+    "DEFAULT_LIMITS",
+    "Delegation",
+    "ITEMSIZE",
+    "Limits",
+    "MANIFEST",
+    "MethodSpec",
+    "Plan",
+    "PortablePaths",
+    "SCHEMA_VERSION",
+    "Step",
+    "TensorFileError",
+    "add_limit_options",
+    "check_limits",
+    "check_pair",
+    "debug_info_mode",
+    "debug_source",
+    "declared_version",
+    "default_sidecar_path",
+    "delegation",
+    "encode",
+    "encode_attributes",
+    "format_delegation",
+    "from_message",
+    "limits_from_options",
+    "pack",
+    "params_of",
+    "read_archive",
+    "read_sidecar",
+    "read_tensors",
+    "symbolicate",
+    "to_message",
+    "value_spec",
+    "with_sidecar",
+    "write_atomic",
+    "write_tensors",
+]

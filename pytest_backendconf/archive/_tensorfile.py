@@ -1,0 +1,154 @@
+"""Named tensors in a file that cannot execute code: the safetensors layout, written by hand.
+
+Used for the ops category's sample inputs (shipped as data) and for the inputs
+a failing comparison saves beside its rerun command. The layout is
+safetensors' own (an 8-byte little-endian header length, a JSON header of
+``{name: {"dtype", "shape", "data_offsets"}}``, then the raw bytes), so the
+files also open with the ``safetensors`` library; no dependency is needed to
+write or read them here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import tempfile
+from pathlib import Path
+import functools
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    import torch
+
+#: safetensors' dtype names for the torch dtypes the suite stores (torch's names).
+_CODE_OF_NAME = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "complex64": "C64",
+}
+
+
+@functools.cache
+def _codes() -> tuple[dict[Any, str], dict[str, Any]]:
+    """``({torch dtype: code}, {code: torch dtype})``; torch is imported on first use, so that the
+    archive package (which re-exports this module's names) stays importable without it."""
+    import torch
+
+    codes = {getattr(torch, name): code for name, code in _CODE_OF_NAME.items()}
+    return codes, {code: dtype for dtype, code in codes.items()}
+
+
+#: A header larger than this is not one we wrote (safetensors uses the same bound).
+_MAX_HEADER = 100_000_000
+
+
+class TensorFileError(ValueError):
+    """The file is not a tensor file this package can read; the message names the file and the problem."""
+
+
+def write_tensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``tensors`` to ``path`` atomically (a reader never sees half a file)."""
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
+        raise TensorFileError("tensor files are little-endian; writing them on a big-endian host is not supported")
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    chunks: list[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _codes()[0]:
+            raise TensorFileError(f"tensor {name!r} has dtype {tensor.dtype}, which tensor files do not store")
+        data = _raw_bytes(tensor)
+        header[name] = {
+            "dtype": _codes()[0][tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        chunks.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # safetensors aligns the data to 8 bytes
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(struct.pack("<Q", len(encoded)))
+            out.write(encoded)
+            for chunk in chunks:
+                out.write(chunk)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a data file is for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a file written by `write_tensors` (or by safetensors), and its metadata."""
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise TensorFileError(f"{path}: too short to be a tensor file ({len(data)} bytes)")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > min(_MAX_HEADER, len(data) - 8):
+        raise TensorFileError(
+            f"{path}: header length {size} exceeds the file; the file is truncated or not a tensor file"
+        )
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except ValueError as exc:
+        raise TensorFileError(f"{path}: the header is not JSON ({exc}); the file is not a tensor file") from None
+    if not isinstance(header, dict):
+        raise TensorFileError(f"{path}: the header is not a JSON object")
+    body = memoryview(data)[8 + size :]
+    metadata = header.pop("__metadata__", None) or {}
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, record in header.items():
+        try:
+            dtype = _codes()[1][record["dtype"]]
+            shape = [int(d) for d in record["shape"]]
+            start, end = (int(v) for v in record["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise TensorFileError(f"{path}: tensor {name!r} has a malformed record {record!r}") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        if not 0 <= start <= end <= len(body) or end - start != numel * dtype.itemsize:
+            raise TensorFileError(
+                f"{path}: tensor {name!r} ({record['dtype']} {shape}) does not fit its bytes [{start}, {end})"
+            )
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[name] = torch.frombuffer(bytearray(body[start:end]), dtype=dtype).reshape(shape)
+    return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _raw_bytes(tensor: torch.Tensor) -> bytes:
+    import torch
+
+    c = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    out = bytearray(c.numel() * c.element_size())
+    if out:
+        # One memcpy into a bytearray-backed tensor; bytes(storage) is per element.
+        torch.frombuffer(out, dtype=torch.uint8).copy_(c.reshape(-1).view(torch.uint8))
+    return bytes(out)

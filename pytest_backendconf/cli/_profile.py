@@ -1,0 +1,111 @@
+"""``backendconf profile ARCHIVE``: load an archive here and profile its methods (`profile`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
+    """Add ``profile``; ``run(args)`` is the command's entry (``cli`` wraps `run` with its input readers)."""
+    from ..archive import add_limit_options
+
+    parser = commands.add_parser(
+        "profile",
+        help="time an archive's methods node by node (by source line, op and module)",
+        description="Load ARCHIVE in this process (its backend must be installed, or registered "
+        "with -p), call each method --repeat times, and print where the time goes: one row per "
+        "source line and op, and per module. The backend's execute_profiled gives per-node "
+        "events; without it, whole calls are timed.",
+    )
+    parser.add_argument("archive", metavar="ARCHIVE")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument(
+        "--inputs",
+        metavar="FILE",
+        help='JSON {"method": [[arg, ...], ...]}, as for run-target; each call list is profiled',
+    )
+    group.add_argument(
+        "--example-inputs", action="store_true", help="inputs made from each method's input specs (seeded random)"
+    )
+    parser.add_argument("--repeat", type=int, default=10, metavar="N", help="calls per input list (default 10)")
+    parser.add_argument(
+        "--method",
+        metavar="NAME",
+        action="append",
+        default=None,
+        help="profile only this method (repeatable; default: every method given inputs)",
+    )
+    parser.add_argument(
+        "--chrome-trace",
+        metavar="FILE",
+        help="also write a Chrome trace (JSON; open it in Perfetto); with several methods, "
+        "FILE gets the method name before its suffix",
+    )
+    parser.add_argument(
+        "--debug-file",
+        metavar="FILE",
+        help="the .debug file of a handles-only archive (default: ARCHIVE.debug if present)",
+    )
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
+        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
+    )
+    add_limit_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> int:
+    """The command; ``calls_from_file`` and ``example_calls`` read inputs as ``run-target`` does."""
+    import os
+
+    from ..archive import read_archive, with_sidecar
+    from ..archive import limits_from_options
+    from ..diagnostics import profile
+    from ..lowering import instantiate
+    from ..errors import BackendConfError
+
+    if args.repeat < 1:
+        raise BackendConfError(f"--repeat {args.repeat}: give the number of calls to time, 1 or more")
+    limits = limits_from_options(args)
+    try:
+        archive = read_archive(args.archive, limits=limits)
+        if args.plugins:
+            from ..target import import_plugins
+
+            import_plugins(args.plugins)
+        if args.inputs is not None:
+            calls = calls_from_file(archive, args.inputs)
+        else:
+            calls = example_calls(archive, limits)
+        for name in args.method or ():
+            if name not in calls:
+                raise BackendConfError(
+                    f"--method {name!r}: the archive's methods with inputs are {', '.join(calls) or 'none'}"
+                )
+        archive = with_sidecar(archive, args.archive, args.debug_file, limits)
+        loaded = instantiate(archive)
+    except OSError as exc:
+        name = exc.filename if exc.filename is not None else args.archive
+        print(f"backendconf: error: cannot read {name!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    methods = [m for m in calls if args.method is None or m in args.method]
+    for method in methods:
+        for i, call_args in enumerate(calls[method]):
+            result = profile(loaded, *call_args, repeat=args.repeat, method=method)
+            label = f"{method}" + (f" (input list {i})" if len(calls[method]) > 1 else "")
+            print(f"== {label}")
+            print(result)
+            if args.chrome_trace:
+                path = args.chrome_trace
+                if len(methods) > 1 or len(calls[method]) > 1:
+                    stem, suffix = os.path.splitext(path)
+                    path = f"{stem}.{method}{'' if len(calls[method]) == 1 else f'.{i}'}{suffix}"
+                result.to_chrome_trace(path)
+                print(f"chrome trace: {path}")
+    return 0

@@ -1,0 +1,160 @@
+"""Rerun one saved comparison from the inputs file a failing check wrote.
+
+    python -m pytest_backendconf.rerun INPUTS.safetensors --backend=NAME [-p MODULE]
+
+A failing ``ops`` check saves its inputs and the op call (a tensor file: no
+code in it) under pytest's temporary directory and prints this command; a
+failing ``parity`` check (static or dynamic shapes) saves its inputs the same way. It
+lowers the same single-op program to the backend again, compares it with the
+same reference and tolerance, and prints the same statistics; the exit
+status is 0 when it passes, 1 when it fails, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_backendconf.rerun", description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", type=Path, help="the inputs file a failing check saved")
+    parser.add_argument("--backend", required=True, help="the registered backend to run it on")
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="a module that registers backends (as with pytest -p); repeatable",
+    )
+    options = parser.parse_args(argv)
+
+    from ..registry import BackendRegistry
+    from ..archive import TensorFileError, read_tensors
+    from ..errors import RegistryError
+
+    try:
+        tensors, metadata = read_tensors(options.inputs)
+    except (OSError, TensorFileError) as exc:
+        print(f"error: cannot read {options.inputs}: {exc}", file=sys.stderr)
+        return 2
+    if metadata.get("kind") not in ("ops", "parity"):
+        print(
+            f"error: {options.inputs} is not an inputs file of an ops or parity check (kind {metadata.get('kind')!r})",
+            file=sys.stderr,
+        )
+        return 2
+    registry = BackendRegistry()
+    try:
+        for name in options.plugins:
+            import importlib
+
+            from ..registry import source_of_module
+
+            module = importlib.import_module(name)
+            registry.add_plugin(module, source_of_module(module, f"plugin {name}"))
+        registry.load_entry_points(select=options.backend)
+        registered = registry.get(options.backend)
+    except RegistryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if metadata["kind"] == "parity":
+        return _rerun_parity(metadata, tensors, registered, registry)
+    from ..conformance._ops_discovery import OpSample
+
+    record = json.loads(metadata["sample"])
+    inputs = [tensors[f"input{i}"] for i in range(record["inputs"])]
+    sample = OpSample(
+        record["overload"],
+        record["dtype"],
+        record["index"],
+        record["opinfo"],
+        record["args"],
+        record["kwargs"],
+        record["outputs"],
+        inputs,
+    )
+    return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
+
+
+def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: object) -> int:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from .. import _compat
+
+    from ..suite import SuiteContext
+    from ..diagnostics import compare_outputs
+    from ..conformance._zoo_loader import load_zoo
+    from ..conformance.parity import tolerance_for
+
+    case, dtype, method = metadata["case"], metadata["dtype"], metadata["method"]
+    ctx = SuiteContext(
+        registered,  # type: ignore[arg-type]
+        load_zoo() + registry.cases(),  # type: ignore[attr-defined]
+        tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)),
+    )
+    if case not in ctx.cases:
+        print(f"error: no model case {case!r} here (a vendor case needs its plugin: add -p MODULE)", file=sys.stderr)
+        return 2
+    # A dynamic-shape check's file names the sizes it failed at: lowered with dynamic shapes again.
+    sizes = json.loads(metadata["sizes"]) if "sizes" in metadata else None
+    args, kwargs = ctx.example(case, dtype, method, sizes=sizes)
+    leaves, spec = _compat.tree_flatten((args, kwargs))
+    saved = iter(tensors[f"input{i}"] for i in range(len(tensors)))
+    args, kwargs = _compat.tree_unflatten([next(saved) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
+    expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
+    actual = getattr(ctx.lower(case, dtype, dynamic=sizes is not None), method)(*args, **kwargs)
+    results = compare_outputs(actual, expected, tolerance_for(ctx, dtype, case))
+    failed = any(not r.passed for r in results)
+    how = f", lowered with dynamic shapes, at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes else ""
+    print(f"{case}.{method} in {dtype}{how} on backend {ctx.name!r} against eager: {'FAILED' if failed else 'passed'}")
+    for r in results:
+        print(r.text())
+    return 1 if failed else 0
+
+
+def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
+    import torch
+    from .. import _compat
+
+    from ..lowering import lower_programs
+    from ..diagnostics import StructureMismatch, compare_outputs
+    from ..capabilities import capabilities_of
+    from ..conformance._ops_program import build_program, op_call_class
+    from ..conformance.ops import output_dtypes, reference_outputs, tolerance_for
+
+    program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+    backend = registered.backend  # type: ignore[attr-defined]
+    lowered = lower_programs(
+        {"forward": program},
+        backend,
+        {"forward": {}},
+        module_type=op_call_class(len(sample.inputs)),  # type: ignore[attr-defined]
+    )
+    expected, how = reference_outputs(sample, program, low_precision)
+
+    class _Ctx:  # what tolerance_for reads of a suite context
+        capabilities = capabilities_of(backend)
+
+    tolerance = tolerance_for(_Ctx(), sample, how.startswith("eager in float64"), output_dtypes(program))
+    with torch.no_grad():
+        actual = _compat.tree_leaves(lowered(*[t.clone() for t in sample.inputs]))  # type: ignore[attr-defined]
+    try:
+        results = compare_outputs(actual, expected, tolerance)
+    except StructureMismatch as exc:
+        print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
+        return 1
+    failed = any(not r.passed for r in results)
+    print(f"{sample.name} on backend {registered.name!r} against {how}: {'FAILED' if failed else 'passed'}")  # type: ignore[attr-defined]
+    for r in results:
+        print(r.text())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

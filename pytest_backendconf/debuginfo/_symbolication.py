@@ -1,0 +1,109 @@
+"""Symbolication: the text of each debug handle, formatted once and looked up by handle.
+
+A log can name the same handles millions of times; each handle's text is
+formatted once per table, and tables are cached per archive (by path,
+size, mtime and inode) or per in-memory object.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Mapping
+
+from ._info import DebugInfo, format_missing, hierarchy_prefix, traceback_text
+
+
+INT64_MAX = 2**63 - 1
+#: Texts kept per table: each is formatted once per handle, but a table's
+#: memory must not grow with the number of distinct handles a log names.
+MAX_CACHED_TEXTS = 50_000
+
+
+def check_handles(handles: int | Iterable[int]) -> list[int]:
+    """``handles`` as a list of ints; anything else is a `TypeError` naming the first bad one."""
+    if isinstance(handles, int):
+        handles = (handles,)
+    handles = list(handles)
+    for h in handles:
+        if type(h) is not int:
+            raise TypeError(f"debug handles are integers, got {short_repr(h)} ({type(h).__name__})")
+    return handles
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr`` for messages, cut short; an int too long to print says how many digits it has."""
+    if type(value) is int and not -(10**limit) < value < 10**limit:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class SymbolTable:
+    """Formats the text of each handle once; lookups are dictionary hits.
+
+    Handles share stacks and module hierarchies (decoded from the archive's
+    tables as shared objects), so the traceback and hierarchy lines are
+    formatted once per distinct stack and hierarchy, found by object
+    identity (each entry keeps its object, so a reused id never matches).
+    """
+
+    def __init__(self, debug: Mapping[int, DebugInfo]) -> None:
+        self.debug = debug
+        self.cache: dict[Any, str] = {}
+        self._tracebacks: dict[int, tuple[Any, str]] = {}
+        self._hierarchies: dict[tuple[int, str], tuple[Any, str]] = {}
+
+    def text(self, handle: int) -> str:
+        found = self.cache.get(handle)
+        if found is None:
+            info = self.debug.get(handle)
+            if info is None:
+                # Not cached: a log can name any number of distinct unknown handles.
+                if not 0 <= handle <= INT64_MAX:
+                    return format_missing([short_repr(handle)])
+                return format_missing([handle])
+            found = (
+                f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+            )
+            if len(self.cache) >= MAX_CACHED_TEXTS:
+                self.cache.clear()  # bounded; refilled by the handles the log uses most
+            self.cache[handle] = found
+        return found
+
+    def _body(self, info: DebugInfo) -> str:
+        """``str(info)``, from the shared parts."""
+        key = (id(info.module_hierarchy), info.method)
+        prefix = self._hierarchies.get(key)
+        if prefix is None or prefix[0] is not info.module_hierarchy:
+            prefix = self._hierarchies[key] = (
+                info.module_hierarchy,
+                hierarchy_prefix(info.module_hierarchy, info.method),
+            )
+        traceback = self._tracebacks.get(id(info.frames))
+        if traceback is None or traceback[0] is not info.frames:
+            traceback = self._tracebacks[id(info.frames)] = (info.frames, traceback_text(info.frames))
+        hierarchy = f"{prefix[1]}.{info.op}" if prefix[1] else info.op
+        return f"  Module hierarchy:{hierarchy}\n{traceback[1]}"
+
+
+_TABLES: "collections.OrderedDict[Any, SymbolTable]" = collections.OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
+def cached_table(key: Any, owner: Any, debug: Callable[[], Mapping[int, DebugInfo]]) -> SymbolTable:
+    """The cached table of ``key`` (built from ``debug()`` when missing); ``owner`` must be alive and the same."""
+    with _TABLES_LOCK:
+        found = _TABLES.get(key)
+        # id() keys are reused after collection: the table must belong to this very object.
+        if found is not None and (owner is None or found.owner() is owner):  # type: ignore[attr-defined]
+            _TABLES.move_to_end(key)
+            return found
+    table = SymbolTable(debug())
+    table.owner = weakref.ref(owner) if owner is not None else None  # type: ignore[attr-defined]
+    with _TABLES_LOCK:
+        _TABLES[key] = table
+        while len(_TABLES) > 8:
+            _TABLES.popitem(last=False)
+    return table

@@ -1,0 +1,311 @@
+"""Where a model's backend outputs first depart from eager PyTorch, without any backend hook.
+
+Eager runs once over the exported program, recording every intermediate.
+Then each node, in program order, becomes a one-node program (its inputs
+are placeholders fed with the eager intermediates, its metadata, source
+frames included, copied), lowered whole to the backend and compared with
+the eager value: the first node out of tolerance is where the model
+diverges. When no single node is out of tolerance (small errors adding
+up), growing prefixes of the graph, fed with the eager inputs at their
+frontier, are bisected for the first node whose output is out of tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+from .. import _compat
+
+from ..debuginfo import DebugHandleRecorder
+from ..debuginfo import DebugInfo, build_debug_infos
+from ._numerics import Closeness, StructureMismatch, Tolerance, compare_outputs, worst
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The first node out of tolerance, its debug info and how far off it is."""
+
+    node: str
+    op: str
+    info: DebugInfo
+    closeness: Closeness
+
+    def text(self) -> str:
+        c = self.closeness
+        allowed = c.tolerance.atol + c.tolerance.rtol * abs(c.expected)
+        return (
+            f"Diverges first at node '{self.node}' ({self.op}): max abs error {c.max_abs:.3g} "
+            f"(tolerance {allowed:.3g}: {c.tolerance})\n{self.info}"
+        )
+
+
+def locate_divergence(
+    module: torch.nn.Module,
+    backend: Any,
+    example_inputs: tuple,
+    *,
+    method: str = "forward",
+    tolerance: tuple[float, float] | None = None,
+) -> DebugInfo | None:
+    """The debug info of the first node whose backend output departs from eager, or ``None``.
+
+    :param backend: a registered backend's name, or a backend object.
+    :param tolerance: ``(rtol, atol)``; default: the suite's default for the
+        dtype of the node's output (docs/writing-a-backend.md, "Tolerances").
+    """
+    import copy
+
+    from ..lowering import export_method
+    from ..lowering import resolve_backend
+
+    backend_obj, _ = resolve_backend(backend)
+    work = copy.deepcopy(module)
+    program = export_method(work, method, tuple(example_inputs), {})
+    found = locate_in_program(
+        program,
+        backend_obj,
+        list(_compat.tree_leaves(tuple(example_inputs))),
+        top_class=type(module).__name__,
+        method=method,
+        tolerance=None if tolerance is None else Tolerance(*tolerance, "given"),
+    )
+    return found.info if found is not None else None
+
+
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    """The suite's parity default for a dtype (``[parity]`` in conformance/suite.toml).
+
+    The suite's settings file is read as data, so that the locator outside
+    the suite judges with the same defaults without importing the suite.
+    """
+    import sys
+    from importlib import resources
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    spec = tomllib.loads(resources.files("pytest_backendconf.conformance").joinpath("suite.toml").read_text())
+    rtol, atol = spec["parity"]["tolerances"].get(str(dtype).removeprefix("torch."), (0.0, 0.0))
+    return Tolerance(float(rtol), float(atol), "default")
+
+
+def locate_in_program(
+    program: ExportedProgram,
+    backend: Any,
+    user_inputs: list,
+    *,
+    top_class: str,
+    method: str = "forward",
+    tolerance: Tolerance | None = None,
+) -> Divergence | None:
+    """`locate_divergence` over an already exported program and its flat user inputs."""
+    env = eager_intermediates(program, user_inputs)
+    graph = program.graph_module.graph
+    candidates = [
+        n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem and _localizable(n)
+    ]
+    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    infos = build_debug_infos(program.graph_module, handles, method=method, top_class=top_class)
+    by_name = {info.node: info for info in infos.values()}
+
+    def judge(nodes: list[Any]) -> tuple[Any, Closeness] | None:
+        """The first of ``nodes``' outputs out of tolerance when they run together on the backend."""
+        try:
+            results = run_on_backend(nodes, env, backend)
+        except Exception:
+            return None  # the backend cannot run this piece alone: no verdict from it
+        for node, actual, expected in results:
+            tol = tolerance or _tolerance_of(expected)
+            try:
+                closeness = compare_outputs(actual, expected, tol)
+            except StructureMismatch:
+                continue
+            bad = [c for c in closeness if not c.passed]
+            if bad:
+                return node, worst(bad)  # type: ignore[return-value]
+        return None
+
+    for node in candidates:
+        verdict = judge([node])
+        if verdict is not None:
+            return _divergence(verdict, by_name)
+    # No node is wrong alone: find the shortest prefix whose outputs are out of tolerance.
+    low, high = 0, len(candidates)
+    if high == 0 or judge(candidates) is None:
+        return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        if judge(candidates[:middle]) is not None:
+            high = middle
+        else:
+            low = middle
+    verdict = judge(candidates[:high])
+    return _divergence(verdict, by_name) if verdict is not None else None
+
+
+def _divergence(verdict: tuple[Any, Closeness], by_name: dict[str, DebugInfo]) -> Divergence | None:
+    node, closeness = verdict
+    info = by_name.get(node.name)
+    if info is None:
+        return None
+    return Divergence(node.name, info.op, info, closeness)
+
+
+def _tolerance_of(value: Any) -> Tolerance:
+    leaves = [v for v in _compat.tree_leaves(value) if isinstance(v, torch.Tensor)]
+    return default_tolerance(leaves[0].dtype if leaves else torch.float32)
+
+
+def _localizable(node: Any) -> bool:
+    # Control flow (torch.cond) refers to subgraphs by get_attr: it is not cut out alone.
+    return not any(a.op == "get_attr" for a in node.all_input_nodes) and isinstance(
+        node.meta.get("val"), (torch.Tensor, tuple, list)
+    )
+
+
+class _Recorder(torch.fx.Interpreter):
+    def __init__(self, module: Any) -> None:
+        super().__init__(module)
+        self.values: dict[Any, Any] = {}
+
+    def run_node(self, n: Any) -> Any:
+        value = super().run_node(n)
+        self.values[n] = value
+        return value
+
+
+def eager_intermediates(program: ExportedProgram, user_inputs: list) -> dict[Any, Any]:
+    """Every node's eager value, running the exported graph with the program's own state."""
+    values = iter(user_inputs)
+    args = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(values))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in program.state_dict:
+            args.append(program.state_dict[spec.target])
+        else:
+            args.append(program.constants[spec.target])
+    recorder = _Recorder(program.graph_module)
+    with torch.no_grad():
+        recorder.run(*args)
+    return recorder.values
+
+
+def run_on_backend(nodes: list[Any], env: dict[Any, Any], backend: Any) -> list[tuple[Any, list, list]]:
+    """Lower ``nodes`` (in order) as one program fed with eager values: per node, its outputs
+    from the backend and from eager (the items of a tuple that the graph uses)."""
+    from ..lowering import lower_programs
+
+    program, inputs, outputs = piece_program(nodes, env)
+    lowered = lower_programs(
+        {"forward": program}, backend, {"forward": {}}, module_type=inputs_module_type(len(inputs))
+    )
+    with torch.no_grad():
+        flat = _compat.tree_leaves(lowered(*inputs))
+    results = []
+    position = 0
+    for node, items in outputs:
+        values = flat[position : position + len(items)]
+        position += len(items)
+        expected = [env[node]] if items == [None] else [env[node][i] for i in items]
+        results.append((node, values, expected))
+    return results
+
+
+def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgram, list, list[tuple[Any, list]]]:
+    """A program of ``nodes`` whose outside inputs are placeholders fed with eager values.
+
+    Returns it, its inputs, and per node which of its results are outputs
+    (``[None]``: the node's tensor; else the tuple indices the graph uses).
+    """
+    graph = torch.fx.Graph()
+    mapping: dict[Any, Any] = {}
+    inputs: list[Any] = []
+    inside = set(nodes)
+
+    def outside(n: Any) -> Any:
+        if n in mapping:
+            return mapping[n]
+        value = env[n]
+        if not isinstance(value, torch.Tensor):
+            mapping[n] = value  # a number from an earlier node (a size): a constant here
+            return value
+        placeholder = graph.placeholder(f"input{len(inputs)}")
+        placeholder.meta["val"] = n.meta.get("val")
+        mapping[n] = placeholder
+        inputs.append(value)
+        return placeholder
+
+    for node in nodes:
+        for n in node.all_input_nodes:
+            if n not in inside:
+                outside(n)
+    # Placeholders first (graph order), then the nodes.
+    for node in nodes:
+        mapping[node] = graph.node_copy(node, lambda n: mapping[n] if n in mapping else outside(n))
+        for user in node.users:
+            if user.target is operator.getitem and user not in inside:
+                mapping[user] = graph.node_copy(user, lambda n: mapping[n])
+    output_nodes: list[Any] = []
+    counts: list[tuple[Any, list]] = []
+    for node in nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            output_nodes.append(mapping[node])
+            counts.append((node, [None]))
+        else:
+            items = sorted(
+                (u for u in node.users if u.target is operator.getitem and u in mapping), key=lambda u: u.args[1]
+            )
+            output_nodes.extend(mapping[u] for u in items)
+            counts.append((node, [u.args[1] for u in items]))
+    graph.output(tuple(output_nodes))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    signature = ExportGraphSignature(
+        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
+        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(o.name), None) for o in output_nodes],
+    )
+    in_spec = _compat.tree_flatten((tuple(inputs), {}))[1]
+    out_spec = _compat.tree_flatten(tuple(output_nodes))[1]
+    program = ExportedProgram(
+        root=module,
+        graph=module.graph,
+        graph_signature=signature,
+        state_dict={},
+        range_constraints={},
+        module_call_graph=[
+            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
+        ],
+        constants={},
+    )
+    return program, inputs, counts
+
+
+def inputs_module_type(arity: int) -> type:
+    """A module type whose ``forward`` takes ``arity`` tensors (``input0`` …): the lowered signature."""
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + [
+        inspect.Parameter(f"input{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(arity)
+    ]
+
+    def forward(self: Any, *inputs: Any) -> Any:  # pragma: no cover - never called: the type names the signature
+        raise NotImplementedError
+
+    forward.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return type("Piece", (torch.nn.Module,), {"forward": forward, "__module__": __name__})

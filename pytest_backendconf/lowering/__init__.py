@@ -1,0 +1,35 @@
+"""Lowering: `to_backend`, the modules that run lowered methods, and saving and loading them.
+
+Owns the checks of `to_backend`'s arguments, `LoweredModule` and `WrapperModule`, the checks
+between a call and the backend's ``execute``, partial delegation (partitions and the CPU fallback),
+and `save`/`load`, which turn a module into archive records and back.
+
+May import: `archive`, `debuginfo`, `reference`, `registry` and the public surface.
+"""
+
+from ._args import normalize, resolve_backend
+from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
+from ._lowering import _preprocess, export_method, lower_programs, to_backend
+from ._partition import op_overload
+from ._program_io import user_outputs
+from ._saving import instantiate, load, save, to_bytes, to_bytes_separate
+
+__all__ = [
+    "LoweredModule",
+    "WrapperModule",
+    "_preprocess",
+    "debug_info",
+    "delegation",
+    "export_method",
+    "instantiate",
+    "load",
+    "lower_programs",
+    "normalize",
+    "op_overload",
+    "resolve_backend",
+    "save",
+    "to_backend",
+    "to_bytes",
+    "to_bytes_separate",
+    "user_outputs",
+]

@@ -1,0 +1,297 @@
+"""The modules that run lowered methods: `LoweredModule` (through the backend) and `WrapperModule` (the user's).
+
+`to_backend` (`_lowering`) and `load` (`archive._archive`) build them; `delegation`
+and `debug_info` read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.modules.module as _module_hooks
+
+from .. import _compat
+from ..debuginfo import DebugInfo, format_missing, format_runtime
+from ._args import availability
+from ._method_calls import MethodRunner
+from ..archive import MethodSpec
+from ..backend import Backend
+from ..errors import BackendContractError, BackendError, BackendRuntimeError, BackendUnavailableError, LoweringError
+
+
+def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
+    """``{method: Delegation}``: which op nodes each partition runs and which stay on the CPU fallback."""
+
+    lowered = module.lowered if isinstance(module, WrapperModule) else module
+    if not isinstance(lowered, LoweredModule):
+        raise TypeError(f"delegation() needs a lowered module (from to_backend or load), got {type(module).__name__}")
+    return {name: lowered.delegation_of(name) for name in lowered.methods}
+
+
+def debug_info(module: "WrapperModule | LoweredModule") -> dict[int, DebugInfo]:
+    """``{debug_handle: DebugInfo}`` for every node of every lowered method."""
+    lowered = module.lowered if isinstance(module, WrapperModule) else module
+    return dict(lowered.debug)
+
+
+class LoweredModule(torch.nn.Module):
+    """Runs lowered methods through a backend: availability, checks, symbolicated errors."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        methods: dict[str, MethodSpec],
+        blobs: dict[str, bytes],
+        debug: dict[int, DebugInfo],
+        *,
+        backend_version: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.backend_name: str = backend.name
+        self.backend_version = backend_version
+        self.methods = methods
+        self.blobs = blobs
+        self.debug = debug
+        self.handles: dict[str, Any] | None = None
+        self._runners = {name: MethodRunner(spec) for name, spec in methods.items()}
+        # Partial delegation (see _fallback): per partitioned method, its plan,
+        # the compile spec of each delegated partition, the fallback's blobs,
+        # and once compiled, the runner of the plan.
+        self.plans: dict[str, Any] = {}
+        self.partition_specs: dict[str, dict] = {}
+        self.fallback_blobs: dict[str, bytes] = {}
+        self._plan_runners: dict[str, Any] = {}
+        #: Op node names of each whole-method lowering, for `delegation` (None when unknown).
+        self.whole_method_nodes: dict[str, tuple[str, ...]] = {}
+        #: Loaded from a handles-only archive (`archive._sidecar`): its debug_info field, handles and the
+        #: symbolicate command for its .debug file; ``debug`` is empty unless the sidecar was loaded.
+        self.separate_debug: dict[str, Any] | None = None
+
+    def add_plan(
+        self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
+    ) -> None:
+        """Make ``method`` a partitioned one (at lowering, and by the archive reader at load)."""
+        self.plans[method] = plan
+        self.partition_specs.update(compile_specs)
+        self.fallback_blobs.update(fallback_blobs)
+
+    def delegation_of(self, method: str) -> Any:
+        from ..archive import Delegation
+
+        plan = self.plans.get(method)
+        if plan is not None:
+            return plan.delegation
+        nodes = self.whole_method_nodes.get(method)
+        if nodes is None:  # an archive written before partial delegation: from its debug info
+            nodes = tuple(
+                info.node
+                for _, info in sorted(self.debug.items())
+                if info.method == method and info.op not in ("placeholder", "output", "get_attr")
+            )
+        return Delegation(1, nodes, (), (nodes,))
+
+    def _compile_specs(self) -> dict[str, dict]:
+        """The compile spec of every blob the backend compiles: whole methods and partitions."""
+        specs = {n: m.compile_spec for n, m in self.methods.items() if n not in self.plans}
+        specs.update(self.partition_specs)
+        return specs
+
+    def compile_now(self, *, at: str = "load") -> None:
+        """Compile every blob; `BackendUnavailableError` if the backend is not available."""
+        available = availability(self.backend)
+        if not available:
+            raise BackendUnavailableError(self._unavailable_text(f"cannot {at} the module"))
+        fallbacks = self._load_fallbacks()
+        try:
+            handles = self.backend.compile(dict(self.blobs), self._compile_specs()) if self.blobs else {}
+        except BackendUnavailableError:
+            raise
+        except Exception as exc:
+            if at == "load":
+                # The blobs come from a file: a blob the backend rejects is as likely damaged (the
+                # checksums only prove it is the file that was written) or from another backend
+                # version as the sign of a backend that cannot compile here. Say all three.
+                raise BackendContractError(
+                    f"backend {self.backend_name!r}: compile() failed at load: {type(exc).__name__}: {exc}. "
+                    "It failed on this archive's blobs: the file may be damaged or written by another "
+                    f"version of the backend (the archive records version {self.backend_version or 'unknown'}); "
+                    "lower and save the model again with this backend. If instead the backend cannot "
+                    "compile on this machine, it must report is_available() == False here."
+                ) from exc
+            raise BackendContractError(
+                f"backend {self.backend_name!r} reports is_available() == True, but compile() "
+                f"failed at {at}: {type(exc).__name__}: {exc}. A backend that cannot compile "
+                "here must return False from is_available() (docs/backend-contract.md#availability)."
+            ) from exc
+        missing = sorted(set(self.blobs) - set(handles if isinstance(handles, dict) else ()))
+        if not isinstance(handles, dict) or missing:
+            raise BackendContractError(
+                f"compile() of backend {self.backend_name!r} must return a dict with a handle "
+                f"for every method; got {type(handles).__name__}"
+                + (f" without {missing}" if isinstance(handles, dict) else "")
+            )
+        if self.plans:
+            from ._fallback import PlanRunner
+
+            self._plan_runners = {
+                name: PlanRunner(plan, self.backend.execute, handles, fallbacks, name, self.backend_name)
+                for name, plan in self.plans.items()
+            }
+        self.handles = handles
+
+    def _load_fallbacks(self) -> dict[str, Any]:
+        from ._fallback import load_fallback
+
+        return {key: load_fallback(blob, key, self.debug) for key, blob in self.fallback_blobs.items()}
+
+    def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+        # The hot path: every call of a lowered method comes through here
+        # (benchmarks/run.py holds it to a few microseconds over execute).
+        runner = self._runners.get(method)
+        if runner is None:
+            raise AttributeError(
+                f"this lowered module has no method {method!r}; its methods: {', '.join(self.methods)}"
+            )
+        backend = self.backend
+        if backend.is_available() is not True:
+            # Never call execute on an unavailable backend (§3.4).
+            raise BackendUnavailableError(self._unavailable_text(f"cannot run method {method!r}"))
+        handles = self.handles
+        if handles is None:
+            self.compile_now(at="call")
+            handles = self.handles
+        inputs = runner.flatten(args, kwargs)
+        sizes = runner.check_sizes(inputs) if runner.dynamic is not None else None
+        try:
+            if method in self._plan_runners:
+                outputs = self._plan_runners[method].run(inputs)
+            else:
+                outputs = backend.execute(handles[method], inputs)  # type: ignore[index]
+        except BackendError as exc:
+            raise self._symbolicate(exc, method) from exc
+        except Exception as exc:
+            _add_note(exc, f"(raised by backend {self.backend_name!r} executing method {method!r})")
+            raise
+        result = runner.unflatten(outputs, self.backend_name)
+        if sizes is not None:
+            runner.dynamic.check_outputs(method, self.backend_name, outputs, sizes)  # type: ignore[union-attr]
+        return result
+
+    def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
+        handle = exc.debug_handle
+        if handle is None:
+            text = f"{exc.message}\n  (backend {self.backend_name!r}, method {method!r}: no debug handle given)"
+        elif handle in self.debug:
+            text = format_runtime(exc.message, self.debug[handle])
+        elif self.separate_debug is not None and handle in self.separate_debug["handles"]:
+            # A handles-only archive, loaded without its .debug file: say how to symbolicate later.
+            text = f"{exc.message} (debug_handle={handle}; symbolicate with: {self.separate_debug['hint']} {handle})"
+        else:
+            text = f"{exc.message}\n{format_missing([handle])}"
+        return BackendRuntimeError(text, exc.message, handle)
+
+    def _unavailable_text(self, what: str) -> str:
+        reason = ""
+        explain = getattr(self.backend, "unavailable_reason", None)
+        if callable(explain):
+            try:
+                reason = str(explain())
+            except Exception as exc:  # the error must still be raised
+                reason = f"unavailable_reason() raised {exc!r}"
+        because = f": {reason}" if reason else ""
+        return (
+            f"Backend is not available. Backend {self.backend_name!r} reports "
+            f"is_available() == False here{because}, so it {what}. Load the saved module "
+            "on a device where the backend is available."
+        )
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend_name!r}, methods={list(self.methods)}"
+
+    def __repr__(self) -> str:
+        # One line: "LoweredModule(backend='x', methods=['forward']; forward: 3 partitions, 41/47 nodes delegated)"
+        parts = [f"{name}: {self.delegation_of(name).summary()}" for name in self.methods]
+        return f"LoweredModule({self.extra_repr()}; {'; '.join(parts)})"
+
+
+class WrapperModule(torch.nn.Module):
+    """What `to_backend` returns: one method per compile-spec key, around a `LoweredModule`.
+
+    Attributes set on it after lowering (tensors, numbers, strings, and
+    lists or dicts of them) are saved with it and restored by `load`.
+    """
+
+    #: The lowered module, kept in ``__dict__`` (not a registered submodule) for the fast call path.
+    _core: LoweredModule
+
+    def __init__(self, lowered: LoweredModule) -> None:
+        super().__init__()
+        self.lowered = lowered
+        # The same module, in __dict__: `self.lowered` goes through
+        # nn.Module.__getattr__ (a Python call) on every access.
+        self.__dict__["_core"] = lowered
+        # Instance attributes win over nn.Module's own methods, so a lowered
+        # method called `double` or `half` is the user's, not Module.double.
+        for name, spec in lowered.methods.items():
+            self.__dict__[name] = _method_caller(lowered, name, spec)
+        self._baseline = frozenset(self.__dict__) | {"_baseline"}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Reached only when forward was not lowered: run() names the methods that were.
+        return self.lowered.run("forward", args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module.__call__ costs about a microsecond of hook checks and
+        # argument repacking before reaching forward; without hooks (the
+        # usual case) go straight to the lowered module. With any hook
+        # registered, on this module or globally, or under the JIT tracer,
+        # nn.Module's own path runs them as usual.
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+            or _module_hooks._global_forward_hooks
+            or _module_hooks._global_forward_pre_hooks
+            or _module_hooks._global_backward_hooks
+            or _module_hooks._global_backward_pre_hooks
+            or _compat.tracing_state()
+        ):
+            return super().__call__(*args, **kwargs)
+        return self._core.run("forward", args, kwargs)
+
+    def __repr__(self) -> str:
+        lowered = self.lowered
+        parts = [f"{name}: {lowered.delegation_of(name).summary()}" for name in lowered.methods]
+        return f"WrapperModule(backend={lowered.backend_name!r}; {'; '.join(parts)})"
+
+    def extra_attributes(self) -> dict[str, Any]:
+        """The attributes set after lowering, by name."""
+        extra = {k: v for k, v in self.__dict__.items() if k not in self._baseline}
+        extra.update(self._parameters)
+        extra.update(self._buffers)
+        modules = [k for k in self._modules if k != "lowered"]
+        if modules:
+            raise LoweringError(
+                f"attribute(s) {modules} of the lowered module are Modules, which cannot be "
+                "saved with it; keep tensors, numbers, strings, or lists/dicts of them"
+            )
+        return dict(sorted(extra.items()))
+
+
+def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return lowered.run(name, args, kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__signature__ = spec.signature()  # type: ignore[attr-defined]
+    return call
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has it (3.11+); 3.10 keeps the exception as it is."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(note)

@@ -1,0 +1,107 @@
+"""What a conformance check is: the `Check` record, its outcomes, and its stable id.
+
+The category modules in ``conformance/`` build `Check` records and raise
+`CheckFailed` or `Unsupported`; the pytest side (`suite._suite`) turns the records
+into items. This module sits below both, so neither imports the other's
+callers, and it never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import inspect
+from typing import Any, Callable
+
+#: The categories of the suite, in the order they run; each is also a pytest marker.
+CATEGORIES = (
+    "contract",
+    "parity",
+    "availability",
+    "serialization",
+    "symbolication",
+    "reliability",
+    "delegation",
+    "ops",
+)
+#: The first part of every conformance check's id.
+ROOT_ID = "backendconf"
+#: Stages that only lower (export, preprocess) or ask the backend about itself: they run where the
+#: backend is not available too (``is_available()`` False); every other stage needs it available.
+LOWERING_STAGES = frozenset({"declaration", "is_available", "preprocess", "lowering"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One generated test.
+
+    :param category: one of `CATEGORIES`; also the pytest marker.
+    :param name: unique within the category, e.g. ``small_cnn[float16]``.
+    :param run: called with the `SuiteContext`; raises `CheckFailed`
+        (or any exception) to fail, `Unsupported` to report "unsupported".
+        It may return a JSON-compatible dict of details, kept in the report
+        (``{"numerics": ...}`` of a comparison, passes included).
+    :param stage: the part of the contract it exercises (``preprocess``,
+        ``compile``, ``execute``, ``load``, ``target`` …), for the report.
+    """
+
+    category: str
+    name: str
+    run: Callable[[Any], Any]
+    stage: str
+    case: str | None = None
+    #: Whether the check needs ``is_available()`` True; ``None``: decided by `stage` (`LOWERING_STAGES`).
+    needs_available: bool | None = None
+
+    @property
+    def id(self) -> str:
+        """``parity::small_cnn[float16]``: the id the backend host knows the check by."""
+        return f"{self.category}::{self.name}"
+
+    def requires_available(self) -> bool:
+        return self.needs_available if self.needs_available is not None else self.stage not in LOWERING_STAGES
+
+    def location(self) -> tuple[str, int]:
+        """``("pytest_backendconf/conformance/parity.py", line)``: where the check's code is (0-based line)."""
+        function = inspect.unwrap(getattr(self.run, "func", self.run))  # through functools.partial
+        code = getattr(function, "__code__", None)
+        module = getattr(function, "__module__", None)
+        if code is None or not module:
+            return f"{ROOT_ID}/{self.category}", 0
+        return module.replace(".", "/") + ".py", code.co_firstlineno - 1
+
+
+class CheckFailed(AssertionError):
+    """A conformance check failed; the message says what the backend did and what was expected."""
+
+
+class Unsupported(Exception):
+    """The backend rejected the model (`UnsupportedNodeError`): counted apart, never as a pass."""
+
+    @classmethod
+    def from_rejection(cls, exc: Exception) -> "Unsupported":
+        """``The node of aten::mul is not supported in this compiler (reason) at models.py:12``."""
+        first = str(exc).splitlines()[0].removesuffix(" Source code:").rstrip(".")
+        reason = getattr(exc, "reason", "")
+        info = getattr(exc, "debug_info", None)
+        where = f" at {info.file}:{info.line}" if info is not None and info.file else ""
+        return cls(first + (f" ({reason})" if reason else "") + where)
+
+
+def fail(message: str) -> None:
+    raise CheckFailed(message)
+
+
+def id_matches(name: str, pattern: str) -> bool:
+    """Whether a check (``parity::x[float16]``, with or without ``backendconf::``) matches a
+    selection or known-failure key.
+
+    An exact id always matches itself: ``[float16]`` in an id is not an
+    fnmatch character class. Otherwise the key is an fnmatch pattern, with or
+    without the ``backendconf::`` prefix.
+    """
+    name = name.removeprefix(f"{ROOT_ID}::")
+    full = f"{ROOT_ID}::{name}"
+    if pattern in (full, name):
+        return True
+    return fnmatch.fnmatchcase(full, pattern) or fnmatch.fnmatchcase(name, pattern)

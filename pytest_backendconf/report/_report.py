@@ -1,0 +1,323 @@
+"""The conformance report: what each test's outcome means, the JSON document, the score summary.
+
+This module owns the ``backendconf-report`` schema (documented in
+``docs/ci-gating.md``): the pytest plugin writes it with `report_document`,
+and ``backendconf report merge`` reads it back with the constants here. It
+never imports torch at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import pytest
+
+from ._check import CATEGORIES, CheckFailed
+
+if TYPE_CHECKING:
+    from ._known_failures import KnownFailure
+    from ..registry import RegisteredBackend
+
+REPORT_SCHEMA = "backendconf-report"
+#: (major, minor): a consumer accepts any minor version of the major it knows.
+REPORT_SCHEMA_VERSION = (1, 2)  # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test
+#: Every outcome a conformance test can have in the report, mildest first.
+OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
+#: The outcomes of a test that did not work (what a known-failures file lists).
+FAILING = ("failed", "error", "known_failure")
+#: The report attribute that carries a conformance test's data (xdist serializes it).
+REPORT_ATTR = "backendconf"
+#: How many lines of an exception's message the report and the summary keep.
+MESSAGE_LINES = 5
+#: The outcomes in which a check worked (a change between these and `FAILING` is a flip).
+PASSING = ("passed", "unexpected_pass")
+
+
+# --- per-test outcomes -------------------------------------------------------------
+
+
+def phase_outcome(report: pytest.TestReport, listed: bool) -> str | None:
+    """What one phase's report means for the suite; None for a setup or teardown that passed."""
+    if report.skipped:
+        if hasattr(report, "wasxfail"):
+            return "known_failure"
+        return "unsupported" if skip_reason(report).startswith("unsupported: ") else "skipped"
+    if report.failed:
+        if report.when != "call":
+            return "error"
+        if listed and str(report.longrepr).startswith("[XPASS(strict)]"):
+            return "unexpected_pass"
+        return "failed"
+    if report.when == "call":
+        return "unexpected_pass" if hasattr(report, "wasxfail") else "passed"
+    return None
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return ""
+
+
+def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, str] | None:
+    """``{type, module, message}`` of an exception, the message cut to its first lines."""
+    if excinfo is None:
+        return None
+    exc = excinfo.value
+    kind, module, text = type(exc).__qualname__, type(exc).__module__, str(exc)
+    remote = getattr(exc, "error_record", None)  # a check that failed in the backend host
+    if remote:
+        kind, module = remote["type"], remote["module"]
+        if kind != "CheckFailed" and module != "pytest_backendconf.suite._host":  # else the text is the message
+            text = remote["message"]
+    lines = text.strip().splitlines()
+    message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")
+    return {"type": kind, "module": module, "message": message}
+
+
+@dataclasses.dataclass
+class TestResult:
+    """One conformance test as the report and the summary see it (all its phases combined)."""
+
+    __test__ = False  # not a pytest test class
+
+    id: str
+    category: str
+    case: str | None
+    stage: str
+    reproduce: str
+    outcome: str | None = None
+    duration: float = 0.0
+    error: dict[str, str] | None = None
+    reason: str | None = None
+    known_failure: dict[str, str] | None = None
+    #: What the check returned, e.g. delegation's ``{"delegation": {"delegated": 41, "total": 47, ...}}``.
+    details: dict[str, Any] | None = None
+
+    def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
+        self.duration += report.duration
+        if data.get("details") is not None:
+            self.details = data["details"]
+        if data["known_failure"] is not None:
+            self.known_failure = data["known_failure"]
+        new = data["outcome"]
+        if new is not None and (self.outcome is None or OUTCOMES.index(new) > OUTCOMES.index(self.outcome)):
+            self.outcome, self.error, self.reason = new, data["error"], data["reason"]
+
+    def first_line(self) -> str:
+        """The failure's first line, as a known-failures reason."""
+        if self.error is None:
+            return self.outcome or "failed"
+        first = (self.error["message"].splitlines() or [""])[0].strip()
+        if self.error["type"] == CheckFailed.__name__ and first:
+            return first[:200]
+        return f"{self.error['type']}: {first}"[:200] if first else self.error["type"]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "category": self.category,
+            "case": self.case,
+            "stage": self.stage,
+            "outcome": self.outcome,
+            "duration": round(self.duration, 6),
+            "error": self.error,
+            "reason": self.reason,
+            "known_failure": self.known_failure,
+            "reproduce": self.reproduce,
+            **(
+                {"details": rest}
+                if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"})
+                else {}
+            ),
+            "numerics": (self.details or {}).get("numerics"),
+        }
+
+
+def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
+    """Counts per outcome and the score (passed / total) of each category."""
+    summary: dict[str, dict[str, Any]] = {
+        c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES
+    }
+    for result in results:
+        counts = summary.setdefault(result.category, {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None})
+        counts["total"] += 1
+        counts[result.outcome or "error"] += 1
+    for counts in summary.values():
+        if counts["total"]:
+            counts["score"] = round(counts["passed"] / counts["total"], 6)
+    return summary
+
+
+def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
+    """How many tests that did not work failed with each exception type, and in each stage."""
+    by_type: dict[str, int] = {}
+    by_stage: dict[str, int] = {}
+    total = 0
+    for result in results:
+        if result.outcome not in FAILING:
+            continue
+        total += 1
+        by_stage[result.stage] = by_stage.get(result.stage, 0) + 1
+        kind = result.error["type"] if result.error else "unknown"
+        by_type[kind] = by_type.get(kind, 0) + 1
+    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
+
+
+def score_line(category: str, counts: dict[str, Any]) -> str:
+    """``parity   160/165 passed (97.0%); 5 unsupported, … — score = passed / all 165``."""
+    total, passed = counts["total"], counts["passed"]
+    known = counts["known_failure"]
+    parts = [
+        f"{counts['unsupported']} unsupported",
+        f"{known} known failure{'' if known == 1 else 's'}",
+        f"{counts['failed']} failed",
+    ]
+    extra = {"unexpected_pass": "unexpected pass", "error": "error", "skipped": "skipped"}
+    for outcome, label in extra.items():
+        n = counts[outcome]
+        if n:
+            parts.append(
+                f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}"
+            )
+    return (
+        f"{category:<14} {passed}/{total} passed ({100 * passed / total:.1f}%); "
+        f"{', '.join(parts)} — score = passed / all {total}"
+    )
+
+
+def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def declared(capabilities: Any) -> dict[str, Any]:
+    """The backend's `Capabilities` as JSON: what its scores were measured against."""
+
+    def name(dtype: Any) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    def tolerance(value: Any) -> Any:
+        # (rtol, atol), or {dtype: (rtol, atol)} under an op or model name (per-op/per-model overrides)
+        if isinstance(value, dict):
+            return {name(d): tolerance(pair) for d, pair in sorted(value.items(), key=lambda i: name(i[0]))}
+        return [float(v) for v in value]
+
+    c = capabilities
+    return {
+        "supported_ops": None if c.supported_ops is None else sorted(c.supported_ops),
+        "dtypes": None if c.dtypes is None else sorted(name(d) for d in c.dtypes),
+        "tolerances": None
+        if c.tolerances is None
+        else {name(d): tolerance(pair) for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
+        "host_only_modules": list(c.host_only_modules),
+        "thread_safe": c.thread_safe,
+        "fault_injection": c.fault_injection,
+    }
+
+
+def not_under_test(capabilities: Any) -> list[str]:
+    """What the suite did not check because the backend's declaration left it out, in words.
+
+    Two backends' scores are comparable only when these match: a backend
+    that declares fewer dtypes is measured on fewer checks.
+    """
+    from ..cases import FLOAT_DTYPES
+
+    found = []
+    dtypes = declared(capabilities)["dtypes"]
+    if dtypes is not None:
+        left_out = [d for d in FLOAT_DTYPES if d not in dtypes]
+        if left_out:
+            found.append(f"dtypes {', '.join(left_out)} (not in Capabilities.dtypes)")
+    if not capabilities.thread_safe:
+        found.append("calls from several threads (thread_safe=False)")
+    if not capabilities.fault_injection:
+        found.append("runtime symbolication by fault injection (fault_injection=False)")
+    return found
+
+
+def ops_matrix_of(selected: RegisteredBackend, results: list[TestResult]) -> dict[str, Any] | None:
+    """The operator x dtype matrix of the run's ``ops`` checks, or None when none ran."""
+    from ._ops import ops_matrix
+
+    declared = getattr(selected.backend, "capabilities", None)
+    return ops_matrix((r.as_json() for r in results), getattr(declared, "supported_ops", None))
+
+
+def report_document(
+    config: pytest.Config,
+    selected: RegisteredBackend,
+    results: list[TestResult],
+    exitstatus: int,
+    *,
+    started: float,
+    workers: int,
+    known_path: Path | None,
+    known: list[KnownFailure],
+    stale: set[str] | None,
+    hypothesis: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``--backendconf-report`` document (schema in docs/ci-gating.md).
+
+    :param hypothesis: the run's Hypothesis profile, seed and whether it is
+        derandomized (the suite's choice), or None when none was made.
+    """
+    import torch
+
+    from ..capabilities import capabilities_of
+
+    available, unavailable_reason = selected.availability()
+    source = selected.source
+    capabilities = capabilities_of(selected.backend)
+    return {
+        "schema": REPORT_SCHEMA,
+        "schema_version": list(REPORT_SCHEMA_VERSION),
+        "backend": {
+            "name": selected.name,
+            "source": source.description,
+            "distribution": source.distribution,
+            "version": source.version,
+            "available": available,
+            "unavailable_reason": unavailable_reason or None,
+            "capabilities": declared(capabilities),
+            "not_under_test": not_under_test(capabilities),
+        },
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "python_implementation": platform.python_implementation(),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "pytest": pytest.__version__,
+            "pytest_backendconf": _version("pytest-backendconf"),
+        },
+        "hypothesis": hypothesis,
+        "run": {
+            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
+            "duration": round(time.time() - started, 3),
+            "exit_status": exitstatus,
+            "select": list(config.getoption("backendconf_select") or []),
+            "xdist_workers": workers,
+        },
+        "known_failures": None
+        if known_path is None
+        else {
+            "file": str(known_path),
+            "entries": len(known),
+            "stale": sorted(p for p in stale or () if any(e.pattern == p for e in known)),
+        },
+        "summary": summarize(results),
+        "errors": error_statistics(results),
+        "ops": ops_matrix_of(selected, results),
+        "tests": [r.as_json() for r in results],
+    }

@@ -1,0 +1,24 @@
+"""The pytest side of the conformance suite: items, the shared context, gating, Hypothesis, xdist.
+
+Owns turning the categories' checks into pytest items, the per-session `SuiteContext`, the backend
+host that runs checks in a child process, CI gating (known failures, reports), the Hypothesis
+profiles and the xdist grouping. The categories themselves are ``pytest_backendconf.conformance``.
+
+May import: `report`, `target`, `diagnostics` and every layer below them.
+"""
+
+from ._context import SuiteContext, build_context
+from ._gating import GatingPlugin
+from ._hypothesis import hypothesis_choice
+from ._suite import SuitePlugin, suite_only
+from ._xdist import ModelGrouping
+
+__all__ = [
+    "GatingPlugin",
+    "ModelGrouping",
+    "SuiteContext",
+    "SuitePlugin",
+    "build_context",
+    "hypothesis_choice",
+    "suite_only",
+]

@@ -1,0 +1,322 @@
+"""CI gating for the conformance suite: the pytest plugin that applies known failures and writes the report.
+
+Registered (as ``backendconf_gating``) beside the suite when a backend is
+selected. What each test's outcome means for the suite is decided where the
+test runs and travels on its reports, so that the controller of a
+pytest-xdist run, which collects nothing, can still report and summarize.
+The known-failures files are read and written by `report._known_failures`, the
+report's schema is `report._report`'s; the workflow is in ``docs/ci-gating.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..report import ROOT_ID
+from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice, report_entry
+from ..report import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
+from ..report import (
+    FAILING,
+    REPORT_ATTR,
+    TestResult,
+    error_of,
+    not_under_test,
+    ops_matrix_of,
+    phase_outcome,
+    report_document,
+    score_line,
+    skip_reason,
+    summarize,
+)
+from ..archive import write_atomic
+from ._categories import generate_checks
+from ._suite import ConformanceItem
+from ..report import id_matches
+from ..capabilities import capabilities_of
+from ..errors import StaleKnownFailureWarning
+
+if TYPE_CHECKING:
+    from ..registry import RegisteredBackend
+
+_ENTRY_KEY = pytest.StashKey[KnownFailure]()
+
+
+def output_path(config: pytest.Config, option: str, value: str) -> Path:
+    """An output file's path, checked before the run so that a typo does not cost a whole run."""
+    path = Path(config.invocation_params.dir, value)
+    if path.is_dir():
+        raise pytest.UsageError(f"{option}={value}: that is a directory; give a file name in it.")
+    if not path.parent.is_dir():
+        raise pytest.UsageError(f"{option}={value}: the directory {path.parent} does not exist; create it first.")
+    return path
+
+
+class GatingPlugin:
+    """Known failures, ``--backendconf-report``, the score summary and JUnit properties."""
+
+    def __init__(self, config: pytest.Config, selected: RegisteredBackend) -> None:
+        self.config = config
+        self.selected = selected
+        self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        known = config.getoption("backendconf_known_failures")
+        self.known_path = Path(config.invocation_params.dir, known) if known else None
+        self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
+        report = config.getoption("backendconf_report")
+        self.report_path = output_path(config, "--backendconf-report", report) if report else None
+        page = config.getoption("backendconf_html", None)
+        self.html_path = output_path(config, "--backendconf-html", page) if page else None
+        write = config.getoption("backendconf_write_known_failures")
+        self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
+        self.previous: list[KnownFailure] = list(self.known)
+        if self.write_path is not None and self.write_path.exists() and self.write_path != self.known_path:
+            self.previous += load_known_failures(self.write_path, "--backendconf-write-known-failures")
+        self.results: dict[str, TestResult] = {}
+        self.order: dict[str, int] = {}
+        #: Patterns (of either file) that match no check of the suite; None while unknown.
+        self.stale: set[str] | None = None
+        self.workers = 0
+        self.started = time.time()
+        self.notes: list[str] = []
+
+    # --- configuration, collection ------------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        if self.known_path is None:
+            return None
+        count = len(self.known)
+        return [f"backendconf: known failures from {self.known_path} ({count} entr{'y' if count == 1 else 'ies'})"]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[WORKERINPUT_KEY] = list(hypothesis_choice(self.config))
+        self.workers = int(node.workerinput.get("workercount", self.workers + 1))
+
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        # A plain hookimpl: after the suite (tryfirst) adds its items, before -k/-m deselect any.
+        suite = [item for item in items if isinstance(item, ConformanceItem)]
+        for item in suite:
+            check = item.check
+            item.user_properties += [
+                ("category", check.category),
+                ("stage", check.stage),
+                ("reproduce", item.reproduce),
+            ]
+            if check.case is not None:
+                item.user_properties.append(("case", check.case))
+            entry = self._entry_for(item)
+            if entry is not None:
+                item.stash[_ENTRY_KEY] = entry
+                item.user_properties.append(("known_failure", entry.pattern))
+                reason = f"known failure: {entry.reason}" + (f" ({entry.link})" if entry.link else "")
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        self.stale = self._stale(suite)
+        if self.stale is not None:
+            for entry in self.known:
+                if entry.pattern in self.stale:
+                    warnings.warn_explicit(
+                        StaleKnownFailureWarning(
+                            f"known-failures entry {entry.pattern!r} matches no conformance check of backend "
+                            f"{self.selected.name!r} (renamed or removed?): fix its pattern or remove it "
+                            f"from {self.known_path}"
+                        ),
+                        StaleKnownFailureWarning,
+                        filename=str(self.known_path),
+                        lineno=entry.line,
+                    )
+            if self.workerinput is not None:
+                config.workeroutput["backendconf_stale"] = sorted(self.stale)  # type: ignore[attr-defined]
+
+    def _entry_for(self, item: ConformanceItem) -> KnownFailure | None:
+        """The entry naming ``item``: one with its exact id first, else the first pattern matching it."""
+        exact = (e for e in self.known if e.pattern in (item.nodeid, item.name))
+        return next(exact, None) or next((e for e in self.known if e.matches(item.nodeid)), None)
+
+    def _stale(self, suite: list[ConformanceItem]) -> set[str] | None:
+        patterns = {e.pattern for e in self.previous}
+        if not patterns:
+            return set()
+        if self.config.getoption("backendconf_select"):
+            # The run is narrowed: judge the entries against every check, not only the selected ones.
+            if not suite:
+                return None
+            ids = [f"{ROOT_ID}::{c.category}::{c.name}" for c in generate_checks(suite[0].ctx)]
+        else:
+            ids = [item.nodeid for item in suite]
+        return {p for p in patterns if not any(id_matches(i, p) for i in ids)}
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.order = {item.nodeid: i for i, item in enumerate(session.items)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.order:
+            self.order = {nodeid: i for i, nodeid in enumerate(ids)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        stale = getattr(node, "workeroutput", {}).get("backendconf_stale")
+        if stale is not None:
+            self.stale = set(stale)
+
+    # --- running ------------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield  # after the skipping plugin has turned xfail markers into outcomes
+        if not isinstance(item, ConformanceItem):
+            return report
+        entry = item.stash.get(_ENTRY_KEY, None)
+        outcome = phase_outcome(report, listed=entry is not None)
+        error = reason = None
+        if outcome in FAILING:
+            error = error_of(call.excinfo)
+        elif outcome in ("unsupported", "skipped"):
+            reason = skip_reason(report).removeprefix("unsupported: ")
+        elif outcome == "unexpected_pass" and entry is not None and report.failed:
+            fix = "remove the entry" if entry.pattern in (item.nodeid, item.name) else "narrow the entry's pattern"
+            report.longrepr = (
+                f"{item.nodeid} passed, but it is listed as a known failure: entry {entry.pattern!r} in "
+                f"{self.known_path} (reason: {entry.reason}). Backend {self.selected.name!r} passes it now: "
+                f"{fix}, or rewrite the file with --backendconf-write-known-failures={self.known_path}.\n"
+                f"reproduce: {item.reproduce}"
+            )
+        setattr(
+            report,
+            REPORT_ATTR,
+            {
+                "category": item.check.category,
+                "case": item.check.case,
+                "stage": item.check.stage,
+                "reproduce": item.reproduce,
+                "outcome": outcome,
+                "error": error,
+                "reason": reason,
+                "known_failure": entry.as_json() if entry is not None else None,
+                "location": list(item.check.location()),
+                "details": next((v for k, v in item.user_properties if k == "backendconf"), None),
+            },
+        )
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Any:
+        data = getattr(report, REPORT_ATTR, None)
+        if data is None or self.workerinput is not None:
+            return (yield)
+        self._record(report, data)
+        longrepr = report.longrepr
+        if not (report.skipped and isinstance(longrepr, tuple) and longrepr[1] is None):
+            return (yield)
+        # JUnit writes a skip as "{file}:{line}: {reason}", which gives
+        # "<id>:None:" for the check id the terminal shows: while the report is
+        # logged, point it at the check's code, then give the id back.
+        report.longrepr = (data["location"][0], data["location"][1], longrepr[2])
+        try:
+            return (yield)
+        finally:
+            report.longrepr = longrepr
+
+    def _record(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
+        result = self.results.get(report.nodeid)
+        if result is None:
+            result = self.results[report.nodeid] = TestResult(
+                report.nodeid, data["category"], data["case"], data["stage"], data["reproduce"]
+            )
+        result.add(report, data)
+
+    # --- the end of the run ---------------------------------------------------------
+
+    def finished(self) -> list[TestResult]:
+        """The tests that ran, in collection order."""
+        done = [r for r in self.results.values() if r.outcome is not None]
+        return sorted(done, key=lambda r: (self.order.get(r.id, len(self.order)), r.id))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.workerinput is not None:
+            return
+        results = self.finished()
+        document = None
+        if self.report_path is not None or self.html_path is not None:
+            document = report_document(
+                self.config,
+                self.selected,
+                results,
+                int(exitstatus),
+                started=self.started,
+                workers=self.workers,
+                known_path=self.known_path,
+                known=self.known,
+                stale=self.stale,
+                hypothesis=report_entry(self.config),
+            )
+        if self.report_path is not None:
+            write_atomic(self.report_path, json.dumps(document, indent=2) + "\n")
+            self.notes.append(f"report written to {self.report_path}")
+        if self.html_path is not None and document is not None:
+            from ..report import render
+
+            write_atomic(self.html_path, render([document]))  # the page is drawn from the report alone
+            self.notes.append(f"HTML report written to {self.html_path}")
+        if self.write_path is not None:
+            if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
+                self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")
+            else:
+                self._write_known_failures(results)
+
+    def _write_known_failures(self, results: list[TestResult]) -> None:
+        assert self.write_path is not None
+        entries = merge_known_failures(results, self.previous, self.stale)
+        write_atomic(self.write_path, format_known_failures(entries, self.selected.name))
+        before = {e.pattern for e in self.previous}
+        after = {e.pattern for e in entries}
+        self.notes.append(
+            f"wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {self.write_path} "
+            f"({len(after - before)} added, {len(before - after)} removed)"
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.workerinput is not None:
+            return
+        results = self.finished()
+        if not results and not self.notes:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
+        from ..report import delegation_line
+
+        matrix = ops_matrix_of(self.selected, results)
+        for category, counts in summarize(results).items():
+            if counts["total"] and not (category == "ops" and matrix is not None):
+                # delegation counts nodes, and "not needed" apart from passes.
+                tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
+        if matrix is not None:
+            from ..report import flagged_lines, summary_line
+
+            for line in [summary_line(matrix), *flagged_lines(matrix)]:
+                tr.write_line(line)
+        left_out = not_under_test(capabilities_of(self.selected.backend))
+        if left_out:
+            tr.write_line(f"not under test (as declared): {'; '.join(left_out)}")
+        broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+        if len(broken) > 1:
+            from ..report import group_failures, summary_lines
+
+            tr.write_line("")
+            tr.write_line("failures grouped by message (numbers and names masked):")
+            for line in summary_lines(group_failures(r.as_json() for r in broken)):
+                tr.write_line(line)
+        if broken:
+            tr.write_line("")
+            tr.write_line("to reproduce a failure, run its command:")
+            for result in broken:
+                tr.write_line(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+        for note in self.notes:
+            tr.write_line(f"backendconf: {note}")

@@ -1,0 +1,324 @@
+"""The conformance suite as pytest items: checks, collection, outcomes, reproduction.
+
+Each category module in ``conformance/`` yields `Check` records from the
+spec data; this module turns them into `ConformanceItem`s whose ids are
+stable across machines (``backendconf::parity::small_cnn[float16]``), so
+that known-failure files and reports can name them.
+
+With ``--backend`` and no test paths, only the suite runs; with paths, the
+suite runs beside the tests found there (a vendor's own regression tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from .. import conformance
+from ..report import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
+from ._hypothesis import hypothesis_choice
+from ._categories import generate_checks
+
+#: torch's trace-structured logger: it logs a record (mostly empty) for every
+#: export and compile step, which would fill every failure's captured log.
+TORCH_TRACE_LOGGER = "torch.__trace"
+#: ``1`` runs the checks in the pytest process, as ``--backendconf-in-process`` does (the project's
+#: own tests set it for the many small runs that do not test isolation: each host costs a torch import).
+IN_PROCESS_ENV = "BACKENDCONF_IN_PROCESS"
+
+
+class _DropRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+class SuiteCollector(pytest.Collector):
+    """The root of the generated items; it has no file, so its id is fixed.
+
+    The suite plugin creates it beside whatever pytest collected from the
+    command line and collects it through pytest's collect-report hooks, so the
+    terminal counts its items and a failure to generate them is a collection
+    error like any other.
+    """
+
+    def __init__(self, *, plugin: "SuitePlugin", ctx: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plugin = plugin
+        self.ctx = ctx
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        from ..conformance.real_models import zoo_keeps
+
+        selected = self.config.getoption("backendconf_select") or []
+        zoo = self.config.getoption("backendconf_zoo", "synthetic")
+        items: list[pytest.Item | pytest.Collector] = []
+        for check in generate_checks(self.ctx):
+            name = f"{check.category}::{check.name}"
+            if selected and not any(id_matches(name, p) for p in selected):
+                continue
+            real = zoo_keeps(self.ctx, check, zoo)
+            if real is None:
+                continue
+            reproduce = self.plugin.reproduce_command(f"{ROOT_ID}::{name}")
+            item = ConformanceItem.from_parent(
+                self, name=name, check=check, ctx=self.ctx, reproduce=reproduce, suite=self.plugin
+            )
+            if real:
+                item.add_marker("real_model")
+            items.append(item)
+        return items
+
+
+class HostCheckFailed(CheckFailed):
+    """A check failed in the backend host; ``error_record`` is the original exception's ``{type, module, message}``."""
+
+    def __init__(self, message: str, error: dict[str, str] | None) -> None:
+        super().__init__(message)
+        self.error_record = error
+
+
+class ConformanceItem(pytest.Item):
+    def __init__(
+        self, *, check: Check, ctx: Any, reproduce: str, suite: "SuitePlugin | None" = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+        self.ctx = ctx
+        self.reproduce = reproduce
+        self.suite = suite
+        self.add_marker(check.category)
+
+    def runtest(self) -> None:
+        reason = self.suite.not_applicable(self.check) if self.suite is not None else None
+        if reason:
+            pytest.skip(reason)
+        host = self.suite.host() if self.suite is not None else None
+        if host is None:
+            try:
+                details = self.check.run(self.ctx)
+                if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
+                    self.user_properties.append(("backendconf", details))
+            except Unsupported as exc:
+                pytest.skip(f"unsupported: {exc}")
+            return
+        self._apply(host.run(self.check.id, _subject(self.check, self.ctx)))
+
+    def _apply(self, outcome: dict[str, Any]) -> None:
+        """The backend host's outcome, as if the check had run here."""
+        for w in outcome.get("warnings", ()):
+            category = _warning_class(w["module"], w["category"])
+            message = w["message"] if category is not UserWarning else f"{w['category']}: {w['message']}"
+            warnings.warn_explicit(message, category, w["filename"], w["lineno"])
+        if outcome.get("stderr"):
+            self.add_report_section("call", "stderr (backend host)", outcome["stderr"])
+        if isinstance(outcome.get("details"), dict):
+            self.user_properties.append(("backendconf", outcome["details"]))
+        kind = outcome["outcome"]
+        if kind == "unsupported":
+            pytest.skip(f"unsupported: {outcome['message']}")
+        if kind == "skipped":
+            pytest.skip(outcome["message"])
+        if kind != "passed":
+            raise HostCheckFailed(outcome["message"], outcome.get("error"))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CheckFailed):
+            text = str(excinfo.value)
+        else:
+            text = str(excinfo.getrepr(style="short", chain=True))
+        return f"{text}\nreproduce: {self.reproduce}"
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{ROOT_ID}::{self.check.category}::{self.check.name}"
+
+
+class SuitePlugin:
+    """Registered (as ``backendconf_suite``) when a backend is selected."""
+
+    def __init__(self, config: pytest.Config, ctx_factory: Callable[[], Any], backend_name: str) -> None:
+        self.config = config
+        self._ctx_factory = ctx_factory
+        self.backend_name = backend_name
+        self.ctx: Any = None
+        self._trace_filter: logging.Filter | None = None
+        #: The backend host (`pytest_backendconf.suite._host.BackendHost`), started with the first check.
+        self._host: Any = None
+        #: Why checks that need the backend available are not applicable here (None: it is available).
+        self._unavailable: str | None = None
+
+    def in_process(self) -> bool:
+        """Checks run in this process: asked for, or a debugger wants to stop in them."""
+        options = self.config.option
+        return bool(
+            getattr(options, "backendconf_in_process", False)
+            or getattr(options, "usepdb", False)
+            or getattr(options, "trace", False)
+            or os.environ.get(IN_PROCESS_ENV) == "1"
+        )
+
+    def host(self) -> Any:
+        """The backend host the checks run in, or None when they run in this process."""
+        if self.in_process():
+            return None
+        if self._host is None:
+            import torch
+
+            from ._host import DEFAULT_MAX_RSS_MIB, DEFAULT_TIMEOUT, BackendHost, HostOptions
+
+            profile, seed = hypothesis_choice(self.config)
+            factory = getattr(self.config, "_tmp_path_factory", None)
+            timeout = self.config.getoption("backendconf_timeout", None)
+            timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+            max_rss = self.config.getoption("backendconf_max_rss", None)
+            max_rss = DEFAULT_MAX_RSS_MIB if max_rss is None else max_rss
+            options = HostOptions(
+                backend=self.backend_name,
+                hypothesis_profile=profile,
+                hypothesis_seed=seed,
+                torch_threads=torch.get_num_threads(),
+                tmp_root=str(factory.getbasetemp()) if factory is not None else None,
+                zoo=self.config.getoption("backendconf_zoo", "synthetic"),
+                ops_mode=self.config.getoption("backendconf_ops", "default"),
+                plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
+            )
+            self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
+            if self.ctx is not None:
+                self.ctx.host = self._host  # the benchmarks read its export counts
+        return self._host
+
+    def not_applicable(self, check: Check) -> str | None:
+        if self._unavailable is None or not check.requires_available():
+            return None
+        return self._unavailable
+
+    def pytest_sessionfinish(self) -> None:
+        if self._host is not None:
+            self._host.close()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        # Keep torch's trace logger out of the captured logs. It does not
+        # propagate, but pytest attaches its capture handlers to non-propagating
+        # loggers too; its records only matter to torch's own trace handler,
+        # which writes nothing unless TORCH_TRACE names a folder, so drop them
+        # unless it does.
+        if not os.environ.get("TORCH_TRACE"):
+            self._trace_filter = _DropRecords()
+            logging.getLogger(TORCH_TRACE_LOGGER).addFilter(self._trace_filter)
+        for category in CATEGORIES:
+            config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
+        config.addinivalue_line("markers", "real_model: conformance checks on a real-world model (--backendconf-zoo)")
+        import torch
+
+        workers = getattr(config, "workerinput", {}).get("workercount")
+        if workers:
+            # pytest-xdist: share the cores between workers instead of each
+            # worker's torch thread pool claiming all of them.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+        elif not os.environ.get("OMP_NUM_THREADS"):
+            # The zoo's models are tiny: torch's thread pool costs more than it
+            # gives (benchmarks: 55 s → 35 s for the default suite). Set
+            # OMP_NUM_THREADS to choose otherwise.
+            torch.set_num_threads(1)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._trace_filter is not None:
+            logging.getLogger(TORCH_TRACE_LOGGER).removeFilter(self._trace_filter)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_header(self, config: pytest.Config) -> Any:
+        lines = yield
+        if not suite_only(config):
+            return lines
+        # Run alone, the suite uses only its own Hypothesis profile (the
+        # "backendconf: hypothesis profile" line); Hypothesis's line about the
+        # global profile, printed with -v, would be a second, unused one.
+        return [line for line in lines if not (isinstance(line, str) and line.startswith("hypothesis profile "))]
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
+        count = sum(isinstance(item, ConformanceItem) for item in items)
+        lines = [f"backendconf: {count} conformance checks for backend {self.backend_name!r}"]
+        # One-line notices from the categories (e.g. ops data missing for this torch).
+        lines += [f"backendconf: {text}" for text in getattr(self.ctx, "notices", None) or []]
+        return "\n".join(lines)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        ctx = self.ctx = self._ctx_factory()  # kept for tools (benchmarks) that inspect the session
+        available, why = ctx.registered.availability()
+        if not available:
+            self._unavailable = (
+                f"not applicable: backend {self.backend_name!r} is not available here ({why}); the availability "
+                "rows and the lowering-side checks ran, the rest need is_available() True"
+            )
+        root = SuiteCollector.from_parent(
+            session, name=ROOT_ID, nodeid=ROOT_ID, path=_conformance_dir(), plugin=self, ctx=ctx
+        )
+        # The public collect hooks, as pytest's own collection calls them: the
+        # terminal counts these items (`--co` says how many), and plugins see a
+        # collect report for the suite.
+        root.ihook.pytest_collectstart(collector=root)
+        report = root.ihook.pytest_make_collect_report(collector=root)
+        root.ihook.pytest_collectreport(report=report)
+        # A failed report counts as a collection error (the session plugin sees it too).
+        items.extend(node for node in report.result if isinstance(node, pytest.Item))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+        report = yield
+        if isinstance(item, ConformanceItem) and report.skipped and isinstance(report.longrepr, tuple):
+            # "SKIPPED [1] backendconf::parity::x[float16]: unsupported: …", not
+            # the line of this package that raised the skip; the checks that are
+            # not applicable share one line ("SKIPPED [164] backendconf: not applicable: …").
+            reason = report.longrepr[2]
+            where = ROOT_ID if str(reason).removeprefix("Skipped: ").startswith("not applicable: ") else item.nodeid
+            report.longrepr = (where, None, reason)
+        return report
+
+    def reproduce_command(self, node_id: str) -> str:
+        parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
+        zoo = self.config.getoption("backendconf_zoo", "synthetic")
+        if zoo != "synthetic":
+            parts.append(f"--backendconf-zoo={zoo}")
+        for plugin in self.config.known_args_namespace.plugins or []:
+            if not plugin.startswith("no:"):
+                parts += ["-p", plugin]
+        # The same inputs again: the profile, and the seed unless the profile is derandomized.
+        profile, seed = hypothesis_choice(self.config)
+        parts.append(f"--backendconf-hypothesis={profile}")
+        if profile != "ci":
+            parts.append(f"--hypothesis-seed={seed}")
+        return shlex.join(parts)
+
+
+def _subject(check: Check, ctx: Any) -> str:
+    """``model small_cnn, dtype float16``: what a check runs on, for a message when its process dies."""
+    if check.case is None or check.case not in ctx.cases:
+        return f"check {check.id} (no single model)"
+    bracket = check.name.rpartition("[")[2].rstrip("]") if check.name.endswith("]") else ""
+    dtype = bracket if bracket in ctx.dtypes_for(ctx.cases[check.case]) else ctx.first_dtype(check.case)
+    return f"model {check.case}" + (f", dtype {dtype}" if dtype else "")
+
+
+def _warning_class(module: str, name: str) -> type[Warning]:
+    """A warning's class from a module already imported here, else `UserWarning` (nothing is imported)."""
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+
+
+def _conformance_dir() -> Path:
+    return Path(conformance.__file__).parent
+
+
+def suite_only(config: pytest.Config) -> bool:
+    """No test paths on the command line: run the suite alone, not the current folder."""
+    return config.args_source != pytest.Config.ArgsSource.ARGS

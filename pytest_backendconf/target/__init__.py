@@ -1,0 +1,22 @@
+"""The target side: child processes, and loading an archive where host-only modules are blocked.
+
+Owns the one way the package runs work in another interpreter (the message protocol, the import
+blocker) and the simulated target of the availability tables.
+
+May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
+"""
+
+from ._child import ChildProcess, Ended, error_record, exit_status, import_plugins, pack_value, tail_text, unpack_value
+from ._target import run_on_target
+
+__all__ = [
+    "ChildProcess",
+    "Ended",
+    "error_record",
+    "exit_status",
+    "import_plugins",
+    "pack_value",
+    "run_on_target",
+    "tail_text",
+    "unpack_value",
+]

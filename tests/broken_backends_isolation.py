@@ -45,3 +45,32 @@ class Leaks8MBPerCall(ReferenceBackend):
     def execute(self, handle, inputs):
         _KEPT.append(b"x" * (8 << 20))
         return super().execute(handle, inputs)
+
+
+#: How a reference blob names its tanh instruction (length-prefixed, so not hardtanh's).
+_TANH = (4).to_bytes(4, "little") + b"tanh"
+#: Handles of methods whose graph holds aten.tanh (kept, so that an id is never reused for another).
+_TANH_HANDLES: dict[int, object] = {}
+
+
+class HangsOnTanh(ReferenceBackend):
+    """Never returns from execute() of a method whose graph holds ``aten.tanh``: a device that hangs on one op.
+
+    Every other graph runs as on the reference backend, so only the checks of the models (and the
+    operator samples) with a tanh hang.
+    """
+
+    name = "hangs_on_tanh"
+
+    def compile(self, processed, method_compile_spec):
+        handles = super().compile(processed, method_compile_spec)
+        for method, blob in processed.items():
+            if _TANH in bytes(blob):
+                _TANH_HANDLES[id(handles[method])] = handles[method]
+        return handles
+
+    def execute(self, handle, inputs):
+        if id(handle) in _TANH_HANDLES:
+            while True:
+                time.sleep(60)
+        return super().execute(handle, inputs)

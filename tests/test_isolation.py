@@ -129,6 +129,59 @@ def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pyte
     )
 
 
+def test_a_model_that_hung_is_not_waited_for_again(pytester):
+    # HangsOnTanh hangs in execute() of any graph with aten.tanh. The contract check that executes
+    # smooth_activations hangs first; parity of the same model in the same dtype then fails at once,
+    # naming it. The preprocess-only check of that model runs (it never executes), and so do another
+    # model and the operator's sample (another lowered model) run.
+    select = [
+        "backendconf::contract::preprocess_returns_bytes[[]smooth_activations]",
+        "backendconf::contract::execute_matches_the_output_spec[[]smooth_activations]",
+        "backendconf::parity::smooth_activations[[]float32]",
+        "backendconf::parity::small_cnn[[]float32]",
+        "backendconf::ops::aten.tanh.default[[]float32-sample0]",
+    ]
+    result, outcomes = run(
+        pytester, "broken_backends_isolation", "HangsOnTanh", "hangs_on_tanh", select, "--backendconf-timeout=4",
+        subprocess=False,
+    )
+    assert outcomes == {
+        "backendconf::contract::preprocess_returns_bytes[smooth_activations]": "passed",
+        "backendconf::contract::execute_matches_the_output_spec[smooth_activations]": "failed",
+        "backendconf::parity::smooth_activations[float32]": "failed",
+        "backendconf::parity::small_cnn[float32]": "passed",
+        "backendconf::ops::aten.tanh.default[float32-sample0]": "failed",
+    }, outcomes
+    result.stdout.fnmatch_lines(
+        [
+            "not run: the lowered model smooth_activations in float32 did not finish within 4 s "
+            "(--backendconf-timeout) in contract::execute_matches_the_output_spec[[]smooth_activations], during "
+            "execute() of method 'forward', inputs [[]float32[[]4, 6]]; this check would run that model again, so "
+            "it fails at once instead of waiting for it.*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "backendconf: 1 check failed at once, not run again on a lowered model that hung (or crashed the "
+            "same way twice) in an earlier check*",
+        ]
+    )
+    report = json.loads((pytester.path / "report.json").read_text())
+    types = {t["id"]: (t["error"] or {}).get("type") for t in report["tests"] if t["outcome"] == "failed"}
+    assert sorted(types.values()) == ["BackendHostDied", "BackendHostDied", "BackendHostModelHung"]
+
+
+def test_a_lowered_model_is_a_case_in_one_dtype_or_an_operator_in_one_dtype():
+    from pytest_backendconf.suite._host import model_key
+
+    assert model_key("parity", "small_cnn[float16]", "small_cnn", "float16") == ("model", "small_cnn", "float16")
+    # The samples of one operator in one dtype differ in shapes only: one lowered model.
+    assert model_key("ops", "aten.add.Tensor[float16-sample1]", None, None) == ("operator", "aten.add.Tensor", "float16")
+    assert model_key("ops", "aten.add.Tensor[float16-sample0]", None, None) == ("operator", "aten.add.Tensor", "float16")
+    # A check of the backend as a whole runs no one model: its hang says nothing about the others.
+    assert model_key("availability", "host-compile_no-execute_no", None, None) is None
+
+
 def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memory_limit(pytester):
     result, outcomes = run(
         pytester,
@@ -265,3 +318,29 @@ def test_no_pickle_in_the_package():
                 if pattern.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_a_crash_blocks_a_model_only_when_it_repeats_the_same_way():
+    from pytest_backendconf.suite._host import NOT_RUN_AGAIN, ModelMemory
+
+    execute = [{"kind": "call", "call": "execute", "detail": "of method 'forward', inputs [float32[2, 3]]"}]
+    model = ("model", "small_cnn", "float32")
+    memory = ModelMemory()
+    # One crash may be a flaky driver: the next check on the model runs.
+    memory.ended(model, "parity::small_cnn[float32]", _child.Ended(returncode=-11, stderr=""), execute)
+    assert memory.blocked(model, runs_backend=True) is None
+    # Another way of ending (another exit status) is not the same crash.
+    memory.ended(model, "contract::execute_profiled_events[small_cnn]", _child.Ended(returncode=3, stderr=""), execute)
+    assert memory.blocked(model, runs_backend=True) is None
+    # The same signal in the same backend call a second time: deterministic.
+    memory.ended(model, "reliability::memory_stays_flat[small_cnn]", _child.Ended(returncode=-11, stderr=""), execute)
+    failure = memory.blocked(model, runs_backend=True)
+    assert failure is not None and failure["error"]["type"] == NOT_RUN_AGAIN
+    assert "took down its process the same way twice (it was killed by signal 11 (SIGSEGV); also in " in failure["message"]
+    # It crashed in execute: a check that only lowers the model still runs; another model runs.
+    assert memory.blocked(model, runs_backend=False) is None
+    assert memory.blocked(("model", "small_cnn", "float16"), runs_backend=True) is None
+    assert memory.saved == 1
+    # A host that ended with no backend call running says nothing about the model.
+    memory.ended(("model", "mlp", "float32"), "parity::mlp[float32]", _child.Ended(returncode=None, stderr="", timed_out=5.0), [])
+    assert memory.blocked(("model", "mlp", "float32"), runs_backend=True) is None

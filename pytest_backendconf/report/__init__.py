@@ -13,6 +13,7 @@ from ._html import render
 from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
 from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
 from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
+from ._ops import parse_id as parse_ops_id
 from ._report import (
     FAILING,
     REPORT_ATTR,
@@ -54,6 +55,7 @@ __all__ = [
     "merge_known_failures",
     "not_under_test",
     "ops_matrix_of",
+    "parse_ops_id",
     "phase_outcome",
     "read_documents",
     "read_matrix",

@@ -37,6 +37,7 @@ from ..report import (
 from ..archive import write_atomic
 from ._categories import generate_checks
 from ._suite import ConformanceItem
+from ._host import NOT_RUN_AGAIN
 from ..report import id_matches
 from ..capabilities import capabilities_of
 from ..errors import StaleKnownFailureWarning
@@ -318,5 +319,12 @@ class GatingPlugin:
             tr.write_line("to reproduce a failure, run its command:")
             for result in broken:
                 tr.write_line(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+        saved = [r for r in results if r.error is not None and r.error.get("type") == NOT_RUN_AGAIN]
+        if saved:
+            tr.write_line(
+                f"backendconf: {len(saved)} check{'s' if len(saved) != 1 else ''} failed at once, not run again on "
+                "a lowered model that hung (or crashed the same way twice) in an earlier check; each would have "
+                "waited for --backendconf-timeout or crashed again (docs/isolation.md)"
+            )
         for note in self.notes:
             tr.write_line(f"backendconf: {note}")

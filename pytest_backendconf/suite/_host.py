@@ -15,7 +15,10 @@ parent can say which call killed it. The parent:
 - kills a host whose check takes longer than ``--backendconf-timeout`` and
   fails that check;
 - kills a host whose memory grows past ``--backendconf-max-rss`` and fails
-  the check during which it crossed the limit, with the growth measured.
+  the check during which it crossed the limit, with the growth measured;
+- remembers a lowered model that hung (or crashed the same way twice): the
+  later checks that would run it again fail at once, naming the check that
+  hung, instead of each waiting for its own timeout (`ModelMemory`).
 
 Categories need nothing special: whatever `generate_checks` yields runs here.
 """
@@ -71,17 +74,26 @@ class BackendHost:
         #: Exports and cached programs the hosts counted (for the benchmarks; this process exports nothing).
         self.exports = 0
         self.programs: set[tuple] = set()
+        #: The lowered models that hung or crashed deterministically in this process's hosts.
+        self.models = ModelMemory()
 
-    def run(self, check_id: str, subject: str) -> dict[str, Any]:
+    def run(
+        self, check_id: str, subject: str, model: tuple[str, ...] | None = None, *, runs_backend: bool = True
+    ) -> dict[str, Any]:
         """The check's outcome: ``{"outcome": passed | failed | unsupported | skipped, "message", …}``.
 
         :param subject: what the check was on (model, dtype), for the message when the host dies.
+        :param model: the lowered model the check runs (`model_key`), None for a check of no one model.
+        :param runs_backend: whether the check compiles or executes the model (else it only lowers it).
         """
         from ..target import ChildProcess, Ended
 
         with self._lock:
             if self._broken is not None:  # it cannot start: every check would pay for finding out again
                 return dict(self._broken)
+            known = self.models.blocked(model, runs_backend)
+            if known is not None:
+                return known
             if self._child is None or not self._child.alive:
                 self._child = ChildProcess(
                     "pytest_backendconf.suite._host:HostHandler",
@@ -116,6 +128,7 @@ class BackendHost:
         if isinstance(result, Ended):
             with self._lock:
                 self._child = None
+                self.models.ended(model, check_id, result, calls)
             return {
                 "outcome": "failed",
                 "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
@@ -195,6 +208,82 @@ class BackendHost:
             child, self._child = self._child, None
         if child is not None:
             child.close()
+
+
+#: The error type of a check failed at once because its model hung or crashed before (the summary counts them).
+NOT_RUN_AGAIN = "BackendHostModelHung"
+
+
+class ModelMemory:
+    """The lowered models that hung, or crashed the same way twice, in this pytest process's hosts.
+
+    A lowered model is a case in one dtype (all its methods are lowered
+    together), or one operator overload in one dtype for the ``ops`` category
+    (its samples differ in shapes only). A hang is remembered at once: the
+    next check on that model would wait for the same timeout. A crash is
+    remembered only when it is deterministic: the same model ended the host
+    the same way (the same exit code or signal) in the same backend call
+    (preprocess, compile or execute) twice; one crash may be a flaky driver.
+    What a hang or crash in ``preprocess`` blocks is every later check on the
+    model; one in ``compile`` or ``execute`` blocks the checks that run the
+    model on the backend (not those that only lower it).
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._crashes: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
+        #: How many checks failed at once instead of running (each would have waited or crashed again).
+        self.saved = 0
+
+    def ended(self, model: tuple[str, ...] | None, check_id: str, ended: Any, calls: list[dict]) -> None:
+        """Note how the host running ``check_id`` on ``model`` ended."""
+        crumbs = [c for c in calls if c.get("kind") == "call"]
+        if model is None or not crumbs or ended.killed_because or ended.setup_error is not None:
+            return  # no backend call was running: the hang or crash is not the model's
+        last = crumbs[-1]
+        call = f"{last['call']}(){' ' + last['detail'] if last.get('detail') else ''}"
+        if ended.timed_out is not None:
+            how = f"did not finish within {ended.timed_out:g} s (--backendconf-timeout)"
+            self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
+            return
+        seen = self._crashes.setdefault(model, {})
+        key = (ended.describe(), last["call"])
+        if key in seen and seen[key] != check_id:
+            how = f"took down its process the same way twice (it {ended.describe()}; also in {seen[key]})"
+            self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
+        seen.setdefault(key, check_id)
+
+    def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> dict[str, Any] | None:
+        """The failure of a check on a model that hung or crashed before, or None: run it."""
+        known = self._known.get(model) if model is not None else None
+        if known is None or (known["kind"] != "preprocess" and not runs_backend):
+            return None
+        self.saved += 1
+        what = f"{model[0]} {model[1]}" + (f" in {model[2]}" if model[2:] and model[2] else "")
+        return {
+            "outcome": "failed",
+            "message": f"not run: the lowered {what} {known['how']} in {known['check']}, during "
+            f"{known['call']}; this check would run that model again, so it fails at once instead of "
+            f"waiting for it. Fix that first: run {known['check']} alone (its reproduce command), then "
+            "this one.",
+            "error": {"type": NOT_RUN_AGAIN, "module": __name__, "message": f"{known['check']}: {known['how']}"},
+        }
+
+
+def model_key(category: str, name: str, case: str | None, dtype: str | None) -> tuple[str, ...] | None:
+    """The lowered model a check runs: ``("model", case, dtype)`` or ``("operator", overload, dtype)``.
+
+    None for a check of no one model (the backend as a whole), whose hang says nothing about others.
+    """
+    if case is not None:
+        return ("model", case, dtype or "")
+    if category == "ops":
+        from ..report import parse_ops_id
+
+        parsed = parse_ops_id(f"ops::{name}")
+        if parsed is not None:
+            return ("operator", parsed[0], parsed[1])
+    return None
 
 
 def _subject_text(subject: str, calls: list[dict]) -> str:

@@ -108,7 +108,11 @@ class ConformanceItem(pytest.Item):
             except Unsupported as exc:
                 pytest.skip(f"unsupported: {exc}")
             return
-        self._apply(host.run(self.check.id, _subject(self.check, self.ctx)))
+        from ._host import model_key
+
+        check = self.check
+        model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
+        self._apply(host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available()))
 
     def _apply(self, outcome: dict[str, Any]) -> None:
         """The backend host's outcome, as if the check had run here."""
@@ -304,9 +308,16 @@ def _subject(check: Check, ctx: Any) -> str:
     """``model small_cnn, dtype float16``: what a check runs on, for a message when its process dies."""
     if check.case is None or check.case not in ctx.cases:
         return f"check {check.id} (no single model)"
-    bracket = check.name.rpartition("[")[2].rstrip("]") if check.name.endswith("]") else ""
-    dtype = bracket if bracket in ctx.dtypes_for(ctx.cases[check.case]) else ctx.first_dtype(check.case)
+    dtype = _dtype(check, ctx)
     return f"model {check.case}" + (f", dtype {dtype}" if dtype else "")
+
+
+def _dtype(check: Check, ctx: Any) -> str | None:
+    """The dtype of the model a per-model check runs (its id's bracket, else the case's first)."""
+    if check.case is None or check.case not in ctx.cases:
+        return None
+    bracket = check.name.rpartition("[")[2].rstrip("]") if check.name.endswith("]") else ""
+    return bracket if bracket in ctx.dtypes_for(ctx.cases[check.case]) else ctx.first_dtype(check.case)
 
 
 def _warning_class(module: str, name: str) -> type[Warning]:

@@ -328,3 +328,162 @@ def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
     assert re.search(r'<th scope="row">aten.add.Tensor</th><td class="cell passed".*?<td class="cell failed"', ops)
     assert 'data-open="r0-f-' in ops  # the failing cell opens its check's details
     assert "77.8%" in text and "7/9 nodes" in text
+
+
+# --- hostile reports --------------------------------------------------------------------------
+
+#: Markup that would run if a field reached the page unescaped: each sets a global the browser test reads.
+PAYLOAD = '"><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+
+
+def _forged(report: dict) -> dict:
+    """``report`` with every string a check id does not depend on, and every number the page prints, replaced by markup."""
+    forged = copy.deepcopy(report)
+
+    def walk(value, key=None):
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str) and key not in ("id", "outcome", "category", "schema"):
+            return value + PAYLOAD
+        return value
+
+    forged = walk(forged)
+    forged["errors"]["total"] = PAYLOAD  # the field the page once wrote as it was
+    forged["summary"]["parity"]["total"] = PAYLOAD
+    forged["run"]["duration"] = PAYLOAD
+    forged["tests"][0]["outcome"] = PAYLOAD  # also a class attribute
+    return forged
+
+
+def _injected(page: _Page) -> list[str]:
+    found = [t for t in page.tags if t in ("img", "iframe", "object", "embed")]
+    return found + (["a second script"] if page.tags.count("script") != 1 else [])
+
+
+def test_no_field_of_a_report_reaches_the_page_as_markup(run):
+    report = json.loads((run / "r.json").read_text())
+    text = render([_forged(report)])
+    assert _injected(parse(text)) == []
+    assert "window.__pwned" in html.unescape(text)  # shown as text, not dropped
+
+
+def test_report_html_checks_that_numbers_are_numbers(run, tmp_path, capsys):
+    report = json.loads((run / "r.json").read_text())
+    for field, value, message in [
+        (("errors", "total"), "<script>x</script>", "errors.total must be a count (an integer >= 0) or null"),
+        (("run", "duration"), "1<img>", "run.duration must be a finite number or null"),
+        (("summary", "parity", "failed"), "2", "summary.parity.failed must be a count"),
+        (("known_failures",), "x", "known_failures must be an object or null"),
+    ]:
+        forged = copy.deepcopy(report)
+        target = forged
+        for key in field[:-1]:
+            target = target[key]
+        target[field[-1]] = value
+        path = tmp_path / "forged.json"
+        path.write_text(json.dumps(forged))
+        assert main(["report", "html", str(path), "-o", str(tmp_path / "x.html")]) == 1
+        err = capsys.readouterr().err
+        assert f"report {str(path)!r}: {message}" in err, err
+        assert not (tmp_path / "x.html").exists()
+
+
+def test_deeply_nested_json_is_refused_before_it_is_parsed(run, tmp_path, capsys):
+    report = json.loads((run / "r.json").read_text())
+    deep = json.dumps(report)[:-1] + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path = tmp_path / "deep.json"
+    path.write_text(deep)
+    for command in (["html", str(path), "-o", str(tmp_path / "x.html")], ["merge", str(path)], ["ops", str(path)]):
+        assert main(["report", *command]) == 1
+        assert f"report {str(path)!r} nests 100001 levels deep; at most 64 are read" in capsys.readouterr().err
+
+
+def _sparse_report(report: dict, n: int) -> dict:
+    """``n`` checks, each of its own model and its own column: a matrix of n × n cells for n entries."""
+    sparse = copy.deepcopy(report)
+    template = next(t for t in report["tests"] if t.get("case"))
+    sparse["tests"] = [
+        dict(template, id=f"backendconf::parity::m{i}_case[c{i}]", case=f"m{i}_case", outcome="passed")
+        for i in range(n)
+    ]
+    return sparse
+
+
+def test_the_page_grows_linearly_with_many_distinct_models_and_columns(run):
+    report = json.loads((run / "r.json").read_text())
+    small, large = (len(render([_sparse_report(report, n)])) for n in (400, 1600))
+    # Four times the checks: about four times the page (a matrix would be sixteen times).
+    assert large < 5 * small, (small, large)
+    text = render([_sparse_report(report, 1600)])
+    assert "1600 entries over 1600 models × 1600 checks would make a matrix of 2560000 cells" in text
+    # A dense report still gets its matrix.
+    assert "table class=\"matrix\"" in render([report])
+
+
+def test_report_commands_never_end_in_a_traceback_on_mutated_reports(run, tmp_path, capsys):
+    """Seeded mutations of a real report: every field replaced by another JSON type or a hostile value."""
+    import random
+
+    report = json.loads((run / "r.json").read_text())
+    report["ops"] = {"dtypes": ["float32"], "overloads": {"aten.add.Tensor": {"float32": "passed"}}}
+    paths = []
+
+    def spots(value, path=()):
+        yield path
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from spots(v, (*path, k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from spots(v, (*path, i))
+
+    every = [p for p in spots(report) if p]
+    hostile = [None, True, -1, 1e308, float("nan"), "1", "", PAYLOAD, [], {}, [[1]], {"a": {"b": []}}, 2**70]
+    rng = random.Random(25)
+    for i in range(150):
+        mutated = copy.deepcopy(report)
+        for _ in range(rng.randint(1, 3)):
+            path = rng.choice(every)
+            target = mutated
+            try:
+                for key in path[:-1]:
+                    target = target[key]
+                target[path[-1]] = copy.deepcopy(rng.choice(hostile))
+            except (KeyError, IndexError, TypeError):
+                continue
+        file = tmp_path / f"m{i}.json"
+        file.write_text(json.dumps(mutated))
+        paths.append(file)
+    for file in paths:
+        for command in (["html", str(file), "-o", str(tmp_path / "x.html")], ["merge", str(file)], ["ops", str(file)]):
+            code = main(["report", *command])  # an exception here is the bug this test is about
+            out, err = capsys.readouterr()
+            assert code in (0, 1), (command, err)
+            assert code == 0 or err.startswith("backendconf: error: "), err
+        if (tmp_path / "x.html").exists():
+            assert _injected(parse((tmp_path / "x.html").read_text())) == []
+            (tmp_path / "x.html").unlink()
+
+
+def test_no_script_from_a_forged_report_runs_in_a_browser(run, tmp_path):
+    sync_playwright = _browser()
+    report = json.loads((run / "r.json").read_text())
+    page_file = tmp_path / "forged.html"
+    page_file.write_text(render([_forged(report)]))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            dialogs = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.goto(page_file.as_uri())
+            page.wait_for_load_state("load")
+            # Our own script ran (the filter works); none of the report's did.
+            page.fill("#filter", "mlp")
+            assert page.locator("#filter-count").inner_text().endswith("rows shown")
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert page.locator("img").count() == 0 and dialogs == []
+        finally:
+            browser.close()

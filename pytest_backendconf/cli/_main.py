@@ -9,11 +9,11 @@ import json
 import os
 import re
 import sys
-import unicodedata
 import warnings
 from typing import Iterable, Sequence
 
 from ..registry import BackendRegistry, Source, source_of_module
+from ..report import printable
 from ..errors import BackendConfError, PluginLoadError
 
 
@@ -116,23 +116,6 @@ def _import_plugin(spec: str) -> tuple[object, Source]:
             f"plugin {spec!r} (-p) failed to import: {type(exc).__name__}: {exc}. Check the module name or "
             "path; a module in the current folder needs PYTHONPATH=. (or `python -m backendconf`-style sys.path)"
         ) from exc
-
-
-def printable(text: object, *, keep_newlines: bool = False) -> str:
-    """``text`` with control and format characters escaped (``\x1b``, ``\n``, ``\u202e``).
-
-    What the CLI prints from an archive is the file's, not ours: a terminal
-    escape or a newline in a field must not reach the terminal as such.
-    """
-    out = []
-    for ch in str(text):
-        if keep_newlines and ch == "\n":
-            out.append(ch)
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(repr(ch)[1:-1])
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 # --- archives: inspect, symbolicate, run-target -------------------------------------
@@ -315,6 +298,7 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
 
 
+@_file_errors
 def _profile(args: argparse.Namespace) -> int:
     from ._profile import run
 
@@ -340,7 +324,10 @@ def _run_target(args: argparse.Namespace) -> int:
     if result["error"] is not None:
         error = result["error"]
         print(
-            f"backendconf: error: the target could not load {args.archive!r}: {error['type']}: {error['message']}",
+            printable(
+                f"backendconf: error: the target could not load {args.archive!r}: {error['type']}: {error['message']}",
+                keep_newlines=True,
+            ),
             file=sys.stderr,
         )
         return 1
@@ -352,10 +339,12 @@ def _run_target(args: argparse.Namespace) -> int:
     )
     for method, outputs in result["outputs"].items():
         for i, (value, error) in enumerate(zip(outputs, result["errors"][method]), 1):
+            # The method's name and the error's text come from the archive and the backend: escaped, so
+            # that neither can forge a `target: ok` line or drive the terminal.
             if error is None:
-                print(f"  {method} call {i}: ok -> {_describe(value)}")
+                print(printable(f"  {method} call {i}: ok -> {_describe(value)}"))
             else:
-                print(f"  {method} call {i}: {error['type']}: {error['message']}")
+                print(printable(f"  {method} call {i}: {error['type']}: {error['message']}"))
     print("target: ok" if result["ok"] else "target: FAILED (see above)")
     return 0 if result["ok"] else 1
 
@@ -520,14 +509,16 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+@_file_errors
 def _report_ops(args: argparse.Namespace) -> int:
     from ..report import capabilities_text, matrix_text, read_matrix
 
     matrix = read_matrix(args.report)
-    print(capabilities_text(matrix) if args.capabilities else matrix_text(matrix))
+    print(printable(capabilities_text(matrix) if args.capabilities else matrix_text(matrix), keep_newlines=True))
     return 0
 
 
+@_file_errors
 def _report_merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -551,7 +542,7 @@ def _report_merge(args: argparse.Namespace) -> int:
             write_atomic(target, format_markdown(merged))
         except OSError as exc:
             raise BackendConfError(f"cannot write --markdown {args.markdown!r}: {exc.strerror or exc}") from None
-    sys.stdout.write(format_text(merged))
+    sys.stdout.write(format_text(merged, shown=printable))
     if args.markdown is not None:
         print(f"backendconf: markdown written to {args.markdown}")
     return 1 if args.fail_on_flips and merged.flips else 0

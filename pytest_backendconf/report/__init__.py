@@ -14,6 +14,7 @@ from ._known_failures import KnownFailure, format_known_failures, load_known_fai
 from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
 from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
 from ._ops import parse_id as parse_ops_id
+from ._reading import MAX_JSON_DEPTH, load_json, printable
 from ._report import (
     FAILING,
     REPORT_ATTR,
@@ -34,6 +35,7 @@ __all__ = [
     "CheckFailed",
     "FAILING",
     "KnownFailure",
+    "MAX_JSON_DEPTH",
     "NOT_NEEDED",
     "REPORT_ATTR",
     "ROOT_ID",
@@ -51,12 +53,14 @@ __all__ = [
     "id_matches",
     "load_known_failures",
     "matrix_text",
+    "load_json",
     "merge",
     "merge_known_failures",
     "not_under_test",
     "ops_matrix_of",
     "parse_ops_id",
     "phase_outcome",
+    "printable",
     "read_documents",
     "read_matrix",
     "read_report",

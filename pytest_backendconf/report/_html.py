@@ -32,6 +32,15 @@ SYMBOLS = {
 DETAILED = ("failed", "error", "known_failure", "unexpected_pass")
 #: The report categories whose rows are not models (op × dtype, or checks of the whole backend).
 _OP_CATEGORY = "ops"
+#: A matrix is drawn while its cells are at most this many, or at most `SPARSE` per entry it shows;
+#: past that (many distinct models × many distinct columns) its entries are listed instead, so that
+#: the page stays linear in the report's size.
+MATRIX_CELLS = 20_000
+SPARSE = 8
+
+
+def _fits(rows: int, columns: int, entries: int) -> bool:
+    return rows * columns <= max(MATRIX_CELLS, SPARSE * entries)
 
 
 def _e(value: Any) -> str:
@@ -198,10 +207,18 @@ def _cards(report: dict[str, Any]) -> str:
         level = "good" if passed == total else "warn" if not (counts.get("failed") or counts.get("error")) else "bad"
         cards.append(
             f'<div class="card {level}" data-category="{_e(category)}"><h3 class="card-title">{_e(category)}</h3>'
-            f'<p class="score"><span class="num">{passed}/{total}</span> {100 * passed / total:.1f}%</p>'
+            f'<p class="score"><span class="num">{_e(passed)}/{_e(total)}</span> {_percent(passed, total)}</p>'
             f'<p class="detail">{_e(detail)}</p></div>'
         )
     return f'<div class="cards">{"".join(cards)}</div>' if cards else "<p>No conformance check ran.</p>"
+
+
+def _percent(passed: Any, total: Any) -> str:
+    """``97.0%``; ``?`` when the counts are not numbers (the page prints what a report says, escaped)."""
+    try:
+        return f"{100 * float(passed) / float(total):.1f}%"
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return "?"
 
 
 def _legend() -> str:
@@ -212,7 +229,7 @@ def _legend() -> str:
 def _cell(test: dict[str, Any] | None, prefix: str) -> str:
     if test is None:
         return '<td class="cell none" title="not run">·</td>'
-    outcome = test["outcome"]
+    outcome = str(test["outcome"])
     symbol, words = SYMBOLS.get(outcome, ("?", outcome))
     tip = f"{test['id']}: {words}"
     if test.get("reason"):
@@ -222,7 +239,7 @@ def _cell(test: dict[str, Any] | None, prefix: str) -> str:
         inner = f'<a href="#{target}" data-open="{target}" aria-label="{_e(tip)}">{_e(symbol)}</a>'
     else:
         inner = f'<span aria-label="{_e(tip)}">{_e(symbol)}</span>'
-    return f'<td class="cell {outcome}" title="{_e(tip)}">{inner}</td>'
+    return f'<td class="cell {_e(outcome)}" title="{_e(tip)}">{inner}</td>'
 
 
 def _model_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
@@ -232,6 +249,8 @@ def _model_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
         column = check_column(test)
         columns[column] = None
         rows.setdefault(test["case"], {})[column] = test
+    if not _fits(len(rows), len(columns), len(tests)):
+        return _too_sparse(len(rows), len(columns), len(tests), "model", "check") + _check_list(tests, prefix)
     head = "".join(f'<th scope="col"><span>{_e(c)}</span></th>' for c in columns)
     body = []
     for case, found in rows.items():
@@ -242,6 +261,13 @@ def _model_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
         f'<div class="scroll"><table class="matrix" id="{prefix}-matrix"><caption>One row per model, one column per '
         f'check; click a marked cell for its failure.</caption><thead><tr><th scope="col">model</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _too_sparse(rows: int, columns: int, entries: int, row: str, column: str) -> str:
+    return (
+        f"<p>{_e(entries)} entries over {_e(rows)} {row}s × {_e(columns)} {column}s would make a matrix of "
+        f"{_e(rows * columns)} cells, nearly all empty: listed one per row instead.</p>"
     )
 
 
@@ -294,6 +320,19 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
                 else "passed"
             )
     states = {"passed": "passed", "failed": "failed", "unsupported": "unsupported"}
+    entries = len(tests) + sum(len(row) for row in rows.values())
+    if not _fits(len(rows), len(columns), entries):
+        listed = [(op, dtype, state) for op, row in sorted(rows.items()) for dtype, state in row.items()]
+        body = "".join(
+            f'<tr data-filter="{_e(f"{op} {dtype} {state}".lower())}"><th scope="row">{_e(op)}</th><td>{_e(dtype)}</td>'
+            f"<td>{_e(state)}</td></tr>"
+            for op, dtype, state in listed
+        )
+        return _too_sparse(len(rows), len(columns), entries, "operator", "dtype") + (
+            '<div class="scroll"><table class="checks"><thead><tr><th scope="col">operator</th><th scope="col">dtype'
+            f'</th><th scope="col">state</th></tr></thead><tbody>{body}</tbody></table></div>'
+            + (_check_list(tests, prefix) if tests else "")
+        )
     head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)
     body = []
     for op, row in sorted(rows.items()):
@@ -414,8 +453,8 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
     parts.append(f'<p>Reproduce:</p><pre class="repro"><code>{_e(test.get("reproduce"))}</code></pre>')
     anchor = _anchor(prefix + "-f-", test["id"])
     return (
-        f'<details id="{anchor}" class="failure {test["outcome"]}" data-filter="{_e(test["id"].lower())}">'
-        f'<summary><span class="cell {test["outcome"]}">{_e(symbol)}</span> {_e(test["id"])}</summary>'
+        f'<details id="{anchor}" class="failure {_e(test["outcome"])}" data-filter="{_e(test["id"].lower())}">'
+        f'<summary><span class="cell {_e(test["outcome"])}">{_e(symbol)}</span> {_e(test["id"])}</summary>'
         f"{''.join(parts)}</details>"
     )
 
@@ -432,7 +471,7 @@ def _error_statistics(errors: dict[str, Any]) -> str:
         )
 
     return (
-        f'<div class="stats-row"><p>{errors["total"]} checks did not work.</p>'
+        f'<div class="stats-row"><p>{_e(errors["total"])} checks did not work.</p>'
         f"{table('by exception type', errors.get('by_type') or {})}{table('by stage', errors.get('by_stage') or {})}</div>"
     )
 
@@ -481,11 +520,8 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
         for report in reports:
             counts = (report.get("summary") or {}).get(category) or {}
             total = counts.get("total") or 0
-            cells.append(
-                f"<td>{counts.get('passed', 0)}/{total} {100 * counts.get('passed', 0) / total:.1f}%</td>"
-                if total
-                else "<td>—</td>"
-            )
+            passed = counts.get("passed", 0)
+            cells.append(f"<td>{_e(passed)}/{_e(total)} {_percent(passed, total)}</td>" if total else "<td>—</td>")
         if any(c != "<td>—</td>" for c in cells):
             rows.append(f'<tr><th scope="row">{_e(category)}</th>{"".join(cells)}</tr>')
     out = [
@@ -506,7 +542,7 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
         row = "".join(
             '<td class="cell none">·</td>'
             if o is None
-            else f'<td class="cell {o}"><span aria-hidden="true">{_e(SYMBOLS.get(o, ("?",))[0])}</span> {_e(SYMBOLS.get(o, ("", o))[1])}</td>'
+            else f'<td class="cell {_e(o)}"><span aria-hidden="true">{_e(SYMBOLS.get(o, ("?",))[0])}</span> {_e(SYMBOLS.get(o, ("", o))[1])}</td>'
             for o in outcomes
         )
         mark = '<span class="flip-mark">flip</span> ' if flip else ""

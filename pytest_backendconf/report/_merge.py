@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ._check import CATEGORIES
+from ._reading import check_page_fields, load_json
 from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from ..errors import ReportError
 
@@ -72,6 +73,11 @@ def report_files(paths: Iterable[str]) -> list[str]:
 
 def read_report(path: str | Path) -> Report:
     """Read and check one report; a `ReportError` names the file and what is wrong."""
+    document, name = _read_document(path)
+    return parse_report(document, name)
+
+
+def _read_document(path: str | Path) -> tuple[Any, str]:
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -79,26 +85,23 @@ def read_report(path: str | Path) -> Report:
         raise ReportError(f"cannot read report {name!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ReportError(f"report {name!r} is not UTF-8 text; pass the file --backendconf-report wrote") from None
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise ReportError(
-            f"report {name!r} is not valid JSON ({exc}); pass the file --backendconf-report wrote"
-        ) from None
-    return parse_report(document, name)
+    return load_json(text, f"report {name!r}", "pass the file --backendconf-report wrote"), name
 
 
 def read_documents(paths: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """The checked report documents named by ``paths`` and their column labels, in `merge`'s order.
 
     For tools that need the whole document (the HTML page) rather than the
-    parts a merge reads; the checks and the errors are those of `read_report`.
+    parts a merge reads; the checks and the errors are those of `read_report`,
+    and every field the page prints is checked too (`check_page_fields`).
     """
     documents: dict[int, dict[str, Any]] = {}
     reports = []
     for path in report_files(paths):
-        report = read_report(path)
-        documents[id(report)] = json.loads(Path(path).read_text(encoding="utf-8"))
+        document, name = _read_document(path)
+        report = parse_report(document, name)
+        check_page_fields(document, name)
+        documents[id(report)] = document
         reports.append(report)
     merged = merge(reports)
     return [documents[id(r)] for r in merged.reports], [f"{r.backend}, {r.label}" for r in merged.reports]
@@ -365,23 +368,30 @@ def _outcome_text(outcome: str, error: str | None) -> str:
     return f"{outcome} ({error})" if error else outcome
 
 
-def format_text(merged: Merged) -> str:
-    """The terminal form: sources, the aligned matrix, notes, flips, other differences."""
+def format_text(merged: Merged, shown: Callable[[str], str] = str) -> str:
+    """The terminal form: sources, the aligned matrix, notes, flips, other differences.
+
+    :param shown: applied to every piece of text read from a report (the
+        command passes `printable`, so that no field can forge a line).
+    """
+    p = shown
     lines = [f"backendconf: merged {len(merged.reports)} report{'s' if len(merged.reports) != 1 else ''}"]
     for report in merged.reports:
         version = f" {report.backend_version}" if report.backend_version else ""
         lines.append(
-            f"  {report.path}: backend {report.backend}{version}, torch {report.torch}, "
-            f"Python {report.python}, {len(report.tests)} checks"
+            p(
+                f"  {report.path}: backend {report.backend}{version}, torch {report.torch}, "
+                f"Python {report.python}, {len(report.tests)} checks"
+            )
         )
     lines.append("")
-    rows = _matrix_rows(merged)
+    rows = [[p(cell) for cell in row] for row in _matrix_rows(merged)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     lines.append("(each cell: passed/total and the score, passed / total)")
     for note in _notes(merged):
-        lines.append(f"note: {note}")
+        lines.append(p(f"note: {note}"))
     lines.append("")
     flips = merged.flips
     if flips:
@@ -391,15 +401,15 @@ def format_text(merged: Merged) -> str:
     else:
         lines.append("flips: none (no check passed in one environment and failed in another)")
     for flip in flips:
-        lines.append(f"  {flip.id} ({flip.backend})")
+        lines.append(p(f"  {flip.id} ({flip.backend})"))
         for label, (outcome, error) in flip.outcomes.items():
-            lines.append(f"    {label}: {_outcome_text(outcome, error)}")
+            lines.append(p(f"    {label}: {_outcome_text(outcome, error)}"))
     others = merged.other_differences
     if others:
         lines.append(f"other differences: {len(others)} check{'s' if len(others) != 1 else ''}")
         for diff in others:
             listed = "; ".join(f"{label}: {outcome}" for label, (outcome, _) in diff.outcomes.items())
-            lines.append(f"  {diff.id} ({diff.backend}) — {listed}")
+            lines.append(p(f"  {diff.id} ({diff.backend}) — {listed}"))
     return "\n".join(lines) + "\n"
 
 

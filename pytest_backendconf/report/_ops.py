@@ -15,11 +15,19 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
 PASSED, UNSUPPORTED, FAILED, NOT_UNDER_TEST = "passed", "unsupported", "failed", "not under test"
 #: Report outcomes that count as a failure of a cell.
 _FAILING = ("failed", "error", "known_failure", "unexpected_pass")
-_ID = re.compile(r"^(?:backendconf::)?ops::(?P<overload>[^\[]+)\[(?P<dtype>[a-z0-9]+)-sample(?P<k>\d+)\]$")
+#: An operator overload's name, ``namespace.op.overload``: the only names the declaration prints.
+OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+_ID = re.compile(
+    rf"^(?:backendconf::)?ops::(?P<overload>{OVERLOAD_NAME.pattern})\[(?P<dtype>[a-z0-9]+)-sample(?P<k>\d{{1,6}})\]$"
+)
 
 
 def parse_id(test_id: str) -> tuple[str, str, int] | None:
-    """``("aten.add.Tensor", "float16", 0)`` for ``backendconf::ops::aten.add.Tensor[float16-sample0]``."""
+    """``("aten.add.Tensor", "float16", 0)`` for ``backendconf::ops::aten.add.Tensor[float16-sample0]``.
+
+    None for an id that is not an ops check's, or whose overload is not a valid overload name (a
+    forged id in a report never reaches the matrix, nor the declaration pasted into code).
+    """
     match = _ID.match(test_id)
     return (match["overload"], match["dtype"], int(match["k"])) if match else None
 
@@ -42,8 +50,10 @@ def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | Non
     outcomes: dict[str, dict[str, list[str]]] = {}
     counts = {"total": 0, PASSED: 0, UNSUPPORTED: 0, FAILED: 0}
     for test in tests:
+        if not isinstance(test, Mapping):
+            continue
         parsed = parse_id(str(test.get("id", "")))
-        if parsed is None or test.get("outcome") is None:
+        if parsed is None or not isinstance(test.get("outcome"), str):
             continue
         overload, dtype, _ = parsed
         outcome = test["outcome"]
@@ -83,7 +93,8 @@ def summary_line(matrix: Mapping[str, Any]) -> str:
 def capabilities_text(matrix: Mapping[str, Any]) -> str:
     """A ready-to-paste ``Capabilities(supported_ops=...)`` of the overloads that passed in every dtype tested."""
     lines = ["Capabilities(supported_ops={"]
-    lines += [f'    "{name}",' for name in matrix["fully_supported"]]
+    # Only overload names (letters, digits, _ and two dots): nothing read from a report becomes code.
+    lines += [f'    "{name}",' for name in matrix["fully_supported"] if OVERLOAD_NAME.fullmatch(name)]
     lines.append("})")
     partial = [
         (name, [d for d, v in row.items() if v in (FAILED, UNSUPPORTED)])
@@ -106,21 +117,12 @@ def flagged_lines(matrix: Mapping[str, Any]) -> list[str]:
 
 def read_matrix(path: str) -> dict[str, Any]:
     """The ops matrix of a ``--backendconf-report`` file; `ReportError` names the file and the fix."""
-    import json
-    from pathlib import Path
-
+    from ._merge import read_report
     from ..errors import ReportError
 
-    try:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ReportError(f"cannot read report {path!r}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise ReportError(f"report {path!r} is not JSON ({exc}); pass the file --backendconf-report wrote") from None
-    if not isinstance(document, dict) or document.get("schema") != "backendconf-report":
-        raise ReportError(f"{path!r} is not a backendconf report; pass the file --backendconf-report wrote")
-    tests = document.get("tests")
-    matrix = ops_matrix(tests if isinstance(tests, list) else [])
+    report = read_report(path)  # the report's schema, checked; its nesting, bounded
+    tests = [{"id": t.id, "outcome": t.outcome} for t in report.tests]
+    matrix = ops_matrix(tests)
     if matrix is None:
         raise ReportError(
             f"report {path!r} has no ops checks: run the suite with the ops category "

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from pytest_backendconf.report._check import id_matches
-from pytest_backendconf.report._known_failures import KnownFailure, format_known_failures, merge_known_failures
+from pytest_backendconf.report._known_failures import (
+    KnownFailure,
+    KnownFailureIndex,
+    format_known_failures,
+    load_known_failures,
+    merge_known_failures,
+)
 from pytest_backendconf.report._report import TestResult
 
 if sys.version_info >= (3, 11):
@@ -146,6 +152,38 @@ def test_merging_keeps_what_still_holds_and_drops_what_passes():
     ]
 
 
+def test_the_index_finds_the_entry_a_scan_of_every_entry_finds(tmp_path):
+    # 16,000 entries (what a vendor's file of every failing ops sample can reach) load in one pass
+    # and are looked up without trying each; benchmarks/ measures the time (docs/ci-gating.md).
+    lines = [f'"backendconf::ops::aten.op{i}.default[float16-sample0]" = {{ reason = "r{i}" }}' for i in range(16_000)]
+    lines += ['"parity::lin*" = { reason = "glob" }', '"*[[]float16]" = { reason = "any float16" }']
+    lines += ['"backendconf::parity::linear[float32]" = { reason = "exact, after the glob" }']
+    path = tmp_path / "known.toml"
+    path.write_text("# header\n" + "\n".join(lines) + "\n")
+    entries = load_known_failures(path, "--backendconf-known-failures")
+    assert len(entries) == 16_003 and entries[0].line == 2 and entries[-1].line == 16_004
+    index = KnownFailureIndex(entries)
+
+    def scan(test_id, *exact):
+        return next((e for e in entries if e.pattern in exact), None) or next(
+            (e for e in entries if e.matches(test_id)), None
+        )
+
+    for test_id in [
+        "backendconf::ops::aten.op15999.default[float16-sample0]",
+        "backendconf::ops::aten.op7.default[float32-sample0]",
+        "backendconf::parity::linear[float32]",
+        "backendconf::parity::linear[float16]",
+        "backendconf::parity::small_cnn[float16]",
+        "backendconf::contract::preprocess_returns_bytes[linear]",
+    ]:
+        name = test_id.removeprefix("backendconf::")
+        assert index.entry_for(test_id, test_id, name) == scan(test_id, test_id, name), test_id
+    assert index.entry_for(LINEAR, LINEAR, "parity::linear[float32]").reason == "exact, after the glob"
+    assert index.entry_for("backendconf::parity::linear[float16]").reason == "glob"  # first in file order
+    assert index.entry_for("backendconf::ops::aten.x.default[float32-sample0]") is None
+
+
 def test_a_written_file_reads_back_whatever_the_reasons_contain():
     odd = 'quote " backslash \\ newline \n tab \t del \x7f unicode µ'
     entries = [KnownFailure(LINEAR, odd, "https://b/1"), KnownFailure("contract::*", "plain")]
@@ -232,6 +270,14 @@ BAD_FILES = {
     "link not a string": (
         '"parity::linear[float32]" = { reason = "x", link = 7 }\n',
         "*known.toml: entry 'parity::linear[float32]': link must be a string (an issue URL, or \"\"), not 7.",
+    ),
+    "deeply nested": (
+        "x = " + "[" * 5000 + "]" * 5000 + "\n",
+        "*known.toml: its arrays or tables nest too deeply to read; a known-failures file is one level of entries*",
+    ),
+    "a pattern too long to match": (
+        '"' + "[" * 20_000 + '" = { reason = "x" }\n',
+        "*known.toml: entry '[[[[*'…: the pattern is 20000 characters long; at most 1000 are read*",
     ),
 }
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Iterable
 
 import pytest
 
-from ._check import id_matches
+from ._check import ROOT_ID, id_matches
 from ._report import FAILING, TestResult
 
 if sys.version_info >= (3, 11):
@@ -22,6 +23,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: The longest test-id pattern an entry may have: ids are under 200 characters, and fnmatch's cost
+#: grows with a pattern's brackets (a 20 KB ``[[[…`` pattern took 11 s to match once).
+MAX_PATTERN_LENGTH = 1000
 ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
 _ENTRY_KEYS = {"reason", "link"}
 
@@ -62,11 +66,22 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
             f"{where} is not valid TOML: {exc}. Each entry is one line, with the test id quoted as a key: "
             f"{ENTRY_EXAMPLE}"
         ) from None
+    except RecursionError:  # the parser recurses once per level of nested arrays or tables
+        raise pytest.UsageError(
+            f"{where}: its arrays or tables nest too deeply to read; a known-failures file is one level of "
+            f"entries: {ENTRY_EXAMPLE}"
+        ) from None
+    lines = _key_lines(text)
     entries = []
     for pattern, value in data.items():
-        entry = f"{path}: entry {pattern!r}"
+        entry = f"{path}: entry {pattern[:80]!r}{'…' if len(pattern) > 80 else ''}"
         if not pattern.strip():
             raise pytest.UsageError(f"{entry}: the test-id pattern is empty; write the id of a conformance test.")
+        if len(pattern) > MAX_PATTERN_LENGTH:
+            raise pytest.UsageError(
+                f"{entry}: the pattern is {len(pattern)} characters long; at most {MAX_PATTERN_LENGTH} are "
+                "read (a test id is under 200): write the id, or a shorter pattern with * in it."
+            )
         if not isinstance(value, dict):
             raise pytest.UsageError(
                 f"{entry} is a {type(value).__name__}, not a table. Write it as "
@@ -88,17 +103,70 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
             raise pytest.UsageError(f"{entry}: reason must be a non-empty string, not {reason!r}.")
         if not isinstance(link, str):
             raise pytest.UsageError(f'{entry}: link must be a string (an issue URL, or ""), not {link!r}.')
-        entries.append(KnownFailure(pattern, reason, link, _line_of(text, pattern)))
+        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0)))
     return entries
 
 
-def _line_of(text: str, key: str) -> int:
+_KEY = re.compile(r"""\s*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*[=.]""")
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Each key that starts a line → its first line number, in one pass (warnings point at the entry)."""
+    found: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        line = line.lstrip()
-        for spelling in (json.dumps(key), f"'{key}'", key):
-            if line.startswith(spelling) and line[len(spelling) :].lstrip().startswith(("=", ".")):
-                return number
-    return 0
+        match = _KEY.match(line)
+        if match is None:
+            continue
+        basic, literal, bare = match.groups()
+        key = literal if literal is not None else bare
+        if basic is not None:
+            try:
+                key = json.loads(f'"{basic}"')  # a TOML basic string is a JSON string here
+            except ValueError:
+                key = basic
+        found.setdefault(key, number)
+    return found
+
+
+class KnownFailureIndex:
+    """The entries of known-failures files, looked up by check id in time independent of their number.
+
+    An entry whose pattern has no ``*``, ``?`` or ``[`` matches only its own
+    id, so it is found in a dict; the others are filed under the literal
+    text before their first wildcard, and a check id is tried only against
+    the patterns filed under one of its own prefixes. The first entry in
+    file order wins, as when every pattern is tried in turn.
+    """
+
+    def __init__(self, entries: Iterable[KnownFailure]) -> None:
+        self.entries = list(entries)
+        self._exact: dict[str, int] = {}
+        self._by_prefix: dict[str, list[int]] = {}
+        for i, entry in enumerate(self.entries):
+            self._exact.setdefault(entry.pattern, i)
+            if any(c in entry.pattern for c in "*?["):
+                prefix = re.split(r"[*?\[]", entry.pattern, maxsplit=1)[0]
+                self._by_prefix.setdefault(prefix, []).append(i)
+
+    def matching(self, test_id: str) -> list[int]:
+        """The positions of every entry matching ``test_id``, in file order."""
+        name = test_id.removeprefix(f"{ROOT_ID}::")
+        full = f"{ROOT_ID}::{name}"
+        found = {self._exact[k] for k in (full, name) if k in self._exact}
+        for text in (full, name):
+            for end in range(len(text) + 1):
+                for i in self._by_prefix.get(text[:end], ()):
+                    if i not in found and self.entries[i].matches(full):
+                        found.add(i)
+        return sorted(found)
+
+    def entry_for(self, test_id: str, *exact: str) -> KnownFailure | None:
+        """The entry naming ``test_id``: one whose pattern is one of ``exact`` first, else the first matching."""
+        named = [self._exact[k] for k in exact if k in self._exact]
+        if named:
+            return self.entries[min(named)]
+        found = self.matching(test_id)
+        return self.entries[found[0]] if found else None
 
 
 def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
@@ -139,8 +207,13 @@ def merge_known_failures(
     for entry in existing:
         unique.setdefault(entry.pattern, entry)  # the applied file's entry wins over the target's
     existing = list(unique.values())
-    for entry in existing:
-        matched = [i for i in outcome if entry.matches(i)]
+    index = KnownFailureIndex(existing)
+    matches: dict[int, list[str]] = {}
+    for test_id in outcome:  # each id against the entries it can match, not every entry against every id
+        for i in index.matching(test_id):
+            matches.setdefault(i, []).append(test_id)
+    for position, entry in enumerate(existing):
+        matched = matches.get(position, [])
         if not matched:
             if stale is None or entry.pattern not in stale:
                 kept[entry.pattern] = entry
@@ -152,7 +225,7 @@ def merge_known_failures(
     for result in results:
         if result.outcome not in FAILING or result.id in covered:
             continue
-        prior = next((e for e in existing if e.matches(result.id)), None)
+        prior = index.entry_for(result.id)
         if prior is not None:
             kept[result.id] = KnownFailure(result.id, prior.reason, prior.link)
         else:

@@ -20,6 +20,7 @@ import pytest
 
 from ..report import ROOT_ID
 from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice, report_entry
+from ..report import KnownFailureIndex
 from ..report import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
 from ..report import (
     FAILING,
@@ -38,7 +39,6 @@ from ..archive import write_atomic
 from ._categories import generate_checks
 from ._suite import ConformanceItem
 from ._host import NOT_RUN_AGAIN
-from ..report import id_matches
 from ..capabilities import capabilities_of
 from ..errors import StaleKnownFailureWarning
 
@@ -68,6 +68,7 @@ class GatingPlugin:
         known = config.getoption("backendconf_known_failures")
         self.known_path = Path(config.invocation_params.dir, known) if known else None
         self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
+        self._index: KnownFailureIndex | None = None
         report = config.getoption("backendconf_report")
         self.report_path = output_path(config, "--backendconf-report", report) if report else None
         page = config.getoption("backendconf_html", None)
@@ -137,8 +138,9 @@ class GatingPlugin:
 
     def _entry_for(self, item: ConformanceItem) -> KnownFailure | None:
         """The entry naming ``item``: one with its exact id first, else the first pattern matching it."""
-        exact = (e for e in self.known if e.pattern in (item.nodeid, item.name))
-        return next(exact, None) or next((e for e in self.known if e.matches(item.nodeid)), None)
+        if self._index is None:
+            self._index = KnownFailureIndex(self.known)
+        return self._index.entry_for(item.nodeid, item.nodeid, item.name)
 
     def _stale(self, suite: list[ConformanceItem]) -> set[str] | None:
         patterns = {e.pattern for e in self.previous}
@@ -151,7 +153,9 @@ class GatingPlugin:
             ids = [f"{ROOT_ID}::{c.category}::{c.name}" for c in generate_checks(suite[0].ctx)]
         else:
             ids = [item.nodeid for item in suite]
-        return {p for p in patterns if not any(id_matches(i, p) for i in ids)}
+        index = KnownFailureIndex(self.previous)
+        matched = {index.entries[i].pattern for test_id in ids for i in index.matching(test_id)}
+        return patterns - matched
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.order = {item.nodeid: i for i, item in enumerate(session.items)}

@@ -238,6 +238,7 @@ class ArchiveReader(ZipReader):
                     f"{self.where(name)}: is in the zip but not listed in {MANIFEST} (added after the "
                     f"archive was written?); {_REWRITE}"
                 )
+        unknown: set[str] = set()  # entries of a newer minor schema: verified as stored, never inflated
         for name, record in listed.items():
             if name == MANIFEST:
                 raise ArchiveManifestError(f"{where}: entries lists {MANIFEST} itself; {_REWRITE}")
@@ -254,6 +255,8 @@ class ArchiveReader(ZipReader):
                     f'{where}: entries[{name!r}] must be {{"size": int, "sha256": str}}, got {_short(record)}; {_REWRITE}'
                 )
             known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name) or is_partition_entry(name)
+            if not known and newer:
+                unknown.add(name)
             if not known and not newer:
                 raise ArchiveEntryError(
                     f"{self.where(name)}: not an entry of schema {version[0]}.{version[1]} "
@@ -294,6 +297,10 @@ class ArchiveReader(ZipReader):
                     f"{self.where(entry.name)}: SHA-256 is {digest}, but {MANIFEST} records "
                     f"{_short(record['sha256'])}; {_REWRITE}"
                 )
+            if entry.name in unknown:
+                # Nothing here reads an entry a newer minor added: it is skipped as it is stored (its
+                # hash checked above), never inflated nor kept (a small file could inflate to gigabytes).
+                continue
             data = self._bytes(entry)
             if record["size"] != len(data):
                 raise ArchiveSizeError(

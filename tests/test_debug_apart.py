@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import zipfile
+import zlib
 
 import pytest
 import torch
@@ -187,3 +188,51 @@ def test_backendconf_symbolicate_reads_the_sidecar_with_handles_and_log(lowered,
         return re.sub(r'File "[^"]*zoo\.py"', 'File "zoo.py"', text)
 
     assert same_file(done.stdout) == same_file(f"{expected}\n{log}{expected}\n")
+
+
+def _repacked(data: bytes, deflate_manifest: bool) -> bytes:
+    """The same debug file with its manifest deflated: every hash it records still holds."""
+    from pytest_backendconf.archive import _zip
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        entries = [(n, z.read(n)) for n in z.namelist()]
+    chunks, central, offset = [], [], 0
+    for name, content in entries:
+        method = 8 if name == "debug.json" or (deflate_manifest and name == "manifest.json") else 0
+        stored = _zip.deflate(content) if method == 8 else content
+        header = _zip.local_header(name.encode(), method, zlib.crc32(content), len(stored), len(content))
+        central.append(
+            _zip.central_header(name.encode(), method, zlib.crc32(content), len(stored), len(content), offset)
+        )
+        chunks += [header, stored]
+        offset += len(header) + len(stored)
+    directory = b"".join(central)
+    end = _zip._END.pack(_zip._END_SIG, 0, 0, len(entries), len(entries), len(directory), offset, 0)
+    return b"".join(chunks) + directory + end
+
+
+def test_a_sidecar_with_a_deflated_manifest_is_refused_before_inflating_it(pair, tmp_path):
+    path, sidecar = pair
+    assert _repacked(sidecar.read_bytes(), deflate_manifest=False) == sidecar.read_bytes()
+    (tmp_path / "model.bcpt").write_bytes(path.read_bytes())
+    forged = tmp_path / "model.bcpt.debug"
+    forged.write_bytes(_repacked(sidecar.read_bytes(), deflate_manifest=True))
+    with pytest.raises(ArchiveError, match=r"entry 'manifest.json': is deflated, but this format stores it"):
+        bc.load(tmp_path / "model.bcpt")
+    with pytest.raises(ArchiveError, match=r"entry 'manifest.json': is deflated, but this format stores it"):
+        bc.symbolicate(str(forged), [1])
+
+
+def test_a_file_beside_the_archive_too_big_to_be_its_sidecar_is_not_read(pair, tmp_path):
+    path, _ = pair
+    (tmp_path / "model.bcpt").write_bytes(path.read_bytes())
+    big = tmp_path / "model.bcpt.debug"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB that would be read whole before any check
+    limits = bc.Limits()
+    with pytest.raises(
+        ArchiveError,
+        match=rf"debug file '{re.escape(str(big))}' is {1 << 30} bytes, more than a debug file of at most "
+        rf"{limits.max_debug_bytes} bytes of debug info can be \(\d+\); pass limits=Limits\(max_debug_bytes=\.\.\.\)",
+    ):
+        bc.load(tmp_path / "model.bcpt")

@@ -148,8 +148,33 @@ class Sidecar:
     debug: dict[int, DebugInfo]
 
 
+#: Bytes a debug file holds besides its debug table: its manifest (two hashes) and the zip's headers.
+_SIDECAR_OVERHEAD = 64 * 2**10
+
+
+def sidecar_cap(limits: Any) -> int:
+    """The most bytes a debug file can have: its debug table is at most ``max_debug_bytes`` (deflated, less)."""
+    return min(limits.max_archive_bytes, limits.max_debug_bytes + _SIDECAR_OVERHEAD)
+
+
 def read_sidecar(file: Any, limits: Any) -> Sidecar:
-    data, source = read_input(file, limits)
+    """Read and verify a ``.debug`` file; its size is checked before any of it is read."""
+    cap = sidecar_cap(limits)
+    name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else None
+    size = os.stat(name).st_size if name is not None else None
+    if size is not None and size > cap:
+        raise ArchiveSizeError(
+            f"debug file {name!r} is {size} bytes, more than a debug file of at most {limits.max_debug_bytes} "
+            f"bytes of debug info can be ({cap}); pass limits=Limits(max_debug_bytes=...) if the file is trusted"
+        )
+    try:
+        data, source = read_input(file, dataclasses.replace(limits, max_archive_bytes=cap))
+    except ArchiveSizeError:
+        raise ArchiveSizeError(
+            f"debug file {name or '<stream>'!r} is more than {cap} bytes, more than a debug file of at most "
+            f"{limits.max_debug_bytes} bytes of debug info can be; pass limits=Limits(max_debug_bytes=...) if the "
+            "file is trusted"
+        ) from None
     return SidecarReader(data, source, limits).read()
 
 
@@ -159,6 +184,9 @@ class SidecarReader(ZipReader):
 
     def read(self) -> Sidecar:
         entries = self._parse_zip()
+        if entries and entries[0].method != _STORED:
+            # A few hundred bytes of hashes: deflated, it could only be a vehicle for inflating more.
+            raise ArchiveFormatError(f"{self.where(entries[0].name)}: is deflated, but this format stores it; {_REWRITE}")
         manifest = self._json(entries[0])
         where = self.where(MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("format") != SIDECAR_FORMAT:
@@ -238,7 +266,10 @@ def check_pair(archive: Any, sidecar: Sidecar) -> None:
 def read_format(data: bytes, source: str, limits: Any) -> str | None:
     """The ``format`` a file's manifest names (``None`` if it has none), to tell a sidecar from an archive."""
     reader = ZipReader(data, source, limits)
-    manifest = reader._json(reader._parse_zip()[0])
+    first = reader._parse_zip()[0]
+    if first.method != _STORED:
+        return None  # neither format deflates its manifest: the reader of archives says so
+    manifest = reader._json(first)
     return manifest.get("format") if isinstance(manifest, dict) else None
 
 

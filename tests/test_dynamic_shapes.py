@@ -202,3 +202,22 @@ def test_a_bad_dynamic_shapes_record_in_an_archive_is_refused(lowered_cnn, edit,
     data = edit_manifest(_saving.to_bytes(lowered_cnn), edit_forward)
     with pytest.raises(ArchiveError, match=rf"methods\[0\] is not a valid method spec .*{message}"):
         bc.load(data)
+
+
+def test_example_inputs_draw_dynamic_sizes_inside_their_recorded_ranges(cnn, tmp_path, capsys):
+    from pytest_backendconf.cli import _main as cli
+
+    # The example batch is 4, the range starts at 3: the size 2 that suits most archives is outside it.
+    lowered = bc.to_backend(
+        cnn,
+        "reference",
+        {"forward": {}},
+        example_inputs=(torch.randn(4, 3, 8, 8),),
+        dynamic_shapes={"x": {0: Dim("b", min=3, max=64)}},
+    )
+    path = tmp_path / "min3.bcpt"
+    bc.save(lowered, path)
+    ((x,),) = cli._example_calls(_saving.read_archive(path))["forward"]
+    assert tuple(x.shape) == (3, 3, 8, 8)
+    assert cli.main(["run-target", str(path), "--example-inputs"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("target: ok")

@@ -364,3 +364,37 @@ def test_a_report_from_a_real_run_merges_with_another_environment(capsys, pytest
     assert f"{ROUND_TRIP} (reference)" in out
     assert "    torch 99.0.0: failed (ArchiveError: boom)" in out
     assert f"note: reference, torch {real['environment']['torch']} ran a selection" in out
+
+
+@pytest.mark.parametrize("command", [["ops"], ["ops", "--capabilities"], ["merge"]])
+def test_report_output_into_a_closed_pipe_ends_quietly(tmp_path, command):
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    ops = {f"backendconf::ops::aten.op{i}.default[float32-sample0]": "passed" for i in range(20_000)}
+    path = write(tmp_path / "ops.json", make_report(outcomes={**ops, LINEAR: "failed"}))
+    other = write(tmp_path / "other.json", make_report(torch="2.14.1", outcomes={**ops, LINEAR: "passed"}))
+    files = [path, other] if command == ["merge"] else [path]
+    tool = os.path.join(os.path.dirname(sys.executable), "backendconf")
+    done = subprocess.run(
+        f"{shlex.quote(tool)} report {' '.join(command)} {' '.join(map(shlex.quote, files))} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert len(done.stdout.splitlines()) == 1
+    assert "Traceback" not in done.stderr and "Broken pipe" not in done.stderr, done.stderr
+
+
+def test_merge_escapes_what_a_report_says(capsys, tmp_path):
+    forged = make_report(torch="2.14.1\x1b[2J\nflips: none", outcomes={SMALL_CNN: "failed", LINEAR: "passed"})
+    forged["backend"]["version"] = "1.4.0\u202e"
+    code, out, _ = merge(capsys, write(tmp_path / "a.json", make_report()), write(tmp_path / "b.json", forged))
+    assert code == 0
+    assert "\x1b" not in out and "\u202e" not in out and "\\x1b[2J\\nflips: none" in out
+    assert [line for line in out.splitlines() if line.startswith("flips:")] == [
+        "flips: 1 check passed in one environment and failed in another"
+    ]

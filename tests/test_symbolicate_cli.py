@@ -182,3 +182,53 @@ def test_example_inputs_follow_the_input_specs(archive):
     ((x, y),) = calls["pair"]
     assert x.shape == y.shape == (2, 3) and x.dtype == y.dtype == __import__("torch").float32
     assert cli._describe((x, {"k": [y]})) == "(float32[2, 3], {'k': [float32[2, 3]]})"
+
+
+ECHOES = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_archive import TinyBackend
+
+
+class Echoes(TinyBackend):
+    \"\"\"Fails a call with a message from its blob, as a runtime that reports the blob's own text.\"\"\"
+
+    def execute(self, handle, inputs):
+        if "note" in handle:
+            raise RuntimeError(handle["note"])
+        return super().execute(handle, inputs)
+
+
+def backendconf_register_backends(register):
+    register(Echoes("tiny"))
+"""
+
+
+def test_run_target_output_cannot_forge_a_line_or_drive_the_terminal(archive, tmp_path):
+    import json
+
+    from test_archive_hostile import with_json
+
+    def edit(blob):
+        blob["note"] = "boom\x1b[2J\ntarget: ok"
+
+    forged = tmp_path / "forged.bcpt"
+    forged.write_bytes(with_json(archive.read_bytes(), "blobs/boom.bin", edit))
+    plugin = tmp_path / "echoes.py"
+    plugin.write_text(ECHOES.format(tests=os.path.dirname(TEST_ARCHIVE_FILE)))
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"boom": [[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]]]}))
+    done = backendconf("run-target", forged, "-p", plugin, "--inputs", inputs)
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: boom" in done.stdout
+    assert "\x1b" not in done.stdout and "\\x1b[2J" in done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "target: FAILED (see above)"
+    assert not any(line.startswith("target: ok") for line in lines), done.stdout
+
+
+def test_deeply_nested_inputs_are_refused_before_they_are_parsed(archive, tmp_path, capsys):
+    inputs = tmp_path / "deep.json"
+    inputs.write_text('{"forward": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert cli.main(["run-target", str(archive), "--inputs", str(inputs)]) == 1
+    assert f"--inputs {str(inputs)!r} nests 50001 levels deep; at most 64 are read" in capsys.readouterr().err

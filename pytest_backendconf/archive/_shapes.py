@@ -165,6 +165,19 @@ class DynamicShapes:
                     "example inputs)?"
                 )
 
+    def example_sizes(self, preferred: int = 2) -> dict[tuple[int, int], int]:
+        """``{(input, dim): size}`` for example inputs: each symbol at ``preferred`` moved into its range.
+
+        Every use of a symbol gets the same value (derived dimensions follow
+        it), so the sizes pass `check_inputs`: an archive lowered with
+        ``Dim(min=3)`` gets 3, not the 2 that suits most others.
+        """
+        values = []
+        for symbol in self.symbols:
+            value = max(preferred, symbol.min)
+            values.append(value if symbol.max is None else min(value, symbol.max))
+        return {(use.index, use.dim): use.size_for(values[use.symbol]) for use in self.inputs}
+
     def ranges(self, names: list[str]) -> dict[str, tuple[int, int | None]]:
         """``{"x[0]": (min, max)}`` for every plainly used input dimension, for messages and the suite."""
         out = {}

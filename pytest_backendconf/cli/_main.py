@@ -190,7 +190,9 @@ def _file_errors(run):
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
-            return run(args)
+            code = run(args)
+            sys.stdout.flush()  # here, where a reader that went away is caught, not at the interpreter's exit
+            return code
         except BrokenPipeError:
             # The reader went away (`... | head -1`): what it wanted was written. Point stdout
             # at /dev/null so that the interpreter's final flush does not fail again.
@@ -324,10 +326,8 @@ def _run_target(args: argparse.Namespace) -> int:
     if result["error"] is not None:
         error = result["error"]
         print(
-            printable(
-                f"backendconf: error: the target could not load {args.archive!r}: {error['type']}: {error['message']}",
-                keep_newlines=True,
-            ),
+            f"backendconf: error: the target could not load {printable(args.archive)!r}: "
+            + _indented(f"{error['type']}: {error['message']}"),
             file=sys.stderr,
         )
         return 1
@@ -344,18 +344,24 @@ def _run_target(args: argparse.Namespace) -> int:
             if error is None:
                 print(printable(f"  {method} call {i}: ok -> {_describe(value)}"))
             else:
-                print(printable(f"  {method} call {i}: {error['type']}: {error['message']}"))
+                print(f"  {printable(method)} call {i}: " + _indented(f"{error['type']}: {error['message']}"))
     print("target: ok" if result["ok"] else "target: FAILED (see above)")
     return 0 if result["ok"] else 1
 
 
+def _indented(text: str) -> str:
+    """A message from the target, escaped, its later lines indented: none can pass for a line of ours."""
+    return printable(text, keep_newlines=True).replace("\n", "\n    ")
+
+
 def _calls_from_file(archive: object, path: str) -> dict:
     """The calls of an ``--inputs`` JSON file (``run-target`` and ``profile``)."""
+    from ..report import load_json
+
     with open(path, encoding="utf-8") as f:
-        try:
-            document = json.load(f)
-        except ValueError as exc:
-            raise BackendConfError(f"--inputs {path!r} is not valid JSON: {exc}") from None
+        text = f.read()
+    # Bounded nesting: Python's parser recurses once per level, and a tensor needs one per dimension.
+    document = load_json(text, f"--inputs {path!r}", 'write {"method": [[arg, ...], ...]}', BackendConfError)
     return _calls_from_json(archive, document, path)
 
 
@@ -403,12 +409,13 @@ def _example_calls(archive: object, limits: object = None) -> dict:
     # The shapes come from the file: add up what they would allocate before allocating any.
     cap = check_limits(limits).max_example_input_bytes
     total = 0
+    shapes = {method: _example_shapes(spec) for method, spec in archive.methods.items()}  # type: ignore[attr-defined]
     for method, spec in archive.methods.items():  # type: ignore[attr-defined]
-        for value in spec.inputs:
+        for i, value in enumerate(spec.inputs):
             if value.kind == "tensor":
                 numel = 1
-                for d in value.shape:
-                    numel *= 2 if d is None else d
+                for d in shapes[method][i]:
+                    numel *= d
                 total += numel * ITEMSIZE[value.dtype]
                 if total > cap:
                     raise ArchiveSizeError(
@@ -420,11 +427,11 @@ def _example_calls(archive: object, limits: object = None) -> dict:
     calls = {}
     for method, spec in archive.methods.items():  # type: ignore[attr-defined]
         args = []
-        for value in spec.inputs:
+        for i, value in enumerate(spec.inputs):
             if value.kind != "tensor":
                 args.append(value.value)
                 continue
-            shape = [2 if d is None else d for d in value.shape]
+            shape = shapes[method][i]
             dtype = getattr(torch, value.dtype)
             if dtype.is_floating_point or dtype.is_complex:
                 args.append(torch.randn(shape, generator=generator).to(dtype))
@@ -434,6 +441,16 @@ def _example_calls(archive: object, limits: object = None) -> dict:
                 args.append(torch.randint(0, 10, shape, generator=generator, dtype=dtype))
         calls[method] = [tuple(args)]
     return calls
+
+
+def _example_shapes(spec: object) -> list[list[int]]:
+    """Each input's example shape: recorded sizes as they are, a dynamic one inside its recorded range."""
+    dynamic = spec.dynamic_shapes  # type: ignore[attr-defined]
+    sizes = dynamic.example_sizes() if dynamic is not None else {}
+    return [
+        [sizes.get((i, dim), 2) if d is None else d for dim, d in enumerate(value.shape or ())]
+        for i, value in enumerate(spec.inputs)  # type: ignore[attr-defined]
+    ]
 
 
 def _describe(value: object) -> str:

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> i
     from ..diagnostics import profile
     from ..lowering import instantiate
     from ..errors import BackendConfError
+    from ..report import printable
 
     if args.repeat < 1:
         raise BackendConfError(f"--repeat {args.repeat}: give the number of calls to time, 1 or more")
@@ -99,8 +100,9 @@ def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> i
         for i, call_args in enumerate(calls[method]):
             result = profile(loaded, *call_args, repeat=args.repeat, method=method)
             label = f"{method}" + (f" (input list {i})" if len(calls[method]) > 1 else "")
-            print(f"== {label}")
-            print(result)
+            # The table shows the archive's source lines and names: escaped, so that none drives the terminal.
+            print(printable(f"== {label}"))
+            print(printable(result, keep_newlines=True))
             if args.chrome_trace:
                 path = args.chrome_trace
                 if len(methods) > 1 or len(calls[method]) > 1:

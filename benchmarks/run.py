@@ -36,6 +36,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import bench_models as models  # noqa: E402  (the benchmark's own models, next to this file)
+from bench_bounds import bounds_figures  # noqa: E402
 
 from bench_timing import INFO, MET, MISSED, SKIPPED, Figure, Settings, best_of, interleaved, judged, machine  # noqa: E402
 
@@ -550,7 +551,7 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 # --- the run ------------------------------------------------------------------------------
 
 
-SECTIONS = ("call", "suite", "archive", "scaling", "peers")
+SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "peers")
 #: The last four-engine measurement of this process (``bench_peers.measure``), for its table.
 PEERS: dict[str, Any] = {}
 
@@ -627,6 +628,9 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
             scaling, largest = scaling_figures(settings)
             figures += scaling
             figures += symbolicate_figures(settings, largest)
+        if "bounds" in sections:
+            progress("hostile-input bounds: a sparse report's page, a 16,000-entry known-failures file")
+            figures += bounds_figures(settings)
         if "suite" in sections:
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)

@@ -22,6 +22,7 @@ def bench():
     yield module
     sys.modules.pop(spec.name, None)
     sys.modules.pop("bench_models", None)
+    sys.modules.pop("bench_bounds", None)
 
 
 def expected_keys(settings) -> set[str]:
@@ -34,6 +35,7 @@ def expected_keys(settings) -> set[str]:
     for n in settings.scaling_sizes:
         keys |= {f"scaling.lower.{n}", f"scaling.size.{n}"}
     keys |= {"symbolicate.cold", "symbolicate.distinct", "symbolicate.warm"}
+    keys |= {"bounds.report_html", "bounds.known_failures"}
     return keys
 
 

@@ -419,7 +419,7 @@ def test_the_page_grows_linearly_with_many_distinct_models_and_columns(run):
     text = render([_sparse_report(report, 1600)])
     assert "1600 entries over 1600 models × 1600 checks would make a matrix of 2560000 cells" in text
     # A dense report still gets its matrix.
-    assert "table class=\"matrix\"" in render([report])
+    assert 'table class="matrix"' in render([report])
 
 
 def test_report_commands_never_end_in_a_traceback_on_mutated_reports(run, tmp_path, capsys):

@@ -142,7 +142,12 @@ def test_a_model_that_hung_is_not_waited_for_again(pytester):
         "backendconf::ops::aten.tanh.default[[]float32-sample0]",
     ]
     result, outcomes = run(
-        pytester, "broken_backends_isolation", "HangsOnTanh", "hangs_on_tanh", select, "--backendconf-timeout=4",
+        pytester,
+        "broken_backends_isolation",
+        "HangsOnTanh",
+        "hangs_on_tanh",
+        select,
+        "--backendconf-timeout=4",
         subprocess=False,
     )
     assert outcomes == {
@@ -176,8 +181,16 @@ def test_a_lowered_model_is_a_case_in_one_dtype_or_an_operator_in_one_dtype():
 
     assert model_key("parity", "small_cnn[float16]", "small_cnn", "float16") == ("model", "small_cnn", "float16")
     # The samples of one operator in one dtype differ in shapes only: one lowered model.
-    assert model_key("ops", "aten.add.Tensor[float16-sample1]", None, None) == ("operator", "aten.add.Tensor", "float16")
-    assert model_key("ops", "aten.add.Tensor[float16-sample0]", None, None) == ("operator", "aten.add.Tensor", "float16")
+    assert model_key("ops", "aten.add.Tensor[float16-sample1]", None, None) == (
+        "operator",
+        "aten.add.Tensor",
+        "float16",
+    )
+    assert model_key("ops", "aten.add.Tensor[float16-sample0]", None, None) == (
+        "operator",
+        "aten.add.Tensor",
+        "float16",
+    )
     # A check of the backend as a whole runs no one model: its hang says nothing about the others.
     assert model_key("availability", "host-compile_no-execute_no", None, None) is None
 
@@ -336,11 +349,15 @@ def test_a_crash_blocks_a_model_only_when_it_repeats_the_same_way():
     memory.ended(model, "reliability::memory_stays_flat[small_cnn]", _child.Ended(returncode=-11, stderr=""), execute)
     failure = memory.blocked(model, runs_backend=True)
     assert failure is not None and failure["error"]["type"] == NOT_RUN_AGAIN
-    assert "took down its process the same way twice (it was killed by signal 11 (SIGSEGV); also in " in failure["message"]
+    assert (
+        "took down its process the same way twice (it was killed by signal 11 (SIGSEGV); also in " in failure["message"]
+    )
     # It crashed in execute: a check that only lowers the model still runs; another model runs.
     assert memory.blocked(model, runs_backend=False) is None
     assert memory.blocked(("model", "small_cnn", "float16"), runs_backend=True) is None
     assert memory.saved == 1
     # A host that ended with no backend call running says nothing about the model.
-    memory.ended(("model", "mlp", "float32"), "parity::mlp[float32]", _child.Ended(returncode=None, stderr="", timed_out=5.0), [])
+    memory.ended(
+        ("model", "mlp", "float32"), "parity::mlp[float32]", _child.Ended(returncode=None, stderr="", timed_out=5.0), []
+    )
     assert memory.blocked(("model", "mlp", "float32"), runs_backend=True) is None

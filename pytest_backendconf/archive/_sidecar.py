@@ -186,7 +186,9 @@ class SidecarReader(ZipReader):
         entries = self._parse_zip()
         if entries and entries[0].method != _STORED:
             # A few hundred bytes of hashes: deflated, it could only be a vehicle for inflating more.
-            raise ArchiveFormatError(f"{self.where(entries[0].name)}: is deflated, but this format stores it; {_REWRITE}")
+            raise ArchiveFormatError(
+                f"{self.where(entries[0].name)}: is deflated, but this format stores it; {_REWRITE}"
+            )
         manifest = self._json(entries[0])
         where = self.where(MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("format") != SIDECAR_FORMAT:

@@ -10,7 +10,13 @@ from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, 
 from ._delegation_summary import NOT_NEEDED, delegation_line
 from ._failure_groups import group_failures, summary_lines
 from ._html import render
-from ._known_failures import KnownFailure, KnownFailureIndex, format_known_failures, load_known_failures, merge_known_failures
+from ._known_failures import (
+    KnownFailure,
+    KnownFailureIndex,
+    format_known_failures,
+    load_known_failures,
+    merge_known_failures,
+)
 from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
 from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
 from ._ops import parse_id as parse_ops_id

@@ -323,14 +323,14 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
     entries = len(tests) + sum(len(row) for row in rows.values())
     if not _fits(len(rows), len(columns), entries):
         listed = [(op, dtype, state) for op, row in sorted(rows.items()) for dtype, state in row.items()]
-        body = "".join(
+        listing = "".join(
             f'<tr data-filter="{_e(f"{op} {dtype} {state}".lower())}"><th scope="row">{_e(op)}</th><td>{_e(dtype)}</td>'
             f"<td>{_e(state)}</td></tr>"
             for op, dtype, state in listed
         )
         return _too_sparse(len(rows), len(columns), entries, "operator", "dtype") + (
             '<div class="scroll"><table class="checks"><thead><tr><th scope="col">operator</th><th scope="col">dtype'
-            f'</th><th scope="col">state</th></tr></thead><tbody>{body}</tbody></table></div>'
+            f'</th><th scope="col">state</th></tr></thead><tbody>{listing}</tbody></table></div>'
             + (_check_list(tests, prefix) if tests else "")
         )
     head = "".join(f'<th scope="col">{_e(c)}</th>' for c in columns)

@@ -256,10 +256,10 @@ class ModelMemory:
     def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> dict[str, Any] | None:
         """The failure of a check on a model that hung or crashed before, or None: run it."""
         known = self._known.get(model) if model is not None else None
-        if known is None or (known["kind"] != "preprocess" and not runs_backend):
+        if model is None or known is None or (known["kind"] != "preprocess" and not runs_backend):
             return None
         self.saved += 1
-        what = f"{model[0]} {model[1]}" + (f" in {model[2]}" if model[2:] and model[2] else "")
+        what = f"{model[0]} {model[1]}" + (f" in {model[2]}" if len(model) > 2 and model[2] else "")
         return {
             "outcome": "failed",
             "message": f"not run: the lowered {what} {known['how']} in {known['check']}, during "

@@ -17,8 +17,8 @@ from ._known_failures import (
     load_known_failures,
     merge_known_failures,
 )
-from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
-from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
+from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
+from ._ops import capabilities_text, flagged_lines, matrix_text, summary_line
 from ._ops import parse_id as parse_ops_id
 from ._reading import MAX_JSON_DEPTH, load_json, printable
 from ._report import (

@@ -88,6 +88,20 @@ def _read_document(path: str | Path) -> tuple[Any, str]:
     return load_json(text, f"report {name!r}", "pass the file --backendconf-report wrote"), name
 
 
+def read_matrix(path: str) -> dict[str, Any]:
+    """The ops matrix of a ``--backendconf-report`` file; `ReportError` names the file and the fix."""
+    from ._ops import ops_matrix
+
+    report = read_report(path)  # the report's schema, checked; its nesting, bounded
+    matrix = ops_matrix({"id": t.id, "outcome": t.outcome} for t in report.tests)
+    if matrix is None:
+        raise ReportError(
+            f"report {path!r} has no ops checks: run the suite with the ops category "
+            f"(e.g. `pytest --backend=NAME -m ops --backendconf-report={path}`)"
+        )
+    return matrix
+
+
 def read_documents(paths: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
     """The checked report documents named by ``paths`` and their column labels, in `merge`'s order.
 

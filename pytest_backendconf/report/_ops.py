@@ -115,22 +115,6 @@ def flagged_lines(matrix: Mapping[str, Any]) -> list[str]:
     return [f"ops  declared in Capabilities.supported_ops but failed or rejected: {', '.join(flagged)}"]
 
 
-def read_matrix(path: str) -> dict[str, Any]:
-    """The ops matrix of a ``--backendconf-report`` file; `ReportError` names the file and the fix."""
-    from ._merge import read_report
-    from ..errors import ReportError
-
-    report = read_report(path)  # the report's schema, checked; its nesting, bounded
-    tests = [{"id": t.id, "outcome": t.outcome} for t in report.tests]
-    matrix = ops_matrix(tests)
-    if matrix is None:
-        raise ReportError(
-            f"report {path!r} has no ops checks: run the suite with the ops category "
-            f"(e.g. `pytest --backend=NAME -m ops --backendconf-report={path}`)"
-        )
-    return matrix
-
-
 def matrix_text(matrix: Mapping[str, Any]) -> str:
     """The matrix as a table: one row per overload, one column per dtype."""
     marks = {PASSED: "pass", UNSUPPORTED: "unsup", FAILED: "FAIL", NOT_UNDER_TEST: "-"}

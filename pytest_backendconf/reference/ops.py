@@ -636,6 +636,21 @@ _TABLE: list[tuple] = [
     (457, "aten.grid_sampler_2d.default", _in_float32(torch.grid_sampler_2d)),
     (458, "aten.grid_sampler_3d.default", _in_float32(torch.grid_sampler_3d)),
     (459, "aten._upsample_bilinear2d_aa.default", _aten("_upsample_bilinear2d_aa.default")),
+    # integer arithmetic with a constant, as quantized and index programs write it (``q & 0x0F``)
+    (470, "aten.bitwise_and.Scalar", torch.bitwise_and),
+    (471, "aten.bitwise_or.Scalar", torch.bitwise_or),
+    (472, "aten.bitwise_xor.Scalar", torch.bitwise_xor),
+    (473, "aten.bitwise_left_shift.Tensor_Scalar", torch.bitwise_left_shift),
+    (474, "aten.bitwise_right_shift.Tensor_Scalar", torch.bitwise_right_shift),
+    (475, "aten.__rshift__.Scalar", torch.bitwise_right_shift),
+    (476, "aten.__lshift__.Scalar", torch.bitwise_left_shift),
+    (477, "aten.fmod.Scalar", torch.fmod),
+    (478, "aten.clamp_min.default", torch.clamp_min),
+    (479, "aten.clamp_max.default", torch.clamp_max),
+    (480, "aten.__and__.Scalar", torch.bitwise_and),
+    (481, "aten.__or__.Scalar", torch.bitwise_or),
+    (482, "aten.__xor__.Scalar", torch.bitwise_xor),
+    (483, "aten.__xor__.Tensor", torch.bitwise_xor),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -10,7 +10,11 @@ A kernel is called exactly as the ATen schema is: ``kernel(*args,
 **kwargs)`` with the node's positional arguments and its keyword-only ones.
 Kernels are public torch functions where their signature matches the schema,
 because they are several µs faster per call than ``torch.ops.aten.*``
-overloads; a small wrapper adapts the others. ``kernel=None`` marks a no-op
+overloads; a small wrapper adapts the others, and an op no public function
+matches (``_linalg_svd``, ``adaptive_max_pool2d``) calls its ``torch.ops.aten``
+overload (`_aten`). The table covers every overload of the ops category's
+data (``conformance/ops_data/``), which ``tests/test_reference_ops.py``
+checks against a real ``-m ops`` run. ``kernel=None`` marks a no-op
 (an assert that export inserts), which the interpreter drops.
 """
 

@@ -38,7 +38,7 @@ class Branchy(torch.nn.Module):
 class Unsupported(torch.nn.Module):
     def forward(self, x):
         h = x.relu()
-        return torch.special.erfcx(h) + 1
+        return torch.logit(h) + 1
 
 
 class InPlaceActivation(torch.nn.Module):

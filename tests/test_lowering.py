@@ -168,15 +168,15 @@ def test_unsupported_node_text_shows_file_line_and_carets():
     with pytest.raises(bc.UnsupportedNodeError) as info:
         lower(models.Unsupported(), inputs=(X,))
     text = str(info.value)
-    line = line_of("return torch.special.erfcx(h) + 1")
+    line = line_of("return torch.logit(h) + 1")
     assert text.startswith(
-        "The node of aten::special_erfcx is not supported in this compiler. Source code:\n"
+        "The node of aten::logit is not supported in this compiler. Source code:\n"
         f'  File "{MODELS_FILE}", line {line}, in forward\n'
-        "    return torch.special.erfcx(h) + 1\n"
-        "           ~~~~~~~~~~~~~~~~~~~~~~ <--- HERE\n"
+        "    return torch.logit(h) + 1\n"
+        "           ~~~~~~~~~~~~~~ <--- HERE\n"
     )
-    assert "  Module hierarchy:top(Unsupported)::forward.aten::special_erfcx" in text
-    assert info.value.node.name == "special_erfcx"
+    assert "  Module hierarchy:top(Unsupported)::forward.aten::logit" in text
+    assert info.value.node.name == "logit"
 
 
 def test_runtime_error_is_symbolicated_with_hierarchy_and_frames():

@@ -147,6 +147,7 @@ _DTYPES = (
     torch.int16,
     torch.int8,
     torch.uint8,
+    torch.uint64,  # aten.hash_tensor's result
 )
 _MEMORY_FORMATS = (
     torch.contiguous_format,

@@ -7,6 +7,7 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 """
 
 from ._divergence import locate_divergence, locate_in_program
+from ._failing_nodes import failing_nodes
 from ._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
 from ._profile import Call, Profile, check_events, profile
 
@@ -17,6 +18,7 @@ __all__ = [
     "Tolerance",
     "check_events",
     "compare_outputs",
+    "failing_nodes",
     "locate_divergence",
     "locate_in_program",
     "profile",

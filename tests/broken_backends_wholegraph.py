@@ -15,6 +15,8 @@ a handle range (``BackendError(..., debug_handles=[...])``).
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 
 import torch
 from backendconf_reference import ReferenceBackend
@@ -58,7 +60,31 @@ class FusedBuild(FusedBuildNoProbe):
         return super().preprocess(program, compile_spec, debug_handles)
 
 
+class FusedKernelFault(ReferenceBackend):
+    """Builds one kernel of the whole graph, and that kernel fails: a handle range names its nodes."""
+
+    name = "fused_kernel_fault"
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        covered = [debug_handles[n] for n in program.graph_module.graph.nodes if n.op == "call_function"]
+        header = json.dumps(covered).encode()
+        return len(header).to_bytes(4, "little") + header + super().preprocess(program, compile_spec, debug_handles)
+
+    def compile(self, processed, method_compile_spec):
+        return {method: json.loads(blob[4 : 4 + int.from_bytes(blob[:4], "little")]) for method, blob in processed.items()}
+
+    def execute(self, handle, inputs):
+        raise bc.BackendError("fused kernel 0 failed: out of shared memory", debug_handles=handle)
+
+    def execute_profiled(self, handle, inputs):
+        # One event for the fused kernel, under all the nodes it covers.
+        start = time.perf_counter_ns()
+        outputs = [torch.zeros(())]
+        return outputs, [(handle, start, time.perf_counter_ns())]
+
+
 @bc.hookimpl
 def backendconf_register_backends(register):
     register(FusedBuildNoProbe())
     register(FusedBuild())
+    register(FusedKernelFault())

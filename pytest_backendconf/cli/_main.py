@@ -158,6 +158,11 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
     symbolicate.add_argument("archive", metavar="ARCHIVE", help="an archive, or the .debug file of a handles-only one")
     symbolicate.add_argument("handles", metavar="HANDLE", nargs="*", help="debug handles (integers)")
     symbolicate.add_argument("--log", metavar="FILE", help="a log to rewrite ('-' reads stdin)")
+    symbolicate.add_argument(
+        "--fused",
+        action="store_true",
+        help="the HANDLEs are one fused kernel's nodes (a debug_handles=[...] range): one text naming every node",
+    )
     add_limit_options(symbolicate)
     symbolicate.set_defaults(run=_symbolicate)
 
@@ -284,7 +289,7 @@ def _symbolicate(args: argparse.Namespace) -> int:
         handles.append(_handle(text.strip()))
     archive = debug_source(args.archive, limits=limits_from_options(args))  # an archive or its .debug file
     if handles:
-        print(printable(symbolicate(archive, handles), keep_newlines=True))
+        print(printable(symbolicate(archive, handles, fused=args.fused), keep_newlines=True))
     if args.log is not None:
         if args.log == "-":
             lines = sys.stdin
@@ -296,6 +301,8 @@ def _symbolicate(args: argparse.Namespace) -> int:
 
 
 _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
+# A fused kernel's range, as BackendRuntimeError and backends print it: debug_handles=[3, 4, 5].
+_RANGE_IN_LOG = re.compile(r"debug_handles\s*=\s*[\[(]\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*,?\s*[\])]")
 
 
 def _handle(digits: str) -> int:
@@ -313,6 +320,9 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+        for listed in _RANGE_IN_LOG.findall(line)[:4]:
+            kernel = [_handle(h) for h in re.findall(r"-?\d+", listed)]
+            out.write(printable(symbolicate(archive, kernel, fused=True), keep_newlines=True) + "\n")
 
 
 def _profile(args: argparse.Namespace) -> int:

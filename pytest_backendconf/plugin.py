@@ -15,6 +15,10 @@ import pytest
 from .registry import BackendRegistry, RegisteredBackend, Source, set_active_registry, source_of_module
 from .errors import RegistryError
 
+# The report's schema version for --help, without importing the report package at every start;
+# tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
+_REPORT_SCHEMA_VERSION = "1.3"
+
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()
 #: The name the suite plugin registers under; `-p no:backendconf_suite` turns the suite off.
@@ -69,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         default=None,
         help="write a JSON report of the conformance run to FILE "
-        "(schema backendconf-report 1.0, see docs/ci-gating.md)",
+        f"(schema backendconf-report {_REPORT_SCHEMA_VERSION}, see docs/ci-gating.md)",
     )
     group.addoption(
         "--backendconf-html",

@@ -7,6 +7,7 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 """
 
 from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
+from ._counts import category_counts
 from ._delegation_summary import NOT_NEEDED, delegation_line
 from ._failure_groups import group_failures, summary_lines
 from ._html import render
@@ -39,6 +40,7 @@ __all__ = [
     "TestResult",
     "Unsupported",
     "capabilities_text",
+    "category_counts",
     "delegation_line",
     "error_of",
     "fail",

@@ -136,6 +136,10 @@ def parse_report(document: Any, name: str) -> Report:
             "total": check.count(counts, "total", where),
             "passed": check.count(counts, "passed", where),
         }
+        # 1.3: the score's denominator (delegation runs lowered whole left out); before, the total.
+        summary[category]["scored"] = (
+            check.count(counts, "scored", where) if "scored" in counts else summary[category]["total"]
+        )
         if summary[category]["passed"] > summary[category]["total"]:
             raise ReportError(f"report {name!r}: {where} has more passed checks than its total")
     tests_doc = document.get("tests")
@@ -321,7 +325,7 @@ def _version_key(version: str) -> tuple:
 def _cell(counts: dict[str, int] | None) -> str:
     if counts is None:
         return "—"
-    total, passed = counts["total"], counts["passed"]
+    total, passed = counts.get("scored", counts["total"]), counts["passed"]
     if total == 0:
         return "0/0"
     return f"{passed}/{total} {100 * passed / total:.1f}%"
@@ -330,6 +334,7 @@ def _cell(counts: dict[str, int] | None) -> str:
 def _overall(report: Report) -> dict[str, int]:
     return {
         "total": sum(c["total"] for c in report.summary.values()),
+        "scored": sum(c.get("scored", c["total"]) for c in report.summary.values()),
         "passed": sum(c["passed"] for c in report.summary.values()),
     }
 

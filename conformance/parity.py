@@ -300,7 +300,7 @@ def save_inputs(
     """
     leaves = [leaf for leaf in _compat.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
     suffix = "-dynamic" if sizes is not None else ""
-    path = ctx.tmp_dir("parity-inputs") / f"{case_name}.{method}-{dtype}{suffix}.safetensors"
+    path = ctx.artifact_dir("parity-inputs") / f"{case_name}.{method}-{dtype}{suffix}.safetensors"
     metadata = {"kind": "parity", "case": case_name, "dtype": dtype, "method": method, "backend": ctx.name}
     if sizes is not None:
         metadata["sizes"] = json.dumps(sizes)

@@ -76,6 +76,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(schema backendconf-report {_REPORT_SCHEMA_VERSION}, see docs/ci-gating.md)",
     )
     group.addoption(
+        "--backendconf-artifacts",
+        dest="backendconf_artifacts",
+        metavar="DIR",
+        default=None,
+        help="keep saved inputs and the files of rerun commands in DIR (created if missing), one folder "
+        "per check that saved something, across runs; default: pytest's temporary folder, which keeps "
+        "the last three runs (see also --basetemp)",
+    )
+    group.addoption(
         "--backendconf-html",
         dest="backendconf_html",
         metavar="FILE",
@@ -206,9 +215,27 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
         selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
     )
     ctx.ops_mode = config.getoption("backendconf_ops", "default")
+    ctx.artifacts_root = artifacts_root(config)
     # The -p plugins of this run, for commands that rerun one comparison outside pytest.
     ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx
+
+
+def artifacts_root(config: pytest.Config) -> str | None:
+    """``--backendconf-artifacts``, made absolute and created; a usage error when it cannot be a folder."""
+    value = config.getoption("backendconf_artifacts", None)
+    if not value:
+        return None
+    from pathlib import Path
+
+    path = Path(config.invocation_params.dir, value)
+    if path.exists() and not path.is_dir():
+        raise pytest.UsageError(f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}") from None
+    return str(path.resolve())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -54,6 +54,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                     run=functools.partial(check_parity, case_name=case.name, dtype=dtype, method=method),
                     stage="execute",
                     case=case.name,
+                    draws_inputs=True,
                 )
                 if case.method_dims(method):
                     yield Check(
@@ -62,6 +63,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                         run=functools.partial(check_dynamic_parity, case_name=case.name, dtype=dtype, method=method),
                         stage="execute",
                         case=case.name,
+                        draws_inputs=True,
                     )
 
 

@@ -230,11 +230,15 @@ def artifacts_root(config: pytest.Config) -> str | None:
 
     path = Path(config.invocation_params.dir, value)
     if path.exists() and not path.is_dir():
-        raise pytest.UsageError(f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)")
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise pytest.UsageError(f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}") from None
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}"
+        ) from None
     return str(path.resolve())
 
 

@@ -71,7 +71,9 @@ class FusedKernelFault(ReferenceBackend):
         return len(header).to_bytes(4, "little") + header + super().preprocess(program, compile_spec, debug_handles)
 
     def compile(self, processed, method_compile_spec):
-        return {method: json.loads(blob[4 : 4 + int.from_bytes(blob[:4], "little")]) for method, blob in processed.items()}
+        return {
+            method: json.loads(blob[4 : 4 + int.from_bytes(blob[:4], "little")]) for method, blob in processed.items()
+        }
 
     def execute(self, handle, inputs):
         raise bc.BackendError("fused kernel 0 failed: out of shared memory", debug_handles=handle)

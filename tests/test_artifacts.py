@@ -21,7 +21,9 @@ def _run(pytester, *extra):
 
 def _rerun_command(result) -> str:
     text = result.stdout.str()
-    return next(line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line)
+    return next(
+        line.split("rerun this comparison: ", 1)[1] for line in text.splitlines() if "rerun this comparison: " in line
+    )
 
 
 @pytest.fixture

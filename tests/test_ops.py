@@ -462,3 +462,13 @@ def test_locate_divergence_public_api():
     assert info is not None and info.op == "aten::sub" and info.node == "sub"
     assert "z = y - x" in str(info)
     assert bc.locate_divergence(_Scaled(), "reference", (x,)) is None
+
+
+@needs_data
+def test_an_ops_failure_text_names_the_ops_other_arguments():
+    sample = next(s for s in SHIPPED.samples if s.overload == "aten.avg_pool2d.default")
+    text = ops_category._headline(sample, False)
+    assert "divisor_override=2" in text and "kernel_size=[" in text
+    assert "self=" not in text  # the input tensor is in the saved file, not in the text
+    sub = next(s for s in SHIPPED.samples if s.overload == "aten.sub.Tensor")
+    assert ops_category._headline(sub, False).endswith("from OpInfo 'sub')")  # nothing but tensors: nothing added

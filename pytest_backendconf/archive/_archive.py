@@ -208,9 +208,7 @@ def read_archive(file: Any, *, limits: Limits | None = None) -> "Archive":
     return ArchiveReader(data, source, limits).read()
 
 
-def symbolicate(
-    source: Any, handles: int | Iterable[int], *, fused: bool = False, limits: Limits | None = None
-) -> str:
+def symbolicate(source: Any, handles: int | Iterable[int], *, fused: bool = False, limits: Limits | None = None) -> str:
     """The symbolicated text of each debug handle, offline, from the archive's debug info alone.
 
     ``source`` is an archive path, bytes, a binary file, an `Archive`, or a

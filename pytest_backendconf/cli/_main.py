@@ -208,11 +208,17 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _file_errors(run):
-    """Report an unreadable file as `backendconf: error: ...` (exit code 1), not a traceback."""
+    """Report an unreadable file as `backendconf: error: ...` (exit code 1), not a traceback.
+
+    And end quietly when stdout's reader goes away (``backendconf report ops R.json | head``):
+    what it wanted was written.
+    """
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
-            return run(args)
+            code = run(args)
+            sys.stdout.flush()  # here, so that a reader gone early (`| head`) ends quietly below
+            return code
         except BrokenPipeError:
             # The reader went away (`... | head -1`): what it wanted was written. Point stdout
             # at /dev/null so that the interpreter's final flush does not fail again.
@@ -523,6 +529,18 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix"
     )
     ops.set_defaults(run=_report_ops)
+    known = actions.add_parser(
+        "known-failures",
+        help="write a known-failures file from a report, as --backendconf-write-known-failures does",
+        description="Write the known-failures file of a --backendconf-report file without running the suite "
+        "again: every failing check, with the first line of its failure as the reason; the entries of the "
+        "known-failures file the run applied, and of an existing -o file, kept where they still hold.",
+    )
+    known.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    known.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
+    )
+    known.set_defaults(run=_report_known_failures)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -530,6 +548,37 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+@_file_errors
+def _report_known_failures(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..archive import write_atomic
+    from ..report import known_failures_from_report
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"-o {args.output!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    text, entries, previous = known_failures_from_report(args.report, args.output)
+    try:
+        write_atomic(target, text)
+    except OSError as exc:
+        raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
+    before, after = {e.pattern for e in previous}, {e.pattern for e in entries}
+    print(
+        f"backendconf: wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {args.output} "
+        f"({len(after - before)} added, {len(before - after)} removed)"
+    )
+    return 0
+
+
+@_file_errors
 def _report_ops(args: argparse.Namespace) -> int:
     from ..report import capabilities_text, matrix_text, read_matrix
 

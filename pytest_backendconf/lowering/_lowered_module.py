@@ -180,7 +180,10 @@ class LoweredModule(torch.nn.Module):
         return result
 
     def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
-        handles = getattr(exc, "debug_handles", None) or (() if exc.debug_handle is None else (exc.debug_handle,))
+        # A BackendError subclass whose __init__ skipped ours may lack debug_handles.
+        handles: tuple[int, ...] = tuple(getattr(exc, "debug_handles", None) or ()) or (
+            () if exc.debug_handle is None else (exc.debug_handle,)
+        )
         if len(handles) > 1:
             return BackendRuntimeError(self._range_text(exc.message, handles), exc.message, handles[0], handles)
         handle = exc.debug_handle

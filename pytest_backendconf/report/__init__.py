@@ -12,6 +12,7 @@ from ._delegation_summary import NOT_NEEDED, delegation_line
 from ._failure_groups import group_failures, summary_lines
 from ._html import render
 from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
+from ._known_from_report import known_failures_from_report
 from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
 from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
 from ._report import (
@@ -50,6 +51,7 @@ __all__ = [
     "format_text",
     "group_failures",
     "id_matches",
+    "known_failures_from_report",
     "load_known_failures",
     "matrix_text",
     "merge",

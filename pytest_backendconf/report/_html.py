@@ -191,7 +191,11 @@ def _cards(report: dict[str, Any]) -> str:
         if not isinstance(counts, dict) or not counts.get("total"):
             continue
         # The score's denominator: delegation runs lowered whole ("not needed") are stated apart.
-        total, passed, whole = counts.get("scored", counts["total"]), counts.get("passed", 0), counts.get("not_needed", 0)
+        total, passed, whole = (
+            counts.get("scored", counts["total"]),
+            counts.get("passed", 0),
+            counts.get("not_needed", 0),
+        )
         shown = {**counts, "skipped": counts.get("skipped", 0) - whole}
         parts = [f"{shown[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and shown.get(o)]
         detail = ", ".join(parts + ([f"{whole} not needed (lowered whole)"] if whole else [])) or "all passed"

@@ -267,9 +267,10 @@ def other_arguments(sample: discovery.OpSample) -> str:
     args = discovery.decode_arg(sample.args, [tensor] * len(sample.inputs))
     kwargs = discovery.decode_arg_dict(sample.kwargs, [tensor] * len(sample.inputs))
     try:
-        names = [a.name for a in discovery.resolve_overload(sample.overload)._schema.arguments]
+        schema = _compat.op_schema(discovery.resolve_overload(sample.overload))
     except (AttributeError, RuntimeError):
-        names = []
+        schema = None
+    names = [a.name for a in schema.arguments] if schema is not None else []
     pairs = [(names[i] if i < len(names) else f"arg{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
 
     def has_tensor(value: Any) -> bool:

@@ -400,6 +400,8 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "unexpected_pass": 0,
         "failed": 1,
         "error": 0,
+        "not_needed": 0,
+        "scored": 3,
         "score": 0.0,
     }
     assert report["summary"]["contract"]["score"] == 1.0

@@ -308,7 +308,7 @@ def _symbolicate(args: argparse.Namespace) -> int:
 
 _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
 # A fused kernel's range, as BackendRuntimeError and backends print it: debug_handles=[3, 4, 5].
-_RANGE_IN_LOG = re.compile(r"debug_handles\s*=\s*[\[(]\s*(-?\d+(?:\s*,\s*-?\d+)*)\s*,?\s*[\])]")
+_RANGE_IN_LOG = re.compile(r"debug_handles\s*=\s*[\[(]\s*(-?\d+(?:\s*,\s*-?\d+)*)[\s,]*[\])]")
 
 
 def _handle(digits: str) -> int:

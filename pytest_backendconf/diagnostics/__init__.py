@@ -1,7 +1,8 @@
 """Diagnostics: tools that run lowered programs to explain what a backend does.
 
 Owns the numerics of a comparison (closeness, tolerances, worst elements), profiling by source line
-and operator, and the divergence locator that finds the first node whose outputs depart from eager.
+and operator, the divergence locator that finds the first node whose outputs depart from eager, and
+`failing_nodes`, which finds the nodes a whole-graph compiler cannot build alone.
 
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """

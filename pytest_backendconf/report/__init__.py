@@ -1,6 +1,7 @@
 """The conformance report: check records and outcomes, the JSON document, merge, HTML, ops matrix.
 
-Owns what a check is and what its outcome means, known-failures files, the score and summary lines,
+Owns what a check is and what its outcome means, known-failures files (also from a report), the
+counts of every category (one function for the terminal, the JSON and the HTML), the score and summary lines,
 failure groups, merging reports of several environments and the HTML page.
 
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.

@@ -247,12 +247,43 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
 
 def _headline(sample: discovery.OpSample, is_declared: bool) -> str:
     text = f"{sample.overload} in {sample.dtype} (sample {sample.index}, from OpInfo {sample.opinfo!r})"
+    arguments = other_arguments(sample)
+    if arguments:
+        text += f", with {arguments}"
     return text + (" (declared in Capabilities.supported_ops)" if is_declared else "")
+
+
+class _Tensor:
+    """Stands for an input tensor while the sample's arguments are decoded for text."""
+
+
+def other_arguments(sample: discovery.OpSample) -> str:
+    """The call's arguments other than tensors, by schema name: ``kernel_size=[2, 2], divisor_override=2``.
+
+    What a failure text needs besides the saved tensors, so that a reader sees
+    at once which variant of the op failed (e.g. ``divisor_override``).
+    """
+    tensor = _Tensor()
+    args = discovery.decode_arg(sample.args, [tensor] * len(sample.inputs))
+    kwargs = discovery.decode_arg_dict(sample.kwargs, [tensor] * len(sample.inputs))
+    try:
+        schema = _compat.op_schema(discovery.resolve_overload(sample.overload))
+    except (AttributeError, RuntimeError):
+        schema = None
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    pairs = [(names[i] if i < len(names) else f"arg{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+
+    def has_tensor(value: Any) -> bool:
+        return value is tensor or (isinstance(value, (list, tuple)) and any(has_tensor(v) for v in value))
+
+    shown = [f"{name}={value!r}" for name, value in pairs if not has_tensor(value)]
+    text = ", ".join(shown)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> Path:
     """The sample's inputs and call, in a tensor file the rerun command reads (no code in it)."""
-    directory = ctx.tmp_dir("ops-inputs")
+    directory = ctx.artifact_dir("ops-inputs")
     path = directory / f"{sample.overload}-{sample.dtype}-sample{sample.index}.safetensors"
     record = sample.as_json()
     write_tensors(

@@ -54,6 +54,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                     run=functools.partial(check_parity, case_name=case.name, dtype=dtype, method=method),
                     stage="execute",
                     case=case.name,
+                    draws_inputs=True,
                 )
                 if case.method_dims(method):
                     yield Check(
@@ -62,6 +63,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                         run=functools.partial(check_dynamic_parity, case_name=case.name, dtype=dtype, method=method),
                         stage="execute",
                         case=case.name,
+                        draws_inputs=True,
                     )
 
 
@@ -300,7 +302,7 @@ def save_inputs(
     """
     leaves = [leaf for leaf in _compat.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
     suffix = "-dynamic" if sizes is not None else ""
-    path = ctx.tmp_dir("parity-inputs") / f"{case_name}.{method}-{dtype}{suffix}.safetensors"
+    path = ctx.artifact_dir("parity-inputs") / f"{case_name}.{method}-{dtype}{suffix}.safetensors"
     metadata = {"kind": "parity", "case": case_name, "dtype": dtype, "method": method, "backend": ctx.name}
     if sizes is not None:
         metadata["sizes"] = json.dumps(sizes)

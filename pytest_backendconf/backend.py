@@ -9,6 +9,7 @@ What each hook must do, and what the conformance suite checks of it, is in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -109,3 +110,29 @@ def fault_node_name(compile_spec: Mapping[str, Any]) -> str | None:
     if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
         raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
     return str(fault["node"])
+
+
+_LEADING_NUMBERS = re.compile(r"(\d+)(?:\.(\d+))?")
+
+
+def release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string such as ``"1.4.0rc1"``; ``None`` if it has none."""
+    match = _LEADING_NUMBERS.match(version.strip()) if isinstance(version, str) else None
+    if match is None:
+        return None
+    return int(match[1]), int(match[2] or 0)
+
+
+def same_major_not_newer(blob_version: str, ours: str) -> bool:
+    """A blob version policy for ``accepts_blob_version``: same major release, not a newer minor.
+
+    The project's own backends use it as
+    ``return same_major_not_newer(version, self.version)``: a newer minor may
+    write blobs with features this release cannot run; an older one within
+    the major writes nothing this one cannot read. A version without leading
+    numbers is refused.
+    """
+    theirs, mine = release(blob_version), release(ours)
+    if theirs is None or mine is None:
+        return False
+    return theirs[0] == mine[0] and theirs <= mine

@@ -8,6 +8,7 @@ torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -75,25 +76,54 @@ class UnsupportedNodeError(BackendConfError):
 
 
 class BackendError(BackendConfError):
-    """Raised by a backend's ``execute`` for a failure tied to a graph node.
+    """Raised by a backend's ``execute`` for a failure tied to a graph node, or to a fused kernel.
 
     Pass the node's debug handle (``debug_handles[node]`` at preprocess time,
-    carried in the blob) so that the user sees their own source line.
+    carried in the blob) so that the user sees their own source line. For an
+    error inside a kernel that covers several nodes, pass them all as
+    ``debug_handles=[h1, h2, ...]``: the user sees every node of the range
+    with its source line. ``debug_handle`` is then the range's first handle.
     """
 
-    def __init__(self, message: str, debug_handle: int | None = None) -> None:
+    def __init__(
+        self, message: str, debug_handle: int | None = None, *, debug_handles: Sequence[int] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
-        self.debug_handle = debug_handle
+        if debug_handles is not None:
+            if debug_handle is not None:
+                raise TypeError(
+                    "BackendError takes debug_handle=h (one node) or debug_handles=[h1, h2, ...] (a fused "
+                    "kernel's nodes), not both"
+                )
+            if isinstance(debug_handles, (str, bytes)) or not all(type(h) is int for h in debug_handles):
+                raise TypeError(
+                    f"BackendError(debug_handles=...) takes a list of ints (the fused kernel's nodes' debug "
+                    f"handles), got {debug_handles!r:.80}"
+                )
+            debug_handles = tuple(debug_handles)
+            if not debug_handles:
+                raise ValueError("BackendError(debug_handles=[]) names no node; give the kernel's handles or none")
+        #: The nodes the failure belongs to: ``(debug_handle,)``, a fused kernel's range, or ``()``.
+        self.debug_handles: tuple[int, ...] = (
+            debug_handles if debug_handles is not None else (() if debug_handle is None else (debug_handle,))
+        )
+        self.debug_handle = self.debug_handles[0] if self.debug_handles else None
 
 
 class BackendRuntimeError(BackendConfError, RuntimeError):
     """A `BackendError` re-raised with the model source it points at."""
 
-    def __init__(self, text: str, message: str, debug_handle: int | None) -> None:
+    def __init__(
+        self, text: str, message: str, debug_handle: int | None, debug_handles: Sequence[int] | None = None
+    ) -> None:
         super().__init__(text)
         self.message = message
         self.debug_handle = debug_handle
+        #: Every node of the failure: one handle, or a fused kernel's range.
+        self.debug_handles: tuple[int, ...] = (
+            tuple(debug_handles) if debug_handles is not None else (() if debug_handle is None else (debug_handle,))
+        )
 
 
 class BackendUnavailableError(BackendConfError, RuntimeError):

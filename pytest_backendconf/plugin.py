@@ -15,6 +15,10 @@ import pytest
 from .registry import BackendRegistry, RegisteredBackend, Source, set_active_registry, source_of_module
 from .errors import RegistryError
 
+# The report's schema version for --help, without importing the report package at every start;
+# tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
+_REPORT_SCHEMA_VERSION = "1.3"
+
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()
 #: The name the suite plugin registers under; `-p no:backendconf_suite` turns the suite off.
@@ -69,7 +73,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         default=None,
         help="write a JSON report of the conformance run to FILE "
-        "(schema backendconf-report 1.0, see docs/ci-gating.md)",
+        f"(schema backendconf-report {_REPORT_SCHEMA_VERSION}, see docs/ci-gating.md)",
+    )
+    group.addoption(
+        "--backendconf-artifacts",
+        dest="backendconf_artifacts",
+        metavar="DIR",
+        default=None,
+        help="keep saved inputs and the files of rerun commands in DIR (created if missing), one folder "
+        "per check that saved something, across runs; default: pytest's temporary folder, which keeps "
+        "the last three runs (see also --basetemp)",
     )
     group.addoption(
         "--backendconf-html",
@@ -202,9 +215,31 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
         selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
     )
     ctx.ops_mode = config.getoption("backendconf_ops", "default")
+    ctx.artifacts_root = artifacts_root(config)
     # The -p plugins of this run, for commands that rerun one comparison outside pytest.
     ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx
+
+
+def artifacts_root(config: pytest.Config) -> str | None:
+    """``--backendconf-artifacts``, made absolute and created; a usage error when it cannot be a folder."""
+    value = config.getoption("backendconf_artifacts", None)
+    if not value:
+        return None
+    from pathlib import Path
+
+    path = Path(config.invocation_params.dir, value)
+    if path.exists() and not path.is_dir():
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}"
+        ) from None
+    return str(path.resolve())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

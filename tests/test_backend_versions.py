@@ -141,3 +141,11 @@ def test_a_notebook_cell_gets_its_source_and_carets_from_linecache():
         "    return torch.ops.backendconf_probe.mystery(y) * 5",
         "           ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~ <--- HERE",
     ]
+
+
+def test_the_public_version_policy_takes_the_same_major_up_to_our_minor():
+    from pytest_backendconf.backend import same_major_not_newer
+
+    assert same_major_not_newer("1.2.0", "1.4.0") and same_major_not_newer("1.4.0rc1", "1.4.0")
+    assert not same_major_not_newer("1.5.0", "1.4.0")  # a newer minor may write what we cannot run
+    assert not same_major_not_newer("0.9.0", "1.4.0") and not same_major_not_newer("nightly", "1.4.0")

@@ -380,7 +380,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 2]
+    assert report["schema_version"] == [1, 3]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -446,6 +446,8 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "unexpected_pass": 0,
         "failed": 1,
         "error": 0,
+        "not_needed": 0,
+        "scored": 3,
         "score": 0.0,
     }
     assert report["summary"]["contract"]["score"] == 1.0

@@ -64,7 +64,8 @@ def test_a_backend_without_sub_runs_the_models_with_sub_partially(pytester):
     }
     result.stdout.fnmatch_lines(
         [
-            "delegation     1/1 model runs partially delegated; 2 of 3 nodes delegated (66.7%); 1 not needed (lowered whole)"
+            "delegation     2/2 passed (100.0%); 1 not needed (lowered whole); 2 of 3 nodes delegated (66.7%) in 1 "
+            "model run; 0 unsupported, 0 known failures, 0 failed — score = passed / all 2 that needed partial delegation"
         ]
     )
     report = json.loads((pytester.path / "report.json").read_text())

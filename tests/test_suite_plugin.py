@@ -92,3 +92,11 @@ def test_a_plugin_module_in_the_current_folder_works_with_python_dash_m(pytester
     done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 test collected" in done.stdout
+
+
+def test_help_names_the_report_schema_version_reports_carry(pytester):
+    from pytest_backendconf.report._report import REPORT_SCHEMA_VERSION
+
+    version = ".".join(map(str, REPORT_SCHEMA_VERSION))
+    result = pytester.runpytest("--help")
+    assert f"backendconf-report {version}," in " ".join(result.stdout.str().split())

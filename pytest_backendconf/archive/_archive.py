@@ -208,7 +208,7 @@ def read_archive(file: Any, *, limits: Limits | None = None) -> "Archive":
     return ArchiveReader(data, source, limits).read()
 
 
-def symbolicate(source: Any, handles: int | Iterable[int], *, limits: Limits | None = None) -> str:
+def symbolicate(source: Any, handles: int | Iterable[int], *, fused: bool = False, limits: Limits | None = None) -> str:
     """The symbolicated text of each debug handle, offline, from the archive's debug info alone.
 
     ``source`` is an archive path, bytes, a binary file, an `Archive`, or a
@@ -218,10 +218,17 @@ def symbolicate(source: Any, handles: int | Iterable[int], *, limits: Limits | N
     ``debug handle 17 (method 'forward', node 'mul', aten::mul):``, then
     ``str(DebugInfo)``; an unknown one gives the pinned "was not found" text.
     The backend is never created or imported.
+
+    With ``fused=True`` the handles are one fused kernel's range (a
+    ``BackendError(..., debug_handles=[...])``): one text names every node of
+    the range with its source line, the text the runtime error shows under
+    the backend's message.
     """
     handles = check_handles(handles)
-    text = _symbol_table(source, check_limits(limits)).text
-    return "\n".join([text(h) for h in handles])
+    table = _symbol_table(source, check_limits(limits))
+    if fused:
+        return table.range_text(handles)
+    return "\n".join([table.text(h) for h in handles])
 
 
 def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:

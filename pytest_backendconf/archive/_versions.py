@@ -10,7 +10,6 @@ failing somewhere inside ``compile``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..errors import BackendContractError, BackendVersionError
@@ -69,26 +68,3 @@ def check_blob_version(backend: Any, archive_version: str | None, where: str) ->
         archive_version=archive_version,
         backend_version=ours,
     )
-
-
-_LEADING_NUMBERS = re.compile(r"(\d+)(?:\.(\d+))?")
-
-
-def release(version: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of a version string such as ``"1.4.0rc1"``; ``None`` if it has none."""
-    match = _LEADING_NUMBERS.match(version.strip()) if isinstance(version, str) else None
-    if match is None:
-        return None
-    return int(match[1]), int(match[2] or 0)
-
-
-def same_major_not_newer(blob_version: str, ours: str) -> bool:
-    """The policy of the project's own backends: a blob from the same major release, not a newer minor.
-
-    A newer minor may write blobs with features this release cannot run; an
-    older one within the major writes nothing this one cannot read.
-    """
-    theirs, mine = release(blob_version), release(ours)
-    if theirs is None or mine is None:
-        return False
-    return theirs[0] == mine[0] and theirs <= mine

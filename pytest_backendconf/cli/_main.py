@@ -141,6 +141,11 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
     symbolicate.add_argument("archive", metavar="ARCHIVE", help="an archive, or the .debug file of a handles-only one")
     symbolicate.add_argument("handles", metavar="HANDLE", nargs="*", help="debug handles (integers)")
     symbolicate.add_argument("--log", metavar="FILE", help="a log to rewrite ('-' reads stdin)")
+    symbolicate.add_argument(
+        "--fused",
+        action="store_true",
+        help="the HANDLEs are one fused kernel's nodes (a debug_handles=[...] range): one text naming every node",
+    )
     add_limit_options(symbolicate)
     symbolicate.set_defaults(run=_symbolicate)
 
@@ -186,7 +191,11 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _file_errors(run):
-    """Report an unreadable file as `backendconf: error: ...` (exit code 1), not a traceback."""
+    """Report an unreadable file as `backendconf: error: ...` (exit code 1), not a traceback.
+
+    And end quietly when stdout's reader goes away (``backendconf report ops R.json | head``):
+    what it wanted was written.
+    """
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
@@ -269,7 +278,7 @@ def _symbolicate(args: argparse.Namespace) -> int:
         handles.append(_handle(text.strip()))
     archive = debug_source(args.archive, limits=limits_from_options(args))  # an archive or its .debug file
     if handles:
-        print(printable(symbolicate(archive, handles), keep_newlines=True))
+        print(printable(symbolicate(archive, handles, fused=args.fused), keep_newlines=True))
     if args.log is not None:
         if args.log == "-":
             lines = sys.stdin
@@ -281,6 +290,8 @@ def _symbolicate(args: argparse.Namespace) -> int:
 
 
 _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
+# A fused kernel's range, as BackendRuntimeError and backends print it: debug_handles=[3, 4, 5].
+_RANGE_IN_LOG = re.compile(r"debug_handles\s*=\s*[\[(]\s*(-?\d+(?:\s*,\s*-?\d+)*)[\s,]*[\])]")
 
 
 def _handle(digits: str) -> int:
@@ -298,6 +309,9 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+        for listed in _RANGE_IN_LOG.findall(line)[:4]:
+            kernel = [_handle(h) for h in re.findall(r"-?\d+", listed)]
+            out.write(printable(symbolicate(archive, kernel, fused=True), keep_newlines=True) + "\n")
 
 
 @_file_errors
@@ -519,11 +533,53 @@ def _add_report_commands(commands: argparse._SubParsersAction) -> None:
         "--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix"
     )
     ops.set_defaults(run=_report_ops)
+    known = actions.add_parser(
+        "known-failures",
+        help="write a known-failures file from a report, as --backendconf-write-known-failures does",
+        description="Write the known-failures file of a --backendconf-report file without running the suite "
+        "again: every failing check, with the first line of its failure as the reason; the entries of the "
+        "known-failures file the run applied, and of an existing -o file, kept where they still hold.",
+    )
+    known.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    known.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
+    )
+    known.set_defaults(run=_report_known_failures)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
+
+
+@_file_errors
+def _report_known_failures(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..archive import write_atomic
+    from ..report import known_failures_from_report
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"-o {args.output!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    text, entries, previous = known_failures_from_report(args.report, args.output)
+    try:
+        write_atomic(target, text)
+    except OSError as exc:
+        raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
+    before, after = {e.pattern for e in previous}, {e.pattern for e in entries}
+    print(
+        f"backendconf: wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {printable(args.output)} "
+        f"({len(after - before)} added, {len(before - after)} removed)"
+    )
+    return 0
 
 
 @_file_errors

@@ -8,11 +8,13 @@ May import: the public surface only.
 
 from ._handles import DebugHandleRecorder, DebugHandles, walk_nodes
 from ._info import (
+    MAX_RANGE_NODES,
     DebugInfo,
     Frame,
     build_debug_infos,
     debug_info_for_node,
     format_missing,
+    format_range,
     format_runtime,
     format_unsupported,
     hierarchy_prefix,
@@ -21,6 +23,7 @@ from ._info import (
 from ._symbolication import SymbolTable, cached_table, check_handles
 
 __all__ = [
+    "MAX_RANGE_NODES",
     "DebugHandleRecorder",
     "DebugHandles",
     "DebugInfo",
@@ -31,6 +34,7 @@ __all__ = [
     "check_handles",
     "debug_info_for_node",
     "format_missing",
+    "format_range",
     "format_runtime",
     "format_unsupported",
     "hierarchy_prefix",

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from . import _exec_sources, _source
 
@@ -155,6 +155,68 @@ def format_unsupported(info: DebugInfo, reason: str) -> str:
 def format_runtime(message: str, info: DebugInfo) -> str:
     """The text of `BackendRuntimeError`: the backend's message, then where it happened."""
     return f"{message}\n{info}\n{_locator(info)}"
+
+
+#: Nodes of a fused kernel's range shown in full; the others are counted, so the text stays bounded.
+MAX_RANGE_NODES = 32
+
+
+def format_range(infos: Sequence[DebugInfo], missing: Sequence[int | str] = ()) -> str:
+    """Where a fused kernel covering several nodes is in the model source: every node with its line.
+
+    The frames all the nodes share (the outermost ones: the same module
+    calls) are printed once; then each node, with its op, module hierarchy
+    and the frames of its own. Each frame is `Frame.render`'s text, so a
+    range reads like the one-node text. At most `MAX_RANGE_NODES` nodes are
+    shown; the rest are counted by handle.
+    """
+    shown = list(infos[:MAX_RANGE_NODES])
+    shared = _shared_frames([info.frames for info in shown])
+    methods = sorted({info.method for info in shown if info.method})
+    where = f" (method {methods[0]!r})" if len(methods) == 1 else ""
+    total = len(infos) + len(missing)
+    lines = [f"In a fused kernel covering {total} node{'s' if total != 1 else ''}{where}:"]
+    if shared:
+        lines.append("Model source shared by these nodes (most recent call last):")
+        lines.extend(frame.render() for frame in shared)
+    previous: tuple[Frame, ...] = ()
+    for info in shown:
+        lines.append(f"  node {info.node!r}, debug handle {info.handle}: {info.hierarchy_text()}")
+        own = info.frames[len(shared) :]
+        # Outer frames the node above also had (the same module call) are not repeated.
+        same = len(_shared_frames([own, previous])) if previous else 0
+        if same:
+            lines.append(f"    (the {_outer(same)} of node above)")
+        lines.extend(_indent(frame.render()) for frame in own[same:])
+        if not info.frames:
+            lines.append("    (no source recorded for this node)")
+        previous = own
+    rest = list(infos[MAX_RANGE_NODES:])
+    if rest:
+        handles = ", ".join(str(info.handle) for info in rest[:8]) + (", ..." if len(rest) > 8 else "")
+        lines.append(f"  ... and {len(rest)} more nodes (debug handles {handles})")
+    if missing:
+        lines.append(format_missing(list(missing)[:8] + (["..."] if len(missing) > 8 else [])))
+    return "\n".join(lines)
+
+
+def _shared_frames(stacks: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
+    """The outermost frames every stack has, leaving each node at least its own last frame."""
+    if len(stacks) < 2 or not all(stacks):
+        return ()
+    limit = min(len(s) for s in stacks) - 1
+    count = 0
+    while count < limit and all(s[count] == stacks[0][count] for s in stacks):
+        count += 1
+    return stacks[0][:count]
+
+
+def _outer(count: int) -> str:
+    return "outer frame" if count == 1 else f"{count} outer frames"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.split("\n"))
 
 
 def format_missing(handles: Iterable[int | str]) -> str:

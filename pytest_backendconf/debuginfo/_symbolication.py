@@ -12,7 +12,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
-from ._info import DebugInfo, format_missing, hierarchy_prefix, traceback_text
+from ._info import DebugInfo, format_missing, format_range, hierarchy_prefix, traceback_text
 
 
 INT64_MAX = 2**63 - 1
@@ -71,6 +71,13 @@ class SymbolTable:
                 self.cache.clear()  # bounded; refilled by the handles the log uses most
             self.cache[handle] = found
         return found
+
+    def range_text(self, handles: list[int]) -> str:
+        """The text of a fused kernel covering ``handles`` (`format_range`), as its runtime error shows it."""
+        handles = list(dict.fromkeys(handles))
+        known = [self.debug[h] for h in handles if h in self.debug]
+        missing = [h if 0 <= h <= INT64_MAX else short_repr(h) for h in handles if h not in self.debug]
+        return format_range(known, missing)
 
     def _body(self, info: DebugInfo) -> str:
         """``str(info)``, from the shared parts."""

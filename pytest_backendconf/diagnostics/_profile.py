@@ -83,6 +83,11 @@ def check_events(events: Any, backend: str, method: str) -> tuple[Event, ...]:
         )
     out = []
     for i, event in enumerate(events):
+        kernel = event[0] if isinstance(event, (tuple, list)) and len(event) == 3 else None
+        if isinstance(kernel, (tuple, list)) and kernel and all(type(h) is int for h in kernel):
+            event = (0, *event[1:])  # checked below as one event, then shared among the range's nodes
+        else:
+            kernel = None
         if (
             not isinstance(event, (tuple, list))
             or len(event) != 3
@@ -91,10 +96,25 @@ def check_events(events: Any, backend: str, method: str) -> tuple[Event, ...]:
         ):
             raise BackendContractError(
                 f"execute_profiled() of backend {backend!r} (method {method!r}): event {i} is {event!r}; each "
-                "event is (debug_handle, start_ns, end_ns), three ints from time.perf_counter_ns with start <= end"
+                "event is (debug_handle, start_ns, end_ns), three ints from time.perf_counter_ns with start <= end "
+                "(or ([h1, h2, ...], start_ns, end_ns) for a fused kernel covering several nodes)"
             )
-        out.append((event[0], event[1], event[2]))
+        if kernel is None:
+            out.append((event[0], event[1], event[2]))
+        else:
+            out.extend(share_kernel(list(kernel), event[1], event[2]))
     return tuple(out)
+
+
+def share_kernel(handles: list[int], start: int, end: int) -> list[Event]:
+    """A fused kernel's event as consecutive slices, one per node: each node gets an equal share of its time.
+
+    Slices rather than one copy per node, so that the nodes' self times add
+    up to the kernel's time once and no node looks nested in another.
+    """
+    count = len(handles)
+    bounds = [start + (end - start) * k // count for k in range(count + 1)]
+    return [(h, bounds[k], bounds[k + 1]) for k, h in enumerate(handles)]
 
 
 def profile(lowered: Any, *args: Any, repeat: int = 1, method: str = "forward", **kwargs: Any) -> "Profile":

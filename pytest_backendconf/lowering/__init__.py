@@ -7,7 +7,7 @@ and `save`/`load`, which turn a module into archive records and back.
 May import: `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
-from ._args import normalize, resolve_backend
+from ._args import availability, normalize, resolve_backend
 from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
 from ._lowering import _preprocess, export_method, lower_programs, to_backend
 from ._partition import op_overload
@@ -18,6 +18,7 @@ __all__ = [
     "LoweredModule",
     "WrapperModule",
     "_preprocess",
+    "availability",
     "debug_info",
     "delegation",
     "export_method",

@@ -12,7 +12,7 @@ import torch
 import torch.nn.modules.module as _module_hooks
 
 from .. import _compat
-from ..debuginfo import DebugInfo, format_missing, format_runtime
+from ..debuginfo import MAX_RANGE_NODES, DebugInfo, format_missing, format_range, format_runtime
 from ._args import availability
 from ._method_calls import MethodRunner
 from ..archive import MethodSpec
@@ -180,6 +180,12 @@ class LoweredModule(torch.nn.Module):
         return result
 
     def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
+        # A BackendError subclass whose __init__ skipped ours may lack debug_handles.
+        handles: tuple[int, ...] = tuple(getattr(exc, "debug_handles", None) or ()) or (
+            () if exc.debug_handle is None else (exc.debug_handle,)
+        )
+        if len(handles) > 1:
+            return BackendRuntimeError(self._range_text(exc.message, handles), exc.message, handles[0], handles)
         handle = exc.debug_handle
         if handle is None:
             text = f"{exc.message}\n  (backend {self.backend_name!r}, method {method!r}: no debug handle given)"
@@ -191,6 +197,19 @@ class LoweredModule(torch.nn.Module):
         else:
             text = f"{exc.message}\n{format_missing([handle])}"
         return BackendRuntimeError(text, exc.message, handle)
+
+    def _range_text(self, message: str, handles: tuple[int, ...]) -> str:
+        """A fused kernel's failure: every node of the range (the text ``symbolicate --fused`` prints)."""
+        separate = self.separate_debug
+        if not self.debug and separate is not None and all(h in separate["handles"] for h in handles):
+            listed = " ".join(str(h) for h in handles[:MAX_RANGE_NODES])
+            return (
+                f"{message} (debug_handles=[{', '.join(str(h) for h in handles[:MAX_RANGE_NODES])}]; "
+                f"symbolicate with: {separate['hint']} {listed} --fused)"
+            )
+        known = [self.debug[h] for h in dict.fromkeys(handles) if h in self.debug]
+        missing = [h for h in dict.fromkeys(handles) if h not in self.debug]
+        return f"{message}\n{format_range(known, missing)}"
 
     def _unavailable_text(self, what: str) -> str:
         reason = ""

@@ -1,12 +1,14 @@
 """The conformance report: check records and outcomes, the JSON document, merge, HTML, ops matrix.
 
-Owns what a check is and what its outcome means, known-failures files, the score and summary lines,
+Owns what a check is and what its outcome means, known-failures files (also from a report), the
+counts of every category (one function for the terminal, the JSON and the HTML), the score and summary lines,
 failure groups, merging reports of several environments and the HTML page.
 
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
 from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
+from ._counts import category_counts
 from ._delegation_summary import NOT_NEEDED, delegation_line
 from ._failure_groups import group_failures, summary_lines
 from ._html import render
@@ -21,6 +23,7 @@ from ._merge import format_markdown, format_text, merge, read_documents, read_ma
 from ._ops import capabilities_text, flagged_lines, matrix_text, summary_line
 from ._ops import parse_id as parse_ops_id
 from ._reading import MAX_JSON_DEPTH, load_json, printable
+from ._known_from_report import known_failures_from_report
 from ._report import (
     FAILING,
     REPORT_ATTR,
@@ -49,6 +52,7 @@ __all__ = [
     "TestResult",
     "Unsupported",
     "capabilities_text",
+    "category_counts",
     "delegation_line",
     "error_of",
     "fail",
@@ -58,6 +62,7 @@ __all__ = [
     "format_text",
     "group_failures",
     "id_matches",
+    "known_failures_from_report",
     "load_known_failures",
     "matrix_text",
     "load_json",

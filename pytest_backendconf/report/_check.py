@@ -52,6 +52,8 @@ class Check:
     case: str | None = None
     #: Whether the check needs ``is_available()`` True; ``None``: decided by `stage` (`LOWERING_STAGES`).
     needs_available: bool | None = None
+    #: Whether it draws inputs from the session's Hypothesis seed: its reproduce command then names the seed.
+    draws_inputs: bool = False
 
     @property
     def id(self) -> str:

@@ -199,11 +199,21 @@ def _cards(report: dict[str, Any]) -> str:
     for category, counts in (report.get("summary") or {}).items():
         if not isinstance(counts, dict) or not counts.get("total"):
             continue
-        total, passed = counts["total"], counts.get("passed", 0)
-        detail = (
-            ", ".join(f"{counts[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and counts.get(o))
-            or "all passed"
+        # The score's denominator: delegation runs lowered whole ("not needed") are stated apart.
+        total, passed, whole = (
+            counts.get("scored", counts["total"]),
+            counts.get("passed", 0),
+            counts.get("not_needed", 0),
         )
+        shown = {**counts, "skipped": counts.get("skipped", 0) - whole}
+        parts = [f"{shown[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and shown.get(o)]
+        detail = ", ".join(parts + ([f"{whole} not needed (lowered whole)"] if whole else [])) or "all passed"
+        if not total:  # every check of the category was lowered whole
+            cards.append(
+                f'<div class="card good" data-category="{_e(category)}"><h3 class="card-title">{_e(category)}</h3>'
+                f'<p class="score">not needed</p><p class="detail">{_e(detail)}</p></div>'
+            )
+            continue
         level = "good" if passed == total else "warn" if not (counts.get("failed") or counts.get("error")) else "bad"
         cards.append(
             f'<div class="card {level}" data-category="{_e(category)}"><h3 class="card-title">{_e(category)}</h3>'

@@ -73,11 +73,11 @@ def report_files(paths: Iterable[str]) -> list[str]:
 
 def read_report(path: str | Path) -> Report:
     """Read and check one report; a `ReportError` names the file and what is wrong."""
-    document, name = _read_document(path)
+    document, name = read_document(path)
     return parse_report(document, name)
 
 
-def _read_document(path: str | Path) -> tuple[Any, str]:
+def read_document(path: str | Path) -> tuple[Any, str]:
     name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -112,7 +112,7 @@ def read_documents(paths: Iterable[str]) -> tuple[list[dict[str, Any]], list[str
     documents: dict[int, dict[str, Any]] = {}
     reports = []
     for path in report_files(paths):
-        document, name = _read_document(path)
+        document, name = read_document(path)
         report = parse_report(document, name)
         check_page_fields(document, name)
         documents[id(report)] = document
@@ -153,6 +153,10 @@ def parse_report(document: Any, name: str) -> Report:
             "total": check.count(counts, "total", where),
             "passed": check.count(counts, "passed", where),
         }
+        # 1.3: the score's denominator (delegation runs lowered whole left out); before, the total.
+        summary[category]["scored"] = (
+            check.count(counts, "scored", where) if "scored" in counts else summary[category]["total"]
+        )
         if summary[category]["passed"] > summary[category]["total"]:
             raise ReportError(f"report {name!r}: {where} has more passed checks than its total")
     tests_doc = document.get("tests")
@@ -338,7 +342,7 @@ def _version_key(version: str) -> tuple:
 def _cell(counts: dict[str, int] | None) -> str:
     if counts is None:
         return "—"
-    total, passed = counts["total"], counts["passed"]
+    total, passed = counts.get("scored", counts["total"]), counts["passed"]
     if total == 0:
         return "0/0"
     return f"{passed}/{total} {100 * passed / total:.1f}%"
@@ -347,6 +351,7 @@ def _cell(counts: dict[str, int] | None) -> str:
 def _overall(report: Report) -> dict[str, int]:
     return {
         "total": sum(c["total"] for c in report.summary.values()),
+        "scored": sum(c.get("scored", c["total"]) for c in report.summary.values()),
         "passed": sum(c["passed"] for c in report.summary.values()),
     }
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pytest
 
-from ._check import CATEGORIES, CheckFailed
+from ._check import CheckFailed
+from ._counts import OUTCOMES, category_counts, outcome_parts
 
 if TYPE_CHECKING:
     from ._known_failures import KnownFailure
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 
 REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
-REPORT_SCHEMA_VERSION = (1, 2)  # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test
-#: Every outcome a conformance test can have in the report, mildest first.
-OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
+# 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test;
+# 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops
+REPORT_SCHEMA_VERSION = (1, 3)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
 #: The report attribute that carries a conformance test's data (xdist serializes it).
@@ -140,18 +141,8 @@ class TestResult:
 
 
 def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
-    """Counts per outcome and the score (passed / total) of each category."""
-    summary: dict[str, dict[str, Any]] = {
-        c: {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None} for c in CATEGORIES
-    }
-    for result in results:
-        counts = summary.setdefault(result.category, {"total": 0, **{o: 0 for o in OUTCOMES}, "score": None})
-        counts["total"] += 1
-        counts[result.outcome or "error"] += 1
-    for counts in summary.values():
-        if counts["total"]:
-            counts["score"] = round(counts["passed"] / counts["total"], 6)
-    return summary
+    """Counts per outcome and the score of each category (`category_counts` of the results)."""
+    return category_counts(r.as_json() for r in results)
 
 
 def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
@@ -171,23 +162,11 @@ def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
 
 def score_line(category: str, counts: dict[str, Any]) -> str:
     """``parity   160/165 passed (97.0%); 5 unsupported, … — score = passed / all 165``."""
-    total, passed = counts["total"], counts["passed"]
-    known = counts["known_failure"]
-    parts = [
-        f"{counts['unsupported']} unsupported",
-        f"{known} known failure{'' if known == 1 else 's'}",
-        f"{counts['failed']} failed",
-    ]
-    extra = {"unexpected_pass": "unexpected pass", "error": "error", "skipped": "skipped"}
-    for outcome, label in extra.items():
-        n = counts[outcome]
-        if n:
-            parts.append(
-                f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}"
-            )
+    scored, passed = counts.get("scored", counts["total"]), counts["passed"]
+    share = f" ({100 * passed / scored:.1f}%)" if scored else ""
     return (
-        f"{category:<14} {passed}/{total} passed ({100 * passed / total:.1f}%); "
-        f"{', '.join(parts)} — score = passed / all {total}"
+        f"{category:<14} {passed}/{scored} passed{share}; "
+        f"{', '.join(outcome_parts(counts))} — score = passed / all {scored}"
     )
 
 

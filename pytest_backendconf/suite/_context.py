@@ -38,6 +38,8 @@ class SuiteContext:
         self.capabilities: Capabilities = capabilities_of(self.backend)
         self.cases = {case.name: case for case in cases}
         self._tmp_dir = tmp_dir
+        #: ``--backendconf-artifacts``: where `artifact_dir` makes its folders (None: temporary ones).
+        self.artifacts_root: str | None = None
         self._lock = threading.RLock()
         self._modules: dict[tuple[str, str], torch.nn.Module] = {}
         self._programs: dict[tuple[str, ...], Any] = {}
@@ -186,6 +188,19 @@ class SuiteContext:
     def tmp_dir(self, name: str) -> Any:
         """A fresh temporary directory (a `pathlib.Path`) for one check."""
         return self._tmp_dir(name)
+
+    def artifact_dir(self, name: str) -> Any:
+        """A fresh directory for files a printed command names (saved inputs, rerun files).
+
+        Under ``--backendconf-artifacts`` (`artifacts_root`), kept across runs;
+        else a temporary directory like `tmp_dir`'s.
+        """
+        if not self.artifacts_root:
+            return self._tmp_dir(name)
+        import tempfile
+        from pathlib import Path
+
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.artifacts_root))
 
 
 def build_context(

@@ -297,11 +297,15 @@ class GatingPlugin:
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
         from ..report import delegation_line
 
+        # One count for the terminal, the JSON report and the HTML page (summarize: category_counts).
+        summary = summarize(results)
         matrix = ops_matrix_of(self.selected, results)
-        for category, counts in summarize(results).items():
+        for category, counts in summary.items():
             if counts["total"] and not (category == "ops" and matrix is not None):
                 # delegation counts nodes, and "not needed" apart from passes.
-                tr.write_line((category == "delegation" and delegation_line(results)) or score_line(category, counts))
+                tr.write_line(
+                    (category == "delegation" and delegation_line(results, counts)) or score_line(category, counts)
+                )
         if matrix is not None:
             from ..report import flagged_lines, summary_line
 

@@ -66,7 +66,7 @@ class SuiteCollector(pytest.Collector):
             real = zoo_keeps(self.ctx, check, zoo)
             if real is None:
                 continue
-            reproduce = self.plugin.reproduce_command(f"{ROOT_ID}::{name}")
+            reproduce = self.plugin.reproduce_command(f"{ROOT_ID}::{name}", draws_inputs=check.draws_inputs)
             item = ConformanceItem.from_parent(
                 self, name=name, check=check, ctx=self.ctx, reproduce=reproduce, suite=self.plugin
             )
@@ -191,6 +191,7 @@ class SuitePlugin:
                 zoo=self.config.getoption("backendconf_zoo", "synthetic"),
                 ops_mode=self.config.getoption("backendconf_ops", "default"),
                 plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
+                artifacts_root=getattr(self.ctx, "artifacts_root", None),
             )
             self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
             if self.ctx is not None:
@@ -288,7 +289,8 @@ class SuitePlugin:
             report.longrepr = (where, None, reason)
         return report
 
-    def reproduce_command(self, node_id: str) -> str:
+    def reproduce_command(self, node_id: str, *, draws_inputs: bool = True) -> str:
+        """The command that runs one check again; the seed only for a check that draws inputs from it."""
         parts = ["pytest", f"--backend={self.backend_name}", f"--backendconf-select={node_id}"]
         zoo = self.config.getoption("backendconf_zoo", "synthetic")
         if zoo != "synthetic":
@@ -299,7 +301,7 @@ class SuitePlugin:
         # The same inputs again: the profile, and the seed unless the profile is derandomized.
         profile, seed = hypothesis_choice(self.config)
         parts.append(f"--backendconf-hypothesis={profile}")
-        if profile != "ci":
+        if profile != "ci" and draws_inputs:
             parts.append(f"--hypothesis-seed={seed}")
         return shlex.join(parts)
 

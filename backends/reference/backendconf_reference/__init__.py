@@ -84,7 +84,7 @@ class ReferenceBackend:
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
-        from pytest_backendconf.archive._versions import same_major_not_newer
+        from pytest_backendconf.backend import same_major_not_newer
 
         return same_major_not_newer(version, self.version)
 

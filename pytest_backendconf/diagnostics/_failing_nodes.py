@@ -1,0 +1,97 @@
+"""Which nodes a whole-graph compiler cannot build, when its own build error names none.
+
+A fused compiler (TVM, an engine that builds one kernel for the graph) fails
+the whole build with an error that names no node, while the contract asks
+``preprocess`` to raise `UnsupportedNodeError(node, why)`. `failing_nodes`
+cuts each node out as a one-node program (the divergence locator's pieces:
+outside inputs become placeholders, the node's metadata, source frames
+included, is copied) and asks the backend to build it alone: the nodes whose
+one-node programs fail are the culprits, in program order.
+
+It is meant to be called from the backend's own ``preprocess``; the probes
+call that ``preprocess`` again, so while probing, a nested `failing_nodes`
+returns no nodes and the backend's original build error propagates (which is
+how the probe learns that the node fails).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from ..debuginfo import DebugHandleRecorder
+from ._divergence import piece_program
+
+# True while failing_nodes probes: the backend's preprocess, called on a one-node
+# program, must not probe again (it would recurse without end).
+_probing: contextvars.ContextVar[bool] = contextvars.ContextVar("backendconf_probing", default=False)
+
+
+def failing_nodes(
+    program: ExportedProgram, backend: Any, compile_spec: Mapping[str, Any] | None = None
+) -> list[torch.fx.Node]:
+    """The nodes of ``program`` whose one-node programs ``backend`` fails to lower, in program order.
+
+    Each ``call_function`` node of ``program`` becomes a program of its own
+    (its inputs are placeholders with the node's input metadata) that goes
+    through the backend's ``preprocess`` and, when the backend is available,
+    its ``compile``, with ``compile_spec``; any exception means the node
+    fails. The returned nodes are ``program``'s own, so that a backend can
+    ``raise UnsupportedNodeError(nodes[0], why)`` from ``preprocess``.
+
+    Called while probing (from the ``preprocess`` that a probe runs), it
+    returns ``[]``: the backend then raises its own build error, which is the
+    probe's verdict.
+
+    :param backend: a registered backend's name, or a backend object.
+    """
+    if not isinstance(program, ExportedProgram):
+        raise TypeError(
+            f"failing_nodes() takes the torch.export.ExportedProgram given to preprocess(), got "
+            f"{type(program).__name__}; pass preprocess()'s first argument"
+        )
+    if _probing.get():
+        return []
+    from ..lowering import resolve_backend
+
+    backend_obj, _ = resolve_backend(backend)
+    spec = dict(compile_spec or {})
+    token = _probing.set(True)
+    try:
+        return [node for node in _candidates(program) if not _builds_alone(node, backend_obj, spec)]
+    finally:
+        _probing.reset(token)
+
+
+def _candidates(program: ExportedProgram) -> list[Any]:
+    # Control flow (torch.cond) refers to subgraphs by get_attr: it is not cut out alone.
+    return [
+        n
+        for n in program.graph_module.graph.nodes
+        if n.op == "call_function"
+        and n.target is not operator.getitem
+        and not any(a.op == "get_attr" for a in n.all_input_nodes)
+        and isinstance(n.meta.get("val"), (torch.Tensor, tuple, list))
+    ]
+
+
+def _builds_alone(node: Any, backend: Any, compile_spec: dict[str, Any]) -> bool:
+    # The metadata values stand in for the eager ones: the piece is built, never run.
+    env = {n: n.meta.get("val") for n in node.all_input_nodes}
+    env[node] = node.meta.get("val")
+    try:
+        piece, _, _ = piece_program([node], env)
+        handles = DebugHandleRecorder.default().assign(piece.graph_module)
+        blob = backend.preprocess(piece, dict(compile_spec), handles)
+        from ..lowering import availability
+
+        if availability(backend):
+            backend.compile({"forward": blob}, {"forward": dict(compile_spec)})
+    except Exception:
+        return False
+    return True

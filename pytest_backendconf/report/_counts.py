@@ -1,0 +1,77 @@
+"""Every category's counts and score, computed once for the terminal, the JSON report and the HTML page.
+
+The terminal summary, the report's ``summary`` and ``ops.checks`` and the
+HTML cards are all drawn from `category_counts`, from the same test entries
+(the report's ``tests``), so that they cannot disagree: a known failure is
+counted as ``known_failure`` everywhere (never as failed), and the
+delegation score's denominator is the model runs that needed delegation,
+the runs the backend lowered whole counted beside it as ``not_needed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from ._check import CATEGORIES
+
+#: Every outcome a conformance test can have in the report, mildest first.
+OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
+#: The reason of a delegation run that the backend lowered whole (``skipped``: nothing to delegate).
+NOT_NEEDED = "not needed"
+
+
+def not_needed(test: Mapping[str, Any]) -> bool:
+    """A delegation check of a model the backend lowers whole (no partial delegation needed)."""
+    return (
+        test.get("category") == "delegation"
+        and test.get("outcome") == "skipped"
+        and str(test.get("reason") or "").startswith(NOT_NEEDED)
+    )
+
+
+def empty_counts() -> dict[str, Any]:
+    return {"total": 0, **{o: 0 for o in OUTCOMES}, "not_needed": 0, "scored": 0, "score": None}
+
+
+def category_counts(tests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{category: counts}`` of report test entries (``id``, ``category``, ``outcome``, ``reason``).
+
+    Each counts dict has ``total``, one count per outcome, ``not_needed``
+    (delegation runs lowered whole), ``scored`` (``total`` less
+    ``not_needed``: the score's denominator) and ``score`` (``passed /
+    scored``, None when nothing is scored). Every category of the suite is
+    present, with zeros when none of its checks ran.
+    """
+    summary = {c: empty_counts() for c in CATEGORIES}
+    for test in tests:
+        counts = summary.setdefault(str(test.get("category")), empty_counts())
+        counts["total"] += 1
+        outcome = test.get("outcome") or "error"
+        counts[outcome if outcome in OUTCOMES else "error"] += 1
+        if not_needed(test):
+            counts["not_needed"] += 1
+    for counts in summary.values():
+        counts["scored"] = counts["total"] - counts["not_needed"]
+        if counts["scored"]:
+            counts["score"] = round(counts["passed"] / counts["scored"], 6)
+    return summary
+
+
+def outcome_parts(counts: Mapping[str, Any]) -> list[str]:
+    """``["5 unsupported", "2 known failures", "1 failed", …]``: the words every summary line uses."""
+    known = counts.get("known_failure", 0)
+    parts = [
+        f"{counts.get('unsupported', 0)} unsupported",
+        f"{known} known failure{'' if known == 1 else 's'}",
+        f"{counts.get('failed', 0)} failed",
+    ]
+    extra = {"unexpected_pass": "unexpected pass", "error": "error", "skipped": "skipped"}
+    for outcome, label in extra.items():
+        n = counts.get(outcome, 0)
+        if outcome == "skipped":
+            n -= counts.get("not_needed", 0)  # said apart, where it matters (delegation)
+        if n > 0:
+            parts.append(
+                f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}"
+            )
+    return parts

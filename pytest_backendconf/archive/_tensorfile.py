@@ -42,9 +42,9 @@ _CODE_OF_NAME = {
 def _codes() -> tuple[dict[Any, str], dict[str, Any]]:
     """``({torch dtype: code}, {code: torch dtype})``; torch is imported on first use, so that the
     archive package (which re-exports this module's names) stays importable without it."""
-    import torch
+    from .._allowlist import DTYPES
 
-    codes = {getattr(torch, name): code for name, code in _CODE_OF_NAME.items()}
+    codes = {DTYPES[name]: code for name, code in _CODE_OF_NAME.items()}
     return codes, {code: dtype for dtype, code in codes.items()}
 
 

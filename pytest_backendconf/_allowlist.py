@@ -111,6 +111,10 @@ def resolve_operator(name: Any, *, where: str) -> Any:
     namespace, op, overload = name.split(".")
     if any(part.startswith("__") for part in (namespace, op, overload)):
         raise OperatorRefusedError(name, where, "operator names do not start with '__'")
+    if namespace in _compat.torch_ops_attributes():
+        raise OperatorRefusedError(
+            name, where, f"{namespace!r} is an attribute of torch.ops (a function of its own), not an operator namespace"
+        )
     qualified = f"{namespace}::{op}"
     schema = _registered_schema(qualified, "" if overload == "default" else overload)
     if schema is None:

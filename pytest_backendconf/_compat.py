@@ -114,6 +114,15 @@ def registered_schemas(qualified: str) -> list[Any]:
     return list(torch._C._jit_get_schemas_for_operator(qualified))
 
 
+def torch_ops_attributes() -> set[str]:
+    """The names ``torch.ops`` answers with something other than an operator namespace
+    (``load_library``, ``import_module``, ``loaded_libraries`` …): its class ``torch._ops._Ops``
+    (private, 2.4-2.14) and its instance's own attributes."""
+    found = set(dir(type(torch.ops)))
+    found.update(k for k, v in vars(torch.ops).items() if not isinstance(v, torch._ops._OpNamespace))
+    return found
+
+
 def op_overload(namespace: str, op: str, overload: str) -> Any:
     """``torch.ops.<namespace>.<op>.<overload>``, for names `pytest_backendconf._allowlist` has checked
     against the registry (2.4-2.14: ``torch.ops`` resolves registered names through the dispatcher).

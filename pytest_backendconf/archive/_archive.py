@@ -49,7 +49,7 @@ from ._debug_table import DebugInfoSizes, torch_stack_trace_bytes
 from ._debug_table import encode_debug as _debug_json
 from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
 from ._manifest import ATTRIBUTES, BLOB, FORMAT_NAME, SCHEMA_VERSION, Archive, ArchiveReader, EntryInfo
-from ..debuginfo import SymbolTable, cached_table, check_handles
+from ..debuginfo import SymbolTable, cached_table, check_handles, join_texts
 from ._sidecar import (
     SEPARATE_SCHEMA,
     SIDECAR_FORMAT,
@@ -221,7 +221,7 @@ def symbolicate(source: Any, handles: int | Iterable[int], *, limits: Limits | N
     """
     handles = check_handles(handles)
     text = _symbol_table(source, check_limits(limits)).text
-    return "\n".join([text(h) for h in handles])
+    return join_texts(text, handles)  # capped: docs/archive-format.md, "Bounded text"
 
 
 def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:

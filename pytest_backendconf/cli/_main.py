@@ -281,7 +281,13 @@ def _symbolicate(args: argparse.Namespace) -> int:
         if not re.fullmatch(r"-?[0-9]+", text.strip()):
             shown = text if len(text) <= 40 else text[:37] + "..."
             raise BackendConfError(f"handle {shown!r} is not an integer; write debug handles such as 17")
-        handles.append(_handle(text.strip()))
+        handle = int(text.strip()) if len(text.strip()) <= 40 else None
+        if handle is None or not -(2**63) <= handle <= 2**63 - 1:
+            shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:37] + "..."
+            raise BackendConfError(
+                f"handle {shown} is outside the range of debug handles (64-bit integers, at most {2**63 - 1})"
+            )
+        handles.append(handle)
     archive = debug_source(args.archive, limits=limits_from_options(args))  # an archive or its .debug file
     if handles:
         print(printable(symbolicate(archive, handles), keep_newlines=True))
@@ -295,13 +301,14 @@ def _symbolicate(args: argparse.Namespace) -> int:
     return 0
 
 
-_HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
+#: A longer run of digits is no handle (int() refuses more than 4300 digits; a handle has at most
+#: 19): it is not symbolicated. A number outside int64 gets the "was not found" text naming it.
+_HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d{1,40})(?!\d)")
 
 
 def _handle(digits: str) -> int:
-    """The handle a run of digits names; one too long to be a handle becomes one no archive has."""
-    # int() refuses more than 4300 digits; no handle has more than 19.
-    return int(digits) if len(digits.lstrip("-")) <= 19 else -1
+    """The handle a run of at most 40 digits names."""
+    return int(digits)
 
 
 def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
@@ -365,6 +372,8 @@ def _calls_from_file(archive: object, path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         try:
             document = json.load(f)
+        except RecursionError:
+            raise BackendConfError(f"--inputs {path!r} nests JSON too deeply") from None
         except ValueError as exc:
             raise BackendConfError(f"--inputs {path!r} is not valid JSON: {exc}") from None
     return _calls_from_json(archive, document, path)
@@ -373,6 +382,7 @@ def _calls_from_file(archive: object, path: str) -> dict:
 def _calls_from_json(archive: object, document: object, name: str) -> dict:
     import torch
 
+    from .._allowlist import dtype_named
     from ..errors import BackendConfError
 
     if not isinstance(document, dict):
@@ -393,7 +403,7 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
                 value_spec = spec.inputs[i] if i < len(spec.inputs) else None
                 if isinstance(value, list) and value_spec is not None and value_spec.kind == "tensor":
                     try:
-                        value = torch.tensor(value, dtype=getattr(torch, value_spec.dtype))
+                        value = torch.tensor(value, dtype=dtype_named(value_spec.dtype, where="--inputs"))
                     except (TypeError, ValueError, RuntimeError) as exc:
                         raise BackendConfError(
                             f"--inputs {name!r}: argument {i} of {method!r} is not a {value_spec.dtype} tensor: {exc}"
@@ -407,6 +417,7 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
 def _example_calls(archive: object, limits: object = None) -> dict:
     import torch
 
+    from .._allowlist import dtype_named
     from ..archive import check_limits
     from ..archive import ITEMSIZE
     from ..errors import ArchiveSizeError
@@ -436,7 +447,7 @@ def _example_calls(archive: object, limits: object = None) -> dict:
                 args.append(value.value)
                 continue
             shape = [2 if d is None else d for d in value.shape]
-            dtype = getattr(torch, value.dtype)
+            dtype = dtype_named(value.dtype, where=f"method {method!r}, input {value.name!r}")
             if dtype.is_floating_point or dtype.is_complex:
                 args.append(torch.randn(shape, generator=generator).to(dtype))
             elif dtype == torch.bool:

@@ -20,7 +20,7 @@ import torch
 
 from .._allowlist import dtype_named
 from ..debuginfo import DebugHandles
-from ..debuginfo import DebugInfo
+from ..debuginfo import DebugInfo, clip
 from ..archive import value_spec
 from ._partition import Delegation, Unit, cut, op_nodes
 from ..archive import Plan, Step
@@ -173,7 +173,7 @@ def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
             f"operator {info.op if info else exc.operator} ({exc.operator}) is not registered in this "
             f"process; the CPU fallback of {key.split('.')[0]!r} calls it through torch's dispatcher. "
             f"Source code:\n{where}{detail}\nImport the module that registers it (its torch.library "
-            f"definition) before loading. (node {exc.node!r}, debug handle {exc.debug_handle})"
+            f"definition) before loading. (node {clip(exc.node)!r}, debug handle {exc.debug_handle})"
         ) from None
     except ValueError as exc:
         raise ValueError(f"fallback segment {key!r}: {exc}") from exc

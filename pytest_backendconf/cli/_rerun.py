@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tensors, metadata = read_tensors(options.inputs)
-    except (OSError, TensorFileError) as exc:
+    except TensorFileError as exc:
+        return _usage_error(str(exc))  # it names the file
+    except OSError as exc:
         return _usage_error(f"cannot read {options.inputs}: {exc}")
     kind = metadata.get("kind")
     if kind not in ("ops", "parity"):

@@ -178,7 +178,7 @@ def checked_parity(path: Any, metadata: dict, tensors: dict, ctx: Any) -> tuple[
                 )
             if type(size) is not int or not dim.min <= size <= dim.max:
                 raise RerunFileError(
-                    f"{path}: size {_short(size)} of dimension {name!r} is outside its recorded range "
+                    f"{path}: size {_short(size)} of dimension {name!r} is not an integer in its recorded range "
                     f"[{dim.min}, {dim.max}]"
                 )
     _check_tensors(path, tensors, _expected_tensors(case, dtype, method, sizes))

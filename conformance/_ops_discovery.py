@@ -139,7 +139,11 @@ def decode_arg(value: Any, inputs: list[Any]) -> Any:
             if item not in ("inf", "-inf", "nan"):
                 raise ValueError(f"{_short(value)}: $float holds 'inf', '-inf' or 'nan'")
             return float(item)
-        table = {"$dtype": _allowlist.DTYPES, "$memory_format": _allowlist.MEMORY_FORMATS, "$layout": _allowlist.LAYOUTS}
+        table = {
+            "$dtype": _allowlist.DTYPES,
+            "$memory_format": _allowlist.MEMORY_FORMATS,
+            "$layout": _allowlist.LAYOUTS,
+        }
         if tag in table:
             found = table[tag].get(item) if type(item) is str else None
             if found is None:

@@ -113,7 +113,9 @@ def resolve_operator(name: Any, *, where: str) -> Any:
         raise OperatorRefusedError(name, where, "operator names do not start with '__'")
     if namespace in _compat.torch_ops_attributes():
         raise OperatorRefusedError(
-            name, where, f"{namespace!r} is an attribute of torch.ops (a function of its own), not an operator namespace"
+            name,
+            where,
+            f"{namespace!r} is an attribute of torch.ops (a function of its own), not an operator namespace",
         )
     qualified = f"{namespace}::{op}"
     schema = _registered_schema(qualified, "" if overload == "default" else overload)
@@ -154,7 +156,9 @@ def refusal_reason(schema: Any) -> str | None:
     for what, jit_type in typed:
         kind = _kind_not_allowed(jit_type)
         if kind is not None:
-            return f"{what} is of type {jit_type} ({kind}); allowed operators pass tensors, numbers, strings and the like"
+            return (
+                f"{what} is of type {jit_type} ({kind}); allowed operators pass tensors, numbers, strings and the like"
+            )
     for argument in schema.arguments:
         if str(argument.type) == "str" and argument.name in ("filename", "file", "path", "filepath"):
             return f"its argument {argument.name!r} names a file"

@@ -77,7 +77,15 @@ def hostile_programs(bait) -> dict[str, tuple[str, Program]]:
     }
 
 
-CASES = ["import_module", "load_library", "load_library_dotted", "from_file_then_copy", "copy_into_input", "save", "print"]
+CASES = [
+    "import_module",
+    "load_library",
+    "load_library_dotted",
+    "from_file_then_copy",
+    "copy_into_input",
+    "save",
+    "print",
+]
 
 
 def fallback_archive() -> dict[str, bytes]:
@@ -94,7 +102,9 @@ def partitioned():
 
 @pytest.fixture(scope="module")
 def whole():
-    lowered = bc.to_backend(torch.nn.Linear(4, 4).eval(), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 4),))
+    lowered = bc.to_backend(
+        torch.nn.Linear(4, 4).eval(), "reference", {"forward": {}}, example_inputs=(torch.randn(2, 4),)
+    )
     return entries_of(_saving.to_bytes(lowered))
 
 

@@ -301,25 +301,31 @@ def _symbolicate(args: argparse.Namespace) -> int:
     return 0
 
 
-#: A longer run of digits is no handle (int() refuses more than 4300 digits; a handle has at most
-#: 19): it is not symbolicated. A number outside int64 gets the "was not found" text naming it.
-_HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d{1,40})(?!\d)")
+_HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
 
 
-def _handle(digits: str) -> int:
-    """The handle a run of at most 40 digits names."""
-    return int(digits)
+def _handle(digits: str) -> int | str:
+    """The handle a run of digits in a log names; past 40 digits (int() refuses 4300) no handle
+    can match, and it stays text, shortened, for the "was not found" line."""
+    if len(digits.lstrip("-")) <= 40:
+        return int(digits)
+    return f"<an integer of {len(digits.lstrip('-'))} digits>"
 
 
 def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
     from ..archive import symbolicate
+    from ..debuginfo import format_missing
 
     out = sys.stdout
     for line in lines:
         out.write(line if line.endswith("\n") else line + "\n")
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
-        if found:
-            out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+        handles = [h for h in found if isinstance(h, int)]
+        too_long = [h for h in found if isinstance(h, str)]
+        if handles:
+            out.write(printable(symbolicate(archive, handles), keep_newlines=True) + "\n")
+        if too_long:
+            out.write(format_missing(too_long) + "\n")
 
 
 def _profile(args: argparse.Namespace) -> int:

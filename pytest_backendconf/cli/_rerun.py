@@ -13,7 +13,6 @@ status is 0 when it passes, 1 when it fails, 2 on a usage error.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -45,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(f"cannot read {options.inputs}: {exc}")
     kind = metadata.get("kind")
     if kind not in ("ops", "parity"):
-        return _usage_error(
-            f"{options.inputs} is not an inputs file of an ops or parity check (kind {_short(kind)})"
-        )
+        return _usage_error(f"{options.inputs} is not an inputs file of an ops or parity check (kind {_short(kind)})")
     sample = None
     if kind == "ops":
         # Checked before any plugin is imported or anything built: the file names the operator.

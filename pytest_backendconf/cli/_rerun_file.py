@@ -150,8 +150,8 @@ def check_output_sizes(path: Any, program: Any) -> None:
 
 def checked_parity(path: Any, metadata: dict, tensors: dict, ctx: Any) -> tuple[str, str, str, dict | None]:
     """``(case, dtype, method, sizes)`` of a parity rerun file, checked against the case before allocating."""
-    case_name, dtype, method = metadata.get("case"), metadata.get("dtype"), metadata.get("method")
-    case = ctx.cases.get(case_name) if type(case_name) is str else None
+    case_name, dtype, method = (str(metadata.get(k, "")) for k in ("case", "dtype", "method"))
+    case = ctx.cases.get(case_name)
     if case is None:
         raise RerunFileError(
             f"{path}: no model case {_short(case_name)} here (a vendor case needs its plugin: add -p MODULE)"

@@ -43,6 +43,8 @@ def clip(text: str, limit: int = MAX_NAME_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+?)\s*$')
 
 

@@ -26,7 +26,7 @@ MAX_SYMBOLICATE_CHARS = 256 * 2**20
 
 def join_texts(text: Callable[[int], str], handles: list[int]) -> str:
     """The texts of ``handles``, one after the other, within `MAX_SYMBOLICATE_CHARS`."""
-    parts = []
+    parts: list[str] = []
     size = 0
     for h in handles:
         part = text(h)

@@ -193,7 +193,9 @@ class PlanRunner:
         for step in plan.steps:
             if step.delegated:
                 checks = tuple(
-                    (dtype_named(s.dtype, where=f"partition {step.key!r}"), _expected(s.shape)) if s.kind == "tensor" else (None, s.value)
+                    (dtype_named(s.dtype, where=f"partition {step.key!r}"), _expected(s.shape))
+                    if s.kind == "tensor"
+                    else (None, s.value)
                     for s in step.output_specs
                 )
                 bound.append((execute, handles[step.key], step.inputs, step.outputs, checks, step))

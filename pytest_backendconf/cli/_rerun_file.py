@@ -57,6 +57,7 @@ def _depth(value: Any, limit: int) -> int:
 
 def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
     """The `OpSample` of an ops rerun file, every field checked (`RerunFileError` otherwise)."""
+    from .. import _compat
     from ..conformance import _ops_discovery as discovery
     from ..errors import OperatorRefusedError
 
@@ -88,7 +89,7 @@ def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
         op = discovery.resolve_overload(overload, where=f"{path}, sample")
     except OperatorRefusedError as exc:
         raise RerunFileError(str(exc)) from None
-    if op._schema.is_mutable:  # the ops data holds functional calls only
+    if _compat.op_schema(op).is_mutable:  # the ops data holds functional calls only
         reason = "it writes to its arguments; the ops category runs functional operators only"
         raise RerunFileError(str(OperatorRefusedError(overload, f"{path}, sample", reason)))
     inputs = []

@@ -70,7 +70,11 @@ class WriteCheck:
 
     def instruction(self, name: str, args: list, kwargs: dict, node: str, handle: int, schema: Any = None) -> None:
         """Check one instruction (``args`` without a DISPATCH's leading name) and record its result."""
-        writes, sources = plan_of(name, schema)
+        plan = _PLANS.get(name)
+        writes, sources = plan if plan is not None else plan_of(name, schema)
+        if not writes and not sources and sources is not None:
+            self.outside.append(False)  # most ops: a fresh result, no writes
+            return
         for position, arg_name in writes:
             value = _argument(args, kwargs, position, arg_name)
             held = self._describe_outside(value)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import _compat
+from .. import allowlist as _allowlist
 from ..archive import read_tensors, write_tensors
 
 #: Dtypes discovery looks at; the suite tests those the backend declares (or all of them).
@@ -121,27 +122,53 @@ def encode_arg(value: Any, inputs: dict[Any, int]) -> Any:
 
 
 def decode_arg(value: Any, inputs: list[Any]) -> Any:
-    """The inverse of `encode_arg`: ``{"$input": i}`` becomes ``inputs[i]``."""
+    """The inverse of `encode_arg`: ``{"$input": i}`` becomes ``inputs[i]``.
+
+    The data may come from a rerun file: tags name dtypes, memory formats and layouts through
+    fixed tables (never ``getattr(torch, ...)``), and anything else is a ``ValueError``."""
     if isinstance(value, list):
         return [decode_arg(v, inputs) for v in value]
     if isinstance(value, dict):
+        if len(value) != 1:
+            raise ValueError(f"a tagged value has exactly one key, got {_short(value)}")
         ((tag, item),) = value.items()
         if tag == "$input":
+            if type(item) is not int or not 0 <= item < len(inputs):
+                raise ValueError(f"{_short(value)} names no input; there are {len(inputs)}")
             return inputs[item]
         if tag == "$float":
+            if item not in ("inf", "-inf", "nan"):
+                raise ValueError(f"{_short(value)}: $float holds 'inf', '-inf' or 'nan'")
             return float(item)
-        if tag == "$dtype" or tag == "$memory_format" or tag == "$layout":
-            return getattr(torch, item)
+        table = {
+            "$dtype": _allowlist.DTYPES,
+            "$memory_format": _allowlist.MEMORY_FORMATS,
+            "$layout": _allowlist.LAYOUTS,
+        }
+        if tag in table:
+            found = table[tag].get(item) if type(item) is str else None
+            if found is None:
+                raise ValueError(f"{_short(value)} names no known {tag[1:]}; known: {', '.join(table[tag])}")
+            return found
         if tag == "$device":
+            if item != "cpu":
+                raise ValueError(f"{_short(value)}: the ops data runs on the device 'cpu' only")
             return torch.device(item)
-        raise ValueError(f"unknown tagged value {value!r} in the ops data")
-    return value
+        raise ValueError(f"unknown tagged value {_short(value)} in the ops data")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    raise ValueError(f"{_short(value)} is not a value of the ops data")
 
 
-def resolve_overload(name: str) -> Any:
-    """``torch.ops.aten.add.Tensor`` for ``"aten.add.Tensor"``."""
-    namespace, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def resolve_overload(name: str, where: str = "the ops data") -> Any:
+    """``torch.ops.aten.add.Tensor`` for ``"aten.add.Tensor"``, through the allowlist
+    (`pytest_backendconf.allowlist.resolve_operator`): a rerun file names it."""
+    return _allowlist.resolve_operator(name, where=where)
 
 
 # --- discovery ------------------------------------------------------------------------

@@ -105,6 +105,31 @@ def op_schema(target: Any) -> Any:
     return None
 
 
+def registered_schemas(qualified: str) -> list[Any]:
+    """Every ``torch.FunctionSchema`` registered under ``"namespace::op"`` (one per overload), from the
+    operator registry itself, without touching ``torch.ops``' attributes.
+
+    ``torch._C._jit_get_schemas_for_operator`` is private on 2.4-2.14 (no public registry query).
+    """
+    return list(torch._C._jit_get_schemas_for_operator(qualified))
+
+
+def torch_ops_attributes() -> set[str]:
+    """The names ``torch.ops`` answers with something other than an operator namespace
+    (``load_library``, ``import_module``, ``loaded_libraries`` …): its class ``torch._ops._Ops``
+    (private, 2.4-2.14) and its instance's own attributes."""
+    found = set(dir(type(torch.ops)))
+    found.update(k for k, v in vars(torch.ops).items() if not isinstance(v, torch._ops._OpNamespace))
+    return found
+
+
+def op_overload(namespace: str, op: str, overload: str) -> Any:
+    """``torch.ops.<namespace>.<op>.<overload>``, for names `pytest_backendconf.allowlist` has checked
+    against the registry (2.4-2.14: ``torch.ops`` resolves registered names through the dispatcher).
+    Never call it with an unchecked name: ``torch.ops`` has attributes of its own."""
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
 def is_op_overload(target: Any) -> bool:
     """Whether a node's target is an operator overload (``torch._ops.OpOverload`` on 2.4-2.14)."""
     return isinstance(target, torch._ops.OpOverload)

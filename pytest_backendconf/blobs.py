@@ -28,6 +28,8 @@ import struct
 import zlib
 from typing import Any, Callable, Mapping, TypeVar
 
+from .errors import OperatorRefusedError
+
 _PREFIX = struct.Struct("<8sIIQQ")
 
 _Handle = TypeVar("_Handle")
@@ -87,6 +89,9 @@ def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], Any]) -
     for method, blob in processed.items():
         try:
             handles[method] = load(blob)
+        except OperatorRefusedError as exc:
+            exc.where = f"method {method!r}, {exc.where}"  # the same error: its kind says what to do
+            raise
         except ValueError as exc:
             raise ValueError(f"method {method!r}: {exc}") from exc
     return handles

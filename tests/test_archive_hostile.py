@@ -269,8 +269,12 @@ def test_the_cli_takes_a_5000_digit_handle_in_a_log_and_as_an_argument(tmp_path,
     log.write_text("step debug_handle=" + "9" * 5000 + "\n")
     assert cli.main(["symbolicate", str(path), "--log", str(log)]) == 0
     assert "was not found" in capsys.readouterr().out
-    assert cli.main(["symbolicate", str(path), "9" * 5000]) == 0
-    assert "was not found" in capsys.readouterr().out
+    # As an argument it is a mistake of the caller: an error naming it, not handle -1.
+    assert cli.main(["symbolicate", str(path), "9" * 5000]) == 1
+    assert "is outside the range of debug handles" in capsys.readouterr().err
+    assert cli.main(["symbolicate", str(path), "18446744073709551616"]) == 1
+    err = capsys.readouterr().err
+    assert "handle 18446744073709551616 is outside the range of debug handles" in err and "-1" not in err
 
 
 def test_symbolicate_into_a_closed_pipe_exits_quietly(tmp_path, rich):

@@ -49,7 +49,7 @@ from ._debug_table import DebugInfoSizes, torch_stack_trace_bytes
 from ._debug_table import encode_debug as _debug_json
 from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
 from ._manifest import ATTRIBUTES, BLOB, FORMAT_NAME, SCHEMA_VERSION, Archive, ArchiveReader, EntryInfo
-from ..debuginfo import SymbolTable, cached_table, check_handles
+from ..debuginfo import SymbolTable, cached_table, check_handles, join_texts
 from ._sidecar import (
     SEPARATE_SCHEMA,
     SIDECAR_FORMAT,
@@ -227,8 +227,8 @@ def symbolicate(source: Any, handles: int | Iterable[int], *, fused: bool = Fals
     handles = check_handles(handles)
     table = _symbol_table(source, check_limits(limits))
     if fused:
-        return table.range_text(handles)
-    return "\n".join([table.text(h) for h in handles])
+        return table.range_text(handles)  # at most MAX_RANGE_NODES nodes, each text capped
+    return join_texts(table.text, handles)  # capped: docs/archive-format.md, "Bounded text"
 
 
 def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:

@@ -138,9 +138,11 @@ def tensor_from_checked(data: bytes, meta: Mapping[str, Any], where: str) -> Any
     """`decode_tensor` for a record `check_tensor_meta` returned."""
     import torch
 
+    from ..allowlist import dtype_named  # imports torch: only here, where tensors are made
+
     if sys.byteorder != "little":
         raise ArchiveError(f"{where}: archives store tensors little-endian; this host is big-endian")
-    dtype = getattr(torch, meta["dtype"])
+    dtype = dtype_named(meta["dtype"], where=where)
     shape = tuple(meta["shape"])
     if len(data) != meta["numel"] * ITEMSIZE[meta["dtype"]]:
         raise ArchiveSizeError(

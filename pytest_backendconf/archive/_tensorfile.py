@@ -42,9 +42,9 @@ _CODE_OF_NAME = {
 def _codes() -> tuple[dict[Any, str], dict[str, Any]]:
     """``({torch dtype: code}, {code: torch dtype})``; torch is imported on first use, so that the
     archive package (which re-exports this module's names) stays importable without it."""
-    import torch
+    from ..allowlist import DTYPES
 
-    codes = {getattr(torch, name): code for name, code in _CODE_OF_NAME.items()}
+    codes = {DTYPES[name]: code for name, code in _CODE_OF_NAME.items()}
     return codes, {code: dtype for dtype, code in codes.items()}
 
 
@@ -107,34 +107,64 @@ def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
         )
     try:
         header = json.loads(data[8 : 8 + size])
+    except RecursionError:
+        raise TensorFileError(f"{path}: the header nests JSON too deeply; the file is not a tensor file") from None
     except ValueError as exc:
         raise TensorFileError(f"{path}: the header is not JSON ({exc}); the file is not a tensor file") from None
     if not isinstance(header, dict):
         raise TensorFileError(f"{path}: the header is not a JSON object")
     body = memoryview(data)[8 + size :]
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise TensorFileError(f"{path}: __metadata__ must be a JSON object of strings")
     import torch
 
     tensors: dict[str, torch.Tensor] = {}
     for name, record in header.items():
-        try:
-            dtype = _codes()[1][record["dtype"]]
-            shape = [int(d) for d in record["shape"]]
-            start, end = (int(v) for v in record["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise TensorFileError(f"{path}: tensor {name!r} has a malformed record {record!r}") from None
-        numel = 1
-        for d in shape:
-            numel *= d
-        if not 0 <= start <= end <= len(body) or end - start != numel * dtype.itemsize:
-            raise TensorFileError(
-                f"{path}: tensor {name!r} ({record['dtype']} {shape}) does not fit its bytes [{start}, {end})"
-            )
-        if numel == 0:
+        dtype, shape, start, end = _checked_record(path, name, record, len(body))
+        if shape and 0 in shape:
             tensors[name] = torch.empty(shape, dtype=dtype)
         else:
             tensors[name] = torch.frombuffer(bytearray(body[start:end]), dtype=dtype).reshape(shape)
-    return tensors, {str(k): str(v) for k, v in metadata.items()}
+    return tensors, dict(metadata)
+
+
+#: Dimensions of one tensor, and the size of each, that a tensor file may declare.
+_MAX_NDIM = 64
+_MAX_DIM = 2**62
+
+
+def _checked_record(path: Any, name: str, record: Any, body: int) -> tuple[Any, list[int], int, int]:
+    """``(dtype, shape, start, end)`` of one header record, each field checked; `TensorFileError` naming it."""
+    shown = repr(name) if len(name) <= 60 else repr(name[:57] + "...")
+
+    def bad(what: str) -> TensorFileError:
+        return TensorFileError(f"{path}: tensor {shown} {what}; the file is damaged or not a tensor file")
+
+    if not isinstance(record, dict) or set(record) != {"dtype", "shape", "data_offsets"}:
+        raise bad("must have exactly the fields dtype, shape and data_offsets")
+    code, shape, offsets = record["dtype"], record["shape"], record["data_offsets"]
+    dtype = _codes()[1].get(code) if isinstance(code, str) else None
+    if dtype is None:
+        raise bad(f"has dtype {_short(code)}; tensor files here hold {', '.join(sorted(_codes()[1]))}")
+    if not isinstance(shape, list) or len(shape) > _MAX_NDIM:
+        raise bad(f"has shape {_short(shape)}; a shape is a list of at most {_MAX_NDIM} sizes")
+    if not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape):
+        raise bad(f"has shape {_short(shape)}; sizes are integers from 0 to 2**62")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(v) is int for v in offsets)):
+        raise bad(f"has data_offsets {_short(offsets)}; they are two integers [start, end)")
+    start, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if not 0 <= start <= end <= body or end - start != numel * dtype.itemsize:
+        raise bad(f"({code} {shape}) does not fit its bytes [{start}, {end}) of the {body} the file holds")
+    return dtype, shape, start, end
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _umask() -> int:

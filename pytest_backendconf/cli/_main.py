@@ -275,7 +275,13 @@ def _symbolicate(args: argparse.Namespace) -> int:
         if not re.fullmatch(r"-?[0-9]+", text.strip()):
             shown = text if len(text) <= 40 else text[:37] + "..."
             raise BackendConfError(f"handle {shown!r} is not an integer; write debug handles such as 17")
-        handles.append(_handle(text.strip()))
+        handle = int(text.strip()) if len(text.strip()) <= 40 else None
+        if handle is None or not -(2**63) <= handle <= 2**63 - 1:
+            shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:37] + "..."
+            raise BackendConfError(
+                f"handle {shown} is outside the range of debug handles (64-bit integers, at most {2**63 - 1})"
+            )
+        handles.append(handle)
     archive = debug_source(args.archive, limits=limits_from_options(args))  # an archive or its .debug file
     if handles:
         print(printable(symbolicate(archive, handles, fused=args.fused), keep_newlines=True))
@@ -294,23 +300,30 @@ _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
 _RANGE_IN_LOG = re.compile(r"debug_handles\s*=\s*[\[(]\s*(-?\d+(?:\s*,\s*-?\d+)*)[\s,]*[\])]")
 
 
-def _handle(digits: str) -> int:
-    """The handle a run of digits names; one too long to be a handle becomes one no archive has."""
-    # int() refuses more than 4300 digits; no handle has more than 19.
-    return int(digits) if len(digits.lstrip("-")) <= 19 else -1
+def _handle(digits: str) -> int | str:
+    """The handle a run of digits in a log names; past 40 digits (int() refuses 4300) no handle
+    can match, and it stays text, shortened, for the "was not found" line."""
+    if len(digits.lstrip("-")) <= 40:
+        return int(digits)
+    return f"<an integer of {len(digits.lstrip('-'))} digits>"
 
 
 def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
     from ..archive import symbolicate
+    from ..debuginfo import format_missing
 
     out = sys.stdout
     for line in lines:
         out.write(line if line.endswith("\n") else line + "\n")
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
-        if found:
-            out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+        handles = [h for h in found if isinstance(h, int)]
+        too_long = [h for h in found if isinstance(h, str)]
+        if handles:
+            out.write(printable(symbolicate(archive, handles), keep_newlines=True) + "\n")
+        if too_long:
+            out.write(format_missing(too_long) + "\n")
         for listed in _RANGE_IN_LOG.findall(line)[:4]:
-            kernel = [_handle(h) for h in re.findall(r"-?\d+", listed)]
+            kernel = [h for h in (_handle(d) for d in re.findall(r"-?\d+", listed)) if isinstance(h, int)]
             out.write(printable(symbolicate(archive, kernel, fused=True), keep_newlines=True) + "\n")
 
 
@@ -382,6 +395,7 @@ def _calls_from_file(archive: object, path: str) -> dict:
 def _calls_from_json(archive: object, document: object, name: str) -> dict:
     import torch
 
+    from ..allowlist import dtype_named
     from ..errors import BackendConfError
 
     if not isinstance(document, dict):
@@ -402,7 +416,7 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
                 value_spec = spec.inputs[i] if i < len(spec.inputs) else None
                 if isinstance(value, list) and value_spec is not None and value_spec.kind == "tensor":
                     try:
-                        value = torch.tensor(value, dtype=getattr(torch, value_spec.dtype))
+                        value = torch.tensor(value, dtype=dtype_named(value_spec.dtype, where="--inputs"))
                     except (TypeError, ValueError, RuntimeError) as exc:
                         raise BackendConfError(
                             f"--inputs {name!r}: argument {i} of {method!r} is not a {value_spec.dtype} tensor: {exc}"
@@ -416,6 +430,7 @@ def _calls_from_json(archive: object, document: object, name: str) -> dict:
 def _example_calls(archive: object, limits: object = None) -> dict:
     import torch
 
+    from ..allowlist import dtype_named
     from ..archive import check_limits
     from ..archive import ITEMSIZE
     from ..errors import ArchiveSizeError
@@ -446,7 +461,7 @@ def _example_calls(archive: object, limits: object = None) -> dict:
                 args.append(value.value)
                 continue
             shape = shapes[method][i]
-            dtype = getattr(torch, value.dtype)
+            dtype = dtype_named(value.dtype, where=f"method {method!r}, input {value.name!r}")
             if dtype.is_floating_point or dtype.is_complex:
                 args.append(torch.randn(shape, generator=generator).to(dtype))
             elif dtype == torch.bool:

@@ -13,7 +13,6 @@ status is 0 when it passes, 1 when it fails, 2 on a usage error.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,18 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     from ..registry import BackendRegistry
     from ..archive import TensorFileError, read_tensors
     from ..errors import RegistryError
+    from ._rerun_file import RerunFileError, checked_sample
 
     try:
         tensors, metadata = read_tensors(options.inputs)
-    except (OSError, TensorFileError) as exc:
-        print(f"error: cannot read {options.inputs}: {exc}", file=sys.stderr)
-        return 2
-    if metadata.get("kind") not in ("ops", "parity"):
-        print(
-            f"error: {options.inputs} is not an inputs file of an ops or parity check (kind {metadata.get('kind')!r})",
-            file=sys.stderr,
-        )
-        return 2
+    except TensorFileError as exc:
+        return _usage_error(str(exc))  # it names the file
+    except OSError as exc:
+        return _usage_error(f"cannot read {options.inputs}: {exc}")
+    kind = metadata.get("kind")
+    if kind not in ("ops", "parity"):
+        return _usage_error(f"{options.inputs} is not an inputs file of an ops or parity check (kind {_short(kind)})")
+    sample = None
+    if kind == "ops":
+        # Checked before any plugin is imported or anything built: the file names the operator.
+        try:
+            sample = checked_sample(options.inputs, metadata, tensors)
+        except RerunFileError as exc:
+            return _usage_error(str(exc))
     registry = BackendRegistry()
     try:
         for name in options.plugins:
@@ -54,35 +59,32 @@ def main(argv: list[str] | None = None) -> int:
 
             from ..registry import source_of_module
 
-            module = importlib.import_module(name)
+            module = importlib.import_module(name)  # named on the command line, never by the file
             registry.add_plugin(module, source_of_module(module, f"plugin {name}"))
         registry.load_entry_points(select=options.backend)
         registered = registry.get(options.backend)
     except RegistryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if metadata["kind"] == "parity":
-        return _rerun_parity(metadata, tensors, registered, registry)
-    from ..conformance._ops_discovery import OpSample
-
-    record = json.loads(metadata["sample"])
-    inputs = [tensors[f"input{i}"] for i in range(record["inputs"])]
-    sample = OpSample(
-        record["overload"],
-        record["dtype"],
-        record["index"],
-        record["opinfo"],
-        record["args"],
-        record["kwargs"],
-        record["outputs"],
-        inputs,
-    )
-    return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
+        return _usage_error(str(exc))
+    try:
+        if sample is None:
+            return _rerun_parity(options.inputs, metadata, tensors, registered, registry)
+        return _rerun_op(options.inputs, sample, registered, metadata.get("low_precision_reference") == "True")
+    except RerunFileError as exc:
+        return _usage_error(str(exc))
 
 
-def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: object) -> int:
+def _usage_error(text: str) -> int:
+    print(f"error: {text}", file=sys.stderr)
+    return 2
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object, registry: object) -> int:
     import tempfile
-    from pathlib import Path
 
     import torch
     from .. import _compat
@@ -91,18 +93,16 @@ def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: o
     from ..diagnostics import compare_outputs
     from ..conformance._zoo_loader import load_zoo
     from ..conformance.parity import tolerance_for
+    from ._rerun_file import checked_parity
 
-    case, dtype, method = metadata["case"], metadata["dtype"], metadata["method"]
     ctx = SuiteContext(
         registered,  # type: ignore[arg-type]
         load_zoo() + registry.cases(),  # type: ignore[attr-defined]
         tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)),
     )
-    if case not in ctx.cases:
-        print(f"error: no model case {case!r} here (a vendor case needs its plugin: add -p MODULE)", file=sys.stderr)
-        return 2
-    # A dynamic-shape check's file names the sizes it failed at: lowered with dynamic shapes again.
-    sizes = json.loads(metadata["sizes"]) if "sizes" in metadata else None
+    # The case, dtype, method and sizes are checked against the case, and the file's tensors
+    # against the shapes they give, before an example is made: nothing is allocated from the file.
+    case, dtype, method, sizes = checked_parity(path, metadata, tensors, ctx)
     args, kwargs = ctx.example(case, dtype, method, sizes=sizes)
     leaves, spec = _compat.tree_flatten((args, kwargs))
     saved = iter(tensors[f"input{i}"] for i in range(len(tensors)))
@@ -118,7 +118,7 @@ def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: o
     return 1 if failed else 0
 
 
-def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
+def _rerun_op(path: Path, sample: object, registered: object, low_precision: bool) -> int:
     import torch
     from .. import _compat
 
@@ -128,7 +128,14 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
     from ..conformance._ops_program import build_program, op_call_class
     from ..conformance.ops import output_dtypes, reference_outputs, tolerance_for
 
-    program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+    from ._rerun_file import RerunFileError, check_output_sizes
+
+    try:
+        # Fake tensors: the call's output shapes are known before anything is allocated.
+        program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+    except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+        raise RerunFileError(f"{path}: the sample's call cannot be built: {type(exc).__name__}: {exc}") from None
+    check_output_sizes(path, program)
     backend = registered.backend  # type: ignore[attr-defined]
     lowered = lower_programs(
         {"forward": program},

@@ -8,10 +8,16 @@ May import: the public surface only.
 
 from ._handles import DebugHandleRecorder, DebugHandles, walk_nodes
 from ._info import (
+    MAX_FRAMES,
+    MAX_HIERARCHY,
+    MAX_NAME_CHARS,
+    MAX_SOURCE_CHARS,
+    MAX_TEXT_CHARS,
     MAX_RANGE_NODES,
     DebugInfo,
     Frame,
     build_debug_infos,
+    clip,
     debug_info_for_node,
     format_missing,
     format_range,
@@ -20,9 +26,15 @@ from ._info import (
     hierarchy_prefix,
     op_name,
 )
-from ._symbolication import SymbolTable, cached_table, check_handles
+from ._symbolication import MAX_SYMBOLICATE_CHARS, SymbolTable, cached_table, check_handles, join_texts
 
 __all__ = [
+    "MAX_FRAMES",
+    "MAX_HIERARCHY",
+    "MAX_NAME_CHARS",
+    "MAX_SOURCE_CHARS",
+    "MAX_SYMBOLICATE_CHARS",
+    "MAX_TEXT_CHARS",
     "MAX_RANGE_NODES",
     "DebugHandleRecorder",
     "DebugHandles",
@@ -32,12 +44,14 @@ __all__ = [
     "build_debug_infos",
     "cached_table",
     "check_handles",
+    "clip",
     "debug_info_for_node",
     "format_missing",
     "format_range",
     "format_runtime",
     "format_unsupported",
     "hierarchy_prefix",
+    "join_texts",
     "op_name",
     "walk_nodes",
 ]

@@ -19,6 +19,32 @@ from typing import Any, Iterable, Iterator, Sequence
 from . import _exec_sources, _source
 
 HERE = " <--- HERE"
+
+# Caps on the text rendered from debug info (docs/archive-format.md, "Bounded text"). Debug
+# info may come from a file, where one long source line referenced by every frame of a stack,
+# or one long name repeated through a module hierarchy, deflates to nothing and would render
+# to gigabytes; every cut says what it left out with "… (N more …)".
+#: A frame's file name, function name, and any op, node, method, instance or class name.
+MAX_NAME_CHARS = 200
+#: The source line a frame shows (a window around its carets when the line is longer).
+MAX_SOURCE_CHARS = 240
+#: Frames of one stack: the outermost `_FRAMES_HEAD` and the innermost rest.
+MAX_FRAMES = 64
+_FRAMES_HEAD = 16
+#: (instance, class) pairs of one module hierarchy: the outermost `_HIERARCHY_HEAD` and the innermost rest.
+MAX_HIERARCHY = 32
+_HIERARCHY_HEAD = 8
+#: One handle's whole text, and one exception message built from debug info.
+MAX_TEXT_CHARS = 64 * 1024
+
+
+def clip(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with "… (N more characters)" where cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+?)\s*$')
 
 
@@ -35,7 +61,7 @@ class Frame:
 
     def render(self) -> str:
         """The frame as traceback lines, carets under the expression (whole line as fallback)."""
-        head = f'  File "{self.file}", line {self.line}, in {self.name}'
+        head = f'  File "{clip(self.file)}", line {self.line}, in {clip(self.name)}'
         if not self.source or not self.source.strip():
             return head
         text = self.source.strip()
@@ -44,7 +70,20 @@ class Frame:
             pad, width = self.col - indent, self.end_col - self.col
         else:
             pad, width = 0, len(text)
+        if len(text) > MAX_SOURCE_CHARS:
+            text, pad, width = _source_window(text, pad, width)
         return f"{head}\n    {text}\n    {' ' * pad}{'~' * width}{HERE}"
+
+
+def _source_window(text: str, pad: int, width: int) -> tuple[str, int, int]:
+    """At most `MAX_SOURCE_CHARS` of a long source line, starting near the carets, with what was cut."""
+    start = max(0, min(pad - 20, len(text) - MAX_SOURCE_CHARS))
+    end = start + MAX_SOURCE_CHARS
+    before = f"… ({start} more) " if start else ""
+    after = f" … ({len(text) - end} more characters)" if end < len(text) else ""
+    pad = len(before) + pad - start
+    width = max(1, min(width, end - (pad - len(before) + start)))
+    return f"{before}{text[start:end]}{after}", pad, width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +140,10 @@ class DebugInfo:
     def hierarchy_text(self) -> str:
         """``top(N)::forward.m(M)::forward.l(L)::forward.aten::mul``."""
         prefix = hierarchy_prefix(self.module_hierarchy, self.method)
-        return f"{prefix}.{self.op}" if prefix else self.op
+        return f"{prefix}.{clip(self.op)}" if prefix else clip(self.op)
 
     def __str__(self) -> str:
-        return f"  Module hierarchy:{self.hierarchy_text()}\n{traceback_text(self.frames)}"
+        return clip(f"  Module hierarchy:{self.hierarchy_text()}\n{traceback_text(self.frames)}", MAX_TEXT_CHARS)
 
 
 def hierarchy_prefix(module_hierarchy: tuple[tuple[str, str], ...], method: str) -> str:
@@ -113,9 +152,15 @@ def hierarchy_prefix(module_hierarchy: tuple[tuple[str, str], ...], method: str)
     Apart, like `traceback_text`, because many handles share it.
     """
     parts = []
-    for depth, (name, cls) in enumerate(module_hierarchy):
-        called = (method or "forward") if depth == 0 else "forward"
-        parts.append(f"{name}({cls})::{called}")
+    pairs = list(enumerate(module_hierarchy))
+    cut = len(pairs) - MAX_HIERARCHY
+    if cut > 0:
+        pairs = pairs[:_HIERARCHY_HEAD] + pairs[_HIERARCHY_HEAD + cut :]
+    for depth, (name, cls) in pairs:
+        called = clip(method or "forward") if depth == 0 else "forward"
+        parts.append(f"{clip(name)}({clip(cls)})::{called}")
+        if cut > 0 and depth == _HIERARCHY_HEAD - 1:
+            parts.append(f"… ({cut} more)")
     return ".".join(parts)
 
 
@@ -126,7 +171,13 @@ def traceback_text(frames: tuple[Frame, ...]) -> str:
     handles share once.
     """
     lines = ["Traceback of model source (most recent call last):"]
-    lines.extend(frame.render() for frame in frames)
+    cut = len(frames) - MAX_FRAMES
+    if cut > 0:
+        lines.extend(frame.render() for frame in frames[:_FRAMES_HEAD])
+        lines.append(f"  … ({cut} more frames)")
+        lines.extend(frame.render() for frame in frames[_FRAMES_HEAD + cut :])
+    else:
+        lines.extend(frame.render() for frame in frames)
     if not frames:
         lines.append("  (no source recorded for this node)")
     return "\n".join(lines)
@@ -137,24 +188,24 @@ def traceback_text(frames: tuple[Frame, ...]) -> str:
 
 def format_unsupported(info: DebugInfo, reason: str) -> str:
     """The text of `UnsupportedNodeError` (its first lines are pinned)."""
-    lines = [f"The node of {info.op} is not supported in this compiler. Source code:"]
+    lines = [f"The node of {clip(info.op)} is not supported in this compiler. Source code:"]
     if info.frames:
         lines.append(info.frames[-1].render())
         if not info.frames[-1].source:
             # Code without a file (exec'd strings): keep the frame, say which op it is.
-            lines.append(f"    (no source text for this file; the node is {info.op})")
+            lines.append(f"    (no source text for this file; the node is {clip(info.op)})")
     else:
         lines.append("  (no source recorded for this node)")
     if reason:
-        lines.append(f"Reason: {reason}")
+        lines.append(f"Reason: {clip(reason, MAX_TEXT_CHARS)}")
     lines.append(str(info))
     lines.append(_locator(info))
     return "\n".join(lines)
 
 
 def format_runtime(message: str, info: DebugInfo) -> str:
-    """The text of `BackendRuntimeError`: the backend's message, then where it happened."""
-    return f"{message}\n{info}\n{_locator(info)}"
+    """The text of `BackendRuntimeError`: the backend's message, then where it happened (capped)."""
+    return f"{clip(message, MAX_TEXT_CHARS)}\n{info}\n{_locator(info)}"
 
 
 #: Nodes of a fused kernel's range shown in full; the others are counted, so the text stays bounded.
@@ -226,8 +277,8 @@ def format_missing(handles: Iterable[int | str]) -> str:
 
 
 def _locator(info: DebugInfo) -> str:
-    where = f"method {info.method!r}, " if info.method else ""
-    return f"({where}node {info.node!r}, debug handle {info.handle})"
+    where = f"method {clip(info.method)!r}, " if info.method else ""
+    return f"({where}node {clip(info.node)!r}, debug handle {info.handle})"
 
 
 # --- building debug info from torch.export metadata ---------------------------

@@ -12,13 +12,34 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
-from ._info import DebugInfo, format_missing, format_range, hierarchy_prefix, traceback_text
+from ._info import MAX_TEXT_CHARS, DebugInfo, clip, format_missing, format_range, hierarchy_prefix, traceback_text
 
 
 INT64_MAX = 2**63 - 1
 #: Texts kept per table: each is formatted once per handle, but a table's
 #: memory must not grow with the number of distinct handles a log names.
 MAX_CACHED_TEXTS = 50_000
+#: Characters of one symbolication call's text (each handle's is capped at `MAX_TEXT_CHARS`);
+#: beyond it the text ends with "… (N more handles)". A million typical handles fit.
+MAX_SYMBOLICATE_CHARS = 256 * 2**20
+
+
+def join_texts(text: Callable[[int], str], handles: list[int]) -> str:
+    """The texts of ``handles``, one after the other, within `MAX_SYMBOLICATE_CHARS`."""
+    parts: list[str] = []
+    size = 0
+    for h in handles:
+        part = text(h)
+        size += len(part) + 1
+        if size > MAX_SYMBOLICATE_CHARS:
+            parts.append(f"… ({len(handles) - len(parts)} more handles; symbolicate fewer at a time)")
+            break
+        parts.append(part)
+    return "\n".join(parts)
+
+
+#: Characters of text a table keeps cached (besides the count of `MAX_CACHED_TEXTS`).
+MAX_CACHED_CHARS = 64 * 2**20
 
 
 def check_handles(handles: int | Iterable[int]) -> list[int]:
@@ -52,6 +73,7 @@ class SymbolTable:
     def __init__(self, debug: Mapping[int, DebugInfo]) -> None:
         self.debug = debug
         self.cache: dict[Any, str] = {}
+        self.cached_chars = 0
         self._tracebacks: dict[int, tuple[Any, str]] = {}
         self._hierarchies: dict[tuple[int, str], tuple[Any, str]] = {}
 
@@ -64,12 +86,16 @@ class SymbolTable:
                 if not 0 <= handle <= INT64_MAX:
                     return format_missing([short_repr(handle)])
                 return format_missing([handle])
-            found = (
-                f"debug handle {handle} (method {info.method!r}, node {info.node!r}, {info.op}):\n{self._body(info)}"
+            found = clip(
+                f"debug handle {handle} (method {clip(info.method)!r}, node {clip(info.node)!r}, {clip(info.op)}):\n"
+                f"{self._body(info)}",
+                MAX_TEXT_CHARS,
             )
-            if len(self.cache) >= MAX_CACHED_TEXTS:
+            if len(self.cache) >= MAX_CACHED_TEXTS or self.cached_chars > MAX_CACHED_CHARS:
                 self.cache.clear()  # bounded; refilled by the handles the log uses most
+                self.cached_chars = 0
             self.cache[handle] = found
+            self.cached_chars += len(found)
         return found
 
     def range_text(self, handles: list[int]) -> str:
@@ -90,8 +116,12 @@ class SymbolTable:
             )
         traceback = self._tracebacks.get(id(info.frames))
         if traceback is None or traceback[0] is not info.frames:
+            if self.cached_chars > MAX_CACHED_CHARS:
+                self._tracebacks.clear()
             traceback = self._tracebacks[id(info.frames)] = (info.frames, traceback_text(info.frames))
-        hierarchy = f"{prefix[1]}.{info.op}" if prefix[1] else info.op
+            self.cached_chars += len(traceback[1])
+        op = clip(info.op)
+        hierarchy = f"{prefix[1]}.{op}" if prefix[1] else op
         return f"  Module hierarchy:{hierarchy}\n{traceback[1]}"
 
 

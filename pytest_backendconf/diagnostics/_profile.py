@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from ..debuginfo import DebugInfo, hierarchy_prefix
+from ..debuginfo import DebugInfo, clip, hierarchy_prefix
 from ..errors import BackendContractError, BackendError
 
 #: One event: (debug handle, start, end), nanoseconds of time.perf_counter_ns.
@@ -196,9 +196,9 @@ class Profile:
         info = self.debug.get(handle)
         if info is None:
             return {"op": None, "file": None, "line": None, "hierarchy": None, "handle": handle}
-        return {
-            "op": info.op,
-            "file": info.file,
+        return {  # names from the debug info, capped as every text rendered from it is
+            "op": clip(info.op),
+            "file": clip(info.file) if info.file is not None else None,
             "line": info.line,
             "hierarchy": hierarchy_prefix(info.module_hierarchy, info.method),
         }
@@ -333,9 +333,9 @@ class Profile:
                 args: dict[str, Any] = {"debug_handle": handle, "call": i}
                 if info is not None:
                     args.update(
-                        node=info.node,
-                        op=info.op,
-                        source=f"{info.file}:{info.line}" if info.file else None,
+                        node=clip(info.node),
+                        op=clip(info.op),
+                        source=f"{clip(info.file)}:{info.line}" if info.file else None,
                         hierarchy=hierarchy_prefix(info.module_hierarchy, info.method),
                         text=str(info),
                     )
@@ -343,7 +343,7 @@ class Profile:
                     args["symbolicate"] = f"{self.hint} {handle}"
                 trace.append(
                     {
-                        "name": info.op if info else f"debug handle {handle}",
+                        "name": clip(info.op) if info else f"debug handle {handle}",
                         "cat": "node",
                         "ph": "X",
                         "pid": 1,

@@ -18,12 +18,19 @@ from typing import Any, Callable
 
 import torch
 
+from ..allowlist import dtype_named
 from ..debuginfo import DebugHandles
-from ..debuginfo import DebugInfo
+from ..debuginfo import DebugInfo, clip
 from ..archive import value_spec
 from ._partition import Delegation, Unit, cut, op_nodes
 from ..archive import Plan, Step
-from ..errors import BackendContractError, OperatorNotRegisteredError, OutputSpecError, UnsupportedNodeError
+from ..errors import (
+    BackendContractError,
+    OperatorNotRegisteredError,
+    OperatorRefusedError,
+    OutputSpecError,
+    UnsupportedNodeError,
+)
 
 FAULT_KEY = "__backendconf_fault__"
 
@@ -155,7 +162,9 @@ def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
     from ..reference.interpreter import UnregisteredOperatorError, load
 
     try:
-        return load(blob)
+        return load(blob, dispatch=True, where=f"fallback segment {key!r}")
+    except OperatorRefusedError:
+        raise  # it names the segment, the node and the operator already
     except UnregisteredOperatorError as exc:
         info = debug.get(exc.debug_handle)
         where = info.frames[-1].render() if info is not None and info.frames else "  (no source recorded)"
@@ -164,7 +173,7 @@ def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
             f"operator {info.op if info else exc.operator} ({exc.operator}) is not registered in this "
             f"process; the CPU fallback of {key.split('.')[0]!r} calls it through torch's dispatcher. "
             f"Source code:\n{where}{detail}\nImport the module that registers it (its torch.library "
-            f"definition) before loading. (node {exc.node!r}, debug handle {exc.debug_handle})"
+            f"definition) before loading. (node {clip(exc.node)!r}, debug handle {exc.debug_handle})"
         ) from None
     except ValueError as exc:
         raise ValueError(f"fallback segment {key!r}: {exc}") from exc
@@ -184,7 +193,9 @@ class PlanRunner:
         for step in plan.steps:
             if step.delegated:
                 checks = tuple(
-                    (getattr(torch, s.dtype), _expected(s.shape)) if s.kind == "tensor" else (None, s.value)
+                    (dtype_named(s.dtype, where=f"partition {step.key!r}"), _expected(s.shape))
+                    if s.kind == "tensor"
+                    else (None, s.value)
                     for s in step.output_specs
                 )
                 bound.append((execute, handles[step.key], step.inputs, step.outputs, checks, step))

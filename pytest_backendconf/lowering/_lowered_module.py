@@ -17,7 +17,14 @@ from ._args import availability
 from ._method_calls import MethodRunner
 from ..archive import MethodSpec
 from ..backend import Backend
-from ..errors import BackendContractError, BackendError, BackendRuntimeError, BackendUnavailableError, LoweringError
+from ..errors import (
+    BackendContractError,
+    BackendError,
+    BackendRuntimeError,
+    BackendUnavailableError,
+    LoweringError,
+    OperatorRefusedError,
+)
 
 
 def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
@@ -106,8 +113,8 @@ class LoweredModule(torch.nn.Module):
         fallbacks = self._load_fallbacks()
         try:
             handles = self.backend.compile(dict(self.blobs), self._compile_specs()) if self.blobs else {}
-        except BackendUnavailableError:
-            raise
+        except (BackendUnavailableError, OperatorRefusedError):
+            raise  # a refused operator is the file's doing, named in the error, not the backend's
         except Exception as exc:
             if at == "load":
                 # The blobs come from a file: a blob the backend rejects is as likely damaged (the

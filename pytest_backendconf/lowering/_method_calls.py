@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..allowlist import dtype_named
 from ..archive import _structure as structure
 from ..archive import MethodSpec
 from ..errors import InputSpecError, LoweringError, OutputSpecError
@@ -149,10 +150,10 @@ def _expected_shape(shape: Any) -> Any:
 
 def _torch_dtype(name: str | None) -> torch.dtype:
     """The torch dtype a tensor spec names (the archive reader checked the name)."""
-    dtype = getattr(torch, name or "", None)
-    if not isinstance(dtype, torch.dtype):
-        raise LoweringError(f"a tensor spec names dtype {name!r}, which is not a torch dtype")
-    return dtype
+    try:
+        return dtype_named(name, where="a tensor spec")
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from None
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:

@@ -19,7 +19,8 @@ import torch.fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import _compat
-from ..errors import UnsupportedNodeError
+from ..allowlist import UNANNOTATED_ALIASES, resolve_operator
+from ..errors import OperatorRefusedError, UnsupportedNodeError
 
 from . import bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
@@ -33,7 +34,7 @@ _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TEN
 
 # Ops that may return their input itself although their schema does not say
 # so (eval-mode dropout is the identity; _unsafe_view is a view by design).
-_UNANNOTATED_ALIASES = frozenset({"aten.dropout.default", "aten._unsafe_view.default"})
+_UNANNOTATED_ALIASES = UNANNOTATED_ALIASES
 
 
 def compile_program(
@@ -312,7 +313,14 @@ class _Compiler:
         )
 
     def _dispatch_instruction(self, node: torch.fx.Node, name: str, env: dict) -> Instruction:
-        """Call an operator the table lacks by name; the interpreter resolves it at load."""
+        """Call an operator the table lacks by name; the interpreter resolves it at load.
+
+        The same allowlist as at load decides here, so that a refused operator is reported at
+        lowering, on the node, rather than by every later load."""
+        try:
+            resolve_operator(name, where=f"node {node.name!r}")
+        except OperatorRefusedError as exc:
+            raise UnsupportedNodeError(node, f"the CPU fallback does not run {name}: {exc.reason}") from None
         args, kwargs = _schema_arguments(node)
         return Instruction(
             opcode=ops.DISPATCH_OPCODE,

@@ -8,9 +8,14 @@ register list, so one program may run from many threads at once.
 
 This module must work where the compiler is absent: it imports neither
 ``compiler`` nor ``torch.export``. An instruction that calls an operator
-through the dispatcher (partial delegation's fallback, for operators the op
-table lacks) is resolved at load; an operator not registered in this
-process is an `UnregisteredOperatorError` naming it.
+through the dispatcher (``DISPATCH``: partial delegation's fallback, for
+operators the op table lacks) is allowed only in a fallback segment
+(``load(blob, dispatch=True)``) and resolved once, at load, through
+`pytest_backendconf.allowlist.resolve_operator`: an operator not registered
+in this process is an `UnregisteredOperatorError` naming it, a refused one
+(torch.ops' own attributes, side effects) an `OperatorRefusedError`. Every
+instruction's writes are checked at load too (``_writes``): a blob writes only
+to tensors it created.
 """
 
 from __future__ import annotations
@@ -21,22 +26,32 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from ..errors import BackendError
+from ..allowlist import resolve_operator
+from ..errors import BackendError, OperatorRefusedError
 
 from . import bytecode, ops
+from ._writes import WriteCheck
 from .bytecode import BlockRef, Const, Reg
 
 #: A bound instruction: reads its arguments from the registers, returns its result.
 Step = Callable[[list], Any]
 
 
-def load(blob: bytes) -> "LoadedProgram":
-    """Decode and check a blob; raise ``ValueError`` if it is malformed."""
+def load(blob: bytes, *, dispatch: bool = False, where: str = "reference-backend blob") -> "LoadedProgram":
+    """Decode and check a blob; raise ``ValueError`` if it is malformed.
+
+    :param dispatch: whether the blob may call operators through the dispatcher (``DISPATCH``
+        instructions): true only for partial delegation's fallback segments; a whole-method
+        blob of the reference backend never does, so one that does is refused.
+    :param where: what the blob is, for errors ("fallback segment 'forward.fallback0'").
+    :raises OperatorRefusedError: (a ``ValueError``) the blob names an operator that is refused,
+        or writes to a tensor it did not create.
+    """
     program = bytecode.decode(blob)
     blocks: list[CodeBlock | None] = [None] * len(program.blocks)
     # Nested blocks have higher indices than their users: build them first.
     for index in reversed(range(len(program.blocks))):
-        blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks)
+        blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks, dispatch, where)
     return LoadedProgram(blocks[0])
 
 
@@ -136,11 +151,14 @@ class CodeBlock:
 # --- building blocks ----------------------------------------------------------------
 
 
-def _build_block(index: int, block: bytecode.Block, constants: list, blocks: list) -> CodeBlock:
+def _build_block(
+    index: int, block: bytecode.Block, constants: list, blocks: list, dispatch: bool, where: str
+) -> CodeBlock:
     steps = []
+    writes = WriteCheck(block.n_inputs, f"{where}, block {index}")
     for i, ins in enumerate(block.instructions):
         if ins.opcode == ops.DISPATCH_OPCODE:
-            steps.append((_dispatch_step(ins, constants, blocks), block.n_inputs + i))
+            steps.append((_dispatch_step(ins, constants, blocks, dispatch, where, writes), block.n_inputs + i))
             continue
         op = ops.BY_OPCODE.get(ins.opcode)
         if op is None:
@@ -148,6 +166,7 @@ def _build_block(index: int, block: bytecode.Block, constants: list, blocks: lis
                 f"reference-backend blob: instruction {i} of block {index} (node {ins.node!r}) "
                 f"has unknown opcode {ins.opcode}; it was written by a newer backendconf-reference"
             )
+        writes.instruction(op.name, ins.args, ins.kwargs, ins.node, ins.debug_handle)
         if ins.fault:
             steps.append((_fault_step(ins, op), block.n_inputs + i))
         elif op.kernel is not None:  # no-op asserts are dropped; their register stays None
@@ -196,7 +215,7 @@ class UnregisteredOperatorError(ValueError):
 
     def __init__(self, operator: str, node: str, debug_handle: int) -> None:
         super().__init__(
-            f"operator {_qualified(operator)} ({operator}, node {node!r}) is not registered in "
+            f"operator {_qualified(operator)} ({operator}, node {_short(node)}) is not registered in "
             "this process; import the module that defines it (its torch.library registration) "
             "before loading"
         )
@@ -211,26 +230,40 @@ def _qualified(overload: str) -> str:
     return f"{namespace}::{rest.split('.')[0]}"
 
 
-def _dispatch_step(ins: bytecode.Instruction, constants: list, blocks: list) -> Step:
-    """An operator the op table lacks, called through torch's dispatcher by overload name."""
-    name = ins.args[0] if ins.args else None
-    parts = name.split(".") if isinstance(name, str) else []
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(
-            f"reference-backend blob: instruction at node {ins.node!r} calls operator {name!r}; "
-            "expected an overload name such as 'mylib.scale.default'"
-        )
-    import torch  # the blob names the operator; only its registry can resolve it
+def _dispatch_step(
+    ins: bytecode.Instruction, constants: list, blocks: list, dispatch: bool, where: str, writes: WriteCheck
+) -> Step:
+    """An operator the op table lacks, called through torch's dispatcher by overload name.
 
+    Resolved here, once per blob load, through the allowlist (never per call)."""
+    name = ins.args[0] if ins.args else None
+    at = f"{where}, node {_short(ins.node)}, debug handle {ins.debug_handle}"
+    if not dispatch:
+        raise OperatorRefusedError(
+            name,
+            at,
+            "a whole-method reference-backend blob never calls operators through the dispatcher "
+            "(only partial delegation's fallback segments do); the blob was not written by the "
+            "reference compiler",
+        )
     try:
-        kernel = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
-    except (AttributeError, RuntimeError):
-        raise UnregisteredOperatorError(name, ins.node, ins.debug_handle) from None
+        kernel = resolve_operator(name, where=at)
+    except OperatorRefusedError as exc:
+        if exc.unregistered:
+            raise UnregisteredOperatorError(str(name), ins.node, ins.debug_handle) from None
+        raise
+    writes.instruction(str(name), ins.args[1:], ins.kwargs, ins.node, ins.debug_handle)
     if ins.fault:
         return _fault_step(ins, None)
     args = [_resolve(a, constants, blocks) for a in ins.args[1:]]
     kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
     return _bind(kernel, args, kwargs)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``repr(text)`` cut to ``limit`` characters: names from a blob go into messages."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
 def _fault_step(ins: bytecode.Instruction, op: ops.Op | None) -> Step:

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._profile import add_command as _add_profile_command
 
     _add_profile_command(commands, run=_profile)
+    from ._replay import add_command as _add_replay_command
+
+    _add_replay_command(commands, run=_replay)
     _add_report_commands(commands)
     return parser
 
@@ -317,6 +320,13 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
         found = dict.fromkeys(_handle(m) for m in _HANDLE_IN_LOG.findall(line))
         if found:
             out.write(printable(symbolicate(archive, found), keep_newlines=True) + "\n")
+
+
+@_file_errors
+def _replay(args: argparse.Namespace) -> int:
+    from ._replay import run
+
+    return run(args)
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -15,6 +15,9 @@ from ._merge import format_markdown, format_text, merge, read_documents, read_re
 from ._ops import capabilities_text, flagged_lines, matrix_text, read_matrix, summary_line
 from ._report import (
     FAILING,
+    OUTCOMES,
+    REPORT_SCHEMA,
+    REPORT_SCHEMA_VERSION,
     REPORT_ATTR,
     TestResult,
     error_of,
@@ -34,6 +37,9 @@ __all__ = [
     "FAILING",
     "KnownFailure",
     "NOT_NEEDED",
+    "OUTCOMES",
+    "REPORT_SCHEMA",
+    "REPORT_SCHEMA_VERSION",
     "REPORT_ATTR",
     "ROOT_ID",
     "TestResult",

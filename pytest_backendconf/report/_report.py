@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-import pytest
-
 from ._check import CATEGORIES, CheckFailed
 
 if TYPE_CHECKING:
+    import pytest
+
     from ._known_failures import KnownFailure
     from ..registry import RegisteredBackend
 
@@ -272,6 +272,7 @@ def report_document(
     :param hypothesis: the run's Hypothesis profile, seed and whether it is
         derandomized (the suite's choice), or None when none was made.
     """
+    import pytest
     import torch
 
     from ..capabilities import capabilities_of

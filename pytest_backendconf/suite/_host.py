@@ -54,6 +54,8 @@ class HostOptions:
     ops_mode: str = "default"
     #: The run's ``-p`` modules, for the rerun commands the checks print.
     plugin_modules: list[str] = dataclasses.field(default_factory=list)
+    #: ``--backendconf-golden``: where passing parity checks write their bundled archives.
+    golden_dir: str | None = None
 
 
 class BackendHost:
@@ -249,6 +251,7 @@ class HostHandler:
         # What plugin._make_context sets on the pytest process's context, the same here.
         self.ctx.ops_mode = opts.ops_mode
         self.ctx.plugin_modules = list(opts.plugin_modules)
+        self.ctx.golden_dir = opts.golden_dir
         self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
         install_breadcrumbs(self.ctx.backend, channel)

@@ -187,6 +187,7 @@ class SuitePlugin:
                 zoo=self.config.getoption("backendconf_zoo", "synthetic"),
                 ops_mode=self.config.getoption("backendconf_ops", "default"),
                 plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
+                golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
             )
             self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
             if self.ctx is not None:

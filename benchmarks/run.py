@@ -215,6 +215,7 @@ SUITE_ROWS = [
     ("suite.failed", "default suite, tests not passed", "tests", "0"),
     ("suite.exports", "exports performed ÷ unique (model, signature)", "×", "= 1"),
     ("suite.wall_1thread", "default suite with OMP_NUM_THREADS=1, wall", "s", "info"),
+    ("suite.golden", "default suite with --backendconf-golden=DIR ÷ without, wall", "×", "≤ 1.2×"),
 ]
 
 
@@ -230,7 +231,7 @@ class SuiteRun:
         return sum(s[key] for s in self.stats)
 
 
-def run_suite(settings: Settings, extra_env: dict[str, str] | None = None) -> SuiteRun:
+def run_suite(settings: Settings, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()) -> SuiteRun:
     """Run the suite as a user would, from an empty folder, with `bench_suite_stats` loaded."""
     stats_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-stats-"))
     run_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-suite-"))
@@ -249,6 +250,7 @@ def run_suite(settings: Settings, extra_env: dict[str, str] | None = None) -> Su
         command += ["-n", str(settings.suite_workers)]
     for pattern in settings.suite_select or ():
         command.append(f"--backendconf-select={pattern}")
+    command += list(extra_args)
     env = dict(os.environ, BACKENDCONF_BENCH_STATS=str(stats_dir), **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     try:
@@ -323,7 +325,28 @@ def suite_figures(settings: Settings) -> list[Figure]:
         figures.append(row("suite.wall_1thread", single.wall, INFO, f"CPU {single.cpu:.1f} s; {single.tail}"))
     else:
         figures.append(row("suite.wall_1thread", None, SKIPPED, "full run only"))
+    figures.append(golden_figure(settings, run, row))
     return figures
+
+
+def golden_figure(settings: Settings, plain: SuiteRun, row: Callable[..., Figure]) -> Figure:
+    """The same suite run again writing a golden folder (every passing parity check's bundled archive)."""
+    golden_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-golden-"))
+    try:
+        golden = run_suite(settings, extra_args=(f"--backendconf-golden={golden_dir}",))
+        archives = len(list(golden_dir.glob("*.bcpt")))
+        size = sum(f.stat().st_size for f in golden_dir.glob("*.bcpt"))
+    finally:
+        shutil.rmtree(golden_dir, ignore_errors=True)
+    ratio = golden.wall / plain.wall
+    full = settings.suite_select is None
+    return row(
+        "suite.golden",
+        ratio,
+        judged(ratio <= 1.2) if full else INFO,
+        f"{golden.wall:.1f} s against {plain.wall:.1f} s (CPU {golden.cpu / plain.cpu:.2f}×); "
+        f"{archives} archives, {size / 2**20:.1f} MiB",
+    )
 
 
 # --- 3. archives against torch.export.save / load -----------------------------------------

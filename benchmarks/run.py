@@ -231,7 +231,9 @@ class SuiteRun:
         return sum(s[key] for s in self.stats)
 
 
-def run_suite(settings: Settings, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()) -> SuiteRun:
+def run_suite(
+    settings: Settings, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+) -> SuiteRun:
     """Run the suite as a user would, from an empty folder, with `bench_suite_stats` loaded."""
     stats_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-stats-"))
     run_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-suite-"))
@@ -330,21 +332,32 @@ def suite_figures(settings: Settings) -> list[Figure]:
 
 
 def golden_figure(settings: Settings, plain: SuiteRun, row: Callable[..., Figure]) -> Figure:
-    """The same suite run again writing a golden folder (every passing parity check's bundled archive)."""
-    golden_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-golden-"))
-    try:
-        golden = run_suite(settings, extra_args=(f"--backendconf-golden={golden_dir}",))
-        archives = len(list(golden_dir.glob("*.bcpt")))
-        size = sum(f.stat().st_size for f in golden_dir.glob("*.bcpt"))
-    finally:
-        shutil.rmtree(golden_dir, ignore_errors=True)
-    ratio = golden.wall / plain.wall
+    """The same suite run again writing a golden folder (every passing parity check's bundled archive).
+
+    Runs alternate, golden, plain, golden, and the best of each is kept: one
+    pair of runs on a shared machine differs by more than the 20 % measured.
+    """
+    golden_runs, plain_runs, archives, size = [], [plain], 0, 0
+    for again in (True, False):
+        golden_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-golden-"))
+        try:
+            golden_runs.append(run_suite(settings, extra_args=(f"--backendconf-golden={golden_dir}",)))
+            archives = len(list(golden_dir.glob("*.bcpt")))
+            size = sum(f.stat().st_size for f in golden_dir.glob("*.bcpt"))
+        finally:
+            shutil.rmtree(golden_dir, ignore_errors=True)
+        if again:
+            plain_runs.append(run_suite(settings))
+    best_golden = min(golden_runs, key=lambda r: r.wall)
+    best_plain = min(plain_runs, key=lambda r: r.wall)
+    ratio = best_golden.wall / best_plain.wall
+    cpu = min(r.cpu for r in golden_runs) / min(r.cpu for r in plain_runs)
     full = settings.suite_select is None
     return row(
         "suite.golden",
         ratio,
         judged(ratio <= 1.2) if full else INFO,
-        f"{golden.wall:.1f} s against {plain.wall:.1f} s (CPU {golden.cpu / plain.cpu:.2f}×); "
+        f"best of 2: {best_golden.wall:.1f} s against {best_plain.wall:.1f} s (CPU {cpu:.2f}×); "
         f"{archives} archives, {size / 2**20:.1f} MiB",
     )
 

@@ -82,7 +82,9 @@ def test_an_archive_without_bundles_keeps_its_schema_and_has_none(lowered):
 
 def test_explicit_bundles_and_tolerances_and_other_methods():
     model = TwoMethods()
-    lowered = bc.to_backend(model, "reference", {"forward": {}, "double": {}}, example_inputs={"forward": (X1,), "double": (X1,)})
+    lowered = bc.to_backend(
+        model, "reference", {"forward": {}, "double": {}}, example_inputs={"forward": (X1,), "double": (X1,)}
+    )
     explicit = bc.Bundle(inputs=(X2,), expected=X2 + 1, rtol=0.0, atol=1e-3, tolerance="from the vendor's spec")
     data = saved(
         lowered,
@@ -108,8 +110,14 @@ def test_the_default_tolerances_are_the_suites_parity_defaults():
     "options, message",
     [
         ({"bundled_inputs": {"forward": [(X1,)]}}, r"pass it as save\(\.\.\., eager=model\)"),
-        ({"bundled_inputs": {"decode": [(X1,)]}, "eager": SinScale()}, "method 'decode', which the lowered module does not have"),
-        ({"bundled_inputs": {"forward": [X1]}, "eager": SinScale()}, r"must be a tuple of positional inputs \(or a Bundle\)"),
+        (
+            {"bundled_inputs": {"decode": [(X1,)]}, "eager": SinScale()},
+            "method 'decode', which the lowered module does not have",
+        ),
+        (
+            {"bundled_inputs": {"forward": [X1]}, "eager": SinScale()},
+            r"must be a tuple of positional inputs \(or a Bundle\)",
+        ),
         ({"bundled_inputs": [(X1,)]}, "bundled_inputs must be"),
         ({"eager": SinScale()}, "pass the inputs to bundle too"),
         ({"bundled_inputs": {"forward": [(X1,)]}, "eager": SinScale(), "tolerance": 0.1}, r"a pair \(rtol, atol\)"),
@@ -138,7 +146,9 @@ def test_tampered_expected_outputs_are_refused_by_the_archives_hashes(lowered):
     # A well-formed zip (sizes and CRCs fit) whose manifest still records the original hashes.
     order = ["manifest.json"] + sorted(n for n in entries if n != "manifest.json")
     tampered = _archive_zip.pack([(n, entries[n]) for n in order])
-    with pytest.raises(ArchiveChecksumError, match=rf"entry '{name}': SHA-256 is [0-9a-f]{{64}}, but manifest.json records"):
+    with pytest.raises(
+        ArchiveChecksumError, match=rf"entry '{name}': SHA-256 is [0-9a-f]{{64}}, but manifest.json records"
+    ):
         bc.load(tampered)
 
 
@@ -148,5 +158,8 @@ def test_inspect_lists_the_bundles_and_their_sizes(lowered, tmp_path, capsys):
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     # Two inputs and two outputs of 3x4 float32.
-    assert "bundled inputs (backendconf replay runs them):\n  forward: 2 bundles, 192 bytes of inputs and expected outputs" in out
+    assert (
+        "bundled inputs (backendconf replay runs them):\n  forward: 2 bundles, 192 bytes of inputs and expected outputs"
+        in out
+    )
     assert "schema version 1.4" in out

@@ -52,7 +52,9 @@ def archives(tmp_path_factory):
     model = SinScale()
     good = bc.to_backend(model, "reference", {"forward": {}}, example_inputs=(X1,))
     bc.save(good, folder / "good.bcpt", bundled_inputs={"forward": [(X1,), (X2,)]}, eager=model)
-    faulty = bc.to_backend(model, "reference", {"forward": {"__backendconf_fault__": {"node": "sin"}}}, example_inputs=(X1,))
+    faulty = bc.to_backend(
+        model, "reference", {"forward": {"__backendconf_fault__": {"node": "sin"}}}, example_inputs=(X1,)
+    )
     bc.save(faulty, folder / "faulty.bcpt", bundled_inputs={"forward": [(X1,)]}, eager=model)
     sys.path.insert(0, TESTS)
     try:
@@ -68,14 +70,27 @@ def archives(tmp_path_factory):
 def test_matching_bundles_pass_with_pytest_and_hypothesis_blocked_and_write_report_and_junit(archives, tmp_path):
     report, junit = tmp_path / "device.json", tmp_path / "device.xml"
     done = replay(
-        str(archives / "good.bcpt"), "--report", str(report), "--junitxml", str(junit), "--block", "pytest", "--block", "hypothesis"
+        str(archives / "good.bcpt"),
+        "--report",
+        str(report),
+        "--junitxml",
+        str(junit),
+        "--block",
+        "pytest",
+        "--block",
+        "hypothesis",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASSED backendconf::replay::good.forward[0]" in done.stdout
     assert "replay: 2/2 bundles match their expected outputs (1 archives)" in done.stdout
     document = json.loads(report.read_text())
     assert document["summary"] == {
-        "replay": {"total": 2, "passed": 2, **{o: 0 for o in ("skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")}, "score": 1.0}
+        "replay": {
+            "total": 2,
+            "passed": 2,
+            **{o: 0 for o in ("skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")},
+            "score": 1.0,
+        }
     }
     ids = [t["id"] for t in document["tests"]]
     assert ids == ["backendconf::replay::good.forward[0]", "backendconf::replay::good.forward[1]"]
@@ -86,7 +101,9 @@ def test_matching_bundles_pass_with_pytest_and_hypothesis_blocked_and_write_repo
 
 
 def test_a_runtime_error_is_symbolicated_and_an_undeclared_dtype_is_a_clear_error(archives):
-    done = replay(str(archives / "faulty.bcpt"), str(archives / "undeclared.bcpt"), str(archives / "good.bcpt"), "-p", BROKEN)
+    done = replay(
+        str(archives / "faulty.bcpt"), str(archives / "undeclared.bcpt"), str(archives / "good.bcpt"), "-p", BROKEN
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert "ERROR  backendconf::replay::faulty.forward[0]" in out
@@ -118,7 +135,8 @@ def test_bad_paths_and_archives_without_bundles_are_clear_errors(archives, tmp_p
 # --- the golden folder -------------------------------------------------------------------------------
 
 PARITY = tuple(
-    f"backendconf::parity::{name}" for name in ("mlp[[]float32]", "linear[[]float32]", "linear[[]float16]", "linear[[]float32-dynamic]")
+    f"backendconf::parity::{name}"
+    for name in ("mlp[[]float32]", "linear[[]float32]", "linear[[]float16]", "linear[[]float32-dynamic]")
 )
 
 
@@ -139,13 +157,23 @@ def test_a_golden_folder_of_the_reference_backend_replays_and_known_failures_are
     folder = tmp_path / "golden"
     known = tmp_path / "known.toml"
     known.write_text('"parity::linear[[]float16]" = { reason = "listed, but it passes" }\n')
-    result = golden_run(pytester, "reference", folder, f"--backendconf-known-failures={known}", "--backendconf-report=host.json")
+    result = golden_run(
+        pytester, "reference", folder, f"--backendconf-known-failures={known}", "--backendconf-report=host.json"
+    )
     result.assert_outcomes(passed=3, failed=1)  # the listed check passes, which fails the run
     index = json.loads((folder / "index.json").read_text())
     names = [entry["archive"] for entry in index["archives"]]
-    assert sorted(names) == ["parity.linear.float32-dynamic.bcpt", "parity.linear.float32.bcpt", "parity.mlp.float32.bcpt"]
+    assert sorted(names) == [
+        "parity.linear.float32-dynamic.bcpt",
+        "parity.linear.float32.bcpt",
+        "parity.mlp.float32.bcpt",
+    ]
     assert sorted(os.listdir(folder)) == sorted([*names, "index.json"])  # the listed check's file is removed
-    result.stdout.fnmatch_lines(["backendconf: golden folder *golden: 3 archives with bundled inputs*; 1 archive of checks that did not pass removed"])
+    result.stdout.fnmatch_lines(
+        [
+            "backendconf: golden folder *golden: 3 archives with bundled inputs*; 1 archive of checks that did not pass removed"
+        ]
+    )
     bundles = bc.bundles(bc.load(folder / "parity.mlp.float32.bcpt"))
     assert len(bundles) == 3 and bundles[0].check == "parity::mlp[float32]" and bundles[0].tolerance == "default"
     # The dynamic check's bundles are at the sizes it was checked on: both ends of the range first.
@@ -172,7 +200,12 @@ def test_a_backend_right_on_the_host_and_off_on_the_device_passes_parity_and_fai
     assert done.returncode == 1
     out = done.stdout
     assert "replay: 0/12 bundles match their expected outputs (4 archives)" in out
-    for name in ("parity.mlp.float32", "parity.linear.float32", "parity.linear.float16", "parity.linear.float32-dynamic"):
+    for name in (
+        "parity.mlp.float32",
+        "parity.linear.float32",
+        "parity.linear.float16",
+        "parity.linear.float32-dynamic",
+    ):
         for i in range(3):
             assert f"FAILED backendconf::replay::{name}.forward[{i}]" in out
     assert (

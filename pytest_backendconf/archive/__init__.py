@@ -12,7 +12,7 @@ from ._archive import debug_source, encode, read_archive, symbolicate, with_side
 from ._attributes import encode_attributes
 from ._bundles import BUNDLE_SCHEMA, Bundle, Bundles, encode_bundles
 from ._debug_table import PortablePaths
-from ._files import write_atomic
+from ._files import sync_files, write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
 from ._method_spec import MethodSpec, params_of, value_spec
@@ -60,6 +60,7 @@ __all__ = [
     "read_sidecar",
     "read_tensors",
     "symbolicate",
+    "sync_files",
     "to_message",
     "value_spec",
     "with_sidecar",

@@ -152,7 +152,10 @@ class Bundles:
 
     def entries(self) -> dict[str, bytes]:
         """The archive entries these bundles were read from (what a re-save writes back)."""
-        document = {"methods": self.records, "tensors": [{"dtype": m["dtype"], "shape": m["shape"]} for m in self.tensor_meta]}
+        document = {
+            "methods": self.records,
+            "tensors": [{"dtype": m["dtype"], "shape": m["shape"]} for m in self.tensor_meta],
+        }
         entries = {BUNDLES: json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")}
         for i, data in enumerate(self.tensor_bytes):
             entries[f"bundles/{i}.bin"] = data
@@ -202,7 +205,9 @@ def read_bundles(
                 value = record[name]
                 if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
                     raise ArchiveManifestError(f"{at}: {name} must be a number >= 0, got {_short(value)}; {_REWRITE}")
-            if not isinstance(record["tolerance"], str) or not (record["check"] is None or isinstance(record["check"], str)):
+            if not isinstance(record["tolerance"], str) or not (
+                record["check"] is None or isinstance(record["check"], str)
+            ):
                 raise ArchiveManifestError(f"{at}: tolerance must be a string and check a string or null; {_REWRITE}")
     tensor_bytes = []
     for i, meta in enumerate(metas):

@@ -30,7 +30,7 @@ from ._debug_table import decode_debug
 from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
 from ._tensor_codec import ITEMSIZE, tensor_from_checked
-from ._sidecar import SEPARATE_SCHEMA, SIDECAR_FORMAT, decode_handles, read_manifest_field
+from ._sidecar import SIDECAR_FORMAT, decode_handles, read_manifest_field
 from ._versions import check_blob_version
 from ..errors import (
     ArchiveBackendError,

@@ -265,7 +265,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if archive.bundles is not None:
         print("bundled inputs (backendconf replay runs them):")
         for method, (count, size) in archive.bundles.sizes().items():
-            print(f"  {p(method)}: {count} bundle{'' if count == 1 else 's'}, {size} bytes of inputs and expected outputs")
+            print(
+                f"  {p(method)}: {count} bundle{'' if count == 1 else 's'}, {size} bytes of inputs and expected outputs"
+            )
     print("entries:")
     width = max(len(p(e.name)) for e in archive.entries)
     for e in archive.entries:

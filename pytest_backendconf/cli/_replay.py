@@ -243,7 +243,12 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
         )
         if r.outcome != "passed":
             tag = "failure" if r.outcome == "failed" else "error"
-            element = ET.SubElement(case, tag, type=(r.error or {}).get("type", r.outcome), message=_xml_text((r.message or "").split("\n")[0]))
+            element = ET.SubElement(
+                case,
+                tag,
+                type=(r.error or {}).get("type", r.outcome),
+                message=_xml_text((r.message or "").split("\n")[0]),
+            )
             element.text = _xml_text(r.message or "")
     testsuites = ET.Element("testsuites")
     testsuites.append(suite)
@@ -259,4 +264,3 @@ def _write(path: str, text: str) -> None:
     from ..archive import write_atomic
 
     write_atomic(path, text)
-

@@ -56,7 +56,9 @@ def bundle_entries(
             'bundled_inputs must be {"method": [(input, ...), ...]}, got ' + type(bundled_inputs).__name__
         )
     if tolerance is not None and (
-        not isinstance(tolerance, tuple) or len(tolerance) != 2 or not all(isinstance(v, (int, float)) for v in tolerance)
+        not isinstance(tolerance, tuple)
+        or len(tolerance) != 2
+        or not all(isinstance(v, (int, float)) for v in tolerance)
     ):
         raise ArchiveError(f"tolerance must be a pair (rtol, atol), got {tolerance!r}")
     made: dict[str, list[Bundle]] = {}
@@ -85,7 +87,9 @@ def _bundle(core: Any, method: str, i: int, item: Any, eager: Any, tolerance: tu
         )
     function = getattr(eager, method, None) if method != "forward" else eager
     if not callable(function):
-        raise ArchiveError(f"{where}: eager={type(eager).__name__} has no method {method!r} to compute the expected outputs")
+        raise ArchiveError(
+            f"{where}: eager={type(eager).__name__} has no method {method!r} to compute the expected outputs"
+        )
     with torch.no_grad():
         expected = function(*copy.deepcopy(item))
     rtol, atol, source = _tolerance(core, expected, tolerance)

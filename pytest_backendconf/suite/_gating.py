@@ -279,7 +279,9 @@ class GatingPlugin:
 
         folder = self.config.stash[GOLDEN_KEY]
         listed, removed = write_index(folder, results, self.selected.name)
-        dropped = f"; {removed} archive{'' if removed == 1 else 's'} of checks that did not pass removed" if removed else ""
+        dropped = (
+            f"; {removed} archive{'' if removed == 1 else 's'} of checks that did not pass removed" if removed else ""
+        )
         self.notes.append(
             f"golden folder {folder}: {listed} archive{'' if listed == 1 else 's'} with bundled inputs "
             f"(replay them with: backendconf replay {folder}){dropped}"

@@ -110,14 +110,24 @@ def replay_archives(
                 if reply.setup_error is not None:
                     error = dict(reply.setup_error)
                 for method, index, check in expected:
-                    results.append(BundleResult(path, method, index, "error", error["message"], error, None, check, backend))
+                    results.append(
+                        BundleResult(path, method, index, "error", error["message"], error, None, check, backend)
+                    )
                 children.pop(backend).close()
                 continue
             if reply["error"] is not None:
                 for method, index, check in expected:
                     results.append(
                         BundleResult(
-                            path, method, index, "error", reply["error"]["message"], reply["error"], None, check, backend
+                            path,
+                            method,
+                            index,
+                            "error",
+                            reply["error"]["message"],
+                            reply["error"],
+                            None,
+                            check,
+                            backend,
                         )
                     )
                 continue
@@ -160,7 +170,9 @@ class ReplayHandler:
         for method in bundles.methods():
             for index, bundle in enumerate(bundles.decode(method)):
                 record: dict[str, Any] = {"method": method, "index": index, "check": bundle.check}
-                undeclared = [d for d in bundles.input_dtypes(method, index) if declared is not None and d not in declared]
+                undeclared = [
+                    d for d in bundles.input_dtypes(method, index) if declared is not None and d not in declared
+                ]
                 if undeclared:
                     message = (
                         f"bundle {method}[{index}] has {', '.join(undeclared)} inputs, but backend "
@@ -168,13 +180,21 @@ class ReplayHandler:
                         "(Capabilities.dtypes); it was not run. Bundle inputs in a declared dtype, or declare "
                         "the dtype if the backend executes it"
                     )
-                    record.update(outcome="error", message=message, error={"type": "UndeclaredDtypeError", "module": __name__, "message": message})
+                    record.update(
+                        outcome="error",
+                        message=message,
+                        error={"type": "UndeclaredDtypeError", "module": __name__, "message": message},
+                    )
                 else:
                     # The method runs by its name in the manifest, which the reader checked against the methods.
-                    call = functools.partial(wrapper.lowered.run, method)
-                    record.update(_run_bundle(self.channel, lambda *args: call(args, {}), method, index, bundle))
+                    call = functools.partial(_call_method, wrapper.lowered, method)
+                    record.update(_run_bundle(self.channel, call, method, index, bundle))
                 reply["results"].append(record)
         return reply
+
+
+def _call_method(lowered: Any, method: str, *args: Any) -> Any:
+    return lowered.run(method, args, {})
 
 
 def _declared_dtypes(backend: Any) -> set[str] | None:
@@ -207,8 +227,9 @@ def _run_bundle(channel: Any, method: Any, name: str, index: int, bundle: Any) -
     failing = [r for r in results if not r.passed]
     if not failing:
         return {"outcome": "passed", "numerics": numerics}
-    message = f"{where}: the outputs on the target differ from the expected outputs (eager PyTorch on the host):\n" + "\n".join(
-        r.text() for r in failing
+    message = (
+        f"{where}: the outputs on the target differ from the expected outputs (eager PyTorch on the host):\n"
+        + "\n".join(r.text() for r in failing)
     )
     return {"outcome": "failed", "message": message, "error": _failure(message), "numerics": numerics}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -14,7 +15,13 @@ import pytest_backendconf as bc
 from pytest_backendconf.archive import _zip as _archive_zip
 from pytest_backendconf.cli import main
 from pytest_backendconf.conformance._spec import section
-from pytest_backendconf.errors import ArchiveChecksumError, ArchiveError
+from pytest_backendconf.errors import (
+    ArchiveChecksumError,
+    ArchiveEntryError,
+    ArchiveError,
+    ArchiveManifestError,
+    ArchiveSizeError,
+)
 from pytest_backendconf.lowering import DEFAULT_TOLERANCES
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -163,3 +170,91 @@ def test_inspect_lists_the_bundles_and_their_sizes(lowered, tmp_path, capsys):
         in out
     )
     assert "schema version 1.4" in out
+
+
+# --- damaged bundles: each an ArchiveError naming the entry ------------------------------------------
+
+
+def honest(entries: dict[str, bytes]) -> bytes:
+    """Repack ``entries`` with a manifest whose sizes and hashes fit them (a forged, not a damaged, file)."""
+    manifest = json.loads(entries["manifest.json"])
+    manifest["entries"] = {
+        n: {"size": len(d), "sha256": hashlib.sha256(_archive_zip.stored_bytes(n, d)).hexdigest()}
+        for n, d in sorted(entries.items())
+        if n != "manifest.json"
+    }
+    entries = {**entries, "manifest.json": json.dumps(manifest, indent=1).encode()}
+    order = ["manifest.json"] + sorted(n for n in entries if n != "manifest.json")
+    return _archive_zip.pack([(n, entries[n]) for n in order])
+
+
+def edit_bundles(data: bytes, edit) -> bytes:
+    entries = entries_of(data)
+    document = json.loads(entries["bundles.json"])
+    edit(document, entries)
+    entries["bundles.json"] = json.dumps(document).encode()
+    return honest(entries)
+
+
+def _set_version(data: bytes, version: list) -> bytes:
+    entries = entries_of(data)
+    manifest = json.loads(entries["manifest.json"])
+    manifest["schema_version"] = version
+    entries["manifest.json"] = json.dumps(manifest).encode()
+    return honest(entries)
+
+
+@pytest.mark.parametrize(
+    "damage, error, message",
+    [
+        (
+            lambda d: _set_version(d, [1, 2]),
+            ArchiveEntryError,
+            r"entry 'bundles.json': bundled inputs are schema 1.4, but the archive says 1.2",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: doc["methods"].update(decode=doc["methods"]["forward"])),
+            ArchiveManifestError,
+            "has bundles for method 'decode', which the manifest does not list",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: doc["methods"]["forward"][0].pop("expected")),
+            ArchiveManifestError,
+            r"bundle forward\[0\]: must have exactly the fields",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: doc["methods"]["forward"][0].update(expected={"tensor": 99})),
+            ArchiveManifestError,
+            r"bundle forward\[0\], expected outputs: tensor reference 99 is outside the table of 2 tensors",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: doc["methods"]["forward"][0].update(inputs=[{"tensor": 0}])),
+            ArchiveManifestError,
+            "inputs must be an encoded tuple",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: doc["methods"]["forward"][0].update(rtol="loose")),
+            ArchiveManifestError,
+            "rtol must be a number >= 0",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: e.update({"bundles/1.bin": e["bundles/1.bin"][:-4]})),
+            ArchiveSizeError,
+            r"entry 'bundles/1.bin': has 44 bytes, but a float32 tensor of shape \[3, 4\] needs 48",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: e.update({"bundles/7.bin": b""})),
+            ArchiveEntryError,
+            r"entry 'bundles/7.bin': no tensor of bundles.json refers to it",
+        ),
+        (
+            lambda d: edit_bundles(d, lambda doc, e: e.pop("bundles/0.bin")),
+            ArchiveEntryError,
+            r"entry 'bundles/0.bin': tensor 0 of bundles.json is missing",
+        ),
+    ],
+)
+def test_damaged_bundles_are_archive_errors_naming_the_entry(lowered, damage, error, message):
+    data = saved(lowered, bundled_inputs={"forward": [(X1,)]}, eager=SinScale())
+    with pytest.raises(error, match=message):
+        bc.read_archive(damage(data))

@@ -328,7 +328,7 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from ._replay import run
 
-    return run(args)
+    return run(args, printable)
 
 
 def _profile(args: argparse.Namespace) -> int:

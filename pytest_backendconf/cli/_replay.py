@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
@@ -100,9 +100,9 @@ def _index_files(index: str) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, printable: Callable[[object], str]) -> int:
+    """The command; ``printable`` escapes what comes from the files before it reaches the terminal."""
     from ..target import replay_archives
-    from ._main import printable
 
     started = time.time()
     paths = archive_paths(args.paths)

@@ -215,7 +215,7 @@ SUITE_ROWS = [
     ("suite.failed", "default suite, tests not passed", "tests", "0"),
     ("suite.exports", "exports performed ÷ unique (model, signature)", "×", "= 1"),
     ("suite.wall_1thread", "default suite with OMP_NUM_THREADS=1, wall", "s", "info"),
-    ("suite.golden", "default suite with --backendconf-golden=DIR ÷ without, wall", "×", "≤ 1.2×"),
+    ("suite.golden", "default suite with --backendconf-golden=DIR ÷ without, CPU", "×", "≤ 1.2×"),
 ]
 
 
@@ -336,6 +336,9 @@ def golden_figure(settings: Settings, plain: SuiteRun, row: Callable[..., Figure
 
     Runs alternate, golden, plain, golden, and the best of each is kept: one
     pair of runs on a shared machine differs by more than the 20 % measured.
+    The figure is the ratio of CPU time (user+sys of every process of the
+    run): the suite is CPU-bound, so on a quiet machine it is the wall-time
+    ratio, and on a loaded one wall time mostly measures the neighbours.
     """
     golden_runs, plain_runs, archives, size = [], [plain], 0, 0
     for again in (True, False):
@@ -350,14 +353,14 @@ def golden_figure(settings: Settings, plain: SuiteRun, row: Callable[..., Figure
             plain_runs.append(run_suite(settings))
     best_golden = min(golden_runs, key=lambda r: r.wall)
     best_plain = min(plain_runs, key=lambda r: r.wall)
-    ratio = best_golden.wall / best_plain.wall
     cpu = min(r.cpu for r in golden_runs) / min(r.cpu for r in plain_runs)
     full = settings.suite_select is None
     return row(
         "suite.golden",
-        ratio,
-        judged(ratio <= 1.2) if full else INFO,
-        f"best of 2: {best_golden.wall:.1f} s against {best_plain.wall:.1f} s (CPU {cpu:.2f}×); "
+        cpu,
+        judged(cpu <= 1.2) if full else INFO,
+        f"best of 2: CPU {min(r.cpu for r in golden_runs):.1f} s against {min(r.cpu for r in plain_runs):.1f} s; "
+        f"wall {best_golden.wall:.1f} s against {best_plain.wall:.1f} s ({best_golden.wall / best_plain.wall:.2f}×); "
         f"{archives} archives, {size / 2**20:.1f} MiB",
     )
 

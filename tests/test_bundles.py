@@ -258,3 +258,15 @@ def test_damaged_bundles_are_archive_errors_naming_the_entry(lowered, damage, er
     data = saved(lowered, bundled_inputs={"forward": [(X1,)]}, eager=SinScale())
     with pytest.raises(error, match=message):
         bc.read_archive(damage(data))
+
+
+def test_bundles_and_debug_info_apart_go_together(lowered, tmp_path):
+    path = tmp_path / "model.bcpt"
+    bc.save(lowered, path, debug_info="separate", bundled_inputs={"forward": [(X1,)]}, eager=SinScale())
+    assert bc.read_archive(path).schema_version == (1, 4)
+    again = bc.load(path)  # the .debug file beside it is found
+    assert torch.equal(again.bundled_inputs()[0][0], X1)
+    archive, sidecar = io.BytesIO(), io.BytesIO()
+    bc.save(again, archive, debug_info="separate", debug_file=sidecar)
+    assert archive.getvalue() == path.read_bytes()
+    assert sidecar.getvalue() == (tmp_path / "model.bcpt.debug").read_bytes()

@@ -37,6 +37,7 @@ from pytest_backendconf.diagnostics import (
     summary_json,
     worst,
 )
+from pytest_backendconf.suite._golden import GoldenRecorder
 from pytest_backendconf.suite._hypothesis import PROFILES, draws_seed
 from pytest_backendconf.report import Check, CheckFailed, Unsupported
 
@@ -101,6 +102,8 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     profile = PROFILES[ctx.hypothesis_profile]
     #: The worst comparison among the passing examples.
     seen: dict = {}
+    suffix = "" if method == "forward" else f".{method}"
+    golden = GoldenRecorder(ctx, "parity", f"{case_name}{suffix}[{dtype}]", tol)
 
     @profile
     @given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))
@@ -115,12 +118,14 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         for i, (before, after) in enumerate(zip(originals, args)):
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
+        golden.add(args, kwargs, expected)
 
     compare = _seeded(ctx, f"{case_name}[{dtype}].{method}", compare)
     try:
         compare()
     except _Differs as exc:
         raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
+    golden.write(lowered, method)  # --backendconf-golden: the archive, bundled with what it was checked on
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 
@@ -263,6 +268,8 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     strategy, always = size_choices(ctx, case_name, method)
     #: The worst comparison among the passing examples.
     seen: dict = {}
+    suffix = "" if method == "forward" else f".{method}"
+    golden = GoldenRecorder(ctx, "parity", f"{case_name}{suffix}[{dtype}-dynamic]", tol)
 
     def compare(sizes: dict, seed: int, mode: str) -> None:
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode, sizes=sizes)
@@ -278,6 +285,7 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
         except OutputSpecError as exc:
             raise CheckFailed(f"{where}: {exc}{hint}") from None
         _compare_with_eager(actual, expected, tol, seen, (args, kwargs, sizes), where, hint=hint)
+        golden.add(args, kwargs, expected)
 
     test = given(sizes=strategy, seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))(compare)
     for sizes in reversed(always):  # example() stacks: the last applied runs first
@@ -290,6 +298,7 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
         test()
     except _Differs as exc:
         raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
+    golden.write(lowered, method)
     return {"numerics": summary_json(seen.get("worst") or [])}
 
 

@@ -63,6 +63,8 @@ _LAZY = {
     "DebugHandles": ".debuginfo",
     "DebugHandleRecorder": ".debuginfo",
     "save": ".lowering",
+    "bundles": ".lowering",
+    "Bundle": ".archive",
     "load": ".lowering",
     "symbolicate": ".archive",
     "profile": ".diagnostics",

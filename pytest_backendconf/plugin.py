@@ -68,6 +68,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "keeping the reasons and links of entries that still fail",
     )
     group.addoption(
+        "--backendconf-golden",
+        dest="backendconf_golden",
+        metavar="DIR",
+        default=None,
+        help="write, for every passing parity check, its archive bundled with the inputs it was checked on "
+        "and eager's outputs into DIR (plus DIR/index.json), for `backendconf replay DIR` on a device",
+    )
+    group.addoption(
         "--backendconf-report",
         dest="backendconf_report",
         metavar="FILE",
@@ -178,6 +186,9 @@ def pytest_configure(config: pytest.Config) -> None:
             )
     config.stash[REGISTRY_KEY] = registry
     config.stash[BACKEND_KEY] = selected
+    from .suite import GOLDEN_KEY, golden_dir
+
+    config.stash[GOLDEN_KEY] = golden_dir(config, config.getoption("backendconf_golden", None))
     set_active_registry(registry)
     if not config.pluginmanager.is_blocked(SUITE_PLUGIN):
         from .suite import SuitePlugin, suite_only
@@ -216,6 +227,9 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     )
     ctx.ops_mode = config.getoption("backendconf_ops", "default")
     ctx.artifacts_root = artifacts_root(config)
+    from .suite import GOLDEN_KEY
+
+    ctx.golden_dir = config.stash.get(GOLDEN_KEY, None)
     # The -p plugins of this run, for commands that rerun one comparison outside pytest.
     ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx

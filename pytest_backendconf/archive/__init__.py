@@ -10,8 +10,9 @@ May import: `debuginfo`, `registry`, `reference` and the public surface; never `
 
 from ._archive import debug_source, encode, read_archive, symbolicate, with_sidecar
 from ._attributes import encode_attributes
+from ._bundles import BUNDLE_SCHEMA, Bundle, Bundles, encode_bundles
 from ._debug_table import PortablePaths
-from ._files import write_atomic
+from ._files import sync_files, write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
 from ._method_spec import MethodSpec, params_of, value_spec
@@ -25,6 +26,9 @@ from ._zip import MANIFEST, pack
 
 __all__ = [
     "Archive",
+    "BUNDLE_SCHEMA",
+    "Bundle",
+    "Bundles",
     "DEFAULT_LIMITS",
     "Delegation",
     "ITEMSIZE",
@@ -45,6 +49,7 @@ __all__ = [
     "default_sidecar_path",
     "delegation",
     "encode",
+    "encode_bundles",
     "encode_attributes",
     "format_delegation",
     "from_message",
@@ -55,6 +60,7 @@ __all__ = [
     "read_sidecar",
     "read_tensors",
     "symbolicate",
+    "sync_files",
     "to_message",
     "value_spec",
     "with_sidecar",

@@ -17,6 +17,9 @@ order::
                                  in tables, one row per debug handle
     tensors/<n>.bin     stored   raw little-endian tensor bytes (dtype, shape in
                                  attributes.json)
+    bundles.json        stored   bundled inputs, expected outputs, tolerances
+                                 (schema 1.4, `_bundles`; only when there are bundles)
+    bundles/<n>.bin     stored   their tensors' raw little-endian bytes
 
 Nothing in an archive is ever run: JSON is parsed, tensors are built with
 ``torch.frombuffer`` from raw bytes. The reader accepts exactly the layout
@@ -45,6 +48,7 @@ from . import _partitions as _archive_partitions
 from ._attributes import RESERVED_METHODS as _RESERVED_METHODS
 from ._zip import DEBUG, MANIFEST, deflate, pack, read_input
 from ._zip import stored_bytes as _stored_bytes
+from ._bundles import BUNDLE_SCHEMA
 from ._debug_table import DebugInfoSizes, torch_stack_trace_bytes
 from ._debug_table import encode_debug as _debug_json
 from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
@@ -95,13 +99,16 @@ __all__ = [
 # --- public API -------------------------------------------------------------------
 
 
-def encode(core: Any, attributes: Any, *, separate: bool) -> tuple[bytes, bytes | None]:
+def encode(
+    core: Any, attributes: Any, *, separate: bool, bundles: Mapping[str, bytes] | None = None
+) -> tuple[bytes, bytes | None]:
     """The archive bytes of a lowered module's records (and its ``.debug`` file when ``separate``).
 
     ``core`` is what the lowering layer hands over: an object with the
     records ``methods``, ``blobs``, ``debug``, ``backend_name``,
     ``backend_version``, ``separate_debug`` and its delegations;
-    ``attributes`` is what `encode_attributes` made of its wrapper.
+    ``attributes`` is what `encode_attributes` made of its wrapper;
+    ``bundles`` the entries of its bundled inputs (`encode_bundles`), if any.
     """
     import torch
 
@@ -129,9 +136,12 @@ def encode(core: Any, attributes: Any, *, separate: bool) -> tuple[bytes, bytes 
     entries[DEBUG] = handles_json(core.debug) if separate else full_debug
     for i, data in enumerate(attributes.tensor_bytes):
         entries[f"tensors/{i}.bin"] = data
+    entries.update(bundles or {})
+    # The lowest schema that describes the archive, so that older readers read what they can.
+    version = BUNDLE_SCHEMA if bundles else SEPARATE_SCHEMA if separate else SCHEMA_VERSION
     manifest = {
         "format": FORMAT_NAME,
-        "schema_version": list(SEPARATE_SCHEMA if separate else SCHEMA_VERSION),
+        "schema_version": list(version),
         "writer": f"pytest-backendconf {__version__}",
         "torch_version": str(torch.__version__),
         "backend": {"name": core.backend_name, "version": core.backend_version},

@@ -17,7 +17,7 @@ from ._tensor_codec import Encoded, ValueEncoder, check_tensor_meta, check_value
 from ..errors import ArchiveError, ArchiveManifestError
 
 #: Method names the wrapper needs for itself.
-RESERVED_METHODS = frozenset({"lowered", "extra_attributes"})
+RESERVED_METHODS = frozenset({"lowered", "extra_attributes", "bundled_inputs"})
 _ATTRIBUTE_KINDS = ("attribute", "parameter", "buffer")
 
 

@@ -28,13 +28,16 @@ _STALE_AFTER_S = 24 * 3600
 _YOUNG_S = 10
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool = True) -> None:
     """Replace ``path`` with ``data`` (``str`` is written as UTF-8 with ``\\n`` newlines).
 
     The data goes to a temporary file next to ``path``, is synced, then
     renamed over it; the rename is synced too where the OS allows. A new
     file gets the mode ``open()`` would give it (the umask), an existing one
     keeps its mode.
+
+    :param sync: ``False`` skips both syncs (the rename still never shows a
+        half-written file): for many files synced together later (`sync_files`).
     """
     path = os.fspath(path)
     if isinstance(data, str):
@@ -49,14 +52,34 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    if not sync:
+        return
     with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def sync_files(paths: list[str | os.PathLike], directory: str | os.PathLike) -> None:
+    """Make files written with ``write_atomic(..., sync=False)``, and their renames in ``directory``, durable."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    with contextlib.suppress(OSError):
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

@@ -14,6 +14,7 @@ import hashlib
 import re
 from typing import Any
 
+from ._bundles import BUNDLE_SCHEMA, BUNDLES, is_bundle_entry, read_bundles
 from ._partitions import is_partition_entry
 from ._partitions import read as read_partitions
 from ._attributes import RESERVED_METHODS, check_attributes, restore_attributes
@@ -29,7 +30,7 @@ from ._debug_table import decode_debug
 from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
 from ._tensor_codec import ITEMSIZE, tensor_from_checked
-from ._sidecar import SEPARATE_SCHEMA, SIDECAR_FORMAT, decode_handles, read_manifest_field
+from ._sidecar import SIDECAR_FORMAT, decode_handles, read_manifest_field
 from ._versions import check_blob_version
 from ..errors import (
     ArchiveBackendError,
@@ -49,6 +50,8 @@ FORMAT_NAME = "backendconf-archive"
 #: strings; 1.0 and 1.1 strings are still read, by a parser that imports nothing.
 #: 1.3: handles-only archives (`_sidecar`, ``save(..., debug_info="separate")``) are written with
 #: 1.3; embedded ones keep 1.2, so that readers of 1.2 still read every embedded archive.
+#: 1.4: bundled inputs (`_bundles`, ``save(..., bundled_inputs=...)``); only archives that carry
+#: bundles are written with 1.4 (a 1.2 or 1.3 reader ignores the entries of a newer minor).
 SCHEMA_VERSION = (1, 2)
 ATTRIBUTES = "attributes.json"
 BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
@@ -96,6 +99,8 @@ class Archive:
     separate_debug: dict[str, Any] | None = None
     handles: tuple[int, ...] = ()
     sha256: str | None = None
+    #: Bundled inputs (schema 1.4), a `_bundles.Bundles`, or None.
+    bundles: Any = dataclasses.field(default=None, repr=False)
 
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
@@ -211,7 +216,7 @@ class ArchiveReader(ZipReader):
         self, manifest: dict, version: tuple[int, int], entries: list[ZipEntry], by_name: dict[str, ZipEntry]
     ) -> Archive:
         where = self.where(MANIFEST)
-        newer = version[1] > SEPARATE_SCHEMA[1]  # 1.3 (handles-only archives) is known here too
+        newer = version[1] > BUNDLE_SCHEMA[1]  # 1.3 (handles-only) and 1.4 (bundled inputs) are known here too
         backend = _field(manifest, "backend", dict, where)
         backend_name = _field(backend, "name", str, f"{where}: backend")
         if not _BACKEND_NAME.match(backend_name):
@@ -254,7 +259,13 @@ class ArchiveReader(ZipReader):
                 raise ArchiveManifestError(
                     f'{where}: entries[{name!r}] must be {{"size": int, "sha256": str}}, got {_short(record)}; {_REWRITE}'
                 )
-            known = name in (DEBUG, ATTRIBUTES) or BLOB.match(name) or TENSOR.match(name) or is_partition_entry(name)
+            known = (
+                name in (DEBUG, ATTRIBUTES)
+                or BLOB.match(name)
+                or TENSOR.match(name)
+                or is_partition_entry(name)
+                or is_bundle_entry(name)
+            )
             if not known and newer:
                 unknown.add(name)
             if not known and not newer:
@@ -280,7 +291,7 @@ class ArchiveReader(ZipReader):
                 (self.limits.max_debug_bytes, "max_debug_bytes")
                 if entry.name == DEBUG
                 else (self.limits.max_json_bytes, "max_json_bytes")
-                if entry.name == ATTRIBUTES
+                if entry.name in (ATTRIBUTES, BUNDLES)
                 else (None, None)
             )
             if cap is not None and entry.size > cap:
@@ -352,6 +363,9 @@ class ArchiveReader(ZipReader):
             if match and int(match[1]) >= len(tensor_meta):
                 raise ArchiveEntryError(f"{self.where(name)}: no tensor of {ATTRIBUTES} refers to it; {_REWRITE}")
 
+        bundle_doc = self._parse_json(BUNDLES, contents[BUNDLES]) if BUNDLES in contents else None
+        bundles = read_bundles(bundle_doc, contents, set(methods), version, self.where)
+
         infos = tuple(
             EntryInfo(
                 e.name,
@@ -384,6 +398,7 @@ class ArchiveReader(ZipReader):
             separate_debug=separate,
             handles=handles,
             sha256=hashlib.sha256(self.data).hexdigest() if separate is not None else None,
+            bundles=bundles,
         )
 
     def _methods(self, records: list, compile_spec: dict, version: tuple[int, int]) -> dict[str, MethodSpec]:

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ._profile import add_command as _add_profile_command
 
     _add_profile_command(commands, run=_profile)
+    from ._replay import add_command as _add_replay_command
+
+    _add_replay_command(commands, run=_replay)
     _add_report_commands(commands)
     return parser
 
@@ -253,6 +256,12 @@ def _inspect(args: argparse.Namespace) -> int:
     print("delegation:")
     for line in format_delegation(delegation(archive)).splitlines():
         print(f"  {line}")
+    if archive.bundles is not None:
+        print("bundled inputs (backendconf replay runs them):")
+        for method, (count, size) in archive.bundles.sizes().items():
+            print(
+                f"  {p(method)}: {count} bundle{'' if count == 1 else 's'}, {size} bytes of inputs and expected outputs"
+            )
     print("entries:")
     width = max(len(p(e.name)) for e in archive.entries)
     for e in archive.entries:
@@ -328,6 +337,12 @@ def _rewrite_log(archive: object, lines: Iterable[str]) -> None:
 
 
 @_file_errors
+def _replay(args: argparse.Namespace) -> int:
+    from ._replay import run
+
+    return run(args, printable)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from ._profile import run
 

@@ -8,6 +8,7 @@ May import: `archive`, `debuginfo`, `reference`, `registry` and the public surfa
 """
 
 from ._args import availability, normalize, resolve_backend
+from ._bundling import DEFAULT_TOLERANCES, bundles
 from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
 from ._lowering import _preprocess, export_method, lower_programs, to_backend
 from ._partition import op_overload
@@ -15,10 +16,12 @@ from ._program_io import user_outputs
 from ._saving import instantiate, load, save, to_bytes, to_bytes_separate
 
 __all__ = [
+    "DEFAULT_TOLERANCES",
     "LoweredModule",
     "WrapperModule",
     "_preprocess",
     "availability",
+    "bundles",
     "debug_info",
     "delegation",
     "export_method",

@@ -75,6 +75,8 @@ class LoweredModule(torch.nn.Module):
         #: Loaded from a handles-only archive (`archive._sidecar`): its debug_info field, handles and the
         #: symbolicate command for its .debug file; ``debug`` is empty unless the sidecar was loaded.
         self.separate_debug: dict[str, Any] | None = None
+        #: Bundled inputs read from an archive (`archive.Bundles`), written back by a re-save; None without.
+        self.bundles: Any = None
 
     def add_plan(
         self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
@@ -292,6 +294,16 @@ class WrapperModule(torch.nn.Module):
         lowered = self.lowered
         parts = [f"{name}: {lowered.delegation_of(name).summary()}" for name in lowered.methods]
         return f"WrapperModule(backend={lowered.backend_name!r}; {'; '.join(parts)})"
+
+    def bundled_inputs(self, method: str = "forward") -> list[tuple]:
+        """The inputs bundled with ``method`` in the archive this module was loaded from (``[]`` if none).
+
+        Each is a tuple of positional arguments; `pytest_backendconf.bundles`
+        gives them with their expected outputs and tolerance.
+        """
+        from ._bundling import bundles
+
+        return [bundle.inputs for bundle in bundles(self, method)]
 
     def extra_attributes(self) -> dict[str, Any]:
         """The attributes set after lowering, by name."""

@@ -23,12 +23,22 @@ from ..archive import (
     write_atomic,
 )
 from ..errors import ArchiveError, LoweringError
+from ._bundling import bundle_entries
 from ._lowered_module import LoweredModule, WrapperModule
 
 __all__ = ["instantiate", "load", "save", "to_bytes", "to_bytes_separate"]
 
 
-def save(lowered: Any, file: Any, *, debug_info: str = "embedded", debug_file: Any = None) -> None:
+def save(
+    lowered: Any,
+    file: Any,
+    *,
+    debug_info: str = "embedded",
+    debug_file: Any = None,
+    bundled_inputs: Any = None,
+    eager: Any = None,
+    tolerance: tuple[float, float] | None = None,
+) -> None:
     """Write ``lowered`` (what `to_backend` or `load` returned) to ``file``.
 
     ``file`` is a path or a binary file object. A path is written
@@ -45,11 +55,24 @@ def save(lowered: Any, file: Any, *, debug_info: str = "embedded", debug_file: A
         (docs/archive-format.md, "Debug info apart").
     :param debug_file: where ``"separate"`` writes the debug info: a path
         (default ``file + ".debug"``) or a binary file object.
+    :param bundled_inputs: ``{method: [(x1,), (x2,)]}``: inputs to store with
+        the archive, each with its expected outputs and tolerance
+        (docs/archive-format.md, "Bundled inputs"); ``backendconf replay``
+        runs them where the archive is loaded. An entry may also be a
+        `Bundle` with its own expected outputs and tolerance. Without it, the
+        bundles of a module loaded from an archive are saved again.
+    :param eager: the eager module whose outputs (computed here, on the
+        host) are the expected outputs of tuple entries; its method of the
+        same name is called for methods other than ``forward``.
+    :param tolerance: ``(rtol, atol)`` for every bundle; by default the
+        backend's ``Capabilities.tolerances`` for the outputs' dtype, else
+        ``torch.testing``'s default for it (the conformance suite's default).
     """
+    bundles = _bundles_of(lowered, bundled_inputs, eager, tolerance)
     if debug_info_mode(debug_info) == "embedded":
         if debug_file is not None:
             raise ArchiveError('save(debug_file=...) is for debug_info="separate"; embedded debug info needs no file')
-        _write(file, to_bytes(lowered))
+        _write(file, _encode(lowered, separate=False, bundles=bundles)[0])
         return
     if debug_file is None:
         if not isinstance(file, (str, os.PathLike)):
@@ -58,7 +81,8 @@ def save(lowered: Any, file: Any, *, debug_info: str = "embedded", debug_file: A
                 "file object for the debug info); with a path it defaults to the path + '.debug'"
             )
         debug_file = default_sidecar_path(file)
-    archive, sidecar = to_bytes_separate(lowered)
+    archive, sidecar = _encode(lowered, separate=True, bundles=bundles)
+    assert sidecar is not None
     # The sidecar first: an archive on disk always has its debug info beside it.
     _write(debug_file, sidecar)
     _write(file, archive)
@@ -85,7 +109,23 @@ def to_bytes_separate(lowered: Any) -> tuple[bytes, bytes]:
     return archive, sidecar
 
 
-def _encode(lowered: Any, *, separate: bool) -> tuple[bytes, bytes | None]:
+def _core(lowered: Any) -> LoweredModule:
+    core = lowered.lowered if isinstance(lowered, WrapperModule) else lowered
+    if not isinstance(core, LoweredModule):
+        raise ArchiveError(
+            "save() needs the module returned by pytest_backendconf.to_backend() or load(), "
+            f"got {type(lowered).__name__}"
+        )
+    return core
+
+
+def _bundles_of(lowered: Any, bundled_inputs: Any, eager: Any, tolerance: Any) -> dict[str, bytes] | None:
+    return bundle_entries(_core(lowered), bundled_inputs, eager, tolerance)
+
+
+def _encode(lowered: Any, *, separate: bool, bundles: dict[str, bytes] | None = None) -> tuple[bytes, bytes | None]:
+    if bundles is None:
+        bundles = _bundles_of(lowered, None, None, None)
     if isinstance(lowered, WrapperModule):
         core = lowered.lowered
         try:
@@ -101,7 +141,7 @@ def _encode(lowered: Any, *, separate: bool) -> tuple[bytes, bytes | None]:
             "save() needs the module returned by pytest_backendconf.to_backend() or load(), "
             f"got {type(lowered).__name__}"
         )
-    return encode(core, attributes, separate=separate)
+    return encode(core, attributes, separate=separate, bundles=bundles)
 
 
 def load(file: Any, *, limits: Limits | None = None, debug_file: Any = None) -> Any:
@@ -150,6 +190,7 @@ def instantiate(archive: Archive, backend: Any = None) -> WrapperModule:
         )
         if archive.partitions is not None:
             archive.partitions.apply(lowered)
+        lowered.bundles = archive.bundles
         if archive.separate_debug is not None:
             # What the runtime error and a re-save need to know about the .debug file.
             lowered.separate_debug = archive.separate_debug_record()

@@ -26,6 +26,9 @@ from ._reading import MAX_JSON_DEPTH, load_json, printable
 from ._known_from_report import known_failures_from_report
 from ._report import (
     FAILING,
+    OUTCOMES,
+    REPORT_SCHEMA,
+    REPORT_SCHEMA_VERSION,
     REPORT_ATTR,
     TestResult,
     error_of,
@@ -47,6 +50,9 @@ __all__ = [
     "KnownFailureIndex",
     "MAX_JSON_DEPTH",
     "NOT_NEEDED",
+    "OUTCOMES",
+    "REPORT_SCHEMA",
+    "REPORT_SCHEMA_VERSION",
     "REPORT_ATTR",
     "ROOT_ID",
     "TestResult",

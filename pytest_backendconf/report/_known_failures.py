@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-import pytest
 
 from ._check import ROOT_ID, id_matches
 from ._report import FAILING, TestResult
@@ -49,6 +48,8 @@ class KnownFailure:
 
 def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
     """The entries of a known-failures file, in file order; a `pytest.UsageError` for any mistake."""
+    import pytest  # here, not at import: the report package loads without pytest (backendconf replay)
+
     where = f"{option}={path}"
     try:
         text = path.read_text(encoding="utf-8")

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-import pytest
-
 from ._check import CheckFailed
 from ._counts import OUTCOMES, category_counts, outcome_parts
 
 if TYPE_CHECKING:
+    import pytest
+
     from ._known_failures import KnownFailure
     from ..registry import RegisteredBackend
 
@@ -251,6 +251,7 @@ def report_document(
     :param hypothesis: the run's Hypothesis profile, seed and whether it is
         derandomized (the suite's choice), or None when none was made.
     """
+    import pytest
     import torch
 
     from ..capabilities import capabilities_of

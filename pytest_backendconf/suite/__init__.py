@@ -9,16 +9,19 @@ May import: `report`, `target`, `diagnostics` and every layer below them.
 
 from ._context import SuiteContext, build_context
 from ._gating import GatingPlugin
+from ._golden import GOLDEN_KEY, golden_dir
 from ._hypothesis import hypothesis_choice
 from ._suite import SuitePlugin, suite_only
 from ._xdist import ModelGrouping
 
 __all__ = [
+    "GOLDEN_KEY",
     "GatingPlugin",
     "ModelGrouping",
     "SuiteContext",
     "SuitePlugin",
     "build_context",
+    "golden_dir",
     "hypothesis_choice",
     "suite_only",
 ]

@@ -55,6 +55,8 @@ class SuiteContext:
         self.ops_mode = "default"
         #: The ``-p`` plugins of the run, for commands that rerun one comparison outside pytest.
         self.plugin_modules: list[str] = []
+        #: ``--backendconf-golden``: the folder passing parity checks write their bundled archives to.
+        self.golden_dir: Any = None
 
     # --- dtypes ---------------------------------------------------------------
 

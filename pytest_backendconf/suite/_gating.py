@@ -37,6 +37,7 @@ from ..report import (
 )
 from ..archive import write_atomic
 from ._categories import generate_checks
+from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
 from ._host import NOT_RUN_AGAIN
 from ..capabilities import capabilities_of
@@ -270,11 +271,26 @@ class GatingPlugin:
 
             write_atomic(self.html_path, render([document]))  # the page is drawn from the report alone
             self.notes.append(f"HTML report written to {self.html_path}")
+        if self.config.stash.get(GOLDEN_KEY, None) is not None:
+            self._write_golden_index(results)
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
                 self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")
             else:
                 self._write_known_failures(results)
+
+    def _write_golden_index(self, results: list[TestResult]) -> None:
+        from ._golden import write_index
+
+        folder = self.config.stash[GOLDEN_KEY]
+        listed, removed = write_index(folder, results, self.selected.name)
+        dropped = (
+            f"; {removed} archive{'' if removed == 1 else 's'} of checks that did not pass removed" if removed else ""
+        )
+        self.notes.append(
+            f"golden folder {folder}: {listed} archive{'' if listed == 1 else 's'} with bundled inputs "
+            f"(replay them with: backendconf replay {folder}){dropped}"
+        )
 
     def _write_known_failures(self, results: list[TestResult]) -> None:
         assert self.write_path is not None

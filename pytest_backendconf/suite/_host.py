@@ -59,6 +59,8 @@ class HostOptions:
     plugin_modules: list[str] = dataclasses.field(default_factory=list)
     #: ``--backendconf-artifacts``: where saved inputs and rerun files go (None: temporary folders).
     artifacts_root: str | None = None
+    #: ``--backendconf-golden``: where passing parity checks write their bundled archives.
+    golden_dir: str | None = None
 
 
 class BackendHost:
@@ -341,6 +343,7 @@ class HostHandler:
         self.ctx.ops_mode = opts.ops_mode
         self.ctx.plugin_modules = list(opts.plugin_modules)
         self.ctx.artifacts_root = opts.artifacts_root
+        self.ctx.golden_dir = opts.golden_dir
         self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
         install_breadcrumbs(self.ctx.backend, channel)

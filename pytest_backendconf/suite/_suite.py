@@ -192,6 +192,7 @@ class SuitePlugin:
                 ops_mode=self.config.getoption("backendconf_ops", "default"),
                 plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
                 artifacts_root=getattr(self.ctx, "artifacts_root", None),
+                golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
             )
             self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
             if self.ctx is not None:

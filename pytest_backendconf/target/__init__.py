@@ -7,15 +7,18 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 """
 
 from ._child import ChildProcess, Ended, error_record, exit_status, import_plugins, pack_value, tail_text, unpack_value
+from ._replay import BundleResult, replay_archives
 from ._target import run_on_target
 
 __all__ = [
+    "BundleResult",
     "ChildProcess",
     "Ended",
     "error_record",
     "exit_status",
     "import_plugins",
     "pack_value",
+    "replay_archives",
     "run_on_target",
     "tail_text",
     "unpack_value",

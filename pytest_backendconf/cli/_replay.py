@@ -1,0 +1,266 @@
+"""``backendconf replay PATH [PATH ...]``: the device half of vendor CI.
+
+Each archive (or every archive of a folder: those its ``index.json`` lists
+when ``pytest --backendconf-golden=DIR`` wrote it, else its ``*.bcpt``
+files) is loaded on a simulated target, as ``run-target`` loads it, and
+every bundled input is run and compared with its expected outputs
+(`target.replay_archives`). The exit status is 0 only when every bundle
+matches. ``--report`` writes the suite's report schema (category
+``replay``, one test per bundle, ids ``backendconf::replay::<archive>.<method>[<n>]``)
+so that ``backendconf report merge`` and ``report html host.json device.json``
+put host and device side by side; ``--junitxml`` writes JUnit XML for CI
+systems. Only torch, the backend's runtime and this package are imported:
+no pytest, no Hypothesis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import time
+from typing import Any, Callable, Sequence
+
+#: What a golden folder's index is called (`suite._golden` writes it).
+INDEX = "index.json"
+CATEGORY = "replay"
+
+
+def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
+    replay = commands.add_parser(
+        "replay",
+        help="run archives' bundled inputs on a simulated target and compare with their expected outputs",
+        description="Load each ARCHIVE (or each archive of a folder, e.g. one written by pytest "
+        "--backendconf-golden=DIR) in a fresh process in which the backend's host_only_modules and "
+        "torch's tracing entry points cannot be imported, run every bundled input and compare the "
+        "outputs with the expected ones stored beside it. Exit status 0 only when every bundle matches.",
+    )
+    replay.add_argument("paths", metavar="PATH", nargs="+", help="an archive, or a folder of archives")
+    replay.add_argument("--report", metavar="FILE", help="write the results as a backendconf report (JSON)")
+    replay.add_argument("--junitxml", metavar="FILE", help="write the results as JUnit XML")
+    replay.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
+        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
+    )
+    replay.add_argument(
+        "--block",
+        dest="blocked",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="another module to block on the target (repeatable)",
+    )
+    replay.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per archive (default 120)")
+    replay.set_defaults(run=run)
+
+
+def archive_paths(paths: Sequence[str]) -> list[str]:
+    """The archives of ``paths``: files as given; a folder's index entries, else its ``*.bcpt`` files, sorted."""
+    from ..errors import BackendConfError
+
+    found: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            index = os.path.join(path, INDEX)
+            if os.path.isfile(index):
+                found += [os.path.join(path, name) for name in _index_files(index)]
+            else:
+                found += sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".bcpt"))
+        elif os.path.exists(path):
+            found.append(path)
+        else:
+            raise BackendConfError(f"{path!r} does not exist; give archives or folders of them")
+    if not found:
+        raise BackendConfError(f"no archives in {', '.join(map(repr, paths))} (*.bcpt files, or a folder's {INDEX})")
+    return found
+
+
+def _index_files(index: str) -> list[str]:
+    from ..errors import BackendConfError
+
+    try:
+        with open(index, encoding="utf-8") as f:
+            document = json.load(f)
+        names = [entry["archive"] for entry in document["archives"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BackendConfError(
+            f"{index!r} is not a golden folder's index ({type(exc).__name__}: {exc}); write the folder again "
+            "with pytest --backendconf-golden=DIR, or delete the index to replay every *.bcpt file"
+        ) from None
+    for name in names:
+        # A name from the file: a plain file name in the folder, never a path out of it.
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise BackendConfError(f"{index!r} lists {name!r}, which is not a file name in its folder")
+    return names
+
+
+def run(args: argparse.Namespace, printable: Callable[[object], str]) -> int:
+    """The command; ``printable`` escapes what comes from the files before it reaches the terminal."""
+    from ..target import replay_archives
+
+    started = time.time()
+    paths = archive_paths(args.paths)
+    for option in ("report", "junitxml"):
+        target = getattr(args, option)
+        if target is not None and os.path.isdir(target):
+            from ..errors import BackendConfError
+
+            raise BackendConfError(f"--{option}={target}: that is a directory; give a file name in it")
+    results = replay_archives(paths, plugins=args.plugins, blocked_modules=args.blocked, timeout=args.timeout)
+    for result in results:
+        label = f"{result.outcome.upper():6} {test_id(result)}"
+        print(printable(label))
+        if result.outcome != "passed" and result.message:
+            for line in result.message.splitlines():
+                print(printable(f"    {line}"))
+    passed = sum(r.outcome == "passed" for r in results)
+    print(f"replay: {passed}/{len(results)} bundles match their expected outputs ({len(paths)} archives)")
+    status = 0 if results and passed == len(results) else 1
+    if args.report is not None:
+        document = report_document(results, status, started)
+        _write(args.report, json.dumps(document, indent=2) + "\n")
+        print(f"replay: report written to {args.report}")
+    if args.junitxml is not None:
+        _write(args.junitxml, junit_xml(results, time.time() - started))
+        print(f"replay: JUnit XML written to {args.junitxml}")
+    return status
+
+
+def test_id(result: Any) -> str:
+    """``backendconf::replay::<archive stem>.<method>[<n>]``."""
+    return f"backendconf::{CATEGORY}::{_stem(result.archive)}.{result.method}[{result.index}]"
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path)
+    return name[: -len(".bcpt")] if name.endswith(".bcpt") else name
+
+
+def report_document(results: Sequence[Any], status: int, started: float) -> dict[str, Any]:
+    """The results in the suite's report schema (docs/ci-gating.md), category ``replay``."""
+    import torch
+
+    from .. import __version__
+    from ..report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
+
+    backends = sorted({r.backend for r in results if r.backend})
+    counts: dict[str, Any] = {"total": len(results), **{o: 0 for o in OUTCOMES}, "score": None}
+    for r in results:
+        counts[r.outcome] += 1
+    if results:
+        counts["score"] = round(counts["passed"] / len(results), 6)
+    tests = []
+    for r in results:
+        tests.append(
+            {
+                "id": test_id(r),
+                "category": CATEGORY,
+                "case": _stem(r.archive),
+                "stage": "execute",
+                "outcome": r.outcome,
+                "duration": round(r.duration, 6),
+                "error": r.error,
+                "reason": None,
+                "known_failure": None,
+                "reproduce": f"backendconf replay {r.archive}",
+                "details": {"archive": r.archive, "method": r.method, "bundle": r.index, "check": r.check},
+                "numerics": r.numerics,
+            }
+        )
+    return {
+        "schema": REPORT_SCHEMA,
+        "schema_version": list(REPORT_SCHEMA_VERSION),
+        "backend": {
+            "name": ",".join(backends) or "?",
+            "source": "archives replayed by backendconf replay",
+            "distribution": None,
+            "version": None,
+            "available": True,
+            "unavailable_reason": None,
+        },
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "python_implementation": platform.python_implementation(),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "pytest": None,
+            "pytest_backendconf": __version__,
+        },
+        "hypothesis": None,
+        "run": {
+            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
+            "duration": round(time.time() - started, 3),
+            "exit_status": status,
+            "select": [],
+            "xdist_workers": 0,
+        },
+        "known_failures": None,
+        "summary": {CATEGORY: counts},
+        "errors": _error_statistics(results),
+        "ops": None,
+        "tests": tests,
+    }
+
+
+def _error_statistics(results: Sequence[Any]) -> dict[str, Any]:
+    by_type: dict[str, int] = {}
+    for r in results:
+        if r.error is not None:
+            by_type[r.error["type"]] = by_type.get(r.error["type"], 0) + 1
+    total = sum(by_type.values())
+    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": {"execute": total} if total else {}}
+
+
+def junit_xml(results: Sequence[Any], duration: float) -> str:
+    """One ``<testcase>`` per bundle (classname ``backendconf.replay.<archive>``), failures with their text."""
+    from xml.etree import ElementTree as ET
+
+    failures = sum(r.outcome == "failed" for r in results)
+    errors = sum(r.outcome == "error" for r in results)
+    suite = ET.Element(
+        "testsuite",
+        name="backendconf replay",
+        tests=str(len(results)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+        time=f"{duration:.3f}",
+    )
+    for r in results:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"backendconf.replay.{_stem(r.archive)}",
+            name=f"{r.method}[{r.index}]",
+            time=f"{r.duration:.3f}",
+        )
+        if r.outcome != "passed":
+            tag = "failure" if r.outcome == "failed" else "error"
+            element = ET.SubElement(
+                case,
+                tag,
+                type=(r.error or {}).get("type", r.outcome),
+                message=_xml_text((r.message or "").split("\n")[0]),
+            )
+            element.text = _xml_text(r.message or "")
+    testsuites = ET.Element("testsuites")
+    testsuites.append(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(testsuites, encoding="unicode") + "\n"
+
+
+def _xml_text(text: str) -> str:
+    # XML 1.0 has no place for most control characters, which a runtime error's text may hold.
+    return "".join(ch if ch in "\t\n\r" or ord(ch) >= 0x20 else repr(ch)[1:-1] for ch in text)
+
+
+def _write(path: str, text: str) -> None:
+    from ..archive import write_atomic
+
+    write_atomic(path, text)

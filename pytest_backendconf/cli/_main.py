@@ -284,9 +284,12 @@ _HANDLE_IN_LOG = re.compile(r"debug_handle\s*=\s*(-?\d+)")
 
 
 def _handle(digits: str) -> int:
-    """The handle a run of digits names; one too long to be a handle becomes one no archive has."""
-    # int() refuses more than 4300 digits; no handle has more than 19.
-    return int(digits) if len(digits.lstrip("-")) <= 19 else -1
+    """The integer a run of digits names (symbolicate says no archive has one beyond int64)."""
+    body = digits.lstrip("-")
+    if len(body) <= 4000:
+        return int(digits)
+    # int() refuses more than 4300 digits: an integer of the same length, built without parsing.
+    return (-1 if digits.startswith("-") else 1) * 10 ** (len(body) - 1)
 
 
 def _rewrite_log(archive: object, lines: Iterable[str]) -> None:

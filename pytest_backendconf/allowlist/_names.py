@@ -211,6 +211,9 @@ DTYPES: dict[str, torch.dtype] = {
         torch.int32,
         torch.int16,
         torch.int8,
+        torch.uint64,
+        torch.uint32,
+        torch.uint16,
         torch.uint8,
         torch.bool,
     )

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ..errors import ReportError
 from ._merge import read_document
 from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
@@ -110,6 +108,8 @@ def _stale(document: dict[str, Any]) -> set[str]:
 
 
 def _load(path: Path, what: str) -> list[KnownFailure]:
+    import pytest  # the known-failures reader's usage errors; the report package loads without pytest
+
     try:
         return load_known_failures(path, what)
     except pytest.UsageError as exc:

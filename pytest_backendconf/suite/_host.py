@@ -18,7 +18,12 @@ parent can say which call killed it. The parent:
   the check during which it crossed the limit, with the growth measured;
 - remembers a lowered model that hung (or crashed the same way twice): the
   later checks that would run it again fail at once, naming the check that
-  hung, instead of each waiting for its own timeout (`ModelMemory`).
+  hung, instead of each waiting for its own timeout (`ModelMemory`);
+- once a backend has hung, gives each later check a shorter timeout: three
+  times the slowest check that finished so far, at least
+  `AFTER_HANG_FLOOR` seconds. A backend that hangs on one operator hangs on
+  every model containing it; each of those then costs seconds, not the
+  whole ``--backendconf-timeout``.
 
 Categories need nothing special: whatever `generate_checks` yields runs here.
 """
@@ -31,6 +36,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any, Callable
 
@@ -40,6 +46,10 @@ DEFAULT_TIMEOUT = 120.0
 DEFAULT_MAX_RSS_MIB = 4096
 #: Seconds a fresh host may take to import torch and the backend and build the checks.
 STARTUP_TIMEOUT = 300.0
+#: After a hang, the shortest per-check timeout (the slowest finished check times three, at least this).
+AFTER_HANG_FLOOR = 10.0
+#: After a hang, a check's timeout is this many times the slowest check that finished so far.
+AFTER_HANG_FACTOR = 3.0
 
 
 @dataclasses.dataclass
@@ -80,6 +90,14 @@ class BackendHost:
         self.programs: set[tuple] = set()
         #: The lowered models that hung or crashed deterministically in this process's hosts.
         self.models = ModelMemory()
+        #: Seconds of the slowest check that finished (the timeout after a hang is measured against it).
+        self.slowest = 0.0
+
+    def check_timeout(self) -> float | None:
+        """The timeout of the next check: ``--backendconf-timeout``, shortened once the backend has hung."""
+        if not self.timeout or not self.models.hung:
+            return self.timeout
+        return min(self.timeout, max(AFTER_HANG_FLOOR, AFTER_HANG_FACTOR * self.slowest))
 
     def run(
         self, check_id: str, subject: str, model: tuple[str, ...] | None = None, *, runs_backend: bool = True
@@ -127,12 +145,16 @@ class BackendHost:
                 return f"its memory grew past --backendconf-max-rss ({_mib(rss)} > {_mib(self.max_rss)})"
             return None
 
-        result = child.request({"check": check_id}, timeout=self.timeout, on_record=calls.append, watch=watch)
+        timeout = self.check_timeout()
+        started = time.monotonic()
+        result = child.request({"check": check_id}, timeout=timeout, on_record=calls.append, watch=watch)
         stderr = child.stderr_since(mark)
+        if not isinstance(result, Ended):
+            self.slowest = max(self.slowest, time.monotonic() - started)
         if isinstance(result, Ended):
             with self._lock:
                 self._child = None
-                self.models.ended(model, check_id, result, calls)
+                self.models.ended(model, check_id, result, calls, self._timeout_source(result, short=True))
             return {
                 "outcome": "failed",
                 "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
@@ -193,8 +215,8 @@ class BackendHost:
             )
         if ended.timed_out is not None:
             head = (
-                f"{check_id} did not finish within {ended.timed_out:g} s (--backendconf-timeout); the process "
-                "running it was killed"
+                f"{check_id} did not finish within {ended.timed_out:g} s ({self._timeout_source(ended)}); the "
+                "process running it was killed"
             )
         elif ended.killed_because:
             grew = f" (from {_mib(start_rss)} at the start of this check)" if start_rss is not None else ""
@@ -206,6 +228,17 @@ class BackendHost:
                 "exceptions (BackendError), never by crashing its host process"
             )
         return f"{head}.\n{_subject_text(subject, calls)}\nA fresh process runs the next checks.{stderr}"
+
+    def _timeout_source(self, ended: Any, *, short: bool = False) -> str:
+        if self.timeout and ended.timed_out is not None and ended.timed_out < self.timeout:
+            if short:
+                return "a timeout shortened after an earlier hang"
+            return (
+                f"shortened from --backendconf-timeout={self.timeout:g} after an earlier hang: "
+                f"{AFTER_HANG_FACTOR:g} times the slowest finished check, at least {AFTER_HANG_FLOOR:g} s; "
+                "its reproduce command runs it alone with the full timeout"
+            )
+        return "--backendconf-timeout"
 
     def close(self) -> None:
         with self._lock:
@@ -238,16 +271,26 @@ class ModelMemory:
         self._crashes: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
         #: How many checks failed at once instead of running (each would have waited or crashed again).
         self.saved = 0
+        #: Whether a backend call has hung in this process's hosts (later checks get a shorter timeout).
+        self.hung = False
 
-    def ended(self, model: tuple[str, ...] | None, check_id: str, ended: Any, calls: list[dict]) -> None:
-        """Note how the host running ``check_id`` on ``model`` ended."""
+    def ended(
+        self,
+        model: tuple[str, ...] | None,
+        check_id: str,
+        ended: Any,
+        calls: list[dict],
+        timeout_source: str = "--backendconf-timeout",
+    ) -> None:
+        """Note how the host running ``check_id`` on ``model`` ended (``timeout_source``: what set its timeout)."""
         crumbs = [c for c in calls if c.get("kind") == "call"]
         if model is None or not crumbs or ended.killed_because or ended.setup_error is not None:
             return  # no backend call was running: the hang or crash is not the model's
         last = crumbs[-1]
         call = f"{last['call']}(){' ' + last['detail'] if last.get('detail') else ''}"
         if ended.timed_out is not None:
-            how = f"did not finish within {ended.timed_out:g} s (--backendconf-timeout)"
+            self.hung = True
+            how = f"did not finish within {ended.timed_out:g} s ({timeout_source})"
             self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
             return
         seen = self._crashes.setdefault(model, {})

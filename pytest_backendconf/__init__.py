@@ -70,6 +70,7 @@ _LAZY = {
     "Limits": ".archive",
     "run_on_target": ".target",
     "locate_divergence": ".diagnostics",
+    "minify": ".diagnostics",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

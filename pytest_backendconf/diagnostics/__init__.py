@@ -1,17 +1,25 @@
 """Diagnostics: tools that run lowered programs to explain what a backend does.
 
 Owns the numerics of a comparison (closeness, tolerances, worst elements), profiling by source line
-and operator, and the divergence locator that finds the first node whose outputs depart from eager.
+and operator, the divergence locator that finds the first node whose outputs depart from eager, and
+the minimiser that shrinks a failing program to a small one and writes it as a standalone script.
 
-May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
+May import: `target` (the minimiser runs its candidates in a child process), `lowering`, `archive`,
+`debuginfo`, `reference`, `registry` and the public surface.
 """
 
 from ._divergence import locate_divergence, locate_in_program
+from ._minify import DEFAULT_BUDGET, Candidate, Outcome, Reproduction, minify, same_failure
 from ._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
 from ._profile import Call, Profile, check_events, profile
+from ._repro_script import script_stem, write_script
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "Call",
+    "Candidate",
+    "Outcome",
+    "Reproduction",
     "Profile",
     "StructureMismatch",
     "Tolerance",
@@ -19,8 +27,12 @@ __all__ = [
     "compare_outputs",
     "locate_divergence",
     "locate_in_program",
+    "minify",
     "profile",
     "resolve_tolerance",
+    "same_failure",
+    "script_stem",
     "summary_json",
     "worst",
+    "write_script",
 ]

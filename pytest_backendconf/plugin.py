@@ -107,6 +107,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "grows past this fails and a fresh process runs the next ones (default 4096; 0: no limit)",
     )
     group.addoption(
+        "--backendconf-minify",
+        dest="backendconf_minify",
+        choices=("on", "off"),
+        default=None,
+        help="on a model check's crash, hang, undeclared error or localised divergence, shrink the model's "
+        "program to the smallest one that fails the same way and write it as a standalone script "
+        "(default on; see docs/conformance-suite.md)",
+    )
+    group.addoption(
+        "--backendconf-minify-budget",
+        dest="backendconf_minify_budget",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds spent shrinking one failure (default 60); the summary says which ran out",
+    )
+    group.addoption(
         "--backendconf-in-process",
         dest="backendconf_in_process",
         action="store_true",

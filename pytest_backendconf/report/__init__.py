@@ -8,7 +8,7 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 
 from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
 from ._delegation_summary import NOT_NEEDED, delegation_line
-from ._failure_groups import group_failures, summary_lines
+from ._failure_groups import group_failures, same_program_groups, same_program_lines, summary_lines
 from ._html import render
 from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
 from ._merge import format_markdown, format_text, merge, read_documents, read_report, report_files
@@ -65,5 +65,7 @@ __all__ = [
     "skip_reason",
     "summarize",
     "summary_line",
+    "same_program_groups",
+    "same_program_lines",
     "summary_lines",
 ]

@@ -6,12 +6,23 @@ blocker) and the simulated target of the availability tables.
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
-from ._child import ChildProcess, Ended, error_record, exit_status, import_plugins, pack_value, tail_text, unpack_value
+from ._child import (
+    ChildProcess,
+    Ended,
+    active_plugins,
+    error_record,
+    exit_status,
+    import_plugins,
+    pack_value,
+    tail_text,
+    unpack_value,
+)
 from ._target import run_on_target
 
 __all__ = [
     "ChildProcess",
     "Ended",
+    "active_plugins",
     "error_record",
     "exit_status",
     "import_plugins",

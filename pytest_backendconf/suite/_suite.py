@@ -172,8 +172,10 @@ class SuitePlugin:
         self._host: Any = None
         #: Why checks that need the backend available are not applicable here (None: it is available).
         self._unavailable: str | None = None
-        #: The minimiser of failed model checks; False once ``--backendconf-minify=off`` is known.
-        self._minimiser: Any = None
+        from ._minify import minify_choice
+
+        #: The minimiser of failed model checks (started with the first failure); False: minify is off.
+        self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
 
     def in_process(self) -> bool:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
@@ -223,18 +225,15 @@ class SuitePlugin:
         if self._minimiser is None:
             from ..diagnostics import DEFAULT_BUDGET
             from ._host import DEFAULT_TIMEOUT
-            from ._minify import Minimiser, minify_choice
+            from ._minify import Minimiser
 
-            if not minify_choice(self.config):
-                self._minimiser = False
-            else:
-                budget = self.config.getoption("backendconf_minify_budget", None)
-                timeout = self.config.getoption("backendconf_timeout", None)
-                self._minimiser = Minimiser(
-                    self.config,
-                    DEFAULT_BUDGET if budget is None else budget,
-                    (DEFAULT_TIMEOUT if timeout is None else timeout) or None,
-                )
+            budget = self.config.getoption("backendconf_minify_budget", None)
+            timeout = self.config.getoption("backendconf_timeout", None)
+            self._minimiser = Minimiser(
+                self.config,
+                DEFAULT_BUDGET if budget is None else budget,
+                (DEFAULT_TIMEOUT if timeout is None else timeout) or None,
+            )
         return self._minimiser or None
 
     def not_applicable(self, check: Check) -> str | None:

@@ -84,7 +84,9 @@ class Minimiser:
     def reproduce(self, check: Any, ctx: Any, error: dict | None, message: str, ended: dict | None) -> dict | None:
         """The reproduction's record for the report (``script``, ``nodes``, ``ops`` …), or ``None``."""
         where = _subject(check, ctx)
-        target = target_of(error, message, ended) if where is not None else None
+        if where is None:
+            return None
+        target = target_of(error, message, ended)
         if target is None:
             return None
         case, dtype, method = where

@@ -115,9 +115,7 @@ def test_a_hang_on_one_operator_gives_a_script_that_hangs_there(pytester):
     result, tests = run_suite(
         pytester, "hangs_on_tanh", check, "--backendconf-timeout=4", conftest=("broken_backends_minify", "HangsOnTanh")
     )
-    assert "did not finish within 4 s" in tests[f"backendconf::{check}"]["error"]["message"] or "4 s" in str(
-        tests[f"backendconf::{check}"]["error"]
-    )
+    assert "within 4 s" in json.dumps(tests[f"backendconf::{check}"]["error"])  # it hung in its check
     script = reproduction_of(result, tests, check, "aten::tanh")
     # It runs until the backend's preprocess() says it hangs, and is still running a while later.
     process = subprocess.Popen(

@@ -6,7 +6,7 @@ repro_x.py`` in its folder registers the backend the way the run did (its
 nothing), lowers the graph with ``bc.to_backend`` and runs it, and so fails
 the same way: it crashes or hangs, raises the same exception, or raises an
 ``AssertionError`` naming the operator whose outputs diverge from eager.
-The inputs are a tensor file (no code in it), never pickle.
+The inputs are a tensor file: raw tensor bytes, no code in it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf.diagnostics import Candidate, Outcome, same_failure
-from pytest_backendconf.report import same_program_groups, same_program_lines
+from pytest_backendconf.report import render, same_program_groups, same_program_lines
 
 TESTS_DIR = Path(__file__).parent
 CONFTEST = """
@@ -145,9 +145,7 @@ def test_an_undeclared_error_on_one_operator_gives_a_script_that_raises_it(pytes
     assert "LoweringError: preprocess() of backend 'raises_on_sigmoid' failed" in ran.stderr
     assert "NotImplementedError: no kernel for aten.sigmoid.default" in ran.stderr
     # the HTML page links the script
-    page = bc.__name__ and __import__("pytest_backendconf.report", fromlist=["render"]).render(
-        [json.loads((pytester.path / "report.json").read_text())]
-    )
+    page = render([json.loads((pytester.path / "report.json").read_text())])
     assert f'href="{script.as_uri()}"' in page
 
 

@@ -74,6 +74,7 @@ _LAZY = {
     "run_on_target": ".target",
     "locate_divergence": ".diagnostics",
     "failing_nodes": ".diagnostics",
+    "minify": ".diagnostics",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
 }

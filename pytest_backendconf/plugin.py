@@ -128,6 +128,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "grows past this fails and a fresh process runs the next ones (default 4096; 0: no limit)",
     )
     group.addoption(
+        "--backendconf-minify",
+        dest="backendconf_minify",
+        choices=("on", "off"),
+        default=None,
+        help="on a model check's crash, hang, undeclared error or localised divergence, shrink the model's "
+        "program to the smallest one that fails the same way and write it as a standalone script "
+        "(default on; see docs/conformance-suite.md)",
+    )
+    group.addoption(
+        "--backendconf-minify-budget",
+        dest="backendconf_minify_budget",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="seconds spent shrinking one failure (default 60); the summary says which ran out",
+    )
+    group.addoption(
         "--backendconf-in-process",
         dest="backendconf_in_process",
         action="store_true",
@@ -226,6 +243,8 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
         selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
     )
     ctx.ops_mode = config.getoption("backendconf_ops", "default")
+    from .suite import artifacts_root
+
     ctx.artifacts_root = artifacts_root(config)
     from .suite import GOLDEN_KEY
 
@@ -233,27 +252,6 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     # The -p plugins of this run, for commands that rerun one comparison outside pytest.
     ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx
-
-
-def artifacts_root(config: pytest.Config) -> str | None:
-    """``--backendconf-artifacts``, made absolute and created; a usage error when it cannot be a folder."""
-    value = config.getoption("backendconf_artifacts", None)
-    if not value:
-        return None
-    from pathlib import Path
-
-    path = Path(config.invocation_params.dir, value)
-    if path.exists() and not path.is_dir():
-        raise pytest.UsageError(
-            f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)"
-        )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise pytest.UsageError(
-            f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}"
-        ) from None
-    return str(path.resolve())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

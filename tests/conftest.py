@@ -28,6 +28,9 @@ from hypothesis import settings
 # backend host per run costs a fresh torch import: they run the checks in-process. test_isolation.py
 # (and `make suite`) run them in the host, as users do.
 os.environ.setdefault("BACKENDCONF_IN_PROCESS", "1")
+# Their deliberately failing runs test other things than the minimal reproductions, each of which
+# costs a child process: tests/test_minify.py turns it on (--backendconf-minify=on).
+os.environ.setdefault("BACKENDCONF_MINIFY", "off")
 
 # The project's own property tests read these global profiles
 # (`pytest --hypothesis-profile=thorough`); Hypothesis registers `ci` itself.

@@ -424,6 +424,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "known_failure": None,
         "reproduce": f"pytest --backend=no_mul_wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
         "numerics": None,  # only comparisons (parity, ops) measure closeness
+        "reproduction": None,  # only failures are shrunk (and the project's tests turn it off)
     }
     assert tests[LINEAR]["known_failure"] == {"pattern": LINEAR, "reason": "float64 outputs", "link": "https://b/7"}
     assert tests[LINEAR]["error"]["type"] == "OutputSpecError"

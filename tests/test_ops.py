@@ -20,7 +20,7 @@ import torch
 import pytest_backendconf as bc
 from pytest_backendconf import _compat
 from pytest_backendconf.report._failure_groups import group_failures, template
-from pytest_backendconf.diagnostics._numerics import Tolerance, compare_outputs, resolve_tolerance, ulp_distance
+from pytest_backendconf.numerics._numerics import Tolerance, compare_outputs, resolve_tolerance, ulp_distance
 from pytest_backendconf.report._ops import capabilities_text, ops_matrix, parse_id, summary_line
 from pytest_backendconf.archive._tensorfile import TensorFileError, read_tensors, write_tensors
 from pytest_backendconf.conformance import _ops_discovery as discovery

@@ -32,7 +32,7 @@ from .. import _compat
 
 from ..debuginfo import DebugHandleRecorder
 from ..debuginfo import DebugInfo, build_debug_infos
-from ._numerics import Closeness, StructureMismatch, Tolerance, compare_outputs, worst
+from ..numerics import Closeness, StructureMismatch, Tolerance, compare_outputs, worst
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
 from ._counts import category_counts
 from ._delegation_summary import NOT_NEEDED, delegation_line
-from ._failure_groups import group_failures, summary_lines
+from ._failure_groups import group_failures, same_program_groups, same_program_lines, summary_lines
 from ._html import render
 from ._known_failures import (
     KnownFailure,
@@ -89,5 +89,7 @@ __all__ = [
     "skip_reason",
     "summarize",
     "summary_line",
+    "same_program_groups",
+    "same_program_lines",
     "summary_lines",
 ]

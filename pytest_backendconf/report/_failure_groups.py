@@ -5,6 +5,9 @@ parts that vary between checks of one defect masked: numbers, quoted
 names, op overloads, dtypes, paths and ids. Forty ops checks failing with
 "aten.sub.Tensor in float16 …: max abs error 0.031" become one line with
 its count and the first few ids, printed before pytest's own list.
+Failures whose minimal reproductions are the same program (the same
+operator sequence) are named together too: one defect, seen by several
+checks or models.
 """
 
 from __future__ import annotations
@@ -55,5 +58,31 @@ def summary_lines(groups: list[FailureGroup]) -> list[str]:
     for group in groups:
         shown = ", ".join(group.ids[:FIRST_IDS]) + (", …" if len(group.ids) > FIRST_IDS else "")
         lines.append(f"{len(group.ids)} × {group.template}")
+        lines.append(f"    {shown}")
+    return lines
+
+
+def same_program_groups(failures: Iterable[Mapping[str, object]]) -> list[FailureGroup]:
+    """Failures whose minimal reproductions have the same operator sequence, two or more to a group.
+
+    The group's ``template`` is the sequence (``aten::gelu``), largest group first.
+    """
+    groups: dict[tuple[str, ...], FailureGroup] = {}
+    for failure in failures:
+        reproduction: Mapping[str, object] = failure.get("reproduction") or {}  # type: ignore[assignment]
+        ops = reproduction.get("ops")
+        if not reproduction.get("script") or not isinstance(ops, list) or not ops:
+            continue
+        key = tuple(str(op) for op in ops)
+        groups.setdefault(key, FailureGroup(" → ".join(key), [])).ids.append(str(failure["id"]))
+    return sorted((g for g in groups.values() if len(g.ids) > 1), key=lambda g: -len(g.ids))
+
+
+def same_program_lines(groups: list[FailureGroup]) -> list[str]:
+    """``3 failures minimise to the same program (aten::gelu):`` and their first few ids."""
+    lines = []
+    for group in groups:
+        shown = ", ".join(group.ids[:FIRST_IDS]) + (", …" if len(group.ids) > FIRST_IDS else "")
+        lines.append(f"{len(group.ids)} failures minimise to the same program ({group.template}):")
         lines.append(f"    {shown}")
     return lines

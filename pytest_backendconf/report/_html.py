@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import re
+import shlex
 from typing import Any, Iterable, Sequence
 
 from ._merge import FAILING, PASSING
@@ -461,11 +462,32 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
     if error.get("message"):
         parts.append(f'<pre class="message">{_e(error["message"])}</pre>')
     parts.append(f'<p>Reproduce:</p><pre class="repro"><code>{_e(test.get("reproduce"))}</code></pre>')
+    parts.append(_reproduction(test.get("reproduction")))
     anchor = _anchor(prefix + "-f-", test["id"])
     return (
         f'<details id="{anchor}" class="failure {_e(test["outcome"])}" data-filter="{_e(test["id"].lower())}">'
         f'<summary><span class="cell {_e(test["outcome"])}">{_e(symbol)}</span> {_e(test["id"])}</summary>'
         f"{''.join(parts)}</details>"
+    )
+
+
+def _reproduction(record: Any) -> str:
+    """The minimal reproduction: a link to its script (a local file, next to the run), its operators."""
+    if not isinstance(record, dict):
+        return ""
+    script = record.get("script")
+    if not script:
+        note = record.get("note")
+        return f"<p>Minimal reproduction: none ({_e(note)})</p>" if note else ""
+    from pathlib import Path
+
+    nodes = record.get("nodes")
+    ops = ", ".join(str(op) for op in record.get("ops") or [])
+    ran_out = " (the budget ran out: the smallest found)" if record.get("budget_ran_out") else ""
+    return (
+        f'<p class="minimal">Minimal reproduction{ran_out}: {_e(nodes)} node{"" if nodes == 1 else "s"} ({_e(ops)}), '
+        f'<a href="{_e(Path(str(script)).as_uri() if Path(str(script)).is_absolute() else script)}">{_e(script)}</a>'
+        f'</p><pre class="minimal-repro"><code>python {_e(shlex.quote(str(script)))}</code></pre>'
     )
 
 

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
 # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test;
-# 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops
+# 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops;
+# tests[].reproduction (a failure's minimal reproduction)
 REPORT_SCHEMA_VERSION = (1, 3)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
@@ -99,9 +100,13 @@ class TestResult:
     known_failure: dict[str, str] | None = None
     #: What the check returned, e.g. delegation's ``{"delegation": {"delegated": 41, "total": 47, ...}}``.
     details: dict[str, Any] | None = None
+    #: The failure's minimal reproduction: ``{"script", "inputs", "nodes", "ops", "budget_ran_out", …}``.
+    reproduction: dict[str, Any] | None = None
 
     def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         self.duration += report.duration
+        if data.get("reproduction") is not None:
+            self.reproduction = data["reproduction"]
         if data.get("details") is not None:
             self.details = data["details"]
         if data["known_failure"] is not None:
@@ -137,6 +142,7 @@ class TestResult:
                 else {}
             ),
             "numerics": (self.details or {}).get("numerics"),
+            "reproduction": self.reproduction,
         }
 
 

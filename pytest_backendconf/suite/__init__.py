@@ -7,7 +7,7 @@ profiles and the xdist grouping. The categories themselves are ``pytest_backendc
 May import: `report`, `target`, `diagnostics` and every layer below them.
 """
 
-from ._context import SuiteContext, build_context
+from ._context import SuiteContext, artifacts_root, build_context
 from ._gating import GatingPlugin
 from ._golden import GOLDEN_KEY, golden_dir
 from ._hypothesis import hypothesis_choice
@@ -19,6 +19,7 @@ __all__ = [
     "GatingPlugin",
     "ModelGrouping",
     "SuiteContext",
+    "artifacts_root",
     "SuitePlugin",
     "build_context",
     "golden_dir",

@@ -12,6 +12,7 @@ import json
 import threading
 from typing import Any, Callable
 
+import pytest
 import torch
 
 from .. import _compat
@@ -287,3 +288,24 @@ def make_input(
             mask = torch.rand(shape, generator=generator) < 0.3
             values = torch.where(mask, edge_values, values)
     return values.to(torch_dtype)
+
+
+def artifacts_root(config: pytest.Config) -> str | None:
+    """``--backendconf-artifacts``, made absolute and created; a usage error when it cannot be a folder."""
+    value = config.getoption("backendconf_artifacts", None)
+    if not value:
+        return None
+    from pathlib import Path
+
+    path = Path(config.invocation_params.dir, value)
+    if path.exists() and not path.is_dir():
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}"
+        ) from None
+    return str(path.resolve())

@@ -208,6 +208,7 @@ class GatingPlugin:
                 "known_failure": entry.as_json() if entry is not None else None,
                 "location": list(item.check.location()),
                 "details": next((v for k, v in item.user_properties if k == "backendconf"), None),
+                "reproduction": item.reproduction if outcome in ("failed", "error") else None,
             },
         )
         return report
@@ -338,11 +339,34 @@ class GatingPlugin:
             tr.write_line("failures grouped by message (numbers and names masked):")
             for line in summary_lines(group_failures(r.as_json() for r in broken)):
                 tr.write_line(line)
+        if len(broken) > 1:
+            from ..report import same_program_groups, same_program_lines
+
+            lines = same_program_lines(same_program_groups(r.as_json() for r in broken))
+            if lines:
+                tr.write_line("")
+                tr.write_line("failures with the same minimal reproduction (operator sequence):")
+                for line in lines:
+                    tr.write_line(line)
+        ran_out = [r.id for r in broken if (r.reproduction or {}).get("budget_ran_out")]
+        if ran_out:
+            from ..diagnostics import DEFAULT_BUDGET
+
+            budget = self.config.getoption("backendconf_minify_budget", None)
+            tr.write_line("")
+            tr.write_line(
+                f"the minimisation budget ({DEFAULT_BUDGET if budget is None else budget:g} s, --backendconf-minify-budget) "
+                f"ran out for {len(ran_out)} failure{'' if len(ran_out) == 1 else 's'}: {', '.join(ran_out[:5])}"
+                + (", …" if len(ran_out) > 5 else "")
+            )
         if broken:
             tr.write_line("")
             tr.write_line("to reproduce a failure, run its command:")
             for result in broken:
                 tr.write_line(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+                script = (result.reproduction or {}).get("script")
+                if script:
+                    tr.write_line(f"    minimal reproduction: python {script}")
         saved = [r for r in results if r.error is not None and r.error.get("type") == NOT_RUN_AGAIN]
         if saved:
             tr.write_line(

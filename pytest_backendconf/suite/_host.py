@@ -159,6 +159,12 @@ class BackendHost:
                 "outcome": "failed",
                 "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
                 "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()},
+                # How it ended, for the minimal reproduction: the same exit signal, or a hang.
+                "ended": {
+                    "returncode": result.returncode,
+                    "timed_out": result.timed_out,
+                    "killed_because": result.killed_because,
+                },
             }
         self.exports += result.pop("exports", 0)
         self.programs.update(tuple(p) for p in result.pop("programs", []))

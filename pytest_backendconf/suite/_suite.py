@@ -93,6 +93,8 @@ class ConformanceItem(pytest.Item):
         self.ctx = ctx
         self.reproduce = reproduce
         self.suite = suite
+        #: The minimal reproduction of its failure (`suite._minify`), for the failure text and the report.
+        self.reproduction: dict | None = None
         self.add_marker(check.category)
 
     def runtest(self) -> None:
@@ -107,12 +109,27 @@ class ConformanceItem(pytest.Item):
                     self.user_properties.append(("backendconf", details))
             except Unsupported as exc:
                 pytest.skip(f"unsupported: {exc}")
+            except Exception as exc:
+                from ..target import error_record
+
+                self._minimise(error_record(exc), str(exc), None)
+                raise
             return
         from ._host import model_key
 
         check = self.check
         model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
-        self._apply(host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available()))
+        outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
+        if outcome["outcome"] == "failed":
+            self._minimise(outcome.get("error"), outcome.get("message", ""), outcome.get("ended"))
+        self._apply(outcome)
+
+    def _minimise(self, error: dict | None, message: str, ended: dict | None) -> None:
+        """Shrink the failed model check to a minimal reproduction (not a known failure: those are expected)."""
+        minimiser = self.suite.minimiser() if self.suite is not None else None
+        if minimiser is None or self.get_closest_marker("xfail") is not None:
+            return
+        self.reproduction = minimiser.reproduce(self.check, self.ctx, error, message, ended)
 
     def _apply(self, outcome: dict[str, Any]) -> None:
         """The backend host's outcome, as if the check had run here."""
@@ -137,7 +154,10 @@ class ConformanceItem(pytest.Item):
             text = str(excinfo.value)
         else:
             text = str(excinfo.getrepr(style="short", chain=True))
-        return f"{text}\nreproduce: {self.reproduce}"
+        from ._minify import reproduction_line
+
+        line = reproduction_line(self.reproduction)
+        return f"{text}\nreproduce: {self.reproduce}" + (f"\n{line}" if line else "")
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"{ROOT_ID}::{self.check.category}::{self.check.name}"
@@ -156,6 +176,10 @@ class SuitePlugin:
         self._host: Any = None
         #: Why checks that need the backend available are not applicable here (None: it is available).
         self._unavailable: str | None = None
+        from ._minify import minify_choice
+
+        #: The minimiser of failed model checks (started with the first failure); False: minify is off.
+        self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
 
     def in_process(self) -> bool:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
@@ -198,6 +222,25 @@ class SuitePlugin:
             if self.ctx is not None:
                 self.ctx.host = self._host  # the benchmarks read its export counts
         return self._host
+
+    def minimiser(self) -> Any:
+        """The `suite._minify.Minimiser` of this process, or None with ``--backendconf-minify=off`` (or a debugger)."""
+        options = self.config.option
+        if getattr(options, "usepdb", False) or getattr(options, "trace", False):
+            return None  # the debugger wants the failure now, not after a minute of shrinking
+        if self._minimiser is None:
+            from ..diagnostics import DEFAULT_BUDGET
+            from ._host import DEFAULT_TIMEOUT
+            from ._minify import Minimiser
+
+            budget = self.config.getoption("backendconf_minify_budget", None)
+            timeout = self.config.getoption("backendconf_timeout", None)
+            self._minimiser = Minimiser(
+                self.config,
+                DEFAULT_BUDGET if budget is None else budget,
+                (DEFAULT_TIMEOUT if timeout is None else timeout) or None,
+            )
+        return self._minimiser or None
 
     def not_applicable(self, check: Check) -> str | None:
         if self._unavailable is None or not check.requires_available():

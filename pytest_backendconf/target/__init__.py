@@ -6,7 +6,17 @@ blocker) and the simulated target of the availability tables.
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
-from ._child import ChildProcess, Ended, error_record, exit_status, import_plugins, pack_value, tail_text, unpack_value
+from ._child import (
+    ChildProcess,
+    Ended,
+    active_plugins,
+    error_record,
+    exit_status,
+    import_plugins,
+    pack_value,
+    tail_text,
+    unpack_value,
+)
 from ._replay import BundleResult, replay_archives
 from ._target import run_on_target
 
@@ -14,6 +24,7 @@ __all__ = [
     "BundleResult",
     "ChildProcess",
     "Ended",
+    "active_plugins",
     "error_record",
     "exit_status",
     "import_plugins",

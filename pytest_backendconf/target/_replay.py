@@ -5,7 +5,7 @@ backend's host-only modules and torch's tracing entry points blocked, the
 same child `run-target` uses), runs every bundle there, and compares the
 outputs with the bundle's expected outputs (eager PyTorch's, computed on the
 host when the archive was saved) under the bundle's own tolerance, with the
-numerics of `diagnostics` (max abs/rel error, worst element, closeness).
+numerics of `numerics` (max abs/rel error, worst element, closeness).
 A runtime error comes back with its symbolicated text; a bundle whose inputs
 are in a dtype the backend does not declare is an error that says so, and is
 not run. One child serves every archive of a backend; one that crashes or
@@ -38,7 +38,7 @@ class BundleResult:
     message: str | None = None
     #: The error's ``{type, module, message}`` (outcome ``error``).
     error: dict[str, str] | None = None
-    #: `diagnostics.summary_json` of the comparison (when the outputs could be compared).
+    #: `numerics.summary_json` of the comparison (when the outputs could be compared).
     numerics: dict[str, Any] | None = None
     #: The conformance check that wrote the bundle (golden folders), else None.
     check: str | None = None
@@ -206,7 +206,7 @@ def _declared_dtypes(backend: Any) -> set[str] | None:
 
 def _run_bundle(channel: Any, method: Any, name: str, index: int, bundle: Any) -> dict[str, Any]:
     from .. import _compat
-    from ..diagnostics import StructureMismatch, Tolerance, compare_outputs, summary_json
+    from ..numerics import StructureMismatch, Tolerance, compare_outputs, summary_json
 
     try:
         actual = call_on_target(channel, method, bundle.inputs)

@@ -1,0 +1,34 @@
+"""Numerics: how far a backend's outputs are from a reference, in numbers a vendor can act on.
+
+Owns tolerances (and where each came from), the closeness of one output
+(max abs and rel error, ULPs, the worst element), structure mismatches and
+the report's numerics summary. Everything that compares outputs — the
+suite's checks, the divergence locator, replay on a target, rerun — judges
+through here.
+
+May import: the public surface only.
+"""
+
+from ._numerics import (
+    Closeness,
+    StructureMismatch,
+    Tolerance,
+    compare_outputs,
+    compare_tensor,
+    resolve_tolerance,
+    summary_json,
+    ulp_distance,
+    worst,
+)
+
+__all__ = [
+    "Closeness",
+    "StructureMismatch",
+    "Tolerance",
+    "compare_outputs",
+    "compare_tensor",
+    "resolve_tolerance",
+    "summary_json",
+    "ulp_distance",
+    "worst",
+]

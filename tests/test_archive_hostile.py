@@ -277,14 +277,6 @@ def test_the_cli_takes_a_5000_digit_handle_in_a_log_and_as_an_argument(tmp_path,
     assert "handle 18446744073709551616 is outside the range of debug handles" in err and "-1" not in err
 
 
-def test_the_cli_names_a_handle_beyond_int64_as_given(tmp_path, rich, capsys):
-    path = tmp_path / "a.bcpt"
-    path.write_bytes(rich)
-    assert cli.main(["symbolicate", str(path), "18446744073709551616"]) == 0
-    out = capsys.readouterr().out
-    assert "18446744073709551616" in out and "-1" not in out, out
-
-
 def test_symbolicate_into_a_closed_pipe_exits_quietly(tmp_path, rich):
     path = tmp_path / "a.bcpt"
     path.write_bytes(rich)

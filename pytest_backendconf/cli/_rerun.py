@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         record["kwargs"],
         record["outputs"],
         inputs,
+        kind=record.get("kind", "sample"),
+        opinfo_tolerance=tuple(record["opinfo_tolerance"]) if record.get("opinfo_tolerance") else None,
     )
     return _rerun_op(sample, registered, metadata.get("low_precision_reference") == "True")
 
@@ -123,10 +125,11 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
     from .. import _compat
 
     from ..lowering import lower_programs
-    from ..diagnostics import StructureMismatch, compare_outputs
+    from ..diagnostics import StructureMismatch
     from ..capabilities import capabilities_of
     from ..conformance._ops_program import build_program, op_call_class
-    from ..conformance.ops import output_dtypes, reference_outputs, tolerance_for
+    from ..conformance._ties import InvalidIndices
+    from ..conformance.ops import WritesInPlace, judge
 
     program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
     backend = registered.backend  # type: ignore[attr-defined]
@@ -136,19 +139,16 @@ def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
         {"forward": {}},
         module_type=op_call_class(len(sample.inputs)),  # type: ignore[attr-defined]
     )
-    expected, how = reference_outputs(sample, program, low_precision)
 
     class _Ctx:  # what tolerance_for reads of a suite context
         capabilities = capabilities_of(backend)
 
-    tolerance = tolerance_for(_Ctx(), sample, how.startswith("eager in float64"), output_dtypes(program))
-    with torch.no_grad():
-        actual = _compat.tree_leaves(lowered(*[t.clone() for t in sample.inputs]))  # type: ignore[attr-defined]
     try:
-        results = compare_outputs(actual, expected, tolerance)
-    except StructureMismatch as exc:
+        results, reference = judge(_Ctx(), sample, program, lowered, low_precision)
+    except (StructureMismatch, InvalidIndices, WritesInPlace) as exc:
         print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
         return 1
+    how = reference.how
     failed = any(not r.passed for r in results)
     print(f"{sample.name} on backend {registered.name!r} against {how}: {'FAILED' if failed else 'passed'}")  # type: ignore[attr-defined]
     for r in results:

@@ -7,16 +7,29 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 """
 
 from ._divergence import locate_divergence, locate_in_program
-from ._numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
+from ._numerics import (
+    Closeness,
+    EagerError,
+    StructureMismatch,
+    Tolerance,
+    compare_outputs,
+    compare_tensor,
+    resolve_tolerance,
+    summary_json,
+    worst,
+)
 from ._profile import Call, Profile, check_events, profile
 
 __all__ = [
     "Call",
+    "Closeness",
+    "EagerError",
     "Profile",
     "StructureMismatch",
     "Tolerance",
     "check_events",
     "compare_outputs",
+    "compare_tensor",
     "locate_divergence",
     "locate_in_program",
     "profile",

@@ -517,11 +517,16 @@ def main(argv: list[str] | None = None) -> int:
     if options.tolerances_only:
         existing = load(options.out, release(), mode)
         if existing is None:
-            print(f"no {mode} ops data for torch {release()} in {options.out}: run without --tolerances-only", file=sys.stderr)
+            print(
+                f"no {mode} ops data for torch {release()} in {options.out}: run without --tolerances-only",
+                file=sys.stderr,
+            )
             return 1
         existing.tolerances = opinfo_tolerances(op_db, {s.opinfo for s in existing.samples})
         save(existing, options.out, mode, index_only=True)
-        print(f"torch {existing.torch_version}: OpInfo tolerance overrides of {len(existing.tolerances)} entries -> {options.out}")
+        print(
+            f"torch {existing.torch_version}: OpInfo tolerance overrides of {len(existing.tolerances)} entries -> {options.out}"
+        )
         return 0
     start = time.monotonic()
     data = discover(

@@ -81,7 +81,9 @@ def settle_ties(sample: OpSample, actual: list[Any], expected: list[Any]) -> tup
     args = decode_arg(sample.args, sample.inputs)
     kwargs = decode_arg_dict(sample.kwargs, sample.inputs)
     source = args[0]
-    dim = kwargs.get("dim", args[rule.dim_at] if rule.dim_at is not None and len(args) > rule.dim_at else rule.dim_default)
+    dim = kwargs.get(
+        "dim", args[rule.dim_at] if rule.dim_at is not None and len(args) > rule.dim_at else rule.dim_default
+    )
     keepdim = rule.keepdim_at is None or bool(
         kwargs.get("keepdim", args[rule.keepdim_at] if len(args) > rule.keepdim_at else False)  # type: ignore[operator]
     )
@@ -91,7 +93,9 @@ def settle_ties(sample: OpSample, actual: list[Any], expected: list[Any]) -> tup
     return settled, [at]
 
 
-def _check(source: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor, dim: Any, keepdim: bool, distinct: bool, at: int) -> None:
+def _check(
+    source: torch.Tensor, mine: torch.Tensor, theirs: torch.Tensor, dim: Any, keepdim: bool, distinct: bool, at: int
+) -> None:
     if dim is None:  # over the whole input flattened
         source, dim, keepdim = source.reshape(-1), 0, False
         mine, theirs = mine.reshape(()), theirs.reshape(())

@@ -121,8 +121,6 @@ def _rerun_parity(metadata: dict, tensors: dict, registered: object, registry: o
 
 
 def _rerun_op(sample: object, registered: object, low_precision: bool) -> int:
-    import torch
-    from .. import _compat
 
     from ..lowering import lower_programs
     from ..diagnostics import StructureMismatch

@@ -225,7 +225,7 @@ def compare_tensor(
     if float(ratio.reshape(-1)[flat]) == 0:
         flat = int(torch.argmax(diff).item())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape)) if expected.dim() else ()
-    rel = torch.where(diff == 0, torch.zeros_like(diff), diff / e.abs())
+    rel = _relative(diff, e)
     actual_value = float(a.reshape(-1)[flat])
     expected_value = float(e.reshape(-1)[flat])
     eager_error, judged = None, math.nan
@@ -238,7 +238,7 @@ def compare_tensor(
         lost = eager_ratio.isinf()
         same = (a == g) | (a.isnan() & g.isnan())
         finite = eager_ratio[~lost]
-        eager_rel = torch.where(eager_diff == 0, torch.zeros_like(eager_diff), eager_diff / e.abs())
+        eager_rel = _relative(eager_diff, e)
         eager_error = EagerError(
             dtype,
             float(eager_diff.max()),
@@ -274,8 +274,16 @@ def _errors(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> tuple
     diff = torch.where(both_nan | same_inf, torch.zeros_like(a), (a - e).abs())
     diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)  # NaN on one side only
     allowed = atol + rtol * e.abs()
-    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)  # x / 0 = inf: an error where none is allowed
+    # x / 0 = inf: an error where none is allowed; an infinite error is infinitely far
+    # even where the allowance is infinite too (the reference is inf, the backend NaN).
+    ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)
+    ratio = torch.where(diff.isinf(), torch.full_like(diff, math.inf), ratio)
     return diff, ratio
+
+
+def _relative(diff: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    rel = torch.where(diff == 0, torch.zeros_like(diff), diff / e.abs())
+    return torch.where(diff.isinf(), torch.full_like(diff, math.inf), rel)
 
 
 def _sqnr(reference: torch.Tensor, diff: torch.Tensor) -> float:

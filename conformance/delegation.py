@@ -225,7 +225,7 @@ def _check_parity(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -
                 )
             except _Differs as exc:
                 located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol)
-                raise CheckFailed(f"{exc}{located}") from None
+                raise CheckFailed(f"{exc}{located}", details=exc.details) from None
 
 
 def _check_round_trip(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -> None:

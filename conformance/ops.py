@@ -302,7 +302,8 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
             f"{_headline(sample, is_declared)}: the backend's output differs from the reference ({reference.how}):\n"
             + "\n".join(r.text() for r in failing)
             + f"\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
-            + (f"\n  worst closeness {top.closeness:.3g}" if top is not None else "")
+            + (f"\n  worst closeness {top.closeness:.3g}" if top is not None else ""),
+            details={"numerics": {**summary_json(results), "reference": reference.how}},
         )
     return {"numerics": {**summary_json(results), "reference": reference.how}}
 
@@ -345,7 +346,10 @@ def judge(
 
 
 def _headline(sample: discovery.OpSample, is_declared: bool) -> str:
-    text = f"{sample.overload} in {sample.dtype} (sample {sample.index}, from OpInfo {sample.opinfo!r})"
+    if sample.kind == "long":
+        text = f"{sample.overload} in {sample.dtype} (long sample {sample.index}: a {sample.opinfo})"
+    else:
+        text = f"{sample.overload} in {sample.dtype} (sample {sample.index}, from OpInfo {sample.opinfo!r})"
     return text + (" (declared in Capabilities.supported_ops)" if is_declared else "")
 
 

@@ -246,12 +246,16 @@ def _compare_with_eager(
     failing = [r for r in results if not r.passed]
     if failing:
         against = f"{how} (and eager PyTorch in the tested dtype)" if truth is not None else "eager PyTorch"
-        raise _Differs(
+        differs = _Differs(
             f"{where}: the backend's outputs differ from {against}{after}:\n"
             + "\n".join(r.text() for r in failing)
             + hint,
             example,
         )
+        differs.details = {
+            "numerics": {**summary_json(results), "reference": how or "eager PyTorch in the tested dtype"}
+        }
+        raise differs
     top = worst(results)
     if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
         seen["worst"] = results
@@ -267,7 +271,9 @@ def _with_saved_inputs(
     # A dynamic-shape failure is localised on the model exported at the failing sizes: the dynamic
     # program's symbolic shapes have no place in the one-node programs the bisection lowers.
     located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
-    return CheckFailed(f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}")
+    return CheckFailed(
+        f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}", details=exc.details
+    )
 
 
 def divergence_text(

@@ -399,8 +399,17 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
     assert set(ops["overloads"]["aten.add.Tensor"].values()) <= {"passed", "unsupported", "failed", "not under test"}
     test = next(t for t in document["tests"] if t["id"] == "backendconf::ops::aten.rsqrt.default[float16-sample0]")
     numerics = test["numerics"]
-    assert set(numerics) == {"closeness", "max_abs_error", "max_rel_error", "outputs", "reference"}
+    assert set(numerics) == {
+        "closeness",
+        "max_abs_error",
+        "max_rel_error",
+        "sqnr_db",
+        "eager_error",
+        "outputs",
+        "reference",
+    }
     assert numerics["reference"] == "eager in float64, cast back"
+    assert set(numerics["eager_error"]) == {"max_abs_error", "max_rel_error", "closeness", "sqnr_db"}
     assert set(numerics["outputs"][0]) == {
         "output",
         "dtype",
@@ -414,7 +423,11 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
         "ulp",
         "closeness",
         "tolerance",
+        "sqnr_db",
+        "eager_error",
+        "passed_by",
     }
+    assert numerics["outputs"][0]["passed_by"] in ("tolerance", "eager")
     assert set(numerics["outputs"][0]["tolerance"]) == {"rtol", "atol", "source"}
     assert "ops  " in result.stdout.str() and "overloads fully supported" in result.stdout.str()
     cli = subprocess.run(

@@ -15,7 +15,7 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
 PASSED, UNSUPPORTED, FAILED, NOT_UNDER_TEST = "passed", "unsupported", "failed", "not under test"
 #: Report outcomes that count as a failure of a cell.
 _FAILING = ("failed", "error", "known_failure", "unexpected_pass")
-_ID = re.compile(r"^(?:backendconf::)?ops::(?P<overload>[^\[]+)\[(?P<dtype>[a-z0-9]+)-sample(?P<k>\d+)\]$")
+_ID = re.compile(r"^(?:backendconf::)?ops::(?P<overload>[^\[]+)\[(?P<dtype>[a-z0-9]+)-(?:sample|long)(?P<k>\d+)\]$")
 
 
 def parse_id(test_id: str) -> tuple[str, str, int] | None:

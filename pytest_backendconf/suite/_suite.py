@@ -107,6 +107,10 @@ class ConformanceItem(pytest.Item):
                     self.user_properties.append(("backendconf", details))
             except Unsupported as exc:
                 pytest.skip(f"unsupported: {exc}")
+            except CheckFailed as exc:
+                if isinstance(exc.details, dict):  # a failed comparison's numerics, for the report
+                    self.user_properties.append(("backendconf", exc.details))
+                raise
             return
         self._apply(host.run(self.check.id, _subject(self.check, self.ctx)))
 

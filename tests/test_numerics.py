@@ -258,3 +258,43 @@ def test_eager_passes_every_parity_ops_and_delegation_check(eager_pytester):
         outcomes = result.parseoutcomes()
         assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-5000:]
         assert all(t["outcome"] in ("passed", "skipped") for t in tests.values())
+
+
+def test_html_report_shows_the_closeness_distribution_per_category():
+    from pytest_backendconf.report._closeness import closeness_table, distribution
+    from pytest_backendconf.report._html import render
+
+    tests = [
+        {
+            "id": "backendconf::ops::a[float16-sample0]",
+            "category": "ops",
+            "outcome": "passed",
+            "numerics": {"closeness": 0.05},
+        },
+        {
+            "id": "backendconf::ops::b[float16-sample0]",
+            "category": "ops",
+            "outcome": "passed",
+            "numerics": {"closeness": 1.5},
+        },
+        {
+            "id": "backendconf::ops::c[float16-sample0]",
+            "category": "ops",
+            "outcome": "failed",
+            "numerics": {"closeness": "inf"},
+        },
+        {
+            "id": "backendconf::parity::m[float32]",
+            "category": "parity",
+            "outcome": "passed",
+            "numerics": {"closeness": 0.7},
+        },
+        {"id": "backendconf::contract::x", "category": "contract", "outcome": "passed", "numerics": None},
+    ]
+    found = distribution(tests)
+    assert found["ops"] == {"< 0.1": [1, 0], "0.1 – 0.5": [0, 0], "0.5 – 1": [0, 0], "≥ 1": [1, 1]}
+    assert found["parity"]["0.5 – 1"] == [1, 0] and "contract" not in found
+    table = closeness_table(tests)
+    assert "(1 failed)" in table and '<th scope="row">parity</th>' in table
+    page = render([{"backend": {"name": "x"}, "tests": tests}])
+    assert "Closeness to the reference" in page and table in page

@@ -298,3 +298,25 @@ def test_html_report_shows_the_closeness_distribution_per_category():
     assert "(1 failed)" in table and '<th scope="row">parity</th>' in table
     page = render([{"backend": {"name": "x"}, "tests": tests}])
     assert "Closeness to the reference" in page and table in page
+
+
+class _Chain(torch.nn.Module):
+    def forward(self, x):
+        y = x + 1.5
+        z = y * 2.0
+        return z - 0.5
+
+
+def test_a_group_wrong_only_together_is_named_with_each_source_line():
+    from eager_backends import FusedPairsDrift
+
+    from pytest_backendconf.diagnostics import locate_in_program
+
+    x = torch.rand(4, 4) + 1
+    program = torch.export.export(_Chain(), (x,))
+    found = locate_in_program(program, FusedPairsDrift(), [x], top_class="_Chain")
+    assert found is not None and len(found.group) == 2
+    assert [i.node for i in found.group] == ["add", "mul"]
+    text = found.text()
+    assert text.startswith("Diverges first in a group of 2 nodes, each within tolerance alone but not together")
+    assert "'add' (aten::add) at " in text and "y = x + 1.5" in text and "z = y * 2.0" in text

@@ -22,6 +22,8 @@ def _value(numerics: Any) -> float | None:
     if not isinstance(numerics, dict):
         return None
     value = numerics.get("closeness")
+    if not isinstance(value, (int, float, str)):
+        return None
     try:
         return float(value)  # "inf" and "nan" are written as strings
     except (TypeError, ValueError):

@@ -113,12 +113,13 @@ def test_each_ops_mode_selects_its_samples():
     def selection(mode):
         names = [c.name for c in ops_category.checks(Ctx(mode))]
         dtypes = {n.rpartition("[")[2].split("-")[0] for n in names}
-        samples = {n.rpartition("-sample")[2].rstrip("]") for n in names}
+        samples = {n.rpartition("-")[2].rstrip("]") for n in names}
         return len(names), dtypes, samples
 
     quick, default = selection("quick"), selection("default")
-    assert quick[1:] == ({"float32", "float16"}, {"0"})
-    assert default[1] == {"float32", "float16", "bfloat16", "int64", "bool"} and default[2] == {"0", "1"}
+    assert quick[1:] == ({"float32", "float16"}, {"sample0"})  # no long-reduction samples
+    assert default[1] == {"float32", "float16", "bfloat16", "int64", "bool"}
+    assert default[2] == {"sample0", "sample1", "long0"}
     assert 300 <= quick[0] < default[0]
 
 

@@ -356,7 +356,7 @@ def _headline(sample: discovery.OpSample, is_declared: bool) -> str:
 def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> Path:
     """The sample's inputs and call, in a tensor file the rerun command reads (no code in it)."""
     directory = ctx.tmp_dir("ops-inputs")
-    path = directory / f"{sample.overload}-{sample.dtype}-sample{sample.index}.safetensors"
+    path = directory / f"{sample.overload}-{sample.dtype}-{sample.kind}{sample.index}.safetensors"
     record = sample.as_json()
     write_tensors(
         path,

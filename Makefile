@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime suite-executorch test demo lint clean
+.PHONY: suite suite-onnxruntime suite-executorch test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,7 +84,11 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 test: $(VENV)/.installed-onnxruntime
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 tests -m "not slow"
+
+# The proofs that take minutes (the eager backend through the whole default suite).
+test-slow: $(VENV)/.installed-onnxruntime
+	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -59,13 +59,17 @@ class OpSample:
     #: indices of the op's result tuple the program returns, in order.
     outputs: list[int] | None
     inputs: list[torch.Tensor]
+    #: ``sample``: an OpInfo sample; ``long``: a long-reduction sample of the suite's own (`_long_samples`).
+    kind: str = "sample"
+    #: ``(rtol, atol)`` of the OpInfo entry's ``toleranceOverride`` for this dtype, if it has one.
+    opinfo_tolerance: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.overload}[{self.dtype}-sample{self.index}]"
+        return f"{self.overload}[{self.dtype}-{self.kind}{self.index}]"
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        record = {
             "overload": self.overload,
             "dtype": self.dtype,
             "index": self.index,
@@ -75,6 +79,11 @@ class OpSample:
             "outputs": self.outputs,
             "inputs": len(self.inputs),
         }
+        if self.kind != "sample":
+            record["kind"] = self.kind
+        if self.opinfo_tolerance is not None:
+            record["opinfo_tolerance"] = list(self.opinfo_tolerance)
+        return record
 
 
 @dataclasses.dataclass
@@ -84,6 +93,8 @@ class OpsData:
     #: OpInfo entries discovery looked at, and how many became single-op programs.
     entries_seen: int = 0
     entries_kept: int = 0
+    #: OpInfo entry -> dtype -> ``[rtol, atol]`` of its ``toleranceOverride`` (`opinfo_tolerances`).
+    tolerances: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
 
 def release(version: str | None = None) -> str:
@@ -388,7 +399,49 @@ def discover(
         entries_kept += took_any
     samples = [s for bucket in kept.values() for s in bucket]
     samples.sort(key=lambda s: (s.overload, DISCOVERY_DTYPES.index(s.dtype), s.index))
-    return OpsData(release(), samples, entries_seen=len(op_db), entries_kept=entries_kept)
+    tolerances = opinfo_tolerances(op_db, {s.opinfo for s in samples})
+    return OpsData(release(), samples, entries_seen=len(op_db), entries_kept=entries_kept, tolerances=tolerances)
+
+
+#: Test classes whose ``toleranceOverride`` says nothing of a CPU forward result (gradients,
+#: forward-mode AD, MPS against CPU).
+_NOT_FORWARD = ("TestConsistency", "TestOperators", "TestCompositeCompliance", "TestGradients", "TestMasked")
+
+
+def opinfo_tolerances(op_db: list[Any], entries: set[str]) -> dict[str, dict[str, list[float]]]:
+    """Per OpInfo entry, what its ``toleranceOverride`` decorators allow per dtype, as ``[rtol, atol]``.
+
+    PyTorch's own tests loosen the tolerance of some ops in some dtypes
+    (``addbmm`` in float16 on CPU: ``atol=6e-3, rtol=1e-2``). The overrides
+    kept are those for CPU (or any device) in the tests of a forward result;
+    the loosest of them per dtype is what PyTorch accepts of its own kernels.
+    """
+    override_type = _compat.opinfo_tolerance_override_type()
+    found: dict[str, dict[str, list[float]]] = {}
+    if override_type is None:
+        return found
+    for info in op_db:
+        entry = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+        if entry not in entries:
+            continue
+        for decorate in getattr(info, "decorators", ()) or ():
+            if getattr(decorate, "device_type", None) not in (None, "cpu"):
+                continue
+            if getattr(decorate, "cls_name", None) in _NOT_FORWARD:
+                continue
+            test = getattr(decorate, "test_name", None) or ""
+            if "grad" in test or "jvp" in test or "vjp" in test:
+                continue
+            for decorator in getattr(decorate, "decorators", ()) or ():
+                if not isinstance(decorator, override_type):
+                    continue
+                for dtype, tol in decorator.d.items():
+                    name = str(dtype).removeprefix("torch.")
+                    if name not in DISCOVERY_DTYPES or not dtype.is_floating_point:
+                        continue
+                    pair = found.setdefault(entry, {}).setdefault(name, [0.0, 0.0])
+                    pair[0], pair[1] = max(pair[0], float(tol.rtol)), max(pair[1], float(tol.atol))
+    return found
 
 
 def _samples_of(info: Any, dtype: str, tries: int | None) -> Iterator[tuple[Any, Any]]:
@@ -414,18 +467,21 @@ def data_paths(directory: Path, version: str, mode: str = "default") -> tuple[Pa
     return directory / f"{stem}.json", directory / f"{stem}.safetensors"
 
 
-def save(data: OpsData, directory: Path, mode: str = "default") -> None:
+def save(data: OpsData, directory: Path, mode: str = "default", *, index_only: bool = False) -> None:
+    """Write the data files; ``index_only``: the JSON index alone (the tensors are unchanged)."""
     directory.mkdir(parents=True, exist_ok=True)
     index, tensors_path = data_paths(directory, data.torch_version, mode)
-    tensors = {f"{n}.{i}": t for n, s in enumerate(data.samples) for i, t in enumerate(s.inputs)}
-    write_tensors(tensors_path, tensors, {"format": FORMAT})
+    if not index_only:
+        tensors = {f"{n}.{i}": t for n, s in enumerate(data.samples) for i, t in enumerate(s.inputs)}
+        write_tensors(tensors_path, tensors, {"format": FORMAT})
     document = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "torch": data.torch_version,
         "opinfo_entries": data.entries_seen,
         "opinfo_entries_kept": data.entries_kept,
-        "samples": [s.as_json() for s in data.samples],
+        "opinfo_tolerances": data.tolerances,
+        "samples": [{k: v for k, v in s.as_json().items() if k != "opinfo_tolerance"} for s in data.samples],
     }
     tmp = index.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(document, indent=0, sort_keys=True) + "\n")
@@ -445,6 +501,7 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
     ):
         return None
     tensors, _ = read_tensors(tensors_path)
+    tolerances = document.get("opinfo_tolerances", {})
     samples = [
         OpSample(
             r["overload"],
@@ -456,22 +513,49 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
             r["outputs"],
             # clone: a tensor of its own, not a view into the file's buffer (fake tensors of views are slow)
             [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])],
+            opinfo_tolerance=_pair(tolerances.get(r["opinfo"], {}).get(r["dtype"])),
         )
         for n, r in enumerate(document["samples"])
     ]
-    return OpsData(version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0))
+    return OpsData(
+        version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0), tolerances
+    )
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    return None if value is None else (float(value[0]), float(value[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Regenerate the ops category's data from PyTorch's OpInfo database.")
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="directory of the data files (default: %(default)s)")
     parser.add_argument("--all", action="store_true", help="every sample of every entry (for --backendconf-ops=all)")
+    parser.add_argument(
+        "--tolerances-only",
+        action="store_true",
+        help="keep the samples of the existing data and rewrite only the OpInfo tolerance overrides in its index",
+    )
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     op_db, reason = _compat.opinfo_database()
     if op_db is None:
         print(reason, file=sys.stderr)
         return 1
+    mode = "all" if options.all else "default"
+    if options.tolerances_only:
+        existing = load(options.out, release(), mode)
+        if existing is None:
+            print(
+                f"no {mode} ops data for torch {release()} in {options.out}: run without --tolerances-only",
+                file=sys.stderr,
+            )
+            return 1
+        existing.tolerances = opinfo_tolerances(op_db, {s.opinfo for s in existing.samples})
+        save(existing, options.out, mode, index_only=True)
+        print(
+            f"torch {existing.torch_version}: OpInfo tolerance overrides of {len(existing.tolerances)} entries -> {options.out}"
+        )
+        return 0
     start = time.monotonic()
     data = discover(
         op_db,

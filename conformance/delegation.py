@@ -26,6 +26,7 @@ from pytest_backendconf.suite._context import SuiteContext
 from pytest_backendconf.lowering import lower_programs
 from pytest_backendconf.lowering import op_overload
 from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.diagnostics import StructureMismatch, compare_outputs
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 
 from pytest_backendconf.report import NOT_NEEDED
@@ -75,7 +76,7 @@ def check_partial_delegation(ctx: SuiteContext, *, case_name: str, dtype: str) -
 
 
 def check_target(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
-    from .parity import tolerance
+    from .parity import tolerance_for
 
     lowered = _partitioned(ctx, case_name, dtype)
     path = ctx.tmp_dir(f"delegation-{case_name}") / "model.bcpt"
@@ -91,20 +92,24 @@ def check_target(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
             f"{case_name} ({dtype}), partially delegated: the archive did not load on the target "
             f"({', '.join(result['blocked'])} blocked): {error['type']}: {error['message']}"
         )
-    rtol, atol = tolerance(ctx, dtype)
+    tol = tolerance_for(ctx, dtype, case_name)
     for method, examples in calls.items():
         for i, args in enumerate(examples):
             error = result["errors"][method][i]
             if error is not None:
                 raise CheckFailed(f"{case_name}.{method} ({dtype}) on the target: {error['type']}: {error['message']}")
             want = getattr(lowered, method)(*args)
+            text = ""
             try:
-                torch.testing.assert_close(result["outputs"][method][i], want, rtol=rtol, atol=atol, equal_nan=True)
-            except AssertionError as exc:
+                results = compare_outputs(result["outputs"][method][i], want, tol)
+            except StructureMismatch as exc:
+                results, text = [], str(exc)
+            failing = [r for r in results if not r.passed]
+            if failing or text:
                 raise CheckFailed(
                     f"{case_name}.{method} ({dtype}): partially delegated, the target gives other outputs "
-                    f"than the host:\n{exc}"
-                ) from None
+                    f"than the host:\n" + ("\n".join(r.text() for r in failing) if failing else text)
+                )
 
 
 # --- lowering, once per (case, dtype) ----------------------------------------------------------
@@ -192,23 +197,35 @@ def _declared_but_rejected(ctx: SuiteContext, case_name: str, dtype: str, exc: U
 
 
 def _check_parity(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -> None:
-    from .parity import tolerance
+    """Parity's rule and texts (three-way in float16/bfloat16, closeness, where it diverges) per example seed."""
+    from .parity import _compare_with_eager, _Differs, _how, divergence_text, tolerance_for, truth_for
 
-    rtol, atol = tolerance(ctx, dtype)
+    tol = tolerance_for(ctx, dtype, case_name)
+    truth = truth_for(ctx, case_name, dtype)
     for method in ctx.cases[case_name].methods:
         eager = getattr(ctx.module(case_name, dtype), method)
         for seed in section("delegation")["seeds"]:
             args, kwargs = ctx.example(case_name, dtype, method, seed=seed)
             expected = eager(*args, **kwargs)
+            wide = truth(method, args, kwargs, expected) if truth is not None else None
             actual = getattr(lowered, method)(*args, **kwargs)
+            record = bc.delegation(lowered)[method]
+            where = f"{case_name}.{method} in {dtype}, partially delegated ({record.summary()})"
             try:
-                torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
-            except AssertionError as exc:
-                record = bc.delegation(lowered)[method]
-                raise CheckFailed(
-                    f"{case_name}.{method} in {dtype}, partially delegated ({record.summary()}): the "
-                    f"outputs differ from eager PyTorch (rtol={rtol}, atol={atol}) for example seed {seed}:\n{exc}"
-                ) from None
+                _compare_with_eager(
+                    actual,
+                    expected,
+                    tol,
+                    {},
+                    (args, kwargs, None),
+                    where,
+                    after=f" for example seed {seed}",
+                    truth=wide,
+                    how=_how(truth, wide),
+                )
+            except _Differs as exc:
+                located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol)
+                raise CheckFailed(f"{exc}{located}", details=exc.details) from None
 
 
 def _check_round_trip(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -> None:

@@ -4,6 +4,12 @@ Inputs come from Hypothesis (uniform values, the range's edge values, and
 both mixed); tolerances from the backend's declaration, else the defaults in
 ``suite.toml``. A model the backend rejects is *unsupported*, never a pass.
 
+float16 and bfloat16 models are judged three ways (`Truth`): against the
+model run in float64 (float32 where it cannot run in float64) and cast
+back, within the tolerance, or within ``eager_multiple`` times eager
+PyTorch's own closeness in the tested dtype to that truth. A backend more
+accurate than eager passes, and so does one as accurate.
+
 Models whose inputs have varying dimensions (``[model.dims]``) also get a
 ``[<dtype>-dynamic]`` check: the model lowered once with dynamic shapes, then
 called with sizes Hypothesis draws in the exported ranges (both ends and a
@@ -94,9 +100,61 @@ def tolerance_for(ctx: SuiteContext, dtype: str, case_name: str | None = None) -
     return resolve_tolerance(torch_dtype, keys, ctx.capabilities.tolerances, section("parity")["tolerances"])
 
 
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+class Truth:
+    """The model of a low-precision (case, dtype) run in a wider dtype: the reference of the three-way rule.
+
+    The copy holds the very weights of the model in the tested dtype,
+    widened (no rounding of its own); inputs are widened the same way and
+    the outputs cast back to eager's dtypes. float64 first; a model with an
+    op that has no float64 kernel runs in float32.
+    """
+
+    def __init__(self, ctx: SuiteContext, case_name: str, dtype: str) -> None:
+        self.module = ctx.module(case_name, dtype)
+        self.low = getattr(torch, dtype)
+        self.wide: dict[torch.dtype, Any] = {}
+        self.how = ""
+
+    def __call__(self, method: str, args: tuple, kwargs: dict, like: Any) -> Any:
+        for wide in (torch.float64, torch.float32):
+            try:
+                if wide not in self.wide:
+                    self.wide[wide] = copy.deepcopy(self.module).to(wide)
+                widen = functools.partial(self._cast, wide)
+                with torch.no_grad():
+                    out = getattr(self.wide[wide], method)(
+                        *_compat.tree_map(widen, args), **_compat.tree_map(widen, kwargs)
+                    )
+                leaves, spec = _compat.tree_flatten(out)
+                eager_leaves = _compat.tree_leaves(like)
+                if len(leaves) != len(eager_leaves):
+                    return None
+                self.how = f"the model in {str(wide).removeprefix('torch.')}, cast back"
+                return [
+                    o.to(e.dtype) if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) else o
+                    for o, e in zip(leaves, eager_leaves)
+                ]
+            except Exception:
+                continue
+        return None  # no wider run: eager in the dtype is the reference
+
+    def _cast(self, wide: torch.dtype, value: Any) -> Any:
+        return value.to(wide) if isinstance(value, torch.Tensor) and value.dtype == self.low else value
+
+
+def truth_for(ctx: SuiteContext, case_name: str, dtype: str) -> Truth | None:
+    if dtype not in LOW_PRECISION:
+        return None
+    return ctx.memo(("parity-truth", case_name, dtype), lambda: Truth(ctx, case_name, dtype))
+
+
 def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> dict:
     lowered = lowered_or_unsupported(ctx, case_name, dtype)
     eager = getattr(ctx.module(case_name, dtype), method)
+    truth = truth_for(ctx, case_name, dtype)
     run = getattr(lowered, method)
     tol = tolerance_for(ctx, dtype, case_name)
     profile = PROFILES[ctx.hypothesis_profile]
@@ -111,10 +169,13 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode)
         originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         expected = eager(*args, **kwargs)
+        wide = truth(method, args, kwargs, expected) if truth is not None else None
         actual = run(*args, **kwargs)
         where = f"{case_name}.{method} in {dtype}"
         drawn = f" for inputs drawn with seed={seed}, mode={mode!r}"
-        _compare_with_eager(actual, expected, tol, seen, (args, kwargs, None), where, after=drawn)
+        _compare_with_eager(
+            actual, expected, tol, seen, (args, kwargs, None), where, after=drawn, truth=wide, how=_how(truth, wide)
+        )
         for i, (before, after) in enumerate(zip(originals, args)):
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
                 raise CheckFailed(f"{case_name}.{method}: execute() changed input {i} in place")
@@ -126,7 +187,17 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     except _Differs as exc:
         raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
     golden.write(lowered, method)  # --backendconf-golden: the archive, bundled with what it was checked on
-    return {"numerics": summary_json(seen.get("worst") or [])}
+    return {"numerics": _numerics(seen)}
+
+
+def _how(truth: Truth | None, wide: Any) -> str:
+    return truth.how if truth is not None and wide is not None else ""
+
+
+def _numerics(seen: dict) -> dict:
+    found = summary_json(seen.get("worst") or [])
+    found["reference"] = seen.get("how") or "eager PyTorch in the tested dtype"
+    return found
 
 
 def _seeded(ctx: SuiteContext, check: str, test: Any) -> Any:
@@ -157,30 +228,45 @@ def _compare_with_eager(
     *,
     after: str = "",
     hint: str = "",
+    truth: Any = None,
+    how: str = "",
 ) -> None:
     """`CheckFailed` if the backend's outputs have another structure than eager's, `_Differs` if one is out of tolerance.
 
     ``where`` starts every message and ``after`` (the drawn inputs) ends its
     first part; ``hint`` (what a backend must not do) follows. ``seen["worst"]``
-    keeps the comparisons of the example closest to failing.
+    keeps the comparisons of the example closest to failing. ``truth``: the
+    flat outputs of the model in a wider dtype, cast back (``how`` says
+    which): the outputs are then judged three ways, against it and against
+    eager's own error.
     """
     if _compat.tree_structure(actual) != _compat.tree_structure(expected):
         raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's{after}{hint}")
     try:
-        results = compare_outputs(actual, expected, tol)
+        if truth is not None:
+            multiple = float(section("parity").get("eager_multiple", 2.0))
+            results = compare_outputs(actual, truth, tol, expected, multiple)
+        else:
+            results = compare_outputs(actual, expected, tol)
     except StructureMismatch as exc:
         raise CheckFailed(f"{where}: {exc}{after}{hint}") from None
     failing = [r for r in results if not r.passed]
     if failing:
-        raise _Differs(
-            f"{where}: the backend's outputs differ from eager PyTorch{after}:\n"
+        against = f"{how} (and eager PyTorch in the tested dtype)" if truth is not None else "eager PyTorch"
+        differs = _Differs(
+            f"{where}: the backend's outputs differ from {against}{after}:\n"
             + "\n".join(r.text() for r in failing)
             + hint,
             example,
         )
+        differs.details = {
+            "numerics": {**summary_json(results), "reference": how or "eager PyTorch in the tested dtype"}
+        }
+        raise differs
     top = worst(results)
     if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
         seen["worst"] = results
+        seen["how"] = how
 
 
 def _with_saved_inputs(
@@ -192,7 +278,9 @@ def _with_saved_inputs(
     # A dynamic-shape failure is localised on the model exported at the failing sizes: the dynamic
     # program's symbolic shapes have no place in the one-node programs the bisection lowers.
     located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
-    return CheckFailed(f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}")
+    return CheckFailed(
+        f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}", details=exc.details
+    )
 
 
 def divergence_text(
@@ -262,6 +350,7 @@ def size_choices(ctx: SuiteContext, case_name: str, method: str) -> tuple[dict, 
 def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> dict:
     lowered = lowered_or_unsupported(ctx, case_name, dtype, dynamic=True)
     eager = getattr(ctx.module(case_name, dtype), method)
+    truth = truth_for(ctx, case_name, dtype)
     run = getattr(lowered, method)
     tol = tolerance_for(ctx, dtype, case_name)
     profile = PROFILES[ctx.hypothesis_profile]
@@ -284,7 +373,10 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             actual = run(*args, **kwargs)
         except OutputSpecError as exc:
             raise CheckFailed(f"{where}: {exc}{hint}") from None
-        _compare_with_eager(actual, expected, tol, seen, (args, kwargs, sizes), where, hint=hint)
+        wide = truth(method, args, kwargs, expected) if truth is not None else None
+        _compare_with_eager(
+            actual, expected, tol, seen, (args, kwargs, sizes), where, hint=hint, truth=wide, how=_how(truth, wide)
+        )
         golden.add(args, kwargs, expected)
 
     test = given(sizes=strategy, seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))(compare)
@@ -299,7 +391,7 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     except _Differs as exc:
         raise _with_saved_inputs(exc, ctx, case_name, dtype, method, tol) from None
     golden.write(lowered, method)
-    return {"numerics": summary_json(seen.get("worst") or [])}
+    return {"numerics": _numerics(seen)}
 
 
 def save_inputs(

@@ -275,3 +275,16 @@ def opinfo_database() -> tuple[list[Any] | None, str]:
             f"cannot be imported on torch {torch.__version__}: {type(exc).__name__}: {exc}"
         )
     return list(op_db), ""
+
+
+def opinfo_tolerance_override_type() -> type | None:
+    """The class of OpInfo's ``toleranceOverride`` decorator (``.d``: dtype -> ``tol(atol, rtol)``), or ``None``.
+
+    ``torch.testing._internal.common_device_type.toleranceOverride``: private,
+    the same on 2.4 to 2.14; only the ops data's regeneration reads it.
+    """
+    try:
+        from torch.testing._internal.common_device_type import toleranceOverride
+    except Exception:  # a private module: anything may go wrong on import
+        return None
+    return toleranceOverride

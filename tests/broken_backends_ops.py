@@ -1,7 +1,7 @@
 """Backends for the ops category and the numerics: one defect each, or one virtue.
 
 ``WrongHalfSub`` is the reference backend with a single wrong kernel: its
-``aten.sub.Tensor`` is 0.4% (plus 0.004) off in float16 and right everywhere
+``aten.sub.Tensor`` is 0.4% (plus 0.04) off in float16 and right everywhere
 else, so exactly the float16 ops checks of ``aten.sub.Tensor`` and the
 float16 parity checks of models with a subtraction must fail, each naming
 ``aten::sub``. ``AccurateHalf`` computes float16 programs in float32 and
@@ -23,8 +23,8 @@ def _skewed(step):
     def call(regs):
         out = step(regs)
         if isinstance(out, torch.Tensor) and out.dtype == torch.float16:
-            wide = out.float()  # 0.4% and 0.004 further from zero
-            return (wide * 1.004 + torch.copysign(torch.full_like(wide, 0.004), wide)).half()
+            wide = out.float()  # 0.4% and 0.04 further from zero (beyond OpInfo's atol=0.01 for sub)
+            return (wide * 1.004 + torch.copysign(torch.full_like(wide, 0.04), wide)).half()
         return out
 
     return call

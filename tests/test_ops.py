@@ -113,12 +113,13 @@ def test_each_ops_mode_selects_its_samples():
     def selection(mode):
         names = [c.name for c in ops_category.checks(Ctx(mode))]
         dtypes = {n.rpartition("[")[2].split("-")[0] for n in names}
-        samples = {n.rpartition("-sample")[2].rstrip("]") for n in names}
+        samples = {n.rpartition("-")[2].rstrip("]") for n in names}
         return len(names), dtypes, samples
 
     quick, default = selection("quick"), selection("default")
-    assert quick[1:] == ({"float32", "float16"}, {"0"})
-    assert default[1] == {"float32", "float16", "bfloat16", "int64", "bool"} and default[2] == {"0", "1"}
+    assert quick[1:] == ({"float32", "float16"}, {"sample0"})  # no long-reduction samples
+    assert default[1] == {"float32", "float16", "bfloat16", "int64", "bool"}
+    assert default[2] == {"sample0", "sample1", "long0"}
     assert 300 <= quick[0] < default[0]
 
 
@@ -402,8 +403,17 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
     assert set(ops["overloads"]["aten.add.Tensor"].values()) <= {"passed", "unsupported", "failed", "not under test"}
     test = next(t for t in document["tests"] if t["id"] == "backendconf::ops::aten.rsqrt.default[float16-sample0]")
     numerics = test["numerics"]
-    assert set(numerics) == {"closeness", "max_abs_error", "max_rel_error", "outputs", "reference"}
+    assert set(numerics) == {
+        "closeness",
+        "max_abs_error",
+        "max_rel_error",
+        "sqnr_db",
+        "eager_error",
+        "outputs",
+        "reference",
+    }
     assert numerics["reference"] == "eager in float64, cast back"
+    assert set(numerics["eager_error"]) == {"max_abs_error", "max_rel_error", "closeness", "sqnr_db"}
     assert set(numerics["outputs"][0]) == {
         "output",
         "dtype",
@@ -417,7 +427,11 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
         "ulp",
         "closeness",
         "tolerance",
+        "sqnr_db",
+        "eager_error",
+        "passed_by",
     }
+    assert numerics["outputs"][0]["passed_by"] in ("tolerance", "eager")
     assert set(numerics["outputs"][0]["tolerance"]) == {"rtol", "atol", "source"}
     assert "ops  " in result.stdout.str() and "overloads fully supported" in result.stdout.str()
     cli = subprocess.run(

@@ -119,9 +119,11 @@ def test_parity_catches_wrong_half_precision_outputs_only(pytester):
     assert outcomes["passed"] == 2 * (len(float_outputs) + len(dynamic)) + 1
     result.stdout.fnmatch_lines(
         [
-            "*the backend's outputs differ from eager PyTorch for inputs drawn with seed=*",
+            "*the backend's outputs differ from the model in float64, cast back (and eager PyTorch in the "
+            "tested dtype) for inputs drawn with seed=*",
             "*max abs error 0.5*, max rel error*",
             "*tolerance rtol=0.001, atol=1e-05 (default); closeness*",
+            "*eager PyTorch in float16 against the same reference: max abs error*",
         ]
     )
 

@@ -66,8 +66,22 @@ def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
     if not isinstance(record, dict):
         raise RerunFileError(f"{where} must be a JSON object, got {_short(record)}")
     expected = {"overload", "dtype", "index", "opinfo", "args", "kwargs", "outputs", "inputs"}
-    if set(record) != expected:
-        raise RerunFileError(f"{where} must have exactly the keys {sorted(expected)}, got {_short(sorted(record))}")
+    optional = {"kind", "opinfo_tolerance"}  # a long-reduction sample; OpInfo's own tolerance for the dtype
+    if not expected <= set(record) <= expected | optional:
+        raise RerunFileError(
+            f"{where} must have the keys {sorted(expected)} (and optionally {sorted(optional)}), "
+            f"got {_short(sorted(record))}"
+        )
+    kind = record.get("kind", "sample")
+    if kind not in ("sample", "long"):
+        raise RerunFileError(f"{where}: kind must be 'sample' or 'long', got {_short(kind)}")
+    tolerance = record.get("opinfo_tolerance")
+    if tolerance is not None and not (
+        isinstance(tolerance, list)
+        and len(tolerance) == 2
+        and all(type(v) in (int, float) and 0 <= v < 1e6 for v in tolerance)
+    ):
+        raise RerunFileError(f"{where}: opinfo_tolerance must be null or [rtol, atol], got {_short(tolerance)}")
     overload, dtype, index, opinfo = record["overload"], record["dtype"], record["index"], record["opinfo"]
     args, kwargs, outputs, n_inputs = record["args"], record["kwargs"], record["outputs"], record["inputs"]
     if dtype not in discovery.DISCOVERY_DTYPES:
@@ -103,7 +117,18 @@ def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
         discovery.decode_arg_dict(kwargs, inputs)
     except ValueError as exc:
         raise RerunFileError(f"{where}: {exc}") from None
-    sample = discovery.OpSample(overload, dtype, index, opinfo, args, kwargs, outputs, inputs)
+    sample = discovery.OpSample(
+        overload,
+        dtype,
+        index,
+        opinfo,
+        args,
+        kwargs,
+        outputs,
+        inputs,
+        kind=kind,
+        opinfo_tolerance=tuple(tolerance) if tolerance is not None else None,
+    )
     _check_against_recorded(path, sample)
     return sample
 
@@ -112,11 +137,23 @@ def _check_against_recorded(path: Any, sample: Any) -> None:
     """The sample must be the one the ops data records (same call, same input shapes), where that data is here."""
     from ..conformance import _ops_discovery as discovery
 
-    data = discovery.load(discovery.DATA_DIR, discovery.release())
+    if sample.kind == "long":
+        from ..conformance._long_samples import long_samples
+
+        data: Any = discovery.OpsData("", long_samples())
+        source = "the suite's long-reduction samples"
+    else:
+        data = discovery.load(discovery.DATA_DIR, discovery.release())
+        source = f"the ops data of torch {data.torch_version}" if data is not None else ""
     if data is None:
         return  # no data for this torch: the output-size check on fake tensors still bounds the run
     for recorded in data.samples:
-        if (recorded.overload, recorded.dtype, recorded.index) != (sample.overload, sample.dtype, sample.index):
+        if (recorded.overload, recorded.dtype, recorded.kind, recorded.index) != (
+            sample.overload,
+            sample.dtype,
+            sample.kind,
+            sample.index,
+        ):
             continue
         same_call = (recorded.args, recorded.kwargs, recorded.outputs) == (sample.args, sample.kwargs, sample.outputs)
         same_inputs = [(t.dtype, tuple(t.shape)) for t in recorded.inputs] == [
@@ -124,11 +161,11 @@ def _check_against_recorded(path: Any, sample: Any) -> None:
         ]
         if not (same_call and same_inputs):
             raise RerunFileError(
-                f"{path}: sample {sample.name} differs from the one the ops data of torch {data.torch_version} "
+                f"{path}: sample {sample.name} differs from the one {source} "
                 "records (its arguments or its inputs' shapes and dtypes); the file was changed after it was written"
             )
         return
-    raise RerunFileError(f"{path}: the ops data of torch {data.torch_version} has no sample {sample.name}")
+    raise RerunFileError(f"{path}: {source} has no sample {sample.name}")
 
 
 def check_output_sizes(path: Any, program: Any) -> None:

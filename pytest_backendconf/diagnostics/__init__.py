@@ -12,7 +12,17 @@ May import: `target` (the minimiser runs its candidates in a child process), `lo
 from ._divergence import locate_divergence, locate_in_program
 from ._failing_nodes import failing_nodes
 from ._minify import DEFAULT_BUDGET, Candidate, Outcome, Reproduction, minify, same_failure
-from ..numerics import StructureMismatch, Tolerance, compare_outputs, resolve_tolerance, summary_json, worst
+from ..numerics import (
+    Closeness,
+    EagerError,
+    StructureMismatch,
+    Tolerance,
+    compare_outputs,
+    compare_tensor,
+    resolve_tolerance,
+    summary_json,
+    worst,
+)
 from ._profile import Call, Profile, check_events, profile
 from ._repro_script import script_stem, write_script
 
@@ -22,12 +32,15 @@ __all__ = [
     "Candidate",
     "Outcome",
     "Reproduction",
+    "Closeness",
+    "EagerError",
     "Profile",
     "StructureMismatch",
     "Tolerance",
     "check_events",
     "compare_outputs",
     "failing_nodes",
+    "compare_tensor",
     "locate_divergence",
     "locate_in_program",
     "minify",

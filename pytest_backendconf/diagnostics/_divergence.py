@@ -6,8 +6,12 @@ are placeholders fed with the eager intermediates, its metadata, source
 frames included, copied), lowered whole to the backend and compared with
 the eager value: the first node out of tolerance is where the model
 diverges. When no single node is out of tolerance (small errors adding
-up), growing prefixes of the graph, fed with the eager inputs at their
-frontier, are bisected for the first node whose output is out of tolerance.
+up, or an engine that fuses several nodes into one kernel), growing
+prefixes of the graph, fed with the eager inputs at their frontier, are
+bisected for the first node whose output is out of tolerance, and then the
+group ending at that node is shrunk from the front to the smallest one
+still out of tolerance: the nodes that diverge only together, each named
+with its source line.
 """
 
 from __future__ import annotations
@@ -43,14 +47,30 @@ class Divergence:
     op: str
     info: DebugInfo
     closeness: Closeness
+    #: When no node is out of tolerance alone: the smallest run of nodes that is out of
+    #: tolerance together, in program order (``node`` is the first output out of tolerance in it).
+    group: tuple[DebugInfo, ...] = ()
 
     def text(self) -> str:
         c = self.closeness
         allowed = c.tolerance.atol + c.tolerance.rtol * abs(c.expected)
-        return (
-            f"Diverges first at node '{self.node}' ({self.op}): max abs error {c.max_abs:.3g} "
-            f"(tolerance {allowed:.3g}: {c.tolerance})\n{self.info}"
-        )
+        error = f"max abs error {c.max_abs:.3g} (tolerance {allowed:.3g}: {c.tolerance})"
+        if len(self.group) > 1:
+            lines = "\n".join(f"  '{i.node}' ({i.op}) at {_where(i)}" for i in self.group)
+            return (
+                f"Diverges first in a group of {len(self.group)} nodes, each within tolerance alone but not "
+                f"together (an engine that fuses them?), first out of tolerance at node '{self.node}' ({self.op}): {error}\n"
+                f"{lines}\n{self.info}"
+            )
+        return f"Diverges first at node '{self.node}' ({self.op}): {error}\n{self.info}"
+
+
+def _where(info: DebugInfo) -> str:
+    frame = info.frames[-1] if info.frames else None
+    if frame is None:
+        return "(no source line)"
+    source = f": {frame.source.strip()}" if frame.source and frame.source.strip() else ""
+    return f"{frame.file}:{frame.line}{source}"
 
 
 def locate_divergence(
@@ -156,7 +176,21 @@ def locate_in_program(
         else:
             low = middle
     verdict = judge(candidates[:high])
-    return _divergence(verdict, by_name) if verdict is not None else None
+    if verdict is None:
+        return None
+    # The smallest group ending at the failing node: shrink from the front while it still fails.
+    start, end = 0, high - 1  # candidates[start:high] fails; candidates[end:high] (one node) does not
+    while end - start > 1:
+        middle = (start + end) // 2
+        if judge(candidates[middle:high]) is not None:
+            start = middle
+        else:
+            end = middle
+    found = _divergence(verdict, by_name)
+    if found is None:
+        return None
+    group = tuple(by_name[n.name] for n in candidates[start:high] if n.name in by_name)
+    return dataclasses.replace(found, group=group)
 
 
 def _divergence(verdict: tuple[Any, Closeness], by_name: dict[str, DebugInfo]) -> Divergence | None:

@@ -11,6 +11,7 @@ May import: the public surface only.
 
 from ._numerics import (
     Closeness,
+    EagerError,
     StructureMismatch,
     Tolerance,
     compare_outputs,
@@ -23,6 +24,7 @@ from ._numerics import (
 
 __all__ = [
     "Closeness",
+    "EagerError",
     "StructureMismatch",
     "Tolerance",
     "compare_outputs",

@@ -74,7 +74,15 @@ class Check:
 
 
 class CheckFailed(AssertionError):
-    """A conformance check failed; the message says what the backend did and what was expected."""
+    """A conformance check failed; the message says what the backend did and what was expected.
+
+    ``details``: data for the JSON report, as a passing check returns it (the
+    numerics of a failed comparison).
+    """
+
+    def __init__(self, *args: object, details: dict | None = None) -> None:
+        super().__init__(*args)
+        self.details = details
 
 
 class Unsupported(Exception):

@@ -18,6 +18,7 @@ import shlex
 from typing import Any, Iterable, Sequence
 
 from ._merge import FAILING, PASSING
+from ._closeness import closeness_table
 
 #: Outcome → (text symbol, words), so that the matrix reads without colour.
 SYMBOLS = {
@@ -161,6 +162,10 @@ def _report_sections(report: dict[str, Any], prefix: str, level: int) -> list[st
     if delegation:
         out.append(f"<{h}>Delegation</{h}>")
         out.append(_delegation_table(delegation))
+    closeness = closeness_table(tests)
+    if closeness:
+        out.append(f"<{h}>Closeness to the reference</{h}>")
+        out.append(closeness)
     out.append(f"<{h}>Failures by root cause</{h}>")
     out += _failures(report, tests, prefix, level + 1)
     return out

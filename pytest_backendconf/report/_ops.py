@@ -18,7 +18,7 @@ _FAILING = ("failed", "error", "known_failure", "unexpected_pass")
 #: An operator overload's name, ``namespace.op.overload``: the only names the declaration prints.
 OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 _ID = re.compile(
-    rf"^(?:backendconf::)?ops::(?P<overload>{OVERLOAD_NAME.pattern})\[(?P<dtype>[a-z0-9]+)-sample(?P<k>\d{{1,6}})\]$"
+    rf"^(?:backendconf::)?ops::(?P<overload>{OVERLOAD_NAME.pattern})\[(?P<dtype>[a-z0-9]+)-(?:sample|long)(?P<k>\d{{1,6}})\]$"
 )
 
 

@@ -443,7 +443,13 @@ def run_check(check: Any, ctx: Any) -> dict[str, Any]:
     except pytest.skip.Exception as exc:
         return {"outcome": "skipped", "message": str(exc.msg)}
     except CheckFailed as exc:
-        return {"outcome": "failed", "message": str(exc), "error": error_record(exc)}
+        details = exc.details if isinstance(exc.details, dict) else None
+        return {
+            "outcome": "failed",
+            "message": str(exc),
+            "error": error_record(exc),
+            **({"details": details} if details else {}),
+        }
     except Exception as exc:
         info = pytest.ExceptionInfo.from_exception(exc)
         return {

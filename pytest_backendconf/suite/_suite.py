@@ -110,6 +110,8 @@ class ConformanceItem(pytest.Item):
             except Unsupported as exc:
                 pytest.skip(f"unsupported: {exc}")
             except Exception as exc:
+                if isinstance(exc, CheckFailed) and isinstance(exc.details, dict):
+                    self.user_properties.append(("backendconf", exc.details))  # a failed comparison's numerics
                 from ..target import error_record
 
                 self._minimise(error_record(exc), str(exc), None)

@@ -126,8 +126,6 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
 
 
 def _rerun_op(path: Path, sample: object, registered: object, low_precision: bool) -> int:
-    import torch
-    from .. import _compat
 
     from ..lowering import lower_programs
     from ..diagnostics import StructureMismatch

@@ -18,7 +18,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -78,9 +78,10 @@ def target_of(error: dict | None, message: str, ended: dict | None) -> Any:
 class Minimiser:
     """Shrinks the failures of one pytest process, once per model and kind of failure."""
 
-    def __init__(self, config: pytest.Config, budget: float, timeout: float | None) -> None:
+    def __init__(self, config: pytest.Config, budget: float, timeout: Callable[[], float | None]) -> None:
         self.config = config
         self.budget = budget
+        #: Each candidate's timeout, asked anew per failure (it shortens once the backend has hung).
         self.timeout = timeout
         self._memo: dict[tuple, dict | None] = {}
         self._lock = threading.Lock()
@@ -115,7 +116,7 @@ class Minimiser:
                 inputs,
                 same_failure(target),
                 budget=self.budget,
-                timeout=self.timeout,
+                timeout=self.timeout(),
                 tolerance=tolerance,
                 plugins=plugins,
             )

@@ -237,11 +237,14 @@ class SuitePlugin:
 
             budget = self.config.getoption("backendconf_minify_budget", None)
             timeout = self.config.getoption("backendconf_timeout", None)
-            self._minimiser = Minimiser(
-                self.config,
-                DEFAULT_BUDGET if budget is None else budget,
-                (DEFAULT_TIMEOUT if timeout is None else timeout) or None,
-            )
+            timeout = (DEFAULT_TIMEOUT if timeout is None else timeout) or None
+
+            def candidate_timeout() -> float | None:
+                # A candidate gets what the next check would: after a hang, the host's shortened timeout.
+                host = self.host()
+                return host.check_timeout() if host is not None else timeout
+
+            self._minimiser = Minimiser(self.config, DEFAULT_BUDGET if budget is None else budget, candidate_timeout)
         return self._minimiser or None
 
     def not_applicable(self, check: Check) -> str | None:

@@ -257,3 +257,12 @@ def test_failures_that_minimise_to_the_same_program_are_named_together():
         ("aten::gelu", ["backendconf::parity::m1[float32]", "backendconf::parity::m2[float32]"])
     ]
     assert same_program_lines(groups)[0] == "2 failures minimise to the same program (aten::gelu):"
+
+
+def test_a_check_failed_at_once_after_a_hang_is_not_shrunk_again():
+    # The check that hung was shrunk; the later checks of that model fail at once and shrink nothing.
+    from pytest_backendconf.suite._host import NOT_RUN_AGAIN
+    from pytest_backendconf.suite._minify import target_of
+
+    assert target_of({"type": NOT_RUN_AGAIN, "message": "m"}, "not run: ...", None) is None
+    assert target_of({"type": "RuntimeError", "message": "m"}, "boom", None) is not None

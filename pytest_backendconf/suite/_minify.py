@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import pytest
 
+from ._host import NOT_RUN_AGAIN
+
 #: The default of ``--backendconf-minify`` when the command line does not give it (the project's own
 #: tests set it to ``off``: their many deliberately failing runs test other things).
 MINIFY_ENV = "BACKENDCONF_MINIFY"
@@ -69,6 +71,8 @@ def target_of(error: dict | None, message: str, ended: dict | None) -> Any:
             return None
         return Outcome("crashed", returncode=ended.get("returncode"))
     kind = (error or {}).get("type", "")
+    if kind == NOT_RUN_AGAIN:  # failed at once: the check that hung or crashed is shrunk, not this one
+        return None
     if kind in _VERDICTS or not kind:
         found = _DIVERGES.search(message)
         return Outcome("diverged", op=found.group(1)) if found else None

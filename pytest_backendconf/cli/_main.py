@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 from ..registry import BackendRegistry, Source, source_of_module
 from ..report import printable
 from ..errors import BackendConfError, PluginLoadError
+from ._options import add_target_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,22 +173,7 @@ def _add_archive_commands(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="call each method once with inputs made from its input specs (seeded random)",
     )
-    target.add_argument(
-        "-p",
-        dest="plugins",
-        metavar="PLUGIN",
-        action="append",
-        default=[],
-        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
-    )
-    target.add_argument(
-        "--block",
-        dest="blocked",
-        metavar="MODULE",
-        action="append",
-        default=[],
-        help="another module to block on the target (repeatable)",
-    )
+    add_target_options(target)
     target.add_argument("--timeout", type=float, default=60, metavar="SECONDS")
     add_limit_options(target)
     target.set_defaults(run=_run_target)

@@ -23,6 +23,8 @@ import platform
 import time
 from typing import Any, Callable, Sequence
 
+from ._options import add_target_options
+
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
 CATEGORY = "replay"
@@ -40,22 +42,7 @@ def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
     replay.add_argument("paths", metavar="PATH", nargs="+", help="an archive, or a folder of archives")
     replay.add_argument("--report", metavar="FILE", help="write the results as a backendconf report (JSON)")
     replay.add_argument("--junitxml", metavar="FILE", help="write the results as JUnit XML")
-    replay.add_argument(
-        "-p",
-        dest="plugins",
-        metavar="PLUGIN",
-        action="append",
-        default=[],
-        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
-    )
-    replay.add_argument(
-        "--block",
-        dest="blocked",
-        metavar="MODULE",
-        action="append",
-        default=[],
-        help="another module to block on the target (repeatable)",
-    )
+    add_target_options(replay)
     replay.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per archive (default 120)")
     replay.set_defaults(run=run)
 

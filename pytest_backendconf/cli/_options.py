@@ -1,0 +1,25 @@
+"""Options that several ``backendconf`` subcommands share."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """``-p`` and ``--block``: what a command that loads archives on a target (run-target, replay) takes."""
+    parser.add_argument(
+        "-p",
+        dest="plugins",
+        metavar="PLUGIN",
+        action="append",
+        default=[],
+        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
+    )
+    parser.add_argument(
+        "--block",
+        dest="blocked",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="another module to block on the target (repeatable)",
+    )

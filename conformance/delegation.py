@@ -26,7 +26,7 @@ from pytest_backendconf.suite._context import SuiteContext
 from pytest_backendconf.lowering import lower_programs
 from pytest_backendconf.lowering import op_overload
 from pytest_backendconf.report import Check, CheckFailed, Unsupported
-from pytest_backendconf.diagnostics import StructureMismatch, compare_outputs
+from pytest_backendconf.numerics import StructureMismatch, compare_outputs
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 
 from pytest_backendconf.report import NOT_NEEDED

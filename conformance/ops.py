@@ -30,7 +30,7 @@ import torch
 from .. import _compat
 from ..suite._context import SuiteContext
 from ..lowering import lower_programs
-from ..diagnostics import (
+from ..numerics import (
     Closeness,
     StructureMismatch,
     Tolerance,

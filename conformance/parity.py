@@ -35,7 +35,7 @@ from pytest_backendconf.suite._context import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf.lowering import normalize as normalize_call
 from pytest_backendconf.diagnostics import locate_in_program
 from pytest_backendconf.archive import write_tensors
-from pytest_backendconf.diagnostics import (
+from pytest_backendconf.numerics import (
     StructureMismatch,
     Tolerance,
     compare_outputs,

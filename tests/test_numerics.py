@@ -19,7 +19,7 @@ import torch
 from pytest_backendconf.conformance import _ops_discovery as discovery
 from pytest_backendconf.conformance._long_samples import long_samples
 from pytest_backendconf.conformance._ties import InvalidIndices, settle_ties
-from pytest_backendconf.diagnostics import Tolerance, compare_outputs, summary_json
+from pytest_backendconf.numerics import Tolerance, compare_outputs, summary_json
 
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())
 needs_data = pytest.mark.skipif(SHIPPED is None, reason=f"no ops data shipped for torch {torch.__version__}")

@@ -90,7 +90,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
     from .. import _compat
 
     from ..suite import SuiteContext
-    from ..diagnostics import compare_outputs
+    from ..numerics import compare_outputs
     from ..conformance._zoo_loader import load_zoo
     from ..conformance._spec import section
     from ..conformance.parity import tolerance_for, truth_for
@@ -128,7 +128,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
 def _rerun_op(path: Path, sample: object, registered: object, low_precision: bool) -> int:
 
     from ..lowering import lower_programs
-    from ..diagnostics import StructureMismatch
+    from ..numerics import StructureMismatch
     from ..capabilities import capabilities_of
     from ..conformance._ops_program import build_program, op_call_class
     from ..conformance._ties import InvalidIndices

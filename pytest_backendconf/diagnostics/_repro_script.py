@@ -71,7 +71,7 @@ def main():
     with torch.no_grad():
         actual = lowered(*inputs)
         if FAILURE == "diverged":
-            from pytest_backendconf.diagnostics import Tolerance, compare_outputs
+            from pytest_backendconf.numerics import Tolerance, compare_outputs
 
             expected = model(*inputs)
             for i, (op, got, want) in enumerate(zip(OUTPUT_OPS, actual, expected)):

@@ -361,6 +361,33 @@ def test_a_crash_blocks_a_model_only_when_it_repeats_the_same_way():
     assert memory.blocked(("model", "mlp", "float32"), runs_backend=True) is None
 
 
+def test_a_hang_in_one_pytest_process_is_known_to_the_others_of_the_run(tmp_path):
+    # pytest-xdist workers each keep a ModelMemory; they share the hangs through a folder of the run,
+    # so the run pays the full timeout once, not once per worker.
+    from pytest_backendconf.suite._host import NOT_RUN_AGAIN, ModelMemory
+
+    shared = tmp_path / "hangs"
+    one, other = ModelMemory(shared), ModelMemory(shared)
+    assert not other.hung
+    execute = [{"kind": "call", "call": "execute", "detail": "of method 'forward'"}]
+    model = ("operator", "aten.tanh.default", "float32")
+    one.ended(
+        model, "ops::aten.tanh.default[float32]", _child.Ended(returncode=None, stderr="", timed_out=120.0), execute
+    )
+    assert other.hung  # the other worker's next check gets the shorter timeout
+    failure = other.blocked(model, runs_backend=True)
+    assert failure is not None and failure["error"]["type"] == NOT_RUN_AGAIN
+    assert "in ops::aten.tanh.default[float32], during execute() of method 'forward'" in failure["message"]
+    assert other.blocked(("operator", "aten.sin.default", "float32"), runs_backend=True) is None
+    # A damaged or foreign file in the folder is ignored, never trusted.
+    (shared / "junk.json").write_text('{"model": 3}')
+    (shared / "half.json").write_text('{"model": ["x"')
+    third = ModelMemory(shared)
+    assert third.hung and third.blocked(model, runs_backend=True) is not None
+    # Without a shared folder a process knows only its own hangs.
+    assert not ModelMemory().hung
+
+
 def test_after_a_hang_each_later_check_gets_a_shorter_timeout():
     # A backend that hangs on one operator hangs on every model that holds it: after the first hang,
     # each later check may take three times the slowest check that finished, at least 10 s, so the

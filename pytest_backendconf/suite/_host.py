@@ -25,6 +25,12 @@ parent can say which call killed it. The parent:
   every model containing it; each of those then costs seconds, not the
   whole ``--backendconf-timeout``.
 
+Under pytest-xdist the workers share what they learn of hangs through a
+folder of the run (`ModelMemory`'s ``shared``): a model that hung in one
+worker is not run again in another, and the shorter timeout applies in every
+worker after the first hang anywhere, so a run pays the full timeout once,
+not once per worker.
+
 Categories need nothing special: whatever `generate_checks` yields runs here.
 """
 
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -76,20 +84,26 @@ class HostOptions:
 class BackendHost:
     """The pytest process's side: runs checks by id in a host child, replacing it when it dies."""
 
-    def __init__(self, options: HostOptions, *, timeout: float | None, max_rss: int | None) -> None:
+    def __init__(
+        self, options: HostOptions, *, timeout: float | None, max_rss: int | None, shared: str | None = None
+    ) -> None:
+        """:param shared: a folder every pytest process of the run shares (the hangs each one saw)."""
         self.options = options
         self.timeout = timeout
         self.max_rss = max_rss
         self._child: Any = None
+        #: A host started ahead of need once the backend has hung (the next kill is likely).
+        self._spare: Any = None
         self._broken: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        #: How many hosts were started (a crash, a hang or the memory limit starts another).
+        #: How many hosts were started (a crash, a hang or the memory limit starts another; after a hang,
+        #: one more is kept ready).
         self.started = 0
         #: Exports and cached programs the hosts counted (for the benchmarks; this process exports nothing).
         self.exports = 0
         self.programs: set[tuple] = set()
         #: The lowered models that hung or crashed deterministically in this process's hosts.
-        self.models = ModelMemory()
+        self.models = ModelMemory(shared)
         #: Seconds of the slowest check that finished (the timeout after a hang is measured against it).
         self.slowest = 0.0
 
@@ -117,12 +131,12 @@ class BackendHost:
             if known is not None:
                 return known
             if self._child is None or not self._child.alive:
-                self._child = ChildProcess(
-                    "pytest_backendconf.suite._host:HostHandler",
-                    dataclasses.asdict(self.options),
-                    startup_timeout=STARTUP_TIMEOUT,
-                )
-                self.started += 1
+                spare, self._spare = self._spare, None
+                self._child = spare if spare is not None and spare.alive else self._start(ChildProcess)
+            if self.models.hung and (self._spare is None or not self._spare.alive):
+                # After a hang, hosts get killed again and again: a spare started now, while this check
+                # runs, is ready when the next one needs it, instead of each paying for a torch import.
+                self._spare = self._start(ChildProcess)
             child = self._child
         calls: list[dict] = []
         if not child.wait_ready():  # the memory at the start is the host's, not a half-started interpreter's
@@ -246,11 +260,21 @@ class BackendHost:
             )
         return "--backendconf-timeout"
 
+    def _start(self, child_process: Any) -> Any:
+        self.started += 1
+        return child_process(
+            "pytest_backendconf.suite._host:HostHandler",
+            dataclasses.asdict(self.options),
+            startup_timeout=STARTUP_TIMEOUT,
+        )
+
     def close(self) -> None:
         with self._lock:
-            child, self._child = self._child, None
-        if child is not None:
-            child.close()
+            children = [self._child, self._spare]
+            self._child = self._spare = None
+        for child in children:
+            if child is not None:
+                child.close()
 
 
 #: The error type of a check failed at once because its model hung or crashed before (the summary counts them).
@@ -272,13 +296,58 @@ class ModelMemory:
     model on the backend (not those that only lower it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: str | os.PathLike[str] | None = None) -> None:
+        """:param shared: a folder the run's pytest processes share: each hang is written there as a file,
+        and the hangs of the other processes are read from it (pytest-xdist workers learn of each other's).
+        """
         self._known: dict[tuple[str, ...], dict[str, Any]] = {}
         self._crashes: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
+        self._shared = os.fspath(shared) if shared is not None else None
         #: How many checks failed at once instead of running (each would have waited or crashed again).
         self.saved = 0
-        #: Whether a backend call has hung in this process's hosts (later checks get a shorter timeout).
-        self.hung = False
+        self._hung = False
+
+    @property
+    def hung(self) -> bool:
+        """Whether a backend call has hung in this run (later checks get a shorter timeout)."""
+        if not self._hung and self._shared is not None:
+            self._read_shared()
+        return self._hung
+
+    @hung.setter
+    def hung(self, value: bool) -> None:
+        self._hung = value
+
+    def _write_shared(self, model: tuple[str, ...], record: dict[str, Any]) -> None:
+        if self._shared is None:
+            return
+        try:
+            os.makedirs(self._shared, exist_ok=True)
+            name = hashlib.sha256(repr(model).encode()).hexdigest()[:16]
+            final = os.path.join(self._shared, f"{name}.json")
+            partial = f"{final}.{os.getpid()}.partial"  # renamed into place: a reader never sees half a file
+            with open(partial, "w", encoding="utf-8") as out:
+                json.dump({"model": list(model), **record}, out)
+            os.replace(partial, final)
+        except OSError:
+            pass  # sharing saves time only: without it each worker finds the hang for itself
+
+    def _read_shared(self) -> None:
+        assert self._shared is not None
+        try:
+            names = [n for n in os.listdir(self._shared) if n.endswith(".json")]
+        except OSError:
+            return
+        for name in names:
+            try:
+                with open(os.path.join(self._shared, name), encoding="utf-8") as file:
+                    record = json.load(file)
+                model = tuple(str(part) for part in record.pop("model"))
+                entry = {key: str(record[key]) for key in ("check", "how", "call", "kind")}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # a file this run did not write whole: ignore it
+            self._known.setdefault(model, entry)
+            self._hung = True
 
     def ended(
         self,
@@ -295,9 +364,11 @@ class ModelMemory:
         last = crumbs[-1]
         call = f"{last['call']}(){' ' + last['detail'] if last.get('detail') else ''}"
         if ended.timed_out is not None:
-            self.hung = True
+            self._hung = True
             how = f"did not finish within {ended.timed_out:g} s ({timeout_source})"
-            self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
+            record = {"check": check_id, "how": how, "call": call, "kind": last["call"]}
+            self._known.setdefault(model, record)
+            self._write_shared(model, record)
             return
         seen = self._crashes.setdefault(model, {})
         key = (ended.describe(), last["call"])
@@ -308,6 +379,8 @@ class ModelMemory:
 
     def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> dict[str, Any] | None:
         """The failure of a check on a model that hung or crashed before, or None: run it."""
+        if model is not None and model not in self._known and self._shared is not None:
+            self._read_shared()  # another pytest process of the run may have seen it hang
         known = self._known.get(model) if model is not None else None
         if model is None or known is None or (known["kind"] != "preprocess" and not runs_backend):
             return None

@@ -220,10 +220,22 @@ class SuitePlugin:
                 artifacts_root=getattr(self.ctx, "artifacts_root", None),
                 golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
             )
-            self._host = BackendHost(options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None)
+            self._host = BackendHost(
+                options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None, shared=self._shared_folder()
+            )
             if self.ctx is not None:
                 self.ctx.host = self._host  # the benchmarks read its export counts
         return self._host
+
+    def _shared_folder(self) -> str | None:
+        """A folder of this run that all its pytest processes share (pytest-xdist workers too), or None."""
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        if factory is None:
+            return None
+        base = Path(factory.getbasetemp())
+        # An xdist worker's basetemp is a folder of the controller's, which is this run's alone.
+        run = base.parent if hasattr(self.config, "workerinput") else base
+        return str(run / "backendconf-hangs")
 
     def minimiser(self) -> Any:
         """The `suite._minify.Minimiser` of this process, or None with ``--backendconf-minify=off`` (or a debugger)."""

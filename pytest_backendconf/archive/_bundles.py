@@ -29,8 +29,15 @@ from typing import Any, Mapping, Sequence
 from ._checks import REWRITE as _REWRITE
 from ._checks import kind as _kind
 from ._checks import short as _short
-from ._tensor_codec import ITEMSIZE, ValueEncoder, check_tensor_meta, check_value, decode_value, tensor_from_checked
-from ..errors import ArchiveEntryError, ArchiveError, ArchiveManifestError, ArchiveSizeError
+from ._tensor_codec import (
+    ValueEncoder,
+    check_tensor_meta,
+    check_value,
+    decode_value,
+    tensor_entries,
+    tensor_from_checked,
+)
+from ..errors import ArchiveEntryError, ArchiveError, ArchiveManifestError
 
 BUNDLES = "bundles.json"
 BUNDLE_TENSOR = re.compile(r"bundles/(0|[1-9][0-9]{0,8})\.bin\Z")
@@ -209,23 +216,7 @@ def read_bundles(
                 record["check"] is None or isinstance(record["check"], str)
             ):
                 raise ArchiveManifestError(f"{at}: tolerance must be a string and check a string or null; {_REWRITE}")
-    tensor_bytes = []
-    for i, meta in enumerate(metas):
-        name = f"bundles/{i}.bin"
-        if name not in contents:
-            raise ArchiveEntryError(f"{where(name)}: tensor {i} of {BUNDLES} is missing; {_REWRITE}")
-        expected = meta["numel"] * ITEMSIZE[meta["dtype"]]
-        if len(contents[name]) != expected:
-            raise ArchiveSizeError(
-                f"{where(name)}: has {len(contents[name])} bytes, but a {meta['dtype']} tensor of shape "
-                f"{meta['shape']} needs {expected}; {_REWRITE}"
-            )
-        tensor_bytes.append(contents[name])
-    for name in names:
-        match = BUNDLE_TENSOR.match(name)
-        assert match is not None
-        if int(match[1]) >= len(metas):
-            raise ArchiveEntryError(f"{where(name)}: no tensor of {BUNDLES} refers to it; {_REWRITE}")
+    tensor_bytes = tensor_entries(metas, contents, "bundles", BUNDLES, names, where)
     return Bundles({m: list(v) for m, v in records.items()}, metas, tensor_bytes, here)
 
 

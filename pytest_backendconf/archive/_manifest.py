@@ -29,7 +29,7 @@ from ..debuginfo import DebugInfo
 from ._debug_table import decode_debug
 from ._limits import DEFAULT_LIMITS, Limits  # noqa: F401  (re-exported)
 from ._method_spec import MethodSpec
-from ._tensor_codec import ITEMSIZE, tensor_from_checked
+from ._tensor_codec import tensor_entries, tensor_from_checked
 from ._sidecar import SIDECAR_FORMAT, decode_handles, read_manifest_field
 from ._versions import check_blob_version
 from ..errors import (
@@ -346,22 +346,8 @@ class ArchiveReader(ZipReader):
         attributes, tensor_meta = check_attributes(
             self._parse_json(ATTRIBUTES, contents[ATTRIBUTES]), self.where(ATTRIBUTES), set(methods)
         )
-        tensor_bytes = []
-        for i, meta in enumerate(tensor_meta):
-            name = f"tensors/{i}.bin"
-            if name not in contents:
-                raise ArchiveEntryError(f"{self.where(name)}: tensor {i} of {ATTRIBUTES} is missing; {_REWRITE}")
-            expected = meta["numel"] * ITEMSIZE[meta["dtype"]]
-            if len(contents[name]) != expected:
-                raise ArchiveSizeError(
-                    f"{self.where(name)}: has {len(contents[name])} bytes, but a {meta['dtype']} tensor of "
-                    f"shape {meta['shape']} needs {expected}; {_REWRITE}"
-                )
-            tensor_bytes.append(contents[name])
-        for name in contents:
-            match = TENSOR.match(name)
-            if match and int(match[1]) >= len(tensor_meta):
-                raise ArchiveEntryError(f"{self.where(name)}: no tensor of {ATTRIBUTES} refers to it; {_REWRITE}")
+        tensors = [name for name in contents if TENSOR.match(name)]
+        tensor_bytes = tensor_entries(tensor_meta, contents, "tensors", ATTRIBUTES, tensors, self.where)
 
         bundle_doc = self._parse_json(BUNDLES, contents[BUNDLES]) if BUNDLES in contents else None
         bundles = read_bundles(bundle_doc, contents, set(methods), version, self.where)

@@ -20,7 +20,7 @@ import base64
 import binascii
 import math
 import sys
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ._checks import MAX_NESTING as _MAX_NESTING
 from ._checks import REWRITE as _REWRITE
@@ -28,7 +28,7 @@ from ._checks import is_int as _is_int
 from ._checks import kind as _kind
 from ._checks import short as _short
 from ._method_spec import DTYPE_NAMES
-from ..errors import ArchiveError, ArchiveManifestError, ArchiveSizeError
+from ..errors import ArchiveEntryError, ArchiveError, ArchiveManifestError, ArchiveSizeError
 
 ITEMSIZE = {
     "float64": 8,
@@ -151,6 +151,39 @@ def tensor_from_checked(data: bytes, meta: Mapping[str, Any], where: str) -> Any
     if meta["numel"] == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+
+
+def tensor_entries(
+    metas: Sequence[Mapping[str, Any]],
+    contents: Mapping[str, bytes],
+    folder: str,
+    owner: str,
+    names: Iterable[str],
+    where: Callable[[str], str],
+) -> list[bytes]:
+    """The bytes of the tensors ``metas`` describe, entries ``<folder>/<i>.bin``, each checked for its size.
+
+    :param owner: the entry whose metadata lists them (for messages: "tensor 3 of attributes.json").
+    :param names: the archive's entries of that folder: one no tensor refers to is an error.
+    :param where: an entry's name → how messages name it (the archive and the entry).
+    """
+    found = []
+    for i, meta in enumerate(metas):
+        name = f"{folder}/{i}.bin"
+        if name not in contents:
+            raise ArchiveEntryError(f"{where(name)}: tensor {i} of {owner} is missing; {_REWRITE}")
+        expected = meta["numel"] * ITEMSIZE[meta["dtype"]]
+        if len(contents[name]) != expected:
+            raise ArchiveSizeError(
+                f"{where(name)}: has {len(contents[name])} bytes, but a {meta['dtype']} tensor of shape "
+                f"{meta['shape']} needs {expected}; {_REWRITE}"
+            )
+        found.append(contents[name])
+    for name in names:
+        index = name[len(folder) + 1 : -len(".bin")]
+        if int(index) >= len(metas):
+            raise ArchiveEntryError(f"{where(name)}: no tensor of {owner} refers to it; {_REWRITE}")
+    return found
 
 
 def check_tensor_meta(meta: Any, where: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@
 #include <torch/csrc/jit/backends/backend_preprocess.h>
 #include <torch/csrc/jit/mobile/type_parser.h>
 #include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -47,18 +48,28 @@ enum Variant : int {
   BROKEN_NONDETERMINISTIC,  // preprocess output depends on the clock
   BROKEN_LEAK,              // keeps a copy of every input alive
   BROKEN_ACCEPTS_ALL,       // accepts operators it cannot run, fails at execute
+  BROKEN_CONSUMES_BLOB,     // compile empties the processed module's constants: a saved model has none
+  BROKEN_HOST_STATE,        // keeps parameters in a table of the host process, not in the blob
+  BROKEN_PREPROCESS_NEEDS_DEVICE,  // unavailable, and preprocess fails without the device
 };
+
 
 using torch::jit::Node;
 using torch::jit::Value;
 using c10::IValue;
+
+// BROKEN_HOST_STATE's table: filled by preprocess, read by execute; empty in any other process.
+std::vector<IValue>& host_table() {
+  static std::vector<IValue> values;
+  return values;
+}
 
 namespace {
 
 constexpr int64_t kNoHandle = -1;
 
 // Instruction kinds, stored as ints in the program.
-enum Kind : int64_t { kOp = 0, kList = 1, kTuple = 2, kTupleUnpack = 3, kListUnpack = 4 };
+enum Kind : int64_t { kOp = 0, kList = 1, kTuple = 2, kTupleUnpack = 3, kListUnpack = 4, kJit = 5 };
 
 template <int V>
 struct Compiler {
@@ -98,6 +109,15 @@ struct Compiler {
       reject(node);  // a module object used as a value: nothing this interpreter can run
     }
     int64_t s = new_slot(v);
+    if (k->second.isTensor()) {
+      k->second = k->second.toTensor().detach();  // a parameter's value, without its autograd history
+    }
+    if (V == BROKEN_HOST_STATE && k->second.isTensor()) {
+      host_table().push_back(k->second);
+      constants.push_back(c10::ivalue::Tuple::create(
+          {IValue(s), IValue(std::string("host:") + std::to_string(host_table().size() - 1))}));
+      return s;
+    }
     constants.push_back(c10::ivalue::Tuple::create({IValue(s), k->second}));
     return s;
   }
@@ -122,22 +142,32 @@ struct Compiler {
          IValue(extra)}));
   }
 
-  IValue compile(const std::shared_ptr<torch::jit::Graph>& graph) {
-    auto inputs = graph->inputs();
-    known[inputs[0]] = module._ivalue();  // self
-    for (size_t i = 1; i < inputs.size(); ++i) {
-      new_slot(inputs[i]);
-    }
-    for (const Node* node : graph->nodes()) {
+    for (const Node* node : block->nodes()) {
       const auto kind = node->kind();
+      if (fold(node)) {
+        continue;
+      }
       if (kind == c10::prim::Constant) {
-        known[node->output()] = torch::jit::toIValue(node->output()).value();
+        // A constant with no value (a function, say) stays unknown: any node using it is rejected.
+        if (auto value = torch::jit::toIValue(node->output())) {
+          known[node->output()] = *value;
+        }
       } else if (kind == c10::prim::GetAttr) {
         auto owner = known.find(node->input());
         if (owner == known.end() || !owner->second.isObject()) {
           reject(node);
         }
         known[node->output()] = owner->second.toObjectRef().getAttr(node->s(c10::attr::name));
+      } else if (kind == c10::prim::If && known.count(node->input()) && known[node->input()].isBool()) {
+        // A condition known when compiling (self.training, an optional argument's presence): only the
+        // branch it takes is compiled, and the If's outputs are that branch's.
+        const auto* taken = node->blocks()[known[node->input()].toBool() ? 0 : 1];
+        compile_block(taken);
+        for (size_t i = 0; i < node->outputs().size(); ++i) {
+          alias(node, node->outputs()[i], taken->outputs()[i]);
+        }
+      } else if (kind == c10::prim::Uninitialized) {
+        known[node->output()] = IValue();  // only on a path that raises
       } else if (kind == c10::prim::ListConstruct) {
         auto element = node->output()->type()->expectRef<c10::ListType>().getElementType();
         emit(node, kList, "", "", element->annotation_str());
@@ -152,12 +182,74 @@ struct Compiler {
                      .findSchema({node->schema().name(), node->schema().overload_name()})
                      .has_value()) {
         emit(node, kOp, node->schema().name(), node->schema().overload_name(), "");
+      } else if ((kind.is_aten() || kind.is_prim()) && node->maybeSchema() != nullptr &&
+                 torch::jit::findOperatorFor(node->schema().operator_name()) != nullptr) {
+        // TorchScript's own builtins (aten::size, prim::dtype, ...) live in the JIT's operator table.
+        emit(node, kJit, node->schema().name(), node->schema().overload_name(), "");
       } else if (V == BROKEN_ACCEPTS_ALL && node->maybeSchema() != nullptr) {
         emit(node, kOp, node->schema().name(), node->schema().overload_name(), "");
       } else {
         reject(node);
       }
     }
+  }
+
+  // An operator on values all known when compiling, giving no tensor (x.dim(), `bias is None`, ...):
+  // computed now, its results known, no instruction.
+  bool fold(const Node* node) {
+    if (node->kind() == c10::prim::Constant || node->kind() == c10::prim::GetAttr || node->blocks().size() ||
+        node->outputs().empty() || node->maybeSchema() == nullptr || node->hasSideEffects()) {
+      return false;
+    }
+    for (const Value* v : node->inputs()) {
+      auto k = known.find(v);
+      if (k == known.end() || k->second.isObject()) {
+        return false;
+      }
+    }
+    for (const Value* v : node->outputs()) {
+      if (v->type()->kind() == c10::TypeKind::TensorType || v->type()->containedTypes().size()) {
+        return false;
+      }
+    }
+    auto op = torch::jit::findOperatorFor(node->schema().operator_name());
+    if (op == nullptr) {
+      return false;
+    }
+    torch::jit::Stack stack;
+    for (const Value* v : node->inputs()) {
+      stack.push_back(known[v]);
+    }
+    try {
+      op->getOperation(node)(stack);
+    } catch (const c10::Error&) {
+      return false;  // left to run (and fail with its debug handle) at execute
+    }
+    for (size_t i = 0; i < node->outputs().size(); ++i) {
+      known[node->outputs()[i]] = stack[i];
+    }
+    return true;
+  }
+
+  // ``to`` holds what ``from`` holds: the same slot, or the same known value.
+  void alias(const Node* node, const Value* to, const Value* from) {
+    auto s = slot.find(from);
+    if (s != slot.end()) {
+      slot[to] = s->second;
+    } else if (known.count(from)) {
+      known[to] = known[from];
+    } else {
+      reject(node);
+    }
+  }
+
+  IValue compile(const std::shared_ptr<torch::jit::Graph>& graph) {
+    auto inputs = graph->inputs();
+    known[inputs[0]] = module._ivalue();  // self
+    for (size_t i = 1; i < inputs.size(); ++i) {
+      new_slot(inputs[i]);
+    }
+    compile_block(graph->block());
     c10::List<int64_t> outputs;
     for (const Value* v : graph->outputs()) {
       outputs.push_back(use(graph->return_node(), v));
@@ -173,6 +265,9 @@ template <int V>
 IValue preprocess(const torch::jit::Module& mod, const c10::Dict<IValue, IValue>& method_compile_spec,
                   const torch::jit::BackendDebugHandleGenerator& generate_debug_handles) {
   c10::Dict<IValue, IValue> compiled(c10::StringType::get(), c10::AnyType::get());
+  if constexpr (V == BROKEN_PREPROCESS_NEEDS_DEVICE) {
+    TORCH_CHECK(false, "preprocess needs the device, which is not present");
+  }
   for (const auto& entry : method_compile_spec) {
     const std::string& method_name = entry.key().toStringRef();
     auto graph = torch::jit::toGraphFunction(mod.get_method(method_name).function()).graph()->copy();
@@ -201,7 +296,7 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
   ~ReferenceBackend() override = default;
 
   bool is_available() override {
-    return V != BROKEN_UNAVAILABLE;
+    return V != BROKEN_UNAVAILABLE && V != BROKEN_PREPROCESS_NEEDS_DEVICE;
   }
 
   // The processed program is already what execute runs: compile checks it and hands it back.
@@ -212,6 +307,14 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
       const auto& method = entry.key();
       TORCH_CHECK(programs.contains(method), "no compiled program for method ", method.toStringRef());
       handles.insert(method, programs.at(method));
+      if constexpr (V == BROKEN_CONSUMES_BLOB) {
+        // Takes the constants for itself: the handle keeps a copy, the processed module (saved) is emptied.
+        auto elements = programs.at(method).toTupleRef().elements().vec();
+        auto kept = elements[2].toList().copy();
+        elements[2].toList().clear();
+        elements[2] = IValue(kept);
+        handles.insert_or_assign(method, c10::ivalue::Tuple::create(std::move(elements)));
+      }
     }
     return c10::impl::toGenericDict(handles);
   }
@@ -248,6 +351,11 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
     for (const auto& entry : program[2].toListRef()) {
       const auto& constant = entry.toTupleRef().elements();
       slots[constant[0].toInt()] = constant[1];
+      if (V == BROKEN_HOST_STATE && constant[1].isString()) {
+        size_t index = std::stoul(constant[1].toStringRef().substr(5));
+        TORCH_CHECK(index < host_table().size(), "parameter ", index, " is not in this process's table");
+        slots[constant[0].toInt()] = host_table()[index];
+      }
     }
     for (const auto& entry : program[3].toListRef()) {
       run(entry.toTupleRef().elements(), slots);
@@ -288,6 +396,22 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
             }
           }
           op.callBoxed(stack);
+          TORCH_CHECK(stack.size() == outs.size(), instruction[1].toStringRef(), " returned ", stack.size(),
+                      " values, expected ", outs.size());
+          for (size_t i = 0; i < outs.size(); ++i) {
+            slots[outs[i]] = std::move(stack[i]);
+          }
+          break;
+        }
+        case kJit: {
+          auto op = torch::jit::findOperatorFor(
+              c10::OperatorName(instruction[1].toStringRef(), instruction[2].toStringRef()));
+          TORCH_CHECK(op != nullptr, "no operator ", instruction[1].toStringRef(), ".", instruction[2].toStringRef());
+          torch::jit::Stack stack;
+          for (int64_t s : ins) {
+            stack.push_back(slots[s]);
+          }
+          op->getOperation()(stack);
           TORCH_CHECK(stack.size() == outs.size(), instruction[1].toStringRef(), " returned ", stack.size(),
                       " values, expected ", outs.size());
           for (size_t i = 0; i < outs.size(); ++i) {
@@ -362,7 +486,10 @@ const bool registered = register_backend<BROKEN_NO_HANDLE>("ts_broken_no_handle"
                         register_backend<BROKEN_MUTATES>("ts_broken_mutates") &&
                         register_backend<BROKEN_NONDETERMINISTIC>("ts_broken_nondeterministic") &&
                         register_backend<BROKEN_LEAK>("ts_broken_leak") &&
-                        register_backend<BROKEN_ACCEPTS_ALL>("ts_broken_accepts_all");
+                        register_backend<BROKEN_ACCEPTS_ALL>("ts_broken_accepts_all") &&
+                        register_backend<BROKEN_CONSUMES_BLOB>("ts_broken_consumes_blob") &&
+                        register_backend<BROKEN_HOST_STATE>("ts_broken_host_state") &&
+                        register_backend<BROKEN_PREPROCESS_NEEDS_DEVICE>("ts_broken_preprocess_needs_device");
 #endif
 }  // namespace
 

@@ -34,8 +34,13 @@ def reliability_checks(ctx: Any) -> Iterator[Check]:
             ("deterministic_preprocess", _deterministic_preprocess),
             ("threads", _threads),
         ):
-            yield Check("reliability", f"{name}[{case}]", functools.partial(run, case=case, dtype=dtype),
-                        stage="preprocess" if name == "deterministic_preprocess" else "execute", case=case)
+            yield Check(
+                "reliability",
+                f"{name}[{case}]",
+                functools.partial(run, case=case, dtype=dtype),
+                stage="preprocess" if name == "deterministic_preprocess" else "execute",
+                case=case,
+            )
     yield Check("reliability", "memory", _memory, stage="execute")
 
 

@@ -17,7 +17,7 @@ import torch
 
 from .. import _compat
 from ..report import Check, CheckFailed, Unsupported
-from ..torchscript import lite_round_trip, lower, run_torchscript_target, save_load
+from ..torchscript import lite_round_trip, run_torchscript_target, save_load
 from . import _ts_session as ts
 
 #: The attribute and method added to the wrapper after lowering, and the value they must keep.
@@ -32,12 +32,22 @@ def serialization_checks(ctx: Any) -> Iterator[Check]:
         if dtype is None:
             continue
         for name, run in (("jit_save_load", _jit_save_load), ("lite_round_trip", _lite), ("target", _target)):
-            yield Check("serialization", f"{name}[{case}]", functools.partial(run, case=case, dtype=dtype),
-                        stage="target" if name == "target" else "load", case=case)
+            yield Check(
+                "serialization",
+                f"{name}[{case}]",
+                functools.partial(run, case=case, dtype=dtype),
+                stage="target" if name == "target" else "load",
+                case=case,
+            )
     for case in ts.spec()["wrapper_cases"]:
         if case in ctx.cases and ctx.first_dtype(case) is not None:
-            yield Check("serialization", f"wrapper_attributes_and_bundled_inputs[{case}]",
-                        functools.partial(_wrapper, case=case, dtype=ctx.first_dtype(case)), stage="load", case=case)
+            yield Check(
+                "serialization",
+                f"wrapper_attributes_and_bundled_inputs[{case}]",
+                functools.partial(_wrapper, case=case, dtype=ctx.first_dtype(case)),
+                stage="load",
+                case=case,
+            )
 
 
 def _calls(ctx: Any, case: str, dtype: str, methods: tuple[str, ...]) -> list[tuple[str, int, list]]:
@@ -48,10 +58,19 @@ def _compare(label: str, reference: Any, again: Any, calls: list[tuple[str, int,
     for method, seed, args in calls:
         with torch.no_grad():
             want = ts.call(reference, method, args)
-            got = again.run_method(method, *args) if lite and method != "forward" else ts.call(again, method, args)
+            try:
+                got = again.run_method(method, *args) if lite and method != "forward" else ts.call(again, method, args)
+            except Exception as exc:
+                raise CheckFailed(f"after {label}, method {method!r} on seed {seed} raised: {_first(exc)}") from None
         why = ts.differences(want, got)
         if why:
             raise CheckFailed(f"after {label}, method {method!r} on seed {seed} differs from before: {why}")
+
+
+def _first(exc: BaseException) -> str:
+    """An exception's type and its message's first line (TorchScript appends whole tracebacks)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
 def _jit_save_load(ctx: Any, case: str, dtype: str) -> None:
@@ -183,18 +202,12 @@ def _wrapper(ctx: Any, case: str, dtype: str) -> None:
         ("torch.jit.save/load", save_load(module)),
         ("the lite interpreter round trip", lite_round_trip(module, ctx.tmp_dir("torchscript-wrapper"))),
     ):
-        lite = not hasattr(again, "get_all_bundled_inputs")
-        note = again.run_method(NOTE_METHOD) if lite else getattr(again, NOTE_METHOD)()
-        if note != NOTE_VALUE:
-            raise CheckFailed(f"after {label}, the wrapper's {NOTE_METHOD}() returned {note!r}, not {NOTE_VALUE!r}")
-        inputs = again.run_method("get_all_bundled_inputs") if lite else again.get_all_bundled_inputs()
-        if ts.differences(bundled, [tuple(i) for i in inputs]):
-            raise CheckFailed(f"after {label}, the bundled inputs are not those added after lowering")
-        with torch.no_grad():
-            outputs = [again(*args) for args in inputs]
-        why = ts.differences(host, outputs)
-        if why:
-            raise CheckFailed(f"after {label}, the bundled inputs' outputs differ from the host's: {why}")
+        try:
+            _check_wrapper(label, again, bundled, host)
+        except CheckFailed:
+            raise
+        except Exception as exc:
+            raise CheckFailed(f"after {label}, the wrapped model failed: {_first(exc)}") from None
     # The target: the same files in a target process of their own.
     calls = [("forward", list(args)) for args in bundled]
     batch = _run_target_batch(ctx, [(f"wrapper-{case}", module, calls)], extras=True)
@@ -209,3 +222,19 @@ def _wrapper(ctx: Any, case: str, dtype: str) -> None:
         why = ts.differences(host, torch.load(reply["bundled"], weights_only=True))
         if why:
             raise CheckFailed(f"on the target ({kind}), the bundled inputs' outputs differ from the host's: {why}")
+
+
+def _check_wrapper(label: str, again: Any, bundled: list, host: list) -> None:
+    """The attribute's method, the bundled inputs and their outputs after one round trip."""
+    lite = not hasattr(again, "get_all_bundled_inputs")
+    note = again.run_method(NOTE_METHOD) if lite else getattr(again, NOTE_METHOD)()
+    if note != NOTE_VALUE:
+        raise CheckFailed(f"after {label}, the wrapper's {NOTE_METHOD}() returned {note!r}, not {NOTE_VALUE!r}")
+    inputs = again.run_method("get_all_bundled_inputs") if lite else again.get_all_bundled_inputs()
+    if ts.differences(bundled, [tuple(i) for i in inputs]):
+        raise CheckFailed(f"after {label}, the bundled inputs are not those added after lowering")
+    with torch.no_grad():
+        outputs = [again(*args) for args in inputs]
+    why = ts.differences(host, outputs)
+    if why:
+        raise CheckFailed(f"after {label}, the bundled inputs' outputs differ from the host's: {why}")

@@ -101,8 +101,7 @@ def lowered(ctx: Any, case: str, dtype: str, *, fresh: bool = False) -> tuple[An
         if REJECTION_PREFIX in text and REJECTION_MIDDLE in text:
             raise Unsupported(text[text.index(REJECTION_PREFIX) :].splitlines()[0])
         raise CheckFailed(
-            f"torch._C._jit_to_backend({record.name!r}, model {case} in {dtype}) failed: "
-            f"{type(made).__name__}: {text}"
+            f"torch._C._jit_to_backend({record.name!r}, model {case} in {dtype}) failed: {type(made).__name__}: {text}"
         )
     return made, model
 

@@ -20,7 +20,7 @@ import torch
 
 from ..report import Check, CheckFailed
 from ..torchscript import LITE_DEBUG_INFO_MISSING, TORCHSCRIPT_UNAVAILABLE, backend_is_available, lite_round_trip
-from ..torchscript import lower, save_load
+from ..torchscript import lower
 from . import _ts_session as ts
 from ._ts_probe_models import probe_model
 from ._ts_reliability import reliability_checks
@@ -39,23 +39,37 @@ def checks(ctx: Any) -> Iterator[Check]:
     for case in cases:
         first = ctx.first_dtype(case)
         if first is not None:
-            yield Check("contract", f"lowers[{case}]", functools.partial(_lowers, case=case, dtype=first),
-                        stage="lowering", case=case)
+            yield Check(
+                "contract",
+                f"lowers[{case}]",
+                functools.partial(_lowers, case=case, dtype=first),
+                stage="lowering",
+                case=case,
+            )
     for case in cases:
         for dtype in ctx.dtypes_for(ctx.cases[case]):
-            yield Check("parity", f"{case}[{dtype}]", functools.partial(_parity, case=case, dtype=dtype),
-                        stage="execute", case=case)
+            yield Check(
+                "parity",
+                f"{case}[{dtype}]",
+                functools.partial(_parity, case=case, dtype=dtype),
+                stage="execute",
+                case=case,
+            )
     yield Check("availability", "host_is_available", _host_is_available, stage="is_available")
     yield Check("availability", "unavailable_rows", _unavailable_rows, stage="is_available", needs_available=False)
     yield from serialization_checks(ctx)
     yield Check("symbolication", "rejection_text", _rejection_text, stage="preprocess")
     yield Check("symbolication", "runtime_error_lite", _runtime_error_lite, stage="execute")
-    yield Check("symbolication", "runtime_error_without_debug_info", _runtime_error_without_debug_info,
-                stage="execute")
+    yield Check("symbolication", "runtime_error_without_debug_info", _runtime_error_without_debug_info, stage="execute")
     yield from reliability_checks(ctx)
     for category, reason in NOT_APPLICABLE.items():
-        yield Check(category, "torchscript", functools.partial(_not_applicable, reason=reason),
-                    stage="declaration", needs_available=False)
+        yield Check(
+            category,
+            "torchscript",
+            functools.partial(_not_applicable, reason=reason),
+            stage="declaration",
+            needs_available=False,
+        )
 
 
 def _not_applicable(ctx: Any, reason: str) -> None:
@@ -155,7 +169,9 @@ def _expect_unavailable(what: str, action: Any) -> None:
         action()
     except Exception as exc:
         if TORCHSCRIPT_UNAVAILABLE not in str(exc):
-            raise CheckFailed(f"{what} raised {type(exc).__name__}: {exc}; expected {TORCHSCRIPT_UNAVAILABLE!r}")
+            raise CheckFailed(
+                f"{what} raised {type(exc).__name__}: {exc}; expected {TORCHSCRIPT_UNAVAILABLE!r}"
+            ) from None
         return
     raise CheckFailed(f"{what} succeeded although is_available() is false; expected {TORCHSCRIPT_UNAVAILABLE!r}")
 

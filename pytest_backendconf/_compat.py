@@ -296,7 +296,7 @@ def opinfo_tolerance_override_type() -> type | None:
 
 def jit_to_backend(name: str, scripted: Any, method_compile_spec: dict) -> Any:
     """``torch._C._jit_to_backend``: a scripted module lowered to the TorchScript backend ``name``."""
-    return torch._C._jit_to_backend(name, scripted, method_compile_spec)
+    return torch._C._jit_to_backend(name, scripted, method_compile_spec)  # type: ignore[attr-defined]
 
 
 def torchscript_backend_class(name: str) -> Any:

@@ -69,7 +69,7 @@ namespace {
 constexpr int64_t kNoHandle = -1;
 
 // Instruction kinds, stored as ints in the program.
-enum Kind : int64_t { kOp = 0, kList = 1, kTuple = 2, kTupleUnpack = 3, kListUnpack = 4, kJit = 5 };
+enum Kind : int64_t { kOp = 0, kList = 1, kTuple = 2, kTupleUnpack = 3, kListUnpack = 4, kJit = 5, kGuard = 6 };
 
 template <int V>
 struct Compiler {
@@ -142,6 +142,7 @@ struct Compiler {
          IValue(extra)}));
   }
 
+  void compile_block(const torch::jit::Block* block) {
     for (const Node* node : block->nodes()) {
       const auto kind = node->kind();
       if (fold(node)) {
@@ -166,6 +167,10 @@ struct Compiler {
         for (size_t i = 0; i < node->outputs().size(); ++i) {
           alias(node, node->outputs()[i], taken->outputs()[i]);
         }
+      } else if (kind == c10::prim::If && node->outputs().empty() && raise_branch(node) >= 0) {
+        // `if <runtime condition>: raise ...` (a model checking its input): a guard that throws, with
+        // this node's debug handle, when the condition takes the raising branch.
+        emit_guard(node, raise_branch(node) == 0);
       } else if (kind == c10::prim::Uninitialized) {
         known[node->output()] = IValue();  // only on a path that raises
       } else if (kind == c10::prim::ListConstruct) {
@@ -229,6 +234,30 @@ struct Compiler {
       known[node->outputs()[i]] = stack[i];
     }
     return true;
+  }
+
+  // Which branch of an If only raises (the other doing nothing): 0 or 1; -1 if neither.
+  static int raise_branch(const Node* node) {
+    for (int b = 0; b < 2; ++b) {
+      const auto* raising = node->blocks()[b];
+      const auto* other = node->blocks()[1 - b];
+      bool raises = false;
+      for (const Node* n : raising->nodes()) {
+        raises = raises || n->kind() == c10::prim::RaiseException;
+      }
+      if (raises && other->nodes().begin() == other->nodes().end()) {
+        return b;
+      }
+    }
+    return -1;
+  }
+
+  void emit_guard(const Node* node, bool raise_when_true) {
+    c10::List<int64_t> ins;
+    ins.push_back(use(node, node->input()));
+    instructions.push_back(c10::ivalue::Tuple::create(
+        {IValue(static_cast<int64_t>(kGuard)), IValue(std::string("prim::If")), IValue(std::string("")), IValue(ins),
+         IValue(c10::List<int64_t>()), IValue(handle_of(node)), IValue(std::string(raise_when_true ? "1" : "0"))}));
   }
 
   // ``to`` holds what ``from`` holds: the same slot, or the same known value.
@@ -417,6 +446,12 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
           for (size_t i = 0; i < outs.size(); ++i) {
             slots[outs[i]] = std::move(stack[i]);
           }
+          break;
+        }
+        case kGuard: {
+          const bool raise_when_true = instruction[6].toStringRef() == "1";
+          TORCH_CHECK(slots[ins[0]].toBool() != raise_when_true,
+                      "the model's own check of its inputs failed (the branch that raises)");
           break;
         }
         case kList: {

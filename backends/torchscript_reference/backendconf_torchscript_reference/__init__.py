@@ -5,6 +5,6 @@ Its source is ``csrc/reference_backend.cpp``; `library_path` builds it with
 that the caller never loads it) and caches the shared library (see `_build`).
 """
 
-from ._build import BACKEND_NAME, CACHE_ENV, broken_library_path, cache_dir, library_path
+from ._build import BACKEND_NAME, CACHE_ENV, broken_library_path, cache_dir, cache_root, library_path
 
-__all__ = ["BACKEND_NAME", "CACHE_ENV", "broken_library_path", "cache_dir", "library_path"]
+__all__ = ["BACKEND_NAME", "CACHE_ENV", "broken_library_path", "cache_dir", "cache_root", "library_path"]

@@ -33,11 +33,17 @@ BROKEN_LIBRARY = "backendconf_ts_broken"
 _FLAGS = {REFERENCE_LIBRARY: ["-O2"], BROKEN_LIBRARY: ["-O2", "-DBACKENDCONF_TS_BROKEN"]}
 
 
+def cache_root() -> Path:
+    """``$BACKENDCONF_TORCHSCRIPT_CACHE``, else ``backendconf/torchscript`` in the user's cache folder."""
+    return Path(
+        os.environ.get(CACHE_ENV)
+        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "backendconf", "torchscript")
+    )
+
+
 def cache_dir() -> Path:
     """The folder this torch and this source build into."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "backendconf", "torchscript"
-    )
+    root = cache_root()
     import torch
 
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]

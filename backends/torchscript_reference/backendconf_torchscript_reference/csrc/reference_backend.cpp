@@ -380,7 +380,7 @@ class ReferenceBackend : public torch::jit::PyTorchBackendInterface {
     for (const auto& entry : program[2].toListRef()) {
       const auto& constant = entry.toTupleRef().elements();
       slots[constant[0].toInt()] = constant[1];
-      if (V == BROKEN_HOST_STATE && constant[1].isString()) {
+      if (V == BROKEN_HOST_STATE && constant[1].isString() && constant[1].toStringRef().rfind("host:", 0) == 0) {
         size_t index = std::stoul(constant[1].toStringRef().substr(5));
         TORCH_CHECK(index < host_table().size(), "parameter ", index, " is not in this process's table");
         slots[constant[0].toInt()] = host_table()[index];

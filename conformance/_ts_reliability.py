@@ -44,6 +44,7 @@ def reliability_checks(ctx: Any) -> Iterator[Check]:
     yield Check("reliability", "memory", _memory, stage="execute")
 
 
+@ts.torchscript_check
 def _repeated_calls(ctx: Any, case: str, dtype: str) -> None:
     """The same call, made again and again, returns the same outputs bit for bit (and neither crashes nor hangs)."""
     ts.require_available(ctx)
@@ -57,6 +58,7 @@ def _repeated_calls(ctx: Any, case: str, dtype: str) -> None:
                 raise CheckFailed(f"call {call + 1} with the same inputs differs from the first: {why}")
 
 
+@ts.torchscript_check
 def _inputs_unchanged(ctx: Any, case: str, dtype: str) -> None:
     """execute leaves its inputs as they were."""
     ts.require_available(ctx)
@@ -70,6 +72,7 @@ def _inputs_unchanged(ctx: Any, case: str, dtype: str) -> None:
             raise CheckFailed(f"the call wrote into its input {i} ({now.dtype}{list(now.shape)})")
 
 
+@ts.torchscript_check
 def _deterministic_preprocess(ctx: Any, case: str, dtype: str) -> None:
     """Lowering the same module in two fresh processes gives the same processed module (what torch.jit.save
     stores): preprocess is a function of the module and the compile spec."""
@@ -113,6 +116,7 @@ def _lower_twice(ctx: Any) -> list[dict]:
     return [{**run, "cases": cases} for run in runs]
 
 
+@ts.torchscript_check
 def _threads(ctx: Any, case: str, dtype: str) -> None:
     """Backends declaring thread_safe: calls from several threads at once give each call's own outputs."""
     if not ctx.capabilities.thread_safe:
@@ -148,6 +152,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@ts.torchscript_check
 def _memory(ctx: Any) -> None:
     """Calls do not keep memory: after a warm-up, a second window of calls grows the process no more than the
     first (a leak keeps growing; allocator caches settle)."""

@@ -73,6 +73,7 @@ def _first(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
+@ts.torchscript_check
 def _jit_save_load(ctx: Any, case: str, dtype: str) -> None:
     """torch.jit.save then load (the wrapper's __setstate__ compiles again): the same outputs, bit for bit."""
     ts.require_available(ctx)
@@ -80,6 +81,7 @@ def _jit_save_load(ctx: Any, case: str, dtype: str) -> None:
     _compare("torch.jit.save/load", module, save_load(module), _calls(ctx, case, dtype, model.methods), lite=False)
 
 
+@ts.torchscript_check
 def _lite(ctx: Any, case: str, dtype: str) -> None:
     """_save_for_lite_interpreter then _load_for_lite_interpreter: the same outputs, bit for bit."""
     ts.require_available(ctx)
@@ -91,6 +93,7 @@ def _lite(ctx: Any, case: str, dtype: str) -> None:
 # --- the target: one process for every file of the session ---------------------------------------
 
 
+@ts.torchscript_check
 def _target(ctx: Any, case: str, dtype: str) -> None:
     """The torch.jit and lite files loaded and run on the target: the host's outputs, bit for bit."""
     ts.require_available(ctx)
@@ -182,6 +185,7 @@ def _save_for_target(
 # --- wrapper attributes and bundled inputs (seed PR 71597) ----------------------------------------
 
 
+@ts.torchscript_check
 def _wrapper(ctx: Any, case: str, dtype: str) -> None:
     """An attribute (with a method reading it) and bundled inputs added to the lowered wrapper survive
     torch.jit.save/load, the lite interpreter and the target; the bundled inputs run to the host's outputs."""

@@ -7,8 +7,10 @@ the process that runs the checks (the backend host, or pytest's with
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -159,3 +161,16 @@ def probe_file() -> str:
     from . import _ts_probe_models
 
     return os.path.abspath(_ts_probe_models.__file__)
+
+
+def torchscript_check(run: Callable[..., Any]) -> Callable[..., Any]:
+    """A check of the TorchScript form: torch's "`torch.jit.script` is deprecated" warnings (and the like for
+    trace, save, load) are not the backend's doing, and this flow is TorchScript's by definition."""
+
+    @functools.wraps(run)
+    def quietly(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+            return run(*args, **kwargs)
+
+    return quietly

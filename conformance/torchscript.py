@@ -73,6 +73,7 @@ def checks(ctx: Any) -> Iterator[Check]:
         )
 
 
+@ts.torchscript_check
 def _not_applicable(ctx: Any, reason: str) -> None:
     pytest.skip(f"not applicable to a TorchScript backend: {reason}")
 
@@ -80,6 +81,7 @@ def _not_applicable(ctx: Any, reason: str) -> None:
 # --- contract -------------------------------------------------------------------------------------
 
 
+@ts.torchscript_check
 def _library_registers_backend(ctx: Any) -> None:
     """Loading the library registers the backend class and its preprocess; is_available() is a stable bool."""
     record = ts.loaded(ctx)  # a BackendConfError naming the library and the registration it lacks
@@ -88,6 +90,7 @@ def _library_registers_backend(ctx: Any) -> None:
         raise CheckFailed(f"is_available() of fresh {record.name!r} instances returned {answers}; expected one bool")
 
 
+@ts.torchscript_check
 def _lowers(ctx: Any, case: str, dtype: str) -> None:
     """The case lowers (or is rejected with the seed compiler's text: unsupported) into a LoweredWrapper."""
     module, model = ts.lowered(ctx, case, dtype)
@@ -102,6 +105,7 @@ def _lowers(ctx: Any, case: str, dtype: str) -> None:
 # --- parity ---------------------------------------------------------------------------------------
 
 
+@ts.torchscript_check
 def _parity(ctx: Any, case: str, dtype: str) -> dict:
     """Every method on every seed agrees with eager PyTorch within the dtype's tolerance."""
     ts.require_available(ctx)
@@ -126,6 +130,7 @@ def _parity(ctx: Any, case: str, dtype: str) -> dict:
 # --- availability (the seed's tables, PR 53068) ---------------------------------------------------
 
 
+@ts.torchscript_check
 def _host_is_available(ctx: Any) -> None:
     """Where its library is loaded, the backend says it can run: else every check that runs it is not applicable."""
     record = ts.loaded(ctx)
@@ -137,6 +142,7 @@ def _host_is_available(ctx: Any) -> None:
         )
 
 
+@ts.torchscript_check
 def _unavailable_rows(ctx: Any) -> None:
     """The seed's table for a backend whose is_available() is false: lowering (preprocess) still works on the
     host; calling the lowered module raises "Backend is not available."; torch.jit.save works; loading raises
@@ -180,6 +186,7 @@ def _expect_unavailable(what: str, action: Any) -> None:
 # --- symbolication (the seeds' texts) -------------------------------------------------------------
 
 
+@ts.torchscript_check
 def _rejection_text(ctx: Any) -> None:
     """Preprocess rejects an operator it cannot know with the demo compiler's text, the model's line and carets."""
     record = ts.loaded(ctx)
@@ -232,6 +239,7 @@ def _runtime_setup(ctx: Any, *, debug_info: bool) -> tuple[Any, str]:
     raise CheckFailed(f"{data['model']} ran on inputs of shape {data['bad_shape']}; the backend must fail there")
 
 
+@ts.torchscript_check
 def _runtime_error_lite(ctx: Any) -> None:
     """A failure inside execute carries its node's debug handle: the lite interpreter (saved with debug info)
     shows the module hierarchy and the model's own line with carets."""
@@ -247,6 +255,7 @@ def _runtime_error_lite(ctx: Any) -> None:
     _expect_source(text, "Traceback of TorchScript", data["expression"])
 
 
+@ts.torchscript_check
 def _runtime_error_without_debug_info(ctx: Any) -> None:
     """Saved without debug info, the backend's handle is named as the seed says: "Debug info for handle(s):
     debug_handles:{...}, was not found."."""

@@ -175,8 +175,12 @@ CAUGHT = [
         "contract::library_registers_backend",
         "is not registered with torch by its library",
     ),
-    ("ts_broken_wrong_result", "parity::arithmetic_tensors?float32?", "parity::arithmetic_tensors[float32]",
-     "differs from eager PyTorch"),
+    (
+        "ts_broken_wrong_result",
+        "parity::arithmetic_tensors?float32?",
+        "parity::arithmetic_tensors[float32]",
+        "differs from eager PyTorch",
+    ),
     (
         "ts_broken_unavailable",
         "availability::host_is_available",

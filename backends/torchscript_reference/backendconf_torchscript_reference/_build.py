@@ -37,7 +37,9 @@ def cache_root() -> Path:
     """``$BACKENDCONF_TORCHSCRIPT_CACHE``, else ``backendconf/torchscript`` in the user's cache folder."""
     return Path(
         os.environ.get(CACHE_ENV)
-        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "backendconf", "torchscript")
+        or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "backendconf", "torchscript"
+        )
     )
 
 

@@ -194,6 +194,12 @@ CAUGHT = [
         "lowering failed while the backend is not available",
     ),
     (
+        "ts_broken_preprocess_needs_device",
+        "contract::lowers?mlp?",
+        "contract::lowers[mlp]",
+        "preprocess needs the device, which is not present",
+    ),
+    (
         "ts_broken_consumes_blob",
         "serialization::jit_save_load?mlp?",
         "serialization::jit_save_load[mlp]",
@@ -293,3 +299,13 @@ def test_a_crashing_hanging_or_leaking_cpp_backend_fails_its_check_in_the_backen
     assert found.get(check) == "failed", result.stdout.str()[-3000:]
     assert found.get("contract::library_registers_backend") == "passed"  # the run went on
     assert text in result.stdout.str(), result.stdout.str()[-3000:]
+
+
+def test_to_backend_names_the_torchscript_way_for_a_torchscript_record():
+    import torch
+
+    record = bc.TorchScriptBackend(name="mydsp", library="/opt/mydsp/libmydsp.so")
+    with pytest.raises(bc.LoweringError) as info:
+        bc.to_backend(torch.nn.ReLU(), record, {"forward": {}}, example_inputs=(torch.ones(2),))
+    assert "is a TorchScript backend (C++ behind torch._C._jit_to_backend)" in str(info.value)
+    assert "torch._C._jit_to_backend('mydsp', scripted, {'forward': {'': ''}})" in str(info.value)

@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime suite-executorch test test-slow demo lint clean
+.PHONY: suite suite-onnxruntime suite-executorch suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,24 @@ suite-executorch: $(VENV)/.installed-executorch
 	    --backendconf-hypothesis=$(EXECUTORCH_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/executorch/known-failures.toml) $(SUITE_ARGS)
 
+# The TorchScript reference backend: C++ against TorchScript's delegate API,
+# built with torch.utils.cpp_extension (g++ and ninja) into a cache folder
+# ($$BACKENDCONF_TORCHSCRIPT_CACHE, default ~/.cache/backendconf/torchscript,
+# one folder per torch version and source hash). Built here, before any test
+# runs, with the broken variants the tests use: a clean build (about a
+# minute for both) never counts against `make test`; later builds are found
+# in the cache at once.
+TORCHSCRIPT_SOURCE := backends/torchscript_reference/backendconf_torchscript_reference/csrc/reference_backend.cpp
+$(VENV)/.installed-torchscript: $(VENV)/.installed backends/torchscript_reference/pyproject.toml $(TORCHSCRIPT_SOURCE)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e backends/torchscript_reference
+	$(BIN)/python -m backendconf_torchscript_reference
+	touch $@
+
+# The suite's TorchScript form against that backend (torch._C._jit_to_backend, the lite interpreter).
+suite-torchscript: $(VENV)/.installed-torchscript
+	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # the cache may have been emptied since
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=torchscript_reference $(SUITE_ARGS)
+
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py
 
@@ -83,7 +101,8 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
-test: $(VENV)/.installed-onnxruntime
+test: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript
+	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # built before the tests, not during them
 	$(BIN)/python -m pytest -n 2 tests -m "not slow"
 
 # The proofs that take minutes (the eager backend through the whole default suite).

@@ -27,7 +27,7 @@ import importlib
 from typing import Any
 
 from .registry import register_backend
-from .backend import Backend
+from .backend import Backend, TorchScriptBackend
 from .capabilities import Capabilities
 from .errors import (
     ArchiveError,
@@ -96,6 +96,7 @@ __all__ = [
     "OutputSpecError",
     "RegistryError",
     "StaleKnownFailureWarning",
+    "TorchScriptBackend",
     "UnsupportedNodeError",
     "hookimpl",
     "register_backend",

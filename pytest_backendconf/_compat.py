@@ -288,3 +288,41 @@ def opinfo_tolerance_override_type() -> type | None:
     except Exception:  # a private module: anything may go wrong on import
         return None
     return toleranceOverride
+
+
+# --- TorchScript's delegate API (the TorchScript flow, pytest_backendconf.torchscript) -------------
+# Private since the API was added (torch 1.8) and unchanged through 2.14.
+
+
+def jit_to_backend(name: str, scripted: Any, method_compile_spec: dict) -> Any:
+    """``torch._C._jit_to_backend``: a scripted module lowered to the TorchScript backend ``name``."""
+    return torch._C._jit_to_backend(name, scripted, method_compile_spec)  # type: ignore[attr-defined]
+
+
+def torchscript_backend_class(name: str) -> Any:
+    """The Python wrapper of the C++ backend class ``__torch__.torch.classes.__backends__.<name>``.
+
+    A `RuntimeError` when no loaded library registers it.
+    """
+    return torch._C._get_custom_class_python_wrapper("__backends__", name)
+
+
+def save_for_lite_interpreter(module: Any, path: str, *, debug_info: bool) -> None:
+    """``ScriptModule._save_for_lite_interpreter``; ``debug_info`` stores the debug handles' sources."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "Lite Interpreter is deprecated"
+        module._save_for_lite_interpreter(path, _save_mobile_debug_info=debug_info)
+
+
+def load_for_lite_interpreter(path: str) -> Any:
+    """``torch.jit.mobile._load_for_lite_interpreter`` (torch.jit.mobile is not imported by ``import torch``)."""
+    import torch.jit.mobile
+
+    return torch.jit.mobile._load_for_lite_interpreter(path)
+
+
+def add_string_attribute(module: Any, name: str, value: str) -> None:
+    """A new ``str`` attribute on a ScriptModule (``torch.utils.bundled_inputs`` adds its own this way)."""
+    module._c._register_attribute(name, torch._C.StringType.get(), value)

@@ -9,6 +9,8 @@ What each hook must do, and what the conformance suite checks of it, is in
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -136,3 +138,57 @@ def same_major_not_newer(blob_version: str, ours: str) -> bool:
     if theirs is None or mine is None:
         return False
     return theirs[0] == mine[0] and theirs <= mine
+
+
+#: The method compile spec a TorchScript backend gets for a method its record names no options for:
+#: ``torch._C._jit_to_backend`` cannot type an empty dict ("Tracer cannot infer type of {}").
+TORCHSCRIPT_DEFAULT_METHOD_SPEC: dict[str, str] = {"": ""}
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchScriptBackend:
+    """A backend written in C++ against TorchScript's ``PyTorchBackendInterface``.
+
+    Its shared library registers the backend class and its preprocess function
+    with torch under ``name`` (``torch::jit::backend<T>(name)`` and
+    ``backend_preprocess_register(name, preprocess)``); models are lowered to it
+    with ``torch._C._jit_to_backend``. ``pytest --backend=NAME`` runs the
+    suite's TorchScript form (docs/writing-a-backend.md, "An existing
+    TorchScript backend").
+
+    :param name: the name its C++ registers.
+    :param library: its shared library, loaded with ``torch.ops.load_library``
+        in the processes that run it (the backend host, the target), never in
+        the pytest process unless ``--backendconf-in-process``; ``None`` if
+        something else loads it.
+    :param compile_spec: method compile specs by method name (``{"forward":
+        {"key": "value"}}``); a method it does not name gets ``{"": ""}``.
+    :param capabilities: what the suite may expect of it (its dtypes,
+        tolerances, ``thread_safe``, ``deterministic``).
+    """
+
+    name: str
+    library: str | os.PathLike[str] | None = None
+    compile_spec: Mapping[str, Mapping[str, Any]] | None = None
+    capabilities: Capabilities | None = None
+
+    def library_path(self) -> str | None:
+        return None if self.library is None else os.fspath(self.library)
+
+    def method_compile_spec(self, methods: list[str]) -> dict[str, dict[str, Any]]:
+        """The compile spec lowering ``methods`` with ``torch._C._jit_to_backend``."""
+        given = self.compile_spec or {}
+        return {m: dict(given.get(m) or TORCHSCRIPT_DEFAULT_METHOD_SPEC) for m in methods}
+
+    def is_available(self) -> bool:
+        """Whether its library can be found; the C++ ``is_available()`` is asked where it is loaded."""
+        path = self.library_path()
+        return path is None or os.path.isfile(path)
+
+    def unavailable_reason(self) -> str:
+        return f"its library {self.library_path()} does not exist"
+
+    def describe(self) -> str:
+        """``TorchScript, library /opt/x.so``: its kind, for `backendconf list` and the header."""
+        path = self.library_path()
+        return "TorchScript, " + (f"library {path}" if path else "no library (loaded by its plugin)")

@@ -285,7 +285,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     available, reason = selected.availability()
     state = "available" if available else f"not available: {reason}"
-    lines = [f"backendconf: backend {selected.name!r} from {selected.source}, {state}"]
+    from .backend import TorchScriptBackend
+
+    kind = f" [{selected.backend.describe()}]" if isinstance(selected.backend, TorchScriptBackend) else ""
+    lines = [f"backendconf: backend {selected.name!r} from {selected.source}{kind}, {state}"]
     if config.pluginmanager.has_plugin(SUITE_PLUGIN):
         from .suite import hypothesis_choice
 

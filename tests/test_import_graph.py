@@ -29,7 +29,7 @@ PACKAGES = {"pytest_backendconf": ROOT / "pytest_backendconf", "pytest_backendco
 LAYERS: list[tuple[str, ...]] = [
     ("cli", "rerun"),
     ("suite", "conformance"),
-    ("report", "target", "diagnostics"),
+    ("report", "torchscript", "target", "diagnostics"),
     ("lowering",),
     ("archive",),
     ("debuginfo", "reference", "registry", "allowlist", "numerics"),

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 from ..registry import BackendRegistry, Source, source_of_module
 from ..report import printable
+from ..backend import TorchScriptBackend
 from ..errors import BackendConfError, PluginLoadError
 from ._options import add_target_options
 
@@ -76,12 +77,14 @@ def _list(args: argparse.Namespace) -> int:
     rows: list[tuple[str, ...]] = [("NAME", "AVAILABLE", "DISTRIBUTION", "SOURCE")]
     for name, registered in sorted(backends.items()):
         available, reason = registered.availability()
+        # A TorchScript backend's library is not loaded here: the row says what it is and where.
+        kind = registered.backend.describe() if isinstance(registered.backend, TorchScriptBackend) else ""
         rows.append(
             (
                 name,
                 "yes" if available else f"no ({reason})",
                 _distribution(registered.source),
-                registered.source.description,
+                registered.source.description + (f" [{kind}]" if kind else ""),
             )
         )
     for name, (source, error) in sorted(failed.items()):

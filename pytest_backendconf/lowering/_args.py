@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from ..backend import TorchScriptBackend
 from ..registry import Source, check_backend, lookup_backend
 from ..errors import BackendContractError, LoweringError
 
@@ -22,9 +23,19 @@ if TYPE_CHECKING:
 def resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
     if isinstance(backend, str):
         registered = lookup_backend(backend)
-        return registered.backend, registered.source
-    check_backend(backend, Source("the backend object given to to_backend()"))
-    return backend, None
+        found: Any = registered.backend
+        source: Source | None = registered.source
+    else:
+        check_backend(backend, Source("the backend object given to to_backend()"))
+        found, source = backend, None
+    if isinstance(found, TorchScriptBackend):
+        raise LoweringError(
+            f"backend {found.name!r} is a TorchScript backend (C++ behind torch._C._jit_to_backend): "
+            "bc.to_backend lowers torch.export programs. Lower a scripted module with "
+            f"torch._C._jit_to_backend({found.name!r}, scripted, {{'forward': {{'': ''}}}}) after "
+            "torch.ops.load_library of its library"
+        )
+    return found, source
 
 
 def availability(backend: Backend) -> bool:

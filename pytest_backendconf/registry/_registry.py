@@ -12,15 +12,17 @@ import dataclasses
 import functools
 import importlib.metadata
 import inspect
+import os
 import re
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, cast
 
 import pluggy
 
 from .. import hookspecs
-from ..backend import Backend
+from ..backend import Backend, TorchScriptBackend
 from ..capabilities import Capabilities
 from ..errors import DuplicateBackendError, InvalidBackendError, PluginLoadError, UnknownBackendError
 
@@ -149,6 +151,8 @@ def check_backend(backend: object, source: Source) -> Backend:
             f"{what} from {source} has name {name!r}; a backend's `name` must be a "
             "string matching [a-z][a-z0-9_]* (lower case, digits, underscores)"
         )
+    if isinstance(backend, TorchScriptBackend):
+        return cast(Backend, _check_torchscript(backend, f"{what} (backend {name!r}) from {source}"))
     missing = [m for m in BACKEND_METHODS if not callable(getattr(backend, m, None))]
     if missing:
         listed = ", ".join(f"`{m}`" for m in missing)
@@ -164,6 +168,35 @@ def check_backend(backend: object, source: Source) -> Backend:
             f"{type(declared).__name__}; make it a pytest_backendconf.Capabilities(...)"
         )
     return cast(Backend, backend)  # its shape was checked above
+
+
+def _check_torchscript(backend: TorchScriptBackend, what: str) -> TorchScriptBackend:
+    """A `TorchScriptBackend` record whose fields have the types and shapes lowering needs."""
+    library = backend.library
+    if library is not None and not isinstance(library, (str, os.PathLike)):
+        raise InvalidBackendError(
+            f"{what} has library {library!r}; give the path of its shared library (a str) or None"
+        )
+    spec = backend.compile_spec
+    if spec is not None:
+        if not isinstance(spec, Mapping) or not all(isinstance(k, str) for k in spec):
+            raise InvalidBackendError(
+                f"{what} has compile_spec {spec!r}; give a dict of method name -> dict of options, "
+                'e.g. {"forward": {"": ""}}'
+            )
+        for method, options in spec.items():
+            if not isinstance(options, Mapping) or not options:
+                raise InvalidBackendError(
+                    f"{what} has compile_spec[{method!r}] = {options!r}; each method's spec must be a non-empty "
+                    'dict (torch._C._jit_to_backend cannot type an empty one): e.g. {"": ""}'
+                )
+    declared = backend.capabilities
+    if declared is not None and not isinstance(declared, Capabilities):
+        raise InvalidBackendError(
+            f"{what} has `capabilities` of type {type(declared).__name__}; make it a "
+            "pytest_backendconf.Capabilities(...)"
+        )
+    return backend
 
 
 class BackendRegistry:

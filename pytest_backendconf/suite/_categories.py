@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backend import TorchScriptBackend
 from ..report import CATEGORIES, Check
 from ..conformance import availability, contract, delegation, ops, parity, reliability, serialization, symbolication
 
@@ -26,7 +27,14 @@ assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here 
 
 
 def generate_checks(ctx: Any) -> list[Check]:
-    """Every check of every category for the context's backend, in a stable order."""
+    """Every check of every category for the context's backend, in a stable order.
+
+    A `TorchScriptBackend` gets the suite's TorchScript form (``conformance/torchscript.py``).
+    """
+    if isinstance(ctx.backend, TorchScriptBackend):
+        from ..conformance import torchscript
+
+        return list(torchscript.checks(ctx))
     found: list[Check] = []
     for module in CATEGORY_MODULES.values():
         found.extend(module.checks(ctx))

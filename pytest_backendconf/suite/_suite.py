@@ -22,6 +22,7 @@ from typing import Any, Callable
 import pytest
 
 from .. import conformance
+from ..backend import TorchScriptBackend
 from ..report import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
 from ._hypothesis import hypothesis_choice
 from ._categories import generate_checks
@@ -242,6 +243,8 @@ class SuitePlugin:
         options = self.config.option
         if getattr(options, "usepdb", False) or getattr(options, "trace", False):
             return None  # the debugger wants the failure now, not after a minute of shrinking
+        if isinstance(getattr(self.ctx, "backend", None), TorchScriptBackend):
+            return None  # minimisation shrinks torch.export programs; a TorchScript model is not one
         if self._minimiser is None:
             from ..diagnostics import DEFAULT_BUDGET
             from ._host import DEFAULT_TIMEOUT

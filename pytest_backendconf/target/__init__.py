@@ -18,9 +18,10 @@ from ._child import (
     unpack_value,
 )
 from ._replay import BundleResult, replay_archives
-from ._target import run_on_target
+from ._target import blocked_modules, run_on_target
 
 __all__ = [
+    "blocked_modules",
     "BundleResult",
     "ChildProcess",
     "Ended",

@@ -40,7 +40,7 @@ from ..numerics import (
     summary_json,
     worst,
 )
-from ..report import Check, CheckFailed, Unsupported
+from ..report import Batching, Check, CheckFailed, Unsupported
 from ..archive import write_tensors
 from ..errors import UnsupportedNodeError
 from . import _ops_discovery as discovery
@@ -74,7 +74,16 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
             run=functools.partial(check_op, number=number),
             stage="execute",
             case=None,  # a model case name where set; the overload is in the id
+            # One dtype per batch: an engine may pick its precision per program (_ops_batch).
+            batch=Batching(group=sample.dtype, member=sample.overload.split(".")[1], item=number, run=run_batch),
         )
+
+
+def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
+    """Several ops checks lowered as one program (`_ops_batch`; imported here, where it is needed)."""
+    from ._ops_batch import run_batch as run
+
+    return run(ctx, checks)
 
 
 def dtypes_under_test(ctx: SuiteContext) -> list[str]:
@@ -266,11 +275,7 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
     data = ops_data(ctx)
     assert data is not None
     sample = data.samples[number]
-    declared = ctx.capabilities.supported_ops
-    is_declared = declared is not None and sample.overload in declared
-    if declared is not None and not is_declared:
-        # The backend says it does not compile this overload: take it at its word (and save the time).
-        raise Unsupported(f"{sample.overload} is not in the backend's Capabilities.supported_ops")
+    is_declared = declared_or_skip(ctx, sample)
     program = program_of(ctx, number)
     try:
         lowered = lower_programs(
@@ -281,20 +286,60 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
             backend_version=ctx.registered.source.version,
         )
     except UnsupportedNodeError as exc:
-        if is_declared:
-            raise CheckFailed(
-                f"{sample.overload} in {sample.dtype}: the backend declares it in Capabilities.supported_ops "
-                f"but rejected it: {Unsupported.from_rejection(exc)}"
-            ) from None
-        raise Unsupported.from_rejection(exc) from exc
+        raise rejection(sample, exc, is_declared) from exc
+    inputs = [t.clone() for t in sample.inputs]
+    with torch.no_grad():
+        actual = _compat.tree_leaves(lowered(*inputs))
+    return verdict(ctx, sample, number, program, actual, inputs)
+
+
+def declared_or_skip(ctx: SuiteContext, sample: discovery.OpSample) -> bool:
+    """Whether the backend declares the sample's overload; raises `Unsupported` when it declares others only."""
+    declared = ctx.capabilities.supported_ops
+    if declared is not None and sample.overload not in declared:
+        # The backend says it does not compile this overload: take it at its word (and save the time).
+        raise Unsupported(f"{sample.overload} is not in the backend's Capabilities.supported_ops")
+    return declared is not None
+
+
+def rejection(sample: discovery.OpSample, exc: UnsupportedNodeError, is_declared: bool) -> Exception:
+    """What a check raises when the backend rejects its op: unsupported, or failed where declared."""
+    if is_declared:
+        return CheckFailed(
+            f"{sample.overload} in {sample.dtype}: the backend declares it in Capabilities.supported_ops "
+            f"but rejected it: {Unsupported.from_rejection(exc)}"
+        )
+    return Unsupported.from_rejection(exc)
+
+
+def verdict(
+    ctx: SuiteContext,
+    sample: discovery.OpSample,
+    number: int,
+    program: Any,
+    actual: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    *,
+    explain: bool = True,
+) -> dict[str, Any]:
+    """Judge the backend's outputs (``actual``) and its inputs after the call; the check's details, or raise.
+
+    ``program`` is the sample's own single-op program; ``inputs`` are the
+    clones of the sample's inputs the backend ran on (writes are judged on them).
+    ``explain=False`` (a batch, whose failures run again alone) raises a bare
+    `CheckFailed` and saves no inputs.
+    """
+    is_declared = ctx.capabilities.supported_ops is not None
     low_precision = bool(section("ops").get("low_precision_reference", True))
     try:
-        results, reference = judge(ctx, sample, program, lowered, low_precision)
+        results, reference = judge(ctx, sample, program, actual, inputs, low_precision)
     except StructureMismatch as exc:
         raise CheckFailed(_headline(sample, is_declared) + f": {exc}") from None
     except (InvalidIndices, WritesInPlace) as exc:
         raise CheckFailed(f"{_headline(sample, is_declared)}: {exc}") from None
     failing = [r for r in results if not r.passed]
+    if failing and not explain:
+        raise CheckFailed(f"{sample.name}: differs")
     if failing:
         saved = save_inputs(ctx, sample, number)
         top = worst(failing)
@@ -313,9 +358,15 @@ class WritesInPlace(Exception):
 
 
 def judge(
-    ctx: Any, sample: discovery.OpSample, program: Any, lowered: Any, low_precision: bool
+    ctx: Any,
+    sample: discovery.OpSample,
+    program: Any,
+    actual: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    low_precision: bool,
 ) -> tuple[list[Closeness], Reference]:
-    """Run the lowered sample and compare it with the reference: outputs, then the inputs the op writes.
+    """Compare the backend's outputs (``actual``, from running on ``inputs``, clones of the sample's) with
+    the reference: outputs, then the inputs the op writes.
 
     Raises `StructureMismatch`, `InvalidIndices` (a tie-open index output
     that selects other values than eager's) or `WritesInPlace`.
@@ -323,9 +374,6 @@ def judge(
     reference = reference_outputs(sample, program, low_precision)
     tolerance = tolerance_for(ctx, sample, reference.against_float64, output_dtypes(program))
     multiple = float(section("ops").get("eager_multiple", 2.0))
-    inputs = [t.clone() for t in sample.inputs]
-    with torch.no_grad():
-        actual = _compat.tree_leaves(lowered(*inputs))
     if len(actual) == len(reference.truth):
         actual, _ = settle_ties(sample, actual, reference.truth)
     results = compare_outputs(actual, reference.truth, tolerance, reference.eager, multiple)

@@ -114,3 +114,11 @@ def test_batching_choice_reads_the_option_then_the_ini_then_the_capabilities(bat
     result = batch_pytester.runpytest("--backend=reference", "--backendconf-select=ops::aten.abs.default[[]float32-*")
     assert result.ret == 4 or "backendconf_batch = 'sometimes'" in result.stdout.str() + result.stderr.str()
     assert "write one of auto, on, off" in result.stdout.str() + result.stderr.str()
+
+
+def test_batch_ops_must_be_a_bool_or_none():
+    import pytest_backendconf as bc
+
+    assert bc.Capabilities(batch_ops=True).problems() == []
+    assert bc.Capabilities().batch_ops is None
+    assert bc.Capabilities(batch_ops="yes").problems() == ["batch_ops is 'yes': write True, False or None"]

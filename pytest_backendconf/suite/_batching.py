@@ -72,6 +72,9 @@ class Batcher:
         self.seconds = 0.0
         #: How many checks a batch decided.
         self.shared = 0
+        #: Members (op names) the backend rejected once: their later checks run alone, since each
+        #: rejection in a batch costs a lowering of the whole batch again, and one alone a small one.
+        self.refused: set[str] = set()
 
     def summary(self) -> str:
         """``backendconf: ops batched: 980 checks decided in 75 shared lowerings (41.2 s), 644 ran alone``."""
@@ -80,6 +83,11 @@ class Batcher:
             f"({self.seconds:.1f} s), {len(self.alone)} ran alone (--backendconf-batch=off: one lowering each)"
         )
 
+    def rejected(self, check: Check) -> None:
+        """A check that ran alone came out unsupported: its member's later checks run alone too."""
+        if check.batch is not None:
+            self.refused.add(check.batch.member)
+
     def outcome(self, item: Any) -> dict | None:
         """The check's outcome from a batch, or None: run it alone."""
         check: Check = item.check
@@ -87,7 +95,7 @@ class Batcher:
             return None
         if check.id in self.decided:
             return self.decided.pop(check.id)
-        if check.id in self.alone:
+        if check.id in self.alone or check.batch.member in self.refused:
             return None
         members = [item] + self._mates(item)
         if len(members) < 2:
@@ -119,6 +127,7 @@ class Batcher:
                 or theirs.group != batch.group
                 or theirs.member in members
                 or theirs.run is not batch.run
+                or theirs.member in self.refused
             ):
                 continue
             if check.id in self.decided or check.id in self.alone or self._known_to_hang(other):
@@ -149,10 +158,16 @@ class Batcher:
         if result is None:  # the host died, or the runner broke: nobody is blamed, each runs alone
             self.alone.update(c.id for c in checks)
             return
-        self.decided.update(result.get("decided", {}))
-        self.shared += len(result.get("decided", {}))
-        self.alone.update(result.get("alone", []))
+        decided = result.get("decided", {})
+        self.decided.update(decided)
+        self.shared += len(decided)
         by_id = {c.id: c for c in checks}
+        self.refused.update(
+            by_id[i].batch.member  # type: ignore[union-attr]
+            for i, outcome in decided.items()
+            if i in by_id and outcome.get("outcome") == "unsupported"
+        )
+        self.alone.update(result.get("alone", []))
         split = [by_id[i] for i in result.get("split", []) if i in by_id]
         if len(split) == 1:
             self.alone.add(split[0].id)

@@ -115,6 +115,8 @@ class ConformanceItem(pytest.Item):
                 if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
                     self.user_properties.append(("backendconf", details))
             except Unsupported as exc:
+                if batcher is not None:
+                    batcher.rejected(self.check)
                 pytest.skip(f"unsupported: {exc}")
             except Exception as exc:
                 if isinstance(exc, CheckFailed) and isinstance(exc.details, dict):
@@ -129,6 +131,8 @@ class ConformanceItem(pytest.Item):
         check = self.check
         model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
         outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
+        if outcome["outcome"] == "unsupported" and batcher is not None:
+            batcher.rejected(check)
         if outcome["outcome"] == "failed":
             self._minimise(outcome.get("error"), outcome.get("message", ""), outcome.get("ended"))
         self._apply(outcome)

@@ -122,3 +122,23 @@ def test_batch_ops_must_be_a_bool_or_none():
     assert bc.Capabilities(batch_ops=True).problems() == []
     assert bc.Capabilities().batch_ops is None
     assert bc.Capabilities(batch_ops="yes").problems() == ["batch_ops is 'yes': write True, False or None"]
+
+
+@pytest.mark.slow  # three runs, two with two workers each: `make test-slow`
+def test_under_xdist_each_worker_batches_its_own_groups(batch_pytester):
+    pytest.importorskip("xdist")
+    tests = str(pathlib.Path(__file__).parent)
+    # the workers find the backends through the conftest, as a vendor's would register its own
+    batch_pytester.makeconftest(
+        f"import sys\nsys.path.insert(0, {tests!r})\nfrom broken_backends_batching import backendconf_register_backends\n"
+    )
+    # enough overloads that each worker's groups hold several
+    selection = [f"backendconf::ops::aten.{op}[[]float16-*" for op in ("a*", "c*", "mul.*", "neg.*", "sub.*")]
+    result, batched = _run(batch_pytester, "troubled_batches", selection, "-n", "2")
+    shared = re.search(r"batched: (\d+) checks decided in (\d+) shared lowerings", result.stdout.str())
+    assert shared is not None and int(shared[1]) > int(shared[2]), result.stdout.str()[-2000:]
+    _, alone = _run(batch_pytester, "troubled_batches", selection, "--backendconf-batch=off")
+    _agree(batched, alone)
+    # without the suite's grouping a worker cannot know which checks it runs: no batches
+    result, _ = _run(batch_pytester, "troubled_batches", selection, "-n", "2", "-p", "no:backendconf_xdist")
+    assert "shared lowerings" not in result.stdout.str()

@@ -76,11 +76,20 @@ class Batcher:
         #: rejection in a batch costs a lowering of the whole batch again, and one alone a small one.
         self.refused: set[str] = set()
 
-    def summary(self) -> str:
-        """``backendconf: ops batched: 980 checks decided in 75 shared lowerings (41.2 s), 644 ran alone``."""
+    def counts(self) -> dict[str, Any]:
+        """What this process's batches did, for the summary (an xdist worker sends it to the controller)."""
+        return {"shared": self.shared, "batches": self.batches, "seconds": self.seconds, "alone": len(self.alone)}
+
+    @staticmethod
+    def add_counts(total: dict[str, Any] | None, counts: dict[str, Any]) -> dict[str, Any]:
+        return {k: (total or {}).get(k, 0) + v for k, v in counts.items()}
+
+    @staticmethod
+    def summary(counts: dict[str, Any]) -> str:
+        """``backendconf: batched: 980 checks decided in 75 shared lowerings (41.2 s), 644 ran alone …``."""
         return (
-            f"backendconf: batched: {self.shared} checks decided in {self.batches} shared lowerings "
-            f"({self.seconds:.1f} s), {len(self.alone)} ran alone (--backendconf-batch=off: one lowering each)"
+            f"backendconf: batched: {counts['shared']} checks decided in {counts['batches']} shared lowerings "
+            f"({counts['seconds']:.1f} s), {counts['alone']} ran alone (--backendconf-batch=off: one lowering each)"
         )
 
     def rejected(self, check: Check) -> None:

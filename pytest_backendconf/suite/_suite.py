@@ -255,10 +255,13 @@ class SuitePlugin:
         if not batching_choice(self.config, self.ctx.capabilities):
             return None
         same_scope = False
-        if getattr(self.config, "workerinput", None) is not None:
+        worker = getattr(self.config, "workerinput", None)
+        if worker is not None:
             # An xdist worker: a batch may hold only checks this worker runs, i.e. of its scope, which
             # holds only when the suite's grouping schedules them (`_xdist`).
-            if self.config.getvalue("dist") != "load" or self.config.pluginmanager.is_blocked("backendconf_xdist"):
+            from ._xdist import GROUPED
+
+            if not worker.get(GROUPED):
                 return None
             same_scope = True
         size = int(section("ops").get("batch_size", DEFAULT_SIZE))
@@ -294,11 +297,26 @@ class SuitePlugin:
     def pytest_sessionfinish(self) -> None:
         if self._host is not None:
             self._host.close()
+        batcher = self._batcher or None
+        output = getattr(self.config, "workeroutput", None)
+        if batcher is not None and output is not None:  # an xdist worker: the controller prints the sum
+            output["backendconf_batched"] = batcher.counts()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        counts = getattr(node, "workeroutput", {}).get("backendconf_batched")
+        if counts:
+            from ._batching import Batcher
+
+            self._batched_elsewhere = Batcher.add_counts(getattr(self, "_batched_elsewhere", None), counts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from ._batching import Batcher
+
         batcher = self._batcher or None
-        if batcher is not None and batcher.batches:
-            terminalreporter.write_line(batcher.summary())
+        counts = batcher.counts() if batcher is not None else getattr(self, "_batched_elsewhere", None)
+        if counts and counts["batches"]:
+            terminalreporter.write_line(Batcher.summary(counts))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:

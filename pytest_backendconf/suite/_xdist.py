@@ -22,6 +22,8 @@ from ..report import ROOT_ID
 
 #: The bracketed suffixes that name a dtype, not a model (``parity::small_cnn[float16]``).
 _DTYPE_IDS = frozenset({"float32", "float16", "bfloat16", "fixed"})
+#: The key of a worker's ``workerinput``: True when the controller schedules the checks by `scope_of`.
+GROUPED = "backendconf_grouped"
 #: How many groups the ops checks of one dtype are dealt in (each goes to one worker whole).
 OPS_GROUPS = 4
 _NAME = re.compile(r"([^\[]*)\[([^\]]*)\]\Z")
@@ -68,6 +70,12 @@ def scope_of(nodeid: str) -> str:
 
 class ModelGrouping:
     """Registered as ``backendconf_xdist`` on the controller when pytest-xdist is installed."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # Tell the workers whether the scopes above schedule their checks: only then does a worker run
+        # every check of a scope, which batches of checks that share a lowering rely on (`_batching`).
+        node.workerinput[GROUPED] = node.config.getvalue("dist") == "load"
 
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

@@ -72,7 +72,7 @@ def build_program(sample: OpSample, inputs: list[torch.Tensor]) -> ExportedProgr
 
 
 def build_batch_program(samples: list[OpSample]) -> tuple[ExportedProgram, list[tuple[int, int]]]:
-    """One program computing every sample side by side (``_ops_batch``), and each sample's outputs.
+    """One program computing every sample side by side (``ops.run_batch``), and each sample's outputs.
 
     Sample ``k``'s placeholders are ``b<k>_input0`` …, fed in order; its call
     node keeps the name it has alone (``add``), so a rejection of that node

@@ -40,6 +40,8 @@ import time
 import warnings
 from typing import Any, Callable
 
+from ._outcome import run_check
+
 #: Per-check seconds before the host is killed and the check fails (``--backendconf-timeout``).
 DEFAULT_TIMEOUT = 120.0
 #: The host's resident memory limit in MiB (``--backendconf-max-rss``).
@@ -492,38 +494,6 @@ class HostHandler:
                 return {"batch": checks[0].batch.run(self.ctx, checks)}  # type: ignore[union-attr]
             except Exception:  # the runner broke: the members run alone
                 return {"batch": None}
-
-
-def run_check(check: Any, ctx: Any) -> dict[str, Any]:
-    """Run one check here; its outcome as the report needs it (the same in the pytest process and the host)."""
-    import pytest
-
-    from ..target import error_record
-    from ..report import CheckFailed, Unsupported
-
-    try:
-        details = check.run(ctx)
-    except Unsupported as exc:
-        return {"outcome": "unsupported", "message": str(exc)}
-    except pytest.skip.Exception as exc:
-        return {"outcome": "skipped", "message": str(exc.msg)}
-    except CheckFailed as exc:
-        details = exc.details if isinstance(exc.details, dict) else None
-        return {
-            "outcome": "failed",
-            "message": str(exc),
-            "error": error_record(exc),
-            **({"details": details} if details else {}),
-        }
-    except Exception as exc:
-        info = pytest.ExceptionInfo.from_exception(exc)
-        return {
-            "outcome": "failed",
-            "message": str(info.getrepr(style="short", chain=True)),
-            "error": error_record(exc),
-        }
-    # A check may return details for the report (delegation's node counts); they are JSON data.
-    return {"outcome": "passed", **({"details": details} if isinstance(details, dict) else {})}
 
 
 def install_breadcrumbs(backend: Any, channel: Any) -> None:

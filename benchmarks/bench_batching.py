@@ -11,7 +11,8 @@ jobs hits both alike). The two JSON reports are then compared check by check:
 outcome, error type and message (temporary paths masked), numerics. A
 difference is printed and makes the exit status 1. The wall time includes
 the pytest process's and the backend host's start (a few seconds, the same
-in both).
+in both); the CPU time (of pytest and its backend host) is the figure to
+compare on a loaded machine.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -57,9 +59,11 @@ def run_once(engine: str, batch: str, ops: str, extra: list[str]) -> dict:
             *extra,
         ]
         env = {**os.environ, "BACKENDCONF_MINIFY": "off"}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if done.returncode not in (0, 1) or not report.exists():
             raise SystemExit(
                 f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -68,6 +72,8 @@ def run_once(engine: str, batch: str, ops: str, extra: list[str]) -> dict:
         shared = re.search(r"batched: (\d+) checks decided in (\d+) shared lowerings", done.stdout)
         return {
             "wall": wall,
+            # CPU of pytest and its backend host: on a loaded machine the figure to compare.
+            "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "tests": tests,
             "shared": [int(shared[1]), int(shared[2])] if shared else None,
             "summary": done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "",
@@ -118,16 +124,22 @@ def main(argv: list[str] | None = None) -> int:
             "batched_s": best["on"]["wall"],
             "unbatched_s": best["off"]["wall"],
             "ratio": best["off"]["wall"] / best["on"]["wall"],
+            "batched_cpu_s": best["on"]["cpu"],
+            "unbatched_cpu_s": best["off"]["cpu"],
+            "cpu_ratio": best["off"]["cpu"] / best["on"]["cpu"],
             "shared": best["on"]["shared"],
             "differences": found,
             "summary": {k: best[k]["summary"] for k in best},
         }
-    print(f"{'engine':<12} {'checks':>7} {'unbatched s':>12} {'batched s':>10} {'ratio':>6}  shared  differences")
+    print(
+        f"{'engine':<12} {'checks':>7} {'unbatched s':>12} {'batched s':>10} {'ratio':>6} "
+        f"{'CPU ratio':>9}  shared  differences"
+    )
     for engine, row in rows.items():
         shared = f"{row['shared'][0]} in {row['shared'][1]}" if row["shared"] else "-"
         print(
             f"{engine:<12} {row['checks']:>7} {row['unbatched_s']:>12.1f} {row['batched_s']:>10.1f} "
-            f"{row['ratio']:>5.2f}x  {shared}  {len(row['differences'])}"
+            f"{row['ratio']:>5.2f}x {row['cpu_ratio']:>8.2f}x  {shared}  {len(row['differences'])}"
         )
         for line in row["differences"][:20]:
             print(f"    {line}")

@@ -538,7 +538,10 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
     return {"decided": decided, "alone": alone, "split": []}
 
 
-_BATCH_INPUT = re.compile(r"\bb\d+_input\d+\b")
+#: Names in a rejection's reason that may read otherwise alone: the batch's placeholders, and any quoted
+#: name with a counter (``'convert_element_type_default_2'``: an engine numbers its nodes across the
+#: whole program, so the other members' nodes move the counter).
+_BATCH_DEPENDENT = re.compile(r"\bb\d+_input\d+\b|'[A-Za-z_][\w.]*_\d+'")
 
 
 def _owner(exc: UnsupportedNodeError, pending: list[Check], samples: list[Any]) -> tuple[Check, Any, bool] | None:
@@ -547,8 +550,8 @@ def _owner(exc: UnsupportedNodeError, pending: list[Check], samples: list[Any]) 
     name = getattr(node, "name", None)
     if not isinstance(name, str):
         return None
-    # A reason that names the batch's own placeholders would read otherwise alone: it runs alone.
-    batch_names = _BATCH_INPUT.search(str(getattr(exc, "reason", "")))
+    # A reason that names what the rest of the batch may have renamed would read otherwise alone: it runs alone.
+    batch_names = _BATCH_DEPENDENT.search(str(getattr(exc, "reason", "")))
     for k, (check, sample) in enumerate(zip(pending, samples)):
         if getattr(node, "op", None) == "call_function" and name == sample.overload.split(".")[1]:
             return check, sample, batch_names is None

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any, Iterator
@@ -40,12 +41,12 @@ from ..numerics import (
     summary_json,
     worst,
 )
-from ..report import Check, CheckFailed, Unsupported
+from ..report import Batching, Check, CheckFailed, Unsupported
 from ..archive import write_tensors
 from ..errors import UnsupportedNodeError
 from . import _ops_discovery as discovery
 from ._long_samples import long_samples
-from ._ops_program import OpCall, build_program, op_call_class
+from ._ops_program import OpCall, build_batch_program, build_program, op_call_class
 from ._spec import section
 from ._ties import InvalidIndices, settle_ties
 
@@ -74,6 +75,8 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
             run=functools.partial(check_op, number=number),
             stage="execute",
             case=None,  # a model case name where set; the overload is in the id
+            # One dtype per batch: an engine may pick its precision per program (run_batch).
+            batch=Batching(group=sample.dtype, member=sample.overload.split(".")[1], item=number, run=run_batch),
         )
 
 
@@ -266,11 +269,7 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
     data = ops_data(ctx)
     assert data is not None
     sample = data.samples[number]
-    declared = ctx.capabilities.supported_ops
-    is_declared = declared is not None and sample.overload in declared
-    if declared is not None and not is_declared:
-        # The backend says it does not compile this overload: take it at its word (and save the time).
-        raise Unsupported(f"{sample.overload} is not in the backend's Capabilities.supported_ops")
+    is_declared = declared_or_skip(ctx, sample)
     program = program_of(ctx, number)
     try:
         lowered = lower_programs(
@@ -281,20 +280,60 @@ def check_op(ctx: SuiteContext, *, number: int) -> dict[str, Any]:
             backend_version=ctx.registered.source.version,
         )
     except UnsupportedNodeError as exc:
-        if is_declared:
-            raise CheckFailed(
-                f"{sample.overload} in {sample.dtype}: the backend declares it in Capabilities.supported_ops "
-                f"but rejected it: {Unsupported.from_rejection(exc)}"
-            ) from None
-        raise Unsupported.from_rejection(exc) from exc
+        raise rejection(sample, exc, is_declared) from exc
+    inputs = [t.clone() for t in sample.inputs]
+    with torch.no_grad():
+        actual = _compat.tree_leaves(lowered(*inputs))
+    return verdict(ctx, sample, number, program, actual, inputs)
+
+
+def declared_or_skip(ctx: SuiteContext, sample: discovery.OpSample) -> bool:
+    """Whether the backend declares the sample's overload; raises `Unsupported` when it declares others only."""
+    declared = ctx.capabilities.supported_ops
+    if declared is not None and sample.overload not in declared:
+        # The backend says it does not compile this overload: take it at its word (and save the time).
+        raise Unsupported(f"{sample.overload} is not in the backend's Capabilities.supported_ops")
+    return declared is not None
+
+
+def rejection(sample: discovery.OpSample, exc: UnsupportedNodeError, is_declared: bool) -> Exception:
+    """What a check raises when the backend rejects its op: unsupported, or failed where declared."""
+    if is_declared:
+        return CheckFailed(
+            f"{sample.overload} in {sample.dtype}: the backend declares it in Capabilities.supported_ops "
+            f"but rejected it: {Unsupported.from_rejection(exc)}"
+        )
+    return Unsupported.from_rejection(exc)
+
+
+def verdict(
+    ctx: SuiteContext,
+    sample: discovery.OpSample,
+    number: int,
+    program: Any,
+    actual: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    *,
+    explain: bool = True,
+) -> dict[str, Any]:
+    """Judge the backend's outputs (``actual``) and its inputs after the call; the check's details, or raise.
+
+    ``program`` is the sample's own single-op program; ``inputs`` are the
+    clones of the sample's inputs the backend ran on (writes are judged on them).
+    ``explain=False`` (a batch, whose failures run again alone) raises a bare
+    `CheckFailed` and saves no inputs.
+    """
+    is_declared = ctx.capabilities.supported_ops is not None
     low_precision = bool(section("ops").get("low_precision_reference", True))
     try:
-        results, reference = judge(ctx, sample, program, lowered, low_precision)
+        results, reference = judge(ctx, sample, program, actual, inputs, low_precision)
     except StructureMismatch as exc:
         raise CheckFailed(_headline(sample, is_declared) + f": {exc}") from None
     except (InvalidIndices, WritesInPlace) as exc:
         raise CheckFailed(f"{_headline(sample, is_declared)}: {exc}") from None
     failing = [r for r in results if not r.passed]
+    if failing and not explain:
+        raise CheckFailed(f"{sample.name}: differs")
     if failing:
         saved = save_inputs(ctx, sample, number)
         top = worst(failing)
@@ -313,9 +352,15 @@ class WritesInPlace(Exception):
 
 
 def judge(
-    ctx: Any, sample: discovery.OpSample, program: Any, lowered: Any, low_precision: bool
+    ctx: Any,
+    sample: discovery.OpSample,
+    program: Any,
+    actual: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    low_precision: bool,
 ) -> tuple[list[Closeness], Reference]:
-    """Run the lowered sample and compare it with the reference: outputs, then the inputs the op writes.
+    """Compare the backend's outputs (``actual``, from running on ``inputs``, clones of the sample's) with
+    the reference: outputs, then the inputs the op writes.
 
     Raises `StructureMismatch`, `InvalidIndices` (a tie-open index output
     that selects other values than eager's) or `WritesInPlace`.
@@ -323,9 +368,6 @@ def judge(
     reference = reference_outputs(sample, program, low_precision)
     tolerance = tolerance_for(ctx, sample, reference.against_float64, output_dtypes(program))
     multiple = float(section("ops").get("eager_multiple", 2.0))
-    inputs = [t.clone() for t in sample.inputs]
-    with torch.no_grad():
-        actual = _compat.tree_leaves(lowered(*inputs))
     if len(actual) == len(reference.truth):
         actual, _ = settle_ties(sample, actual, reference.truth)
     results = compare_outputs(actual, reference.truth, tolerance, reference.eager, multiple)
@@ -405,3 +447,135 @@ def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> P
 def rerun_command(ctx: SuiteContext, path: Path) -> str:
     plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
     return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])
+
+
+# --- several checks lowered as one (Capabilities(batch_ops=True)) ------------------------------
+# Several ops checks lowered as one program: the engine's per-lowering cost paid once per batch.
+#
+# A real engine costs a second or more per lowering, however small the
+# program; the ops category lowers one single-op program per check. Here the
+# samples of a batch become one program (`build_batch_program`: each sample's
+# placeholders and call side by side, no node shared), lowered and executed
+# once; each sample's outputs are cut out and judged exactly as its own check
+# judges them (`verdict`: the same inputs, reference and tolerance).
+#
+# What a batch decides, and what it leaves to the check run alone
+# (`suite._batching` runs those, and bisects what this cannot attribute):
+#
+# - a sample whose outputs pass is decided ``passed``, with the numerics its
+#   check alone reports;
+# - a rejection (`UnsupportedNodeError`) at a sample's own call node is that
+#   sample's outcome (its node keeps the name it has alone, so the text is the
+#   same); the batch is lowered again without it. A rejection at any other
+#   node (a placeholder, an output) sends that sample to run alone;
+# - a sample whose comparison fails runs alone, so that its failure text,
+#   saved inputs and rerun command are those of its own lowering;
+# - a batch that fails otherwise (another lowering error, an error in
+#   execute) is split.
+#
+# A crash or hang takes the host down during the batch: the suite side runs
+# every member alone then, so that the host's isolation blames the right check.
+
+
+def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
+    """Lower ``checks`` (ops checks of one dtype, distinct op names) as one program; see the section text."""
+    from ..suite._outcome import run_check
+
+    data = ops_data(ctx)
+    assert data is not None
+    decided: dict[str, dict] = {}
+    alone: list[str] = []
+    pending: list[Check] = []
+    for check in checks:
+        sample = data.samples[check.batch.item]  # type: ignore[union-attr]
+        try:
+            declared_or_skip(ctx, sample)
+        except Exception:  # not lowered at all: cheap alone
+            alone.append(check.id)
+            continue
+        pending.append(check)
+    while len(pending) > 1:
+        samples = [data.samples[c.batch.item] for c in pending]  # type: ignore[union-attr]
+        program, spans = build_batch_program(samples)
+        try:
+            lowered = lower_programs(
+                {"forward": program},
+                ctx.backend,
+                {"forward": {}},
+                module_type=op_call_class(sum(len(s.inputs) for s in samples)),
+                backend_version=ctx.registered.source.version,
+            )
+        except UnsupportedNodeError as exc:
+            owner = _owner(exc, pending, samples)
+            if owner is None:
+                return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
+            check, sample, own_node = owner
+            if own_node:
+                error = rejection(sample, exc, ctx.capabilities.supported_ops is not None)
+                decided[check.id] = run_check(_Raises(error), ctx)
+            else:
+                alone.append(check.id)
+            pending.remove(check)
+            continue
+        except Exception:
+            return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
+        inputs = [[t.clone() for t in s.inputs] for s in samples]
+        try:
+            with torch.no_grad():
+                outputs = _compat.tree_leaves(lowered(*[t for own in inputs for t in own]))
+        except Exception:
+            return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
+        for check, sample, own, (start, stop) in zip(pending, samples, inputs, spans):
+            number = check.batch.item  # type: ignore[union-attr]
+            judged = _Judged(sample, number, own, outputs[start:stop])
+            outcome = run_check(judged, ctx)
+            if outcome["outcome"] == "passed":
+                decided[check.id] = outcome
+            else:
+                alone.append(check.id)
+        return {"decided": decided, "alone": alone, "split": []}
+    alone += [c.id for c in pending]
+    return {"decided": decided, "alone": alone, "split": []}
+
+
+#: Names in a rejection's reason that may read otherwise alone: the batch's placeholders, and any quoted
+#: name with a counter (``'convert_element_type_default_2'``: an engine numbers its nodes across the
+#: whole program, so the other members' nodes move the counter).
+_BATCH_DEPENDENT = re.compile(r"\bb\d+_input\d+\b|'[A-Za-z_][\w.]*_\d+'")
+
+
+def _owner(exc: UnsupportedNodeError, pending: list[Check], samples: list[Any]) -> tuple[Check, Any, bool] | None:
+    """The check whose node was rejected, and whether it was the sample's call node; None: unknown."""
+    node = getattr(exc, "node", None)
+    name = getattr(node, "name", None)
+    if not isinstance(name, str):
+        return None
+    # A reason that names what the rest of the batch may have renamed would read otherwise alone: it runs alone.
+    batch_names = _BATCH_DEPENDENT.search(str(getattr(exc, "reason", "")))
+    for k, (check, sample) in enumerate(zip(pending, samples)):
+        if getattr(node, "op", None) == "call_function" and name == sample.overload.split(".")[1]:
+            return check, sample, batch_names is None
+        if name.startswith(f"b{k}_input"):
+            return check, sample, False
+    return None
+
+
+class _Raises:
+    """A check-like object whose run raises ``error`` (the outcome `run_check` makes of it)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def run(self, ctx: Any) -> Any:
+        raise self.error
+
+
+class _Judged:
+    """A check-like object whose run judges one sample's part of a batch, as `ops.check_op` does."""
+
+    def __init__(self, sample: Any, number: int, inputs: list[torch.Tensor], actual: list[torch.Tensor]) -> None:
+        self.sample, self.number, self.inputs, self.actual = sample, number, inputs, actual
+
+    def run(self, ctx: Any) -> Any:
+        program = program_of(ctx, self.number)
+        return verdict(ctx, self.sample, self.number, program, list(self.actual), self.inputs, explain=False)

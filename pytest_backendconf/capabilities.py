@@ -44,6 +44,11 @@ class Capabilities:
     #: imports, and still fails a ``compile`` that calls ``torch.export.export``
     #: or ``torch.compile``.
     target_runtime_modules: tuple[str, ...] = ()
+    #: The ops category may lower several of its single-op checks as one program, once, and
+    #: split the results per check (for an engine whose cost is per lowering). ``True``: batch
+    #: them; ``False`` or ``None``: one lowering per check. ``--backendconf-batch`` overrides it.
+    #: Only for a backend whose verdict on a node does not depend on the program's other nodes.
+    batch_ops: bool | None = None
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set-like fields, store frozen copies so
@@ -88,6 +93,8 @@ class Capabilities:
         for flag in ("thread_safe", "fault_injection", "dynamic_shapes"):
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
+        if self.batch_ops is not None and not isinstance(self.batch_ops, bool):
+            found.append(f"batch_ops is {self.batch_ops!r}: write True, False or None")
         return found
 
 

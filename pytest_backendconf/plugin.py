@@ -161,6 +161,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "under test, shipped as data), quick (one sample in float32 and float16: for engines whose lowering "
         "takes seconds) or all (every OpInfo sample; discovered once per torch version, which takes minutes)",
     )
+    group.addoption(
+        "--backendconf-batch",
+        dest="backendconf_batch",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="lower several ops checks as one program, for engines that pay per lowering: auto (default: "
+        "when the backend declares Capabilities(batch_ops=True)), on or off; every check keeps the outcome "
+        "it has alone (docs/conformance-suite.md, 'Batched operator checks')",
+    )
+    parser.addini(
+        "backendconf_batch",
+        "auto, on or off: whether the ops category lowers several checks as one program (--backendconf-batch)",
+        default="auto",
+    )
     parser.addini(
         "backendconf_backend",
         "backend the conformance suite checks when --backend is not given",

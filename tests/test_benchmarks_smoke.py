@@ -98,3 +98,26 @@ def test_suite_stats_plugin_counts_exports(bench):
     assert figures["suite.failed"].value == 0
     assert figures["suite.exports"].value == 1
     assert "SuiteContext.export_count 1 for 1 cached programs" in figures["suite.exports"].detail
+
+
+@pytest.mark.slow  # two pytest runs in subprocesses: `make test-slow`
+def test_batching_benchmark_compares_every_check(tmp_path, capsys):
+    """bench_batching runs the ops category batched and unbatched and compares the two reports check by check."""
+    spec = importlib.util.spec_from_file_location("backendconf_bench_batching", BENCHMARKS / "bench_batching.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "batching.json"
+    select = "--backendconf-select=ops::aten.[acn][bdeo][sdgs]*[[]float32-*"  # abs, add, cos, neg … in float32
+    assert module.main(["--engine", "reference", "--json", str(out), "--", select]) == 0
+    row = json.loads(out.read_text())["reference"]
+    assert row["checks"] >= 6 and row["differences"] == []
+    assert row["shared"][0] > row["shared"][1] >= 1  # checks decided in fewer lowerings
+    assert "reference" in capsys.readouterr().out
+    # a changed outcome or message is a difference; a temporary path or a set's order is not
+    one = {"id": "x", "outcome": "failed", "duration": 1.0, "reason": "at /tmp/pytest-of-me/pytest-3/ops-inputs0/a"}
+    two = {**one, "duration": 2.0, "reason": "at /tmp/pytest-of-me/pytest-9/ops-inputs4/a"}
+    assert module.differences({"x": one}, {"x": two}) == []
+    assert module.differences({"x": one}, {"x": {**two, "outcome": "passed"}}) == [
+        "x: batched failed / unbatched passed"
+    ]
+    assert module.comparable({"m": "T=FLOAT | INT64"}) == module.comparable({"m": "T=INT64 | FLOAT"})

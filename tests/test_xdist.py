@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_backendconf.suite._xdist import model_of, scope_of
+from pytest_backendconf.suite._xdist import OPS_GROUPS, model_of, scope_of
 
 from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, expect, write
 
@@ -33,8 +34,10 @@ pytest.importorskip("xdist")
             "backendconf::symbolication::runtime_fault_is_symbolicated[encoder_decoder.decode:sigmoid]",
             "encoder_decoder",
         ),
-        ("backendconf::ops::aten.add.Tensor[float16]", "aten.add.Tensor"),
-        ("backendconf::ops::aten.add.Tensor[float16-sample1]", "aten.add.Tensor"),
+        # A dtype's overloads in OPS_GROUPS groups, every sample of an overload in its one group.
+        ("backendconf::ops::aten.add.Tensor[float16]", f"ops:float16:{zlib.crc32(b'aten.add.Tensor') % OPS_GROUPS}"),
+        ("backendconf::ops::aten.add.Tensor[float16-sample1]", f"ops:float16:{zlib.crc32(b'aten.add.Tensor') % 4}"),
+        ("backendconf::ops::aten.add.Tensor[int64-sample0]", f"ops:int64:{zlib.crc32(b'aten.add.Tensor') % 4}"),
         ("backendconf::contract::is_available_is_a_stable_bool", None),
         ("backendconf::availability::host-compile_no-execute_no", None),
         ("tests/test_mine.py::test_it[small_cnn]", None),

@@ -153,8 +153,15 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
     class _Ctx:  # what tolerance_for reads of a suite context
         capabilities = capabilities_of(backend)
 
+    import torch
+
+    from .. import _compat
+
+    inputs = [t.clone() for t in sample.inputs]  # type: ignore[attr-defined]
     try:
-        results, reference = judge(_Ctx(), sample, program, lowered, low_precision)
+        with torch.no_grad():
+            actual = _compat.tree_leaves(lowered(*inputs))
+        results, reference = judge(_Ctx(), sample, program, actual, inputs, low_precision)
     except (StructureMismatch, InvalidIndices, WritesInPlace) as exc:
         print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
         return 1

@@ -7,7 +7,7 @@ failure groups, merging reports of several environments and the HTML page.
 May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
-from ._check import CATEGORIES, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
+from ._check import CATEGORIES, Batching, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
 from ._counts import category_counts
 from ._delegation_summary import NOT_NEEDED, delegation_line
 from ._failure_groups import group_failures, same_program_groups, same_program_lines, summary_lines
@@ -43,6 +43,7 @@ from ._report import (
 
 __all__ = [
     "CATEGORIES",
+    "Batching",
     "Check",
     "CheckFailed",
     "FAILING",

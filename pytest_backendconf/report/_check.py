@@ -32,6 +32,24 @@ LOWERING_STAGES = frozenset({"declaration", "is_available", "preprocess", "lower
 
 
 @dataclasses.dataclass(frozen=True)
+class Batching:
+    """How a check may share one lowering with others of its category (`suite._batching`).
+
+    :param group: checks of one group may be lowered together (the ops category: the sample's dtype).
+    :param member: distinct within a batch (the ops category: the op's name, which its node keeps).
+    :param item: what `run` needs to find the check's work (the ops category: the sample's number).
+    :param run: ``run(ctx, checks)`` lowers the checks as one and returns ``{"decided": {id: outcome},
+        "alone": [id, …], "split": [id, …]}``: outcomes as the check run alone gives them, the checks
+        that must run alone, and those to try again in smaller batches.
+    """
+
+    group: str
+    member: str
+    item: Any
+    run: Callable[[Any, list["Check"]], dict]
+
+
+@dataclasses.dataclass(frozen=True)
 class Check:
     """One generated test.
 
@@ -54,6 +72,8 @@ class Check:
     needs_available: bool | None = None
     #: Whether it draws inputs from the session's Hypothesis seed: its reproduce command then names the seed.
     draws_inputs: bool = False
+    #: How it may share its lowering with other checks (`Batching`); None: it always runs alone.
+    batch: Batching | None = None
 
     @property
     def id(self) -> str:

@@ -48,6 +48,8 @@ import time
 import warnings
 from typing import Any, Callable
 
+from ._outcome import run_check
+
 #: Per-check seconds before the host is killed and the check fails (``--backendconf-timeout``).
 DEFAULT_TIMEOUT = 120.0
 #: The host's resident memory limit in MiB (``--backendconf-max-rss``).
@@ -206,6 +208,52 @@ class BackendHost:
                 "warnings": result.get("warnings", []),
             }
         return result
+
+    def run_batch(self, check_ids: list[str]) -> dict[str, Any] | None:
+        """Run several checks as one batch (`_batching`); None when the host died or broke meanwhile.
+
+        A host that dies in a batch is replaced and nobody is blamed: the
+        caller runs every member alone, where a crash or hang is the check's
+        own. The batch gets the per-check timeout; one that takes longer is
+        killed and its members run alone.
+        """
+        from ..target import ChildProcess, Ended
+
+        with self._lock:
+            if self._broken is not None:
+                return None
+            if self._child is None or not self._child.alive:
+                self._child = ChildProcess(
+                    "pytest_backendconf.suite._host:HostHandler",
+                    dataclasses.asdict(self.options),
+                    startup_timeout=STARTUP_TIMEOUT,
+                )
+                self.started += 1
+            child = self._child
+        if not child.wait_ready():
+            return None  # the next check alone reports why the host cannot start
+        result = child.request({"batch": check_ids}, timeout=self.check_timeout(), watch=self._rss_limit(child))
+        if isinstance(result, Ended):
+            with self._lock:
+                self._child = None
+            return None
+        rss = child.rss()
+        if self.max_rss and rss is not None and rss > self.max_rss:
+            with self._lock:
+                self._child = None
+            child.kill(killed_because="memory limit")
+            return None
+        batch = result.get("batch")
+        return batch if isinstance(batch, dict) else None
+
+    def _rss_limit(self, child: Any) -> Callable[[], str | None]:
+        def watch() -> str | None:
+            rss = child.rss()
+            if self.max_rss and rss is not None and rss > self.max_rss:
+                return f"its memory grew past --backendconf-max-rss ({_mib(rss)} > {_mib(self.max_rss)})"
+            return None
+
+        return watch
 
     def _died(
         self,
@@ -377,6 +425,10 @@ class ModelMemory:
             self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
         seen.setdefault(key, check_id)
 
+    def known(self, model: tuple[str, ...] | None) -> dict[str, Any] | None:
+        """What is remembered of a model that hung or crashed deterministically, or None."""
+        return self._known.get(model) if model is not None else None
+
     def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> dict[str, Any] | None:
         """The failure of a check on a model that hung or crashed before, or None: run it."""
         if model is not None and model not in self._known and self._shared is not None:
@@ -471,6 +523,8 @@ class HostHandler:
         install_breadcrumbs(self.ctx.backend, channel)
 
     def __call__(self, request: dict, channel: Any) -> dict:
+        if "batch" in request:
+            return self.batch(request["batch"])
         check = self.checks.get(request["check"])
         if check is None:
             return {
@@ -501,37 +555,18 @@ class HostHandler:
         outcome["warnings"] = list(seen.values())[:20]
         return outcome
 
-
-def run_check(check: Any, ctx: Any) -> dict[str, Any]:
-    """Run one check here; its outcome as the report needs it (the same in the pytest process and the host)."""
-    import pytest
-
-    from ..target import error_record
-    from ..report import CheckFailed, Unsupported
-
-    try:
-        details = check.run(ctx)
-    except Unsupported as exc:
-        return {"outcome": "unsupported", "message": str(exc)}
-    except pytest.skip.Exception as exc:
-        return {"outcome": "skipped", "message": str(exc.msg)}
-    except CheckFailed as exc:
-        details = exc.details if isinstance(exc.details, dict) else None
-        return {
-            "outcome": "failed",
-            "message": str(exc),
-            "error": error_record(exc),
-            **({"details": details} if details else {}),
-        }
-    except Exception as exc:
-        info = pytest.ExceptionInfo.from_exception(exc)
-        return {
-            "outcome": "failed",
-            "message": str(info.getrepr(style="short", chain=True)),
-            "error": error_record(exc),
-        }
-    # A check may return details for the report (delegation's node counts); they are JSON data.
-    return {"outcome": "passed", **({"details": details} if isinstance(details, dict) else {})}
+    def batch(self, check_ids: list[str]) -> dict:
+        """Several checks lowered as one (`_batching`): ``{"batch": {"decided", "alone", "split"}}``."""
+        found = [self.checks.get(i) for i in check_ids]
+        checks = [c for c in found if c is not None and c.batch is not None]
+        if not checks or len(checks) != len(found):
+            return {"batch": None}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a member run alone reports its own warnings
+            try:
+                return {"batch": checks[0].batch.run(self.ctx, checks)}  # type: ignore[union-attr]
+            except Exception:  # the runner broke: the members run alone
+                return {"batch": None}
 
 
 def install_breadcrumbs(backend: Any, channel: Any) -> None:

@@ -102,6 +102,13 @@ class ConformanceItem(pytest.Item):
         reason = self.suite.not_applicable(self.check) if self.suite is not None else None
         if reason:
             pytest.skip(reason)
+        batcher = self.suite.batcher() if self.suite is not None else None
+        batched = batcher.outcome(self) if batcher is not None else None
+        if batched is not None:  # decided by a batch that shared its lowering (`_batching`)
+            if batched["outcome"] == "failed":
+                self._minimise(batched.get("error"), batched.get("message", ""), None)
+            self._apply(batched)
+            return
         host = self.suite.host() if self.suite is not None else None
         if host is None:
             try:
@@ -109,6 +116,8 @@ class ConformanceItem(pytest.Item):
                 if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
                     self.user_properties.append(("backendconf", details))
             except Unsupported as exc:
+                if batcher is not None:
+                    batcher.rejected(self.check)
                 pytest.skip(f"unsupported: {exc}")
             except Exception as exc:
                 if isinstance(exc, CheckFailed) and isinstance(exc.details, dict):
@@ -123,6 +132,8 @@ class ConformanceItem(pytest.Item):
         check = self.check
         model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
         outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
+        if outcome["outcome"] == "unsupported" and batcher is not None:
+            batcher.rejected(check)
         if outcome["outcome"] == "failed":
             self._minimise(outcome.get("error"), outcome.get("message", ""), outcome.get("ended"))
         self._apply(outcome)
@@ -181,6 +192,10 @@ class SuitePlugin:
         self._unavailable: str | None = None
         from ._minify import minify_choice
 
+        #: The batches of checks that share a lowering (`_batching.Batcher`); False: batching is off.
+        self._batcher: Any = None
+        #: The items of this session, in order (a batch takes the next checks of its group).
+        self._items: list[pytest.Item] = []
         #: The minimiser of failed model checks (started with the first failure); False: minify is off.
         self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
 
@@ -238,6 +253,33 @@ class SuitePlugin:
         run = base.parent if hasattr(self.config, "workerinput") else base
         return str(run / "backendconf-hangs")
 
+    def batcher(self) -> Any:
+        """The `_batching.Batcher` of this process, or None when batching is off (`batching_choice`)."""
+        if self._batcher is None:
+            self._batcher = self._make_batcher() or False
+        return self._batcher or None
+
+    def _make_batcher(self) -> Any:
+        from ._batching import DEFAULT_SIZE, Batcher, batching_choice
+        from ..conformance._spec import section
+
+        if self.ctx is None or self._unavailable is not None:
+            return None
+        if not batching_choice(self.config, self.ctx.capabilities):
+            return None
+        same_scope = False
+        worker = getattr(self.config, "workerinput", None)
+        if worker is not None:
+            # An xdist worker: a batch may hold only checks this worker runs, i.e. of its scope, which
+            # holds only when the suite's grouping schedules them (`_xdist`).
+            from ._xdist import GROUPED
+
+            if not worker.get(GROUPED):
+                return None
+            same_scope = True
+        size = int(section("ops").get("batch_size", DEFAULT_SIZE))
+        return Batcher(self._items, size, self.host(), self.ctx, same_scope)
+
     def minimiser(self) -> Any:
         """The `suite._minify.Minimiser` of this process, or None with ``--backendconf-minify=off`` (or a debugger)."""
         options = self.config.option
@@ -270,6 +312,26 @@ class SuitePlugin:
     def pytest_sessionfinish(self) -> None:
         if self._host is not None:
             self._host.close()
+        batcher = self._batcher or None
+        output = getattr(self.config, "workeroutput", None)
+        if batcher is not None and output is not None:  # an xdist worker: the controller prints the sum
+            output["backendconf_batched"] = batcher.counts()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        counts = getattr(node, "workeroutput", {}).get("backendconf_batched")
+        if counts:
+            from ._batching import Batcher
+
+            self._batched_elsewhere = Batcher.add_counts(getattr(self, "_batched_elsewhere", None), counts)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from ._batching import Batcher
+
+        batcher = self._batcher or None
+        counts = batcher.counts() if batcher is not None else getattr(self, "_batched_elsewhere", None)
+        if counts and counts["batches"]:
+            terminalreporter.write_line(Batcher.summary(counts))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -340,6 +402,10 @@ class SuitePlugin:
         root.ihook.pytest_collectreport(report=report)
         # A failed report counts as a collection error (the session plugin sees it too).
         items.extend(node for node in report.result if isinstance(node, pytest.Item))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # The items in the order they run, after every plugin's selection (-k, -m, xdist's share).
+        self._items = list(session.items)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:

@@ -13,6 +13,7 @@ grouping off. Test ids are unchanged (xdist's ``loadgroup`` would append
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Any
 
 import pytest
@@ -21,6 +22,10 @@ from ..report import ROOT_ID
 
 #: The bracketed suffixes that name a dtype, not a model (``parity::small_cnn[float16]``).
 _DTYPE_IDS = frozenset({"float32", "float16", "bfloat16", "fixed"})
+#: The key of a worker's ``workerinput``: True when the controller schedules the checks by `scope_of`.
+GROUPED = "backendconf_grouped"
+#: How many groups the ops checks of one dtype are dealt in (each goes to one worker whole).
+OPS_GROUPS = 4
 _NAME = re.compile(r"([^\[]*)\[([^\]]*)\]\Z")
 
 
@@ -41,8 +46,10 @@ def model_of(nodeid: str) -> str | None:
         return None
     head, inside = match.groups()
     if category == "ops":
-        # aten.add.Tensor[float16-sample0]: no model; the overload's checks go together.
-        return head
+        # aten.add.Tensor[float16-sample0]: no model. A dtype's overloads go together in a few groups, each
+        # with every check of its overloads: the checks a batch may hold (`_batching`) are of one group.
+        dtype = inside.split("-")[0]
+        return f"ops:{dtype}:{zlib.crc32(head.encode()) % OPS_GROUPS}"
     if inside in _DTYPE_IDS:
         # parity's model.method[dtype]; an op id of another category (aten.add.Tensor[float16]) stays whole.
         return head.split(".")[0] if category == "parity" else head
@@ -63,6 +70,12 @@ def scope_of(nodeid: str) -> str:
 
 class ModelGrouping:
     """Registered as ``backendconf_xdist`` on the controller when pytest-xdist is installed."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # Tell the workers whether the scopes above schedule their checks: only then does a worker run
+        # every check of a scope, which batches of checks that share a lowering rely on (`_batching`).
+        node.workerinput[GROUPED] = node.config.getvalue("dist") == "load"
 
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

@@ -73,6 +73,10 @@ class ExecuTorchBackend:
         # callers are safe.
         thread_safe=True,
         fault_injection=True,
+        # batch_ops: every lowering runs ExecuTorch's whole flow (edge dialect, XNNPACK
+        # partitioning, the .pte program: a second or more however small the program): the ops checks
+        # share lowerings (docs/conformance-suite.md, "Batched operator checks").
+        batch_ops=True,
     )
 
     def __init__(self) -> None:

@@ -67,6 +67,10 @@ class OnnxRuntimeBackend:
         # state local.
         thread_safe=True,
         fault_injection=True,
+        # batch_ops: every lowering re-runs torch.export's decompositions and builds two
+        # ONNX Runtime sessions (about 0.3 s however small the program): the ops checks share lowerings,
+        # and a rejection names its own node (docs/conformance-suite.md, "Batched operator checks").
+        batch_ops=True,
     )
 
     def __init__(self) -> None:

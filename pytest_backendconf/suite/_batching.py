@@ -1,0 +1,196 @@
+"""Checks that share one lowering: where a batch is formed, run, split, and its outcomes handed out.
+
+A check that carries a `Batching` record (the ops category's) may be lowered
+together with later checks of the same group that this process will run.
+When the first of them runs, the batch is formed from it and the next
+checks of its group in the session's order (up to ``[ops] batch_size``,
+distinct members), run at once (in the backend host, or here with
+``--backendconf-in-process``), and every outcome it decides is kept for its
+own check, which then reports it without running. What the batch does not
+decide runs alone, exactly as without batching:
+
+- ``alone``: the category's runner could not judge it in the batch (a
+  failed comparison, a rejection at a node that is not the check's own);
+- ``split``: the batch failed as a whole (a lowering error it cannot
+  attribute, an error in execute): it is halved and each half tried again,
+  down to single checks, which run alone;
+- the host died (crash, hang, memory limit) during the batch: every member
+  runs alone, so the host's isolation blames the one that does it again.
+
+When batching is on: ``--backendconf-batch=on``, or ``auto`` (the default,
+also the ini option ``backendconf_batch``) for a backend whose capabilities
+declare ``batch_ops=True``; ``off`` turns it off. Under pytest-xdist a batch
+holds only checks of the worker's own scope (`_xdist.scope_of`), and
+batching is off when the suite's grouping is not in use.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..report import Check
+
+#: ``--backendconf-batch`` / the ini option ``backendconf_batch``.
+CHOICES = ("auto", "on", "off")
+#: Checks per batch unless ``[ops] batch_size`` in suite.toml says otherwise.
+DEFAULT_SIZE = 16
+
+
+def batching_choice(config: Any, capabilities: Any) -> bool:
+    """Whether this run batches: the option, else the ini option, else the backend's declaration."""
+    value = config.getoption("backendconf_batch", None) or config.getini("backendconf_batch") or "auto"
+    if value not in CHOICES:
+        import pytest
+
+        raise pytest.UsageError(
+            f"backendconf_batch = {value!r} in the ini file: write one of {', '.join(CHOICES)} "
+            "(auto: batch when the backend declares Capabilities(batch_ops=True))"
+        )
+    if value == "auto":
+        return bool(getattr(capabilities, "batch_ops", None))
+    return value == "on"
+
+
+class Batcher:
+    """The pytest process's side: forms batches from the session's items and keeps their outcomes."""
+
+    def __init__(self, items: list[Any], size: int, host: Any, ctx: Any, same_scope: bool) -> None:
+        self.items = items
+        self.size = max(1, size)
+        self.host = host
+        self.ctx = ctx
+        #: Under pytest-xdist: a batch holds checks of one scope only (the worker runs the whole scope).
+        self.same_scope = same_scope
+        self._index: dict[str, int] | None = None
+        #: Outcomes decided by a batch, by check id, until their check reports them.
+        self.decided: dict[str, dict] = {}
+        #: Check ids that run alone (a batch left them undecided).
+        self.alone: set[str] = set()
+        #: How many batches were lowered and how long they took (for the benchmarks).
+        self.batches = 0
+        self.seconds = 0.0
+        #: How many checks a batch decided.
+        self.shared = 0
+        #: Members (op names) the backend rejected once: their later checks run alone, since each
+        #: rejection in a batch costs a lowering of the whole batch again, and one alone a small one.
+        self.refused: set[str] = set()
+
+    def counts(self) -> dict[str, Any]:
+        """What this process's batches did, for the summary (an xdist worker sends it to the controller)."""
+        return {"shared": self.shared, "batches": self.batches, "seconds": self.seconds, "alone": len(self.alone)}
+
+    @staticmethod
+    def add_counts(total: dict[str, Any] | None, counts: dict[str, Any]) -> dict[str, Any]:
+        return {k: (total or {}).get(k, 0) + v for k, v in counts.items()}
+
+    @staticmethod
+    def summary(counts: dict[str, Any]) -> str:
+        """``backendconf: batched: 980 checks decided in 75 shared lowerings (41.2 s), 644 ran alone …``."""
+        return (
+            f"backendconf: batched: {counts['shared']} checks decided in {counts['batches']} shared lowerings "
+            f"({counts['seconds']:.1f} s), {counts['alone']} ran alone (--backendconf-batch=off: one lowering each)"
+        )
+
+    def rejected(self, check: Check) -> None:
+        """A check that ran alone came out unsupported: its member's later checks run alone too."""
+        if check.batch is not None:
+            self.refused.add(check.batch.member)
+
+    def outcome(self, item: Any) -> dict | None:
+        """The check's outcome from a batch, or None: run it alone."""
+        check: Check = item.check
+        if check.batch is None:
+            return None
+        if check.id in self.decided:
+            return self.decided.pop(check.id)
+        if check.id in self.alone or check.batch.member in self.refused:
+            return None
+        members = [item] + self._mates(item)
+        if len(members) < 2:
+            return None
+        self._resolve([m.check for m in members])
+        return self.decided.pop(check.id, None)
+
+    def _mates(self, item: Any) -> list[Any]:
+        """The next items of the check's group that this process runs, with distinct members."""
+        from ._xdist import scope_of
+
+        if self._index is None:
+            self._index = {it.nodeid: i for i, it in enumerate(self.items)}
+        start = self._index.get(item.nodeid)
+        if start is None:
+            return []
+        batch = item.check.batch
+        members = {batch.member}
+        scope = scope_of(item.nodeid) if self.same_scope else None
+        found: list[Any] = []
+        for other in self.items[start + 1 :]:
+            if len(found) + 1 >= self.size:
+                break
+            check = getattr(other, "check", None)
+            theirs = getattr(check, "batch", None)
+            if (
+                check is None
+                or theirs is None
+                or theirs.group != batch.group
+                or theirs.member in members
+                or theirs.run is not batch.run
+                or theirs.member in self.refused
+            ):
+                continue
+            if check.id in self.decided or check.id in self.alone or self._known_to_hang(other):
+                continue
+            if scope is not None and scope_of(other.nodeid) != scope:
+                continue
+            members.add(theirs.member)
+            found.append(other)
+        return found
+
+    def _known_to_hang(self, item: Any) -> bool:
+        """A check whose lowered model hung or crashed before runs alone: it then fails at once."""
+        if self.host is None:
+            return False
+        from ._host import model_key
+
+        check = item.check
+        return self.host.models.known(model_key(check.category, check.name, check.case, None)) is not None
+
+    def _resolve(self, checks: list[Check]) -> None:
+        if len(checks) < 2:
+            self.alone.update(c.id for c in checks)
+            return
+        started = time.monotonic()
+        result = self._run(checks)
+        self.batches += 1
+        self.seconds += time.monotonic() - started
+        if result is None:  # the host died, or the runner broke: nobody is blamed, each runs alone
+            self.alone.update(c.id for c in checks)
+            return
+        decided = result.get("decided", {})
+        self.decided.update(decided)
+        self.shared += len(decided)
+        by_id = {c.id: c for c in checks}
+        self.refused.update(
+            by_id[i].batch.member  # type: ignore[union-attr]
+            for i, outcome in decided.items()
+            if i in by_id and outcome.get("outcome") == "unsupported"
+        )
+        self.alone.update(result.get("alone", []))
+        split = [by_id[i] for i in result.get("split", []) if i in by_id]
+        if len(split) == 1:
+            self.alone.add(split[0].id)
+        elif split:
+            middle = len(split) // 2
+            self._resolve(split[:middle])
+            self._resolve(split[middle:])
+        # Anything the runner did not mention runs alone.
+        self.alone.update(c.id for c in checks if c.id not in self.decided and c.id not in self.alone)
+
+    def _run(self, checks: list[Check]) -> dict | None:
+        if self.host is not None:
+            return self.host.run_batch([c.id for c in checks])
+        try:
+            return checks[0].batch.run(self.ctx, checks)  # type: ignore[union-attr]
+        except Exception:  # the runner itself failed: the checks alone will say what
+            return None

@@ -591,7 +591,7 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 
 
 SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "peers")
-#: The last four-engine measurement of this process (``bench_peers.measure``), for its table.
+#: The last five-engine measurement of this process (``bench_peers.measure``), for its table.
 PEERS: dict[str, Any] = {}
 
 

@@ -112,6 +112,8 @@ class OpenVinoBackend:
 
 def _probe() -> str:
     try:
+        import openvino  # noqa: F401  (before the cached Core: a missing openvino is found here)
+
         from .runtime import core
 
         devices = core().available_devices

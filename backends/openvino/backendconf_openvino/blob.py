@@ -36,10 +36,16 @@ PRECISIONS = frozenset({"f32", "bf16", "f16"})
 
 @dataclasses.dataclass(frozen=True)
 class TensorSlot:
-    """A tensor input or output of the method: its IR name (inputs only) and dtype."""
+    """A tensor input or output of the method: its name and dtype.
+
+    ``widened`` is true for float16/bfloat16 tensors that the IR carries as
+    float32 (see ``conversion.WIDENED``): inputs are fed widened, outputs
+    rounded to ``dtype``.
+    """
 
     name: str
     dtype: str
+    widened: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +99,10 @@ def decode(blob: Any) -> tuple[Header, bytes, bytes]:
 def _slot_from_json(data: Any) -> TensorSlot:
     if not isinstance(data, dict):
         raise TypeError(f"a tensor slot must be an object, got {data!r}")
-    name, dtype = data["name"], data["dtype"]
-    if not isinstance(name, str) or dtype not in DTYPES:
+    name, dtype, widened = data["name"], data["dtype"], data["widened"]
+    if not isinstance(name, str) or dtype not in DTYPES or not isinstance(widened, bool):
         raise ValueError(f"bad tensor slot {data!r} (dtype must be one of {sorted(DTYPES)})")
-    return TensorSlot(name, dtype)
+    return TensorSlot(name, dtype, widened)
 
 
 def _header_to_json(header: Header) -> dict:

@@ -50,17 +50,23 @@ KNOWN_KEYS = (PRECISION_KEY, FAULT_KEY)
 
 #: The CPU plugin's inference precision per floating dtype of the program,
 #: explicit because its default follows the machine (bfloat16 where the CPU
-#: has AVX-512 BF16 or AMX). float16 runs in float32 too: a float16 hint
-#: silently becomes bfloat16 on such a CPU, which is coarser than the program
-#: asked for; in float32 every op is at least as accurate as eager's float16
-#: (which also computes in float32 and rounds per op). OpenVINO's CPU plugin
-#: has no float64 arithmetic: float64 is computed in float32 (README.md).
+#: has AVX-512 BF16 or AMX). The hint governs float32 layers only: a layer
+#: typed float16 or bfloat16 in the IR runs in the plugin's low precision
+#: whatever the hint (on this machine's AVX-512 BF16 CPU, float16 layers run
+#: in bfloat16: up to 47 float16 ulps off where eager is exact). So float16
+#: and bfloat16 programs are widened to float32 before conversion (`WIDENED`)
+#: and computed in float32 throughout; their inputs are widened exactly and
+#: their outputs rounded once, which is at least as accurate as eager's
+#: per-op rounding. OpenVINO's CPU plugin has no float64 arithmetic: float64
+#: layers are computed in float32 (README.md).
 PRECISION_BY_DTYPE = {
     torch.float32: "f32",
     torch.float16: "f32",
     torch.bfloat16: "f32",
     torch.float64: "f32",
 }
+#: Program dtypes converted as float32 (see `PRECISION_BY_DTYPE`).
+WIDENED = frozenset({torch.float16, torch.bfloat16})
 DEFAULT_PRECISION = "f32"
 
 _SUPPORTED_DTYPES = frozenset(blob_format.DTYPES)
@@ -232,12 +238,61 @@ def _decompose(program: torch.export.ExportedProgram, originals: _Originals) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own deprecation noise from run_decompositions
             module = program.run_decompositions(_decomposition_table()).module()
+        _widen(module)
     except Exception as exc:
         raise UnsupportedNodeError(
             originals.output, f"torch.export's decomposition for OpenVINO failed: {type(exc).__name__}: {_brief(exc)}"
         ) from exc
     _decomposed[program] = (key, module)
     return module
+
+
+def _widen(module: torch.fx.GraphModule) -> None:
+    """Make every float16/bfloat16 tensor of the unlifted module float32 (`WIDENED`), in place.
+
+    Weights and buffers are converted (exactly), dtype arguments
+    (``_to_copy(dtype=torch.bfloat16)``, ``full(..., dtype=torch.float16)``)
+    name float32, and the recorded tensor metadata that the frontend reads
+    for input types says float32; OpenVINO infers the rest.
+    """
+    for owner in module.modules():
+        for name, tensor in list(owner.named_parameters(recurse=False)) + list(owner.named_buffers(recurse=False)):
+            if tensor.dtype in WIDENED:
+                widened = tensor.detach().to(torch.float32)
+                if name in owner._parameters:
+                    owner._parameters[name] = torch.nn.Parameter(widened, requires_grad=False)
+                else:
+                    owner._buffers[name] = widened
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, torch.Tensor) and value.dtype in WIDENED and name not in ("_parameters", "_buffers"):
+                setattr(owner, name, value.to(torch.float32))
+    for _, gm in _graph_modules(module):
+        for node in gm.graph.nodes:
+            node.args = _widened_dtypes(node.args)
+            node.kwargs = _widened_dtypes(node.kwargs)
+            if "tensor_meta" in node.meta:
+                node.meta["tensor_meta"] = _widened_meta(node.meta["tensor_meta"])
+        gm.recompile()
+
+
+def _widened_dtypes(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return torch.float32 if value in WIDENED else value
+    if isinstance(value, tuple):
+        return tuple(_widened_dtypes(v) for v in value)
+    if isinstance(value, list):
+        return [_widened_dtypes(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _widened_dtypes(v) for k, v in value.items()}
+    return value
+
+
+def _widened_meta(meta: Any) -> Any:
+    if isinstance(meta, (list, tuple)) and not hasattr(meta, "_replace"):
+        return type(meta)(_widened_meta(m) for m in meta)
+    if hasattr(meta, "_replace") and getattr(meta, "dtype", None) in WIDENED:
+        return meta._replace(dtype=torch.float32)
+    return meta
 
 
 _table: Any = None
@@ -270,8 +325,12 @@ def _fingerprint(program: Any, originals: _Originals) -> tuple:
 
 def _convert(module: torch.fx.GraphModule, originals: _Originals) -> Any:
     """The ``openvino.Model`` of the unlifted module, static sizes pinned."""
-    import openvino
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+    # Not `openvino.convert_model`: `import openvino` leaves it out when it
+    # ran with openvino.tools.ovc blocked (a process that loaded archives as a
+    # target first, then lowers).
+    from openvino.tools.ovc import convert_model
 
     try:
         with warnings.catch_warnings():
@@ -279,7 +338,7 @@ def _convert(module: torch.fx.GraphModule, originals: _Originals) -> Any:
             # dynamic_shapes=False: each input keeps the program's sizes, and
             # only a symbolic size (a dynamic_shapes program) becomes dynamic.
             decoder = TorchFXPythonDecoder(module, dynamic_shapes=False)
-            return openvino.convert_model(decoder)
+            return convert_model(decoder)
     except Exception as exc:  # OpConversionFailure, GeneralFailure, RuntimeError...
         raise _rejection(exc, module, originals) from None
 
@@ -319,6 +378,7 @@ def _brief(exc: BaseException) -> str:
 # --- the IR ----------------------------------------------------------------------------
 
 # A layer named by OpenVINO's process-wide counter: a type name, "_", a number.
+_MODEL_NAME = re.compile(r'(<net name=")[^"]*(" version=")')
 _COUNTED = re.compile(r'(<layer id="\d+" name=")([A-Z][A-Za-z0-9]*)_\d+(" type=")')
 
 
@@ -338,6 +398,7 @@ def _serialise(model: Any) -> tuple[bytes, bytes]:
         counters[kind] = counters.get(kind, -1) + 1
         return f"{match.group(1)}{kind}#{counters[kind]}{match.group(3)}"
 
+    xml = _MODEL_NAME.sub(r"\1method\2", xml, count=1)  # "Model6": another process-wide counter
     return _COUNTED.sub(renamed, xml).encode("utf-8"), weights
 
 
@@ -369,22 +430,31 @@ def _layer_handles(
 
 
 def _inputs(program: Any, module: torch.fx.GraphModule, model: Any, originals: _Originals) -> tuple:
-    """Per flat user input, the IR parameter that takes it (``None``: baked in, or unused)."""
-    names = {name for port in model.inputs for name in port.get_names()}
+    """Per flat user input, the IR parameter that takes it (``None``: a constant, baked in).
+
+    The frontend makes one parameter per placeholder of the unlifted module,
+    in order, and names it after the user's ``forward`` argument (not the
+    placeholder), so they are matched by position; a parameter left unfed
+    would run on whatever memory it holds, so a mismatch is refused here.
+    """
     placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
     user = [spec for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
-    if len(placeholders) != len(user):
+    ports = list(model.inputs)
+    if not len(placeholders) == len(user) == len(ports):
         raise UnsupportedNodeError(
             originals.output,
-            f"the unlifted program has {len(placeholders)} inputs where the program has {len(user)} user inputs",
+            f"OpenVINO's model has {len(ports)} parameters where the program has {len(user)} user inputs "
+            f"({len(placeholders)} placeholders unlifted)",
         )
     slots: list[blob_format.TensorSlot | None] = []
-    for spec, placeholder in zip(user, placeholders):
+    for spec, placeholder, port in zip(user, placeholders, ports):
         value = placeholder.meta.get("val")
-        if isinstance(spec.arg, TensorArgument) and placeholder.name in names and isinstance(value, torch.Tensor):
-            slots.append(blob_format.TensorSlot(placeholder.name, str(value.dtype).removeprefix("torch.")))
-        else:
-            slots.append(None)
+        if not (isinstance(spec.arg, TensorArgument) and isinstance(value, torch.Tensor)):
+            raise UnsupportedNodeError(
+                placeholder, f"input {placeholder.name!r} is not a tensor; the openvino backend feeds tensors only"
+            )
+        dtype = str(value.dtype).removeprefix("torch.")
+        slots.append(blob_format.TensorSlot(port.get_any_name(), dtype, widened=value.dtype in WIDENED))
     return tuple(slots)
 
 
@@ -398,7 +468,8 @@ def _outputs(program: Any, model: Any, originals: _Originals) -> tuple:
         value = by_name[spec.arg.name].meta.get("val")
         if not isinstance(value, torch.Tensor):
             raise UnsupportedNodeError(by_name[spec.arg.name], f"output {spec.arg.name!r} is not a tensor")
-        outputs.append(("tensor", blob_format.TensorSlot(spec.arg.name, str(value.dtype).removeprefix("torch."))))
+        dtype = str(value.dtype).removeprefix("torch.")
+        outputs.append(("tensor", blob_format.TensorSlot(spec.arg.name, dtype, widened=value.dtype in WIDENED)))
     tensors = sum(1 for kind, _ in outputs if kind == "tensor")
     if tensors != len(model.outputs):
         raise UnsupportedNodeError(

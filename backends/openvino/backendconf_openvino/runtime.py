@@ -111,9 +111,11 @@ class CompiledMethod:
         if len(inputs) != len(header.inputs):
             raise ValueError(f"expected {len(header.inputs)} inputs, got {len(inputs)}")
         feeds = {}
+        keep = []  # an openvino.Tensor shares the array's memory without keeping it alive
         for slot, value in zip(header.inputs, inputs):
             if slot is not None:
-                feeds[self._input_index[slot.name]] = _to_openvino(slot, value, openvino)
+                array, feeds[self._input_index[slot.name]] = _to_openvino(slot, value, openvino)
+                keep.append(array)
         if header.fault is not None:
             # Simulated: every node of an OpenVINO model runs on every call
             # (or, inside a torch.cond branch, may run), so fail before running.
@@ -126,6 +128,7 @@ class CompiledMethod:
                 raise self._runtime_error(exc) from exc
             results = [self._request.get_output_tensor(i) for i in range(len(self.compiled.outputs))]
             tensors = iter([_from_openvino(t) for t in results])
+        del keep
         outputs = []
         for kind, value in header.outputs:
             if kind == "constant":
@@ -133,8 +136,9 @@ class CompiledMethod:
             else:
                 tensor = next(tensors)
                 dtype = self._dtypes[value.dtype]
-                # The IR may type an output otherwise than torch (i32 for i64
-                # indices, u8 for bool): cast as torch would store it.
+                # Widened outputs are rounded to their dtype here, once; and the
+                # IR may type an output otherwise than torch (i32 for i64
+                # indices): cast as torch would store it.
                 outputs.append(tensor if tensor.dtype == dtype else tensor.to(dtype))
         return outputs
 
@@ -149,14 +153,20 @@ class CompiledMethod:
         return f"<CompiledMethod {len(self.header.inputs)} inputs, {len(self.header.outputs)} outputs on {DEVICE}>"
 
 
-def _to_openvino(slot: blob_format.TensorSlot, value: Any, openvino: Any) -> Any:
+def _to_openvino(slot: blob_format.TensorSlot, value: Any, openvino: Any) -> tuple[Any, Any]:
+    """``(array, openvino.Tensor over it)``: the caller keeps the array alive while the tensor is used."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"input {slot.name!r} must be a tensor, got {type(value).__name__}")
-    tensor = value.detach().contiguous()
+    tensor = value.detach()
+    if slot.widened:
+        tensor = tensor.to(torch.float32)  # exact: every float16/bfloat16 is a float32
+    tensor = tensor.contiguous()
     if tensor.dtype == torch.bfloat16:
         # numpy has no bfloat16: hand OpenVINO the bits, typed bf16.
-        return openvino.Tensor(tensor.view(torch.int16).numpy(), list(tensor.shape), openvino.Type.bf16)
-    return openvino.Tensor(tensor.numpy())
+        array = tensor.view(torch.int16).numpy()
+        return array, openvino.Tensor(array, list(tensor.shape), openvino.Type.bf16)
+    array = tensor.numpy()
+    return array, openvino.Tensor(array)
 
 
 def _from_openvino(result: Any) -> torch.Tensor:

@@ -202,14 +202,18 @@ def test_compile_spec_mistakes_name_the_key():
     with pytest.raises(ValueError, match=r"'inference_precision' must be one of \['bf16', 'f16', 'f32'\]"):
         parse_spec({"inference_precision": "fp32"})
     with pytest.raises(ValueError, match="fault injection names node 'nope'"):
-        OpenVinoBackend().preprocess(*_prepared(Gatherer().eval(), (TABLE, INDEX), {"__backendconf_fault__": {"node": "nope"}}))
+        OpenVinoBackend().preprocess(
+            *_prepared(Gatherer().eval(), (TABLE, INDEX), {"__backendconf_fault__": {"node": "nope"}})
+        )
 
 
 def test_an_openvino_error_naming_a_layer_maps_to_its_handle(gatherer):
     _, lowered = gatherer
     method = lowered.lowered.handles["forward"]
     layer = "index_select/aten.index_select.default/Gather"
-    error = method._runtime_error(RuntimeError(f"Exception from src/plugins/intel_cpu: node with name '{layer}' failed"))
+    error = method._runtime_error(
+        RuntimeError(f"Exception from src/plugins/intel_cpu: node with name '{layer}' failed")
+    )
     assert error.debug_handle == method.header.nodes[layer]
     assert error.message.startswith(f"OpenVINO failed at IR layer {layer!r}")
     unknown = method._runtime_error(RuntimeError("out of memory"))
@@ -219,7 +223,9 @@ def test_an_openvino_error_naming_a_layer_maps_to_its_handle(gatherer):
 def test_a_bad_blob_is_refused_by_name(gatherer):
     _, lowered = gatherer
     good = lowered.lowered.blobs["forward"]
-    with pytest.raises(ValueError, match=r"method 'forward': openvino backend blob is corrupt: CRC-32 checksum mismatch"):
+    with pytest.raises(
+        ValueError, match=r"method 'forward': openvino backend blob is corrupt: CRC-32 checksum mismatch"
+    ):
         OpenVinoBackend().compile({"forward": good[:-10] + bytes(10)}, {"forward": {}})
     with pytest.raises(ValueError, match="not a valid openvino backend blob"):
         OpenVinoBackend().compile({"forward": b"\x89BCORT\r\n" + good[8:]}, {"forward": {}})

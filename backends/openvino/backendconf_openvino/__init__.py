@@ -122,5 +122,3 @@ def _probe() -> str:
     if "CPU" not in devices:
         return f"openvino offers no CPU device (it has {', '.join(devices) or 'none'})"
     return ""
-
-

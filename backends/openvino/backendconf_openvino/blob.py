@@ -82,7 +82,9 @@ def encode(header: Header, xml: bytes, weights: bytes) -> bytes:
 
 def decode(blob: Any) -> tuple[Header, bytes, bytes]:
     """``(header, xml, weights)`` of a blob; ``ValueError`` naming what is wrong."""
-    data, payload = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="openvino backend blob", upgrade="backendconf-openvino")
+    data, payload = unpack_blob(
+        blob, MAGIC, FORMAT_VERSION, kind="openvino backend blob", upgrade="backendconf-openvino"
+    )
     try:
         header = _header_from_json(data)
         xml_length = data["xml_length"]

@@ -120,9 +120,7 @@ def convert_program(
         outputs = _outputs(program, model, originals)
         xml, weights = _serialise(model)
     nodes = _layer_handles(xml, module, originals, debug_handles)
-    header = blob_format.Header(
-        inputs=inputs, outputs=outputs, precision=precision, nodes=nodes, fault=fault
-    )
+    header = blob_format.Header(inputs=inputs, outputs=outputs, precision=precision, nodes=nodes, fault=fault)
     _check_compiles(xml, weights, precision, nodes, originals, debug_handles)
     return blob_format.encode(header, xml, weights)
 

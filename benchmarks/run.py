@@ -674,7 +674,7 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)
         if "peers" in sections and settings.run_peers:
-            progress("four engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK")
+            progress("five engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK, OpenVINO CPU")
             figures += peer_figures(settings)
 
 

@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime suite-executorch suite-torchscript test test-slow demo lint clean
+.PHONY: suite suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,31 @@ $(VENV)/.installed-torchscript: $(VENV)/.installed backends/torchscript_referenc
 suite-torchscript: $(VENV)/.installed-torchscript
 	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # the cache may have been emptied since
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=torchscript_reference $(SUITE_ARGS)
+
+# The OpenVINO backend (its PyTorch frontend, the IR on the CPU plugin).
+# openvino's PyTorch frontend imports `packaging`, which the wheel does not
+# declare. Neither package names torch; the last step checks that torch did
+# not change all the same.
+OPENVINO_PINS ?= openvino==2026.4.1 packaging
+$(VENV)/.installed-openvino: $(VENV)/.installed backends/openvino/pyproject.toml
+	$(BIN)/python -c 'import torch; print(torch.__version__)' > $(VENV)/.torch-before-openvino
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(OPENVINO_PINS)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e backends/openvino
+	@before="$$(cat $(VENV)/.torch-before-openvino)"; \
+	after="$$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	if [ "$$before" != "$$after" ]; then \
+	    echo "installing OpenVINO changed torch from $$before to $$after; reinstall torch==$(TORCH)" >&2; exit 1; \
+	fi
+	touch $@
+
+# The suite against OpenVINO: two workers, each model's checks on one worker,
+# the derandomized `ci` Hypothesis profile (a strict known-failures file needs
+# the same inputs every run; OPENVINO_HYPOTHESIS=dev draws afresh).
+OPENVINO_HYPOTHESIS ?= ci
+suite-openvino: $(VENV)/.installed-openvino
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=openvino -n 2 \
+	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
+	    --backendconf-known-failures=$(abspath backends/openvino/known-failures.toml) $(SUITE_ARGS)
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py

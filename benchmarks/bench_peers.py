@@ -1,4 +1,4 @@
-"""Four engines side by side: eager, the reference backend, ONNX Runtime and ExecuTorch XNNPACK.
+"""Five engines side by side: eager, the reference backend, ONNX Runtime, ExecuTorch XNNPACK and OpenVINO CPU.
 
     python benchmarks/bench_peers.py            # the benchmark models, about 2 minutes
     python benchmarks/bench_peers.py --quick    # fewer rounds
@@ -32,7 +32,12 @@ import bench_models as models  # noqa: E402
 import bench_timing as timing  # noqa: E402  (interleaved, best_of, Settings, machine)
 
 #: (backend name, what the table calls it)
-BACKENDS = (("reference", "reference"), ("onnxruntime", "ONNX Runtime"), ("executorch", "ExecuTorch XNNPACK"))
+BACKENDS = (
+    ("reference", "reference"),
+    ("onnxruntime", "ONNX Runtime"),
+    ("executorch", "ExecuTorch XNNPACK"),
+    ("openvino", "OpenVINO CPU"),
+)
 MODELS = {**models.SMALL, **models.LARGE}
 
 

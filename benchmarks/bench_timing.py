@@ -44,8 +44,8 @@ class Settings:
     threads: int = 1
     #: Also run the suite with OMP_NUM_THREADS=1, to show what threads cost it.
     suite_one_thread: bool = False
-    #: The four-engine comparison (``bench_peers``: eager, reference, ONNX Runtime,
-    #: ExecuTorch XNNPACK); it lowers every benchmark model with each installed backend.
+    #: The five-engine comparison (``bench_peers``: eager, reference, ONNX Runtime,
+    #: ExecuTorch XNNPACK, OpenVINO CPU); it lowers every benchmark model with each installed backend.
     run_peers: bool = True
 
     @classmethod

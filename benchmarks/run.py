@@ -591,7 +591,7 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 
 
 SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "peers")
-#: The last four-engine measurement of this process (``bench_peers.measure``), for its table.
+#: The last five-engine measurement of this process (``bench_peers.measure``), for its table.
 PEERS: dict[str, Any] = {}
 
 
@@ -674,7 +674,7 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)
         if "peers" in sections and settings.run_peers:
-            progress("four engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK")
+            progress("five engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK, OpenVINO CPU")
             figures += peer_figures(settings)
 
 

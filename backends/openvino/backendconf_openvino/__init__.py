@@ -52,6 +52,10 @@ class OpenVinoBackend:
         # float32 in between, so they are at least as accurate as eager
         # (which rounds after every op) and the suite's defaults apply.
         tolerances=None,
+        # batch_ops: every lowering runs OpenVINO's frontend, its conversion passes and a
+        # CPU-plugin compile (0.35-0.5 s of CPU each, however small the program), so the
+        # ops checks share their lowerings; outcomes stay per check.
+        batch_ops=True,
         host_only_modules=(
             "backendconf_openvino.conversion",
             # OpenVINO's PyTorch frontend (its FX decoder and decompositions)

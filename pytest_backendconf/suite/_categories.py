@@ -9,7 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..report import CATEGORIES, Check
-from ..conformance import availability, contract, delegation, ops, parity, reliability, serialization, symbolication
+from ..conformance import (
+    availability,
+    contract,
+    delegation,
+    ops,
+    parity,
+    quantized,
+    reliability,
+    serialization,
+    symbolication,
+)
 
 #: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
 CATEGORY_MODULES = {
@@ -21,6 +31,7 @@ CATEGORY_MODULES = {
     "reliability": reliability,
     "delegation": delegation,
     "ops": ops,
+    "quantized": quantized,
 }
 assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 

@@ -288,3 +288,12 @@ def opinfo_tolerance_override_type() -> type | None:
     except Exception:  # a private module: anything may go wrong on import
         return None
     return toleranceOverride
+
+
+def register_quantized_decomposed() -> None:
+    """Register the ``quantized_decomposed`` quantize/dequantize operators of PT2E programs.
+
+    torch defines them in a private module (torchao imports it too); importing
+    it registers them with the dispatcher and imports nothing host-only.
+    """
+    import torch.ao.quantization.fx._decomposed  # noqa: F401

@@ -160,3 +160,28 @@ def test_the_rule_allows_rare_neighbouring_steps_but_not_a_shifted_share():
     far = judge_quantized([reference + 3 * step], [reference], [reference], steps, rule)[0]
     assert not far.passed and far.max_steps == pytest.approx(3)
     assert "max 3 steps" in far.text() and "the scale of 'dq'" in far.text()
+
+
+def test_the_reference_backend_lowers_quantized_programs_whole_with_every_qdq_opcode(tmp_path):
+    from backendconf_reference import ReferenceBackend
+
+    from pytest_backendconf.conformance import quantized
+    from pytest_backendconf.conformance._zoo_loader import load_zoo
+    from pytest_backendconf.debuginfo import DebugHandleRecorder
+    from pytest_backendconf.reference import bytecode, ops
+    from pytest_backendconf.registry._registry import RegisteredBackend, Source
+    from pytest_backendconf.suite._context import SuiteContext
+
+    zoo = {case.name: case for case in load_zoo()}
+    backend = ReferenceBackend()
+    ctx = SuiteContext(RegisteredBackend(backend, Source("a test")), [zoo["small_cnn"]], tmp_dir=lambda _: tmp_path)
+    used = set()
+    for scheme in SCHEMES:
+        program = quantized.quantized_programs(ctx, "small_cnn", scheme)["forward"]
+        blob = backend.preprocess(program, {}, DebugHandleRecorder.default().assign(program.graph_module))
+        used |= {i.opcode for block in bytecode.decode(blob).blocks for i in block.instructions}
+        assert quantized.check_quantized(ctx, case_name="small_cnn", scheme=scheme)["quantized"]["lowered"] == (
+            "lowered whole"
+        )
+    qdq = {op.opcode for op in ops.OPS if op.name.startswith("quantized_decomposed.")}
+    assert qdq and qdq <= used, sorted(op.name for op in ops.OPS if op.opcode in qdq - used)

@@ -4,8 +4,9 @@ It annotates the ops an NPU runs in int8 the way the common delegate
 quantizers do (symmetric int8 weights, asymmetric int8 activations, float
 bias): convolutions and linear layers (input, weight, output), matmuls
 and adds (both inputs, output), and ReLU and pooling (input, output).
-The dynamic scheme quantizes only convolutions' and linear layers'
-activations, at run time (``choose_qparams``), and leaves outputs float.
+The dynamic scheme quantizes only the activations of convolutions, linear
+layers and matmuls, at run time (``choose_qparams``), and leaves outputs
+float.
 Observers are min/max ones: deterministic, and fast enough to calibrate
 every model of the zoo in the suite's time budget.
 
@@ -25,8 +26,10 @@ SCHEMES = ("int8-static-per-tensor", "int8-static-per-channel", "int8-dynamic")
 aten = torch.ops.aten
 #: (input, weight) ops: the weight gets the weight spec, the input the activation spec.
 _WEIGHTED = (aten.conv1d.default, aten.conv2d.default, aten.linear.default)
+#: Matmuls: both arguments are activations (quantized dynamically too).
+_MATMULS = (aten.matmul.default, aten.bmm.default, aten.mm.default)
 #: Ops whose first two arguments are activations (where they are float tensors).
-_BINARY = (aten.matmul.default, aten.bmm.default, aten.mm.default, aten.add.Tensor)
+_BINARY = (*_MATMULS, aten.add.Tensor)
 #: Ops whose first argument is an activation.
 _UNARY = (aten.relu.default, aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default)
 #: The smallest scale an observer gives (a constant input would otherwise get scale 0).
@@ -102,11 +105,11 @@ def _quantizer_class() -> type:
                     if not (_float_tensor(node.args[0]) and _float_tensor(node.args[1])):
                         continue
                     inputs = {node.args[0]: act, node.args[1]: weight}
-                elif not is_dynamic and node.target in _BINARY + _UNARY:
+                elif node.target in (_MATMULS if is_dynamic else _BINARY + _UNARY):
                     args = node.args[:2] if node.target in _BINARY else node.args[:1]
                     if not args or not all(_float_tensor(a) for a in args):
                         continue
-                    inputs = {a: activation for a in args}
+                    inputs = {a: act for a in args}
                 else:
                     continue
                 node.meta["quantization_annotation"] = QuantizationAnnotation(

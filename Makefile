@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==$(TORCH)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,models]' -e backends/reference
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,models,quant]' -e backends/reference
 	touch $@
 
 # From an empty folder, as a vendor would run it: only the suite is collected.

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from pytest_backendconf.cases import ModelCase, TensorInput
 
 #: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo).
-CATEGORIES = ("parity", "serialization", "delegation")
+CATEGORIES = ("parity", "serialization", "delegation", "quantized")
 #: The pytest marker of every check on a real model.
 MARKER = "real_model"
 #: Float dtypes the real models are checked in: float32 only, to keep the run in minutes on a CPU

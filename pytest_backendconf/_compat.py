@@ -326,3 +326,12 @@ def load_for_lite_interpreter(path: str) -> Any:
 def add_string_attribute(module: Any, name: str, value: str) -> None:
     """A new ``str`` attribute on a ScriptModule (``torch.utils.bundled_inputs`` adds its own this way)."""
     module._c._register_attribute(name, torch._C.StringType.get(), value)
+
+
+def register_quantized_decomposed() -> None:
+    """Register the ``quantized_decomposed`` quantize/dequantize operators of PT2E programs.
+
+    torch defines them in a private module (torchao imports it too); importing
+    it registers them with the dispatcher and imports nothing host-only.
+    """
+    import torch.ao.quantization.fx._decomposed  # noqa: F401

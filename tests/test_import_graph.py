@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("report", "torchscript", "target", "diagnostics"),
     ("lowering",),
     ("archive",),
-    ("debuginfo", "reference", "registry", "allowlist", "numerics"),
+    ("debuginfo", "reference", "registry", "allowlist", "numerics", "quant"),
     ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "_compat"),
 ]
 #: Above every layer: the pytest entry module and the facade (its names load lazily, each from its layer).

@@ -557,7 +557,13 @@ def test_model_zoo_covers_every_op():
         for path in discovery.DATA_DIR.glob("torch-*.json")
         for sample in json.loads(path.read_text())["samples"]
     }
-    missing = sorted(op.name for op in ops.OPS if op.opcode not in used and op.name not in in_data)
+    # The quantize/dequantize ops of PT2E programs: tests/test_quantized.py lowers the quantized
+    # category's programs (they need torchao) and checks that they use each of them.
+    missing = sorted(
+        op.name
+        for op in ops.OPS
+        if op.opcode not in used and op.name not in in_data and not op.name.startswith("quantized_decomposed.")
+    )
     assert not missing, f"ops neither a zoo model nor the ops data exercises: {missing}"
 
 

@@ -247,6 +247,25 @@ def _aten(name: str) -> Any:
         return _Missing
 
 
+def _quantized(name: str) -> Callable[..., Any]:
+    """The ``quantized_decomposed`` overload ``name`` ("quantize_per_tensor.default"), looked up at its first
+    call: PT2E programs quantize and dequantize with these, and a literal Q/DQ node runs exactly as eager
+    PyTorch runs it. They are registered on first use, so that a blob without them never pays for it."""
+    packet, overload = name.split(".")
+    found: list[Any] = []
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if not found:
+            from .. import _compat
+
+            _compat.register_quantized_decomposed()
+            found.append(getattr(getattr(torch.ops.quantized_decomposed, packet), overload))
+        return found[0](*args, **kwargs)
+
+    kernel.__name__ = f"quantized_decomposed_{packet}"
+    return kernel
+
+
 def _cond(pred, true_block, false_block, operands):
     # The interpreter hands nested code blocks over as objects with ``run``.
     return (true_block if pred else false_block).run(operands)
@@ -664,6 +683,13 @@ _TABLE: list[tuple] = [
     (481, "aten.__or__.Scalar", torch.bitwise_or),
     (482, "aten.__xor__.Scalar", torch.bitwise_xor),
     (483, "aten.__xor__.Tensor", torch.bitwise_xor),
+    # PT2E quantize/dequantize nodes, run literally (the quantized category's programs; backendconf-reference 0.3.0)
+    (490, "quantized_decomposed.quantize_per_tensor.default", _quantized("quantize_per_tensor.default")),
+    (491, "quantized_decomposed.dequantize_per_tensor.default", _quantized("dequantize_per_tensor.default")),
+    (492, "quantized_decomposed.quantize_per_tensor.tensor", _quantized("quantize_per_tensor.tensor")),
+    (493, "quantized_decomposed.dequantize_per_tensor.tensor", _quantized("dequantize_per_tensor.tensor")),
+    (495, "quantized_decomposed.dequantize_per_channel.default", _quantized("dequantize_per_channel.default")),
+    (496, "quantized_decomposed.choose_qparams.tensor", _quantized("choose_qparams.tensor")),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -23,6 +23,7 @@ CATEGORIES = (
     "reliability",
     "delegation",
     "ops",
+    "quantized",
 )
 #: The first part of every conformance check's id.
 ROOT_ID = "backendconf"

@@ -113,7 +113,7 @@ def check_page_fields(document: dict[str, Any], name: str) -> None:
         for label, count in ((document.get("errors") or {}).get(key) or {}).items():
             _expect(count, "count", name, f"errors.{key}.{label}")
     for category, counts in document["summary"].items():
-        for outcome in ("total", *OUTCOMES):
+        for outcome in ("total", "scored", "not_needed", *OUTCOMES):
             if counts.get(outcome) is not None:
                 _expect(counts[outcome], "count", name, f"summary.{category}.{outcome}")
     ops = document.get("ops") or {}

@@ -10,7 +10,17 @@ from typing import Any
 
 from ..backend import TorchScriptBackend
 from ..report import CATEGORIES, Check
-from ..conformance import availability, contract, delegation, ops, parity, reliability, serialization, symbolication
+from ..conformance import (
+    availability,
+    contract,
+    delegation,
+    ops,
+    parity,
+    quantized,
+    reliability,
+    serialization,
+    symbolication,
+)
 
 #: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
 CATEGORY_MODULES = {
@@ -22,6 +32,7 @@ CATEGORY_MODULES = {
     "reliability": reliability,
     "delegation": delegation,
     "ops": ops,
+    "quantized": quantized,
 }
 assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 

@@ -110,6 +110,27 @@ class ExecuTorchBackend:
 
         return checked_handle(handle, CompiledMethod, "ExecuTorchBackend.compile").run(inputs)
 
+    def quantizer(self, scheme: str) -> Any:
+        """XNNPACK's own PT2E quantizer for a scheme of the ``quantized`` category (None: XNNPACK has none).
+
+        The programs it quantizes are what XNNPACK's partitioner takes into its
+        int8 kernels: symmetric int8, per tensor or per channel, static or
+        dynamic (host only, like lowering).
+        """
+        configs = {
+            "int8-static-per-tensor": {"is_per_channel": False},
+            "int8-static-per-channel": {"is_per_channel": True},
+            "int8-dynamic": {"is_per_channel": True, "is_dynamic": True},
+        }
+        if scheme not in configs:
+            return None
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+
+        return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(**configs[scheme]))
+
     def __repr__(self) -> str:
         return f"<ExecuTorchBackend {self.version}>"
 

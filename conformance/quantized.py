@@ -1,0 +1,212 @@
+"""quantized: int8 programs, the way NPU delegates take them, against eager PyTorch running the same Q/DQ program.
+
+Every zoo model with quantizable ops (``[quantized]`` in ``suite.toml``; the
+real-world models too under ``--backendconf-zoo``) is quantized per scheme
+with PT2E: the backend's own ``quantizer(scheme)`` when it has one (``None``:
+the scheme is *unsupported*), else the project's reference quantizer;
+calibrated on seeded inputs drawn as parity draws them (uniform, and edge
+values mixed in); exported again; and lowered whole, or with
+``partition="supported"`` where the backend rejects the whole (as the
+``delegation`` category does). The reference is the Q/DQ program itself run
+by eager PyTorch: the backend's error is stated in steps of each output's
+quantization scale beside the SQNR of both against the float model, and
+must be no more than legitimate rounding explains (``QuantizedRule``). A
+failure names the node where the backend first departs from the reference.
+
+Without torchao (the ``[quant]`` extra) the category has no checks and the
+run prints one notice naming the extra.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator
+
+import pytest_backendconf as bc
+from pytest_backendconf import _compat
+from pytest_backendconf.diagnostics import locate_in_program
+from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
+from pytest_backendconf.lowering import export_method, lower_programs
+from pytest_backendconf.lowering import normalize as normalize_call
+from pytest_backendconf.quant import (
+    EXTRA_NOTICE,
+    SCHEMES,
+    QuantizedRule,
+    QuantizeError,
+    judge_quantized,
+    output_steps,
+    quantize,
+    reference_quantizer,
+    torchao_missing,
+)
+from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.suite._context import SuiteContext
+
+from ._spec import section
+
+#: Quantization starts from the float32 model.
+DTYPE = "float32"
+
+
+def checks(ctx: SuiteContext) -> Iterator[Check]:
+    if torchao_missing() is not None:
+        from .ops import notice
+
+        notice(ctx, EXTRA_NOTICE)
+        return
+    spec = section("quantized")
+    static = [s for s in SCHEMES if s != "int8-dynamic"]
+    chosen = {name: list(SCHEMES) for name in spec["cases"]}
+    chosen.update({name: static for name in spec["static_cases"]})
+    # The real-world models (present only under --backendconf-zoo) are all convolutions and linear layers.
+    chosen.update({name: list(SCHEMES) for name, case in ctx.cases.items() if "real_model" in case.tags})
+    for name, schemes in chosen.items():
+        if name not in ctx.cases or DTYPE not in ctx.dtypes_for(ctx.cases[name]):
+            continue
+        for scheme in schemes:
+            yield Check(
+                category="quantized",
+                name=f"{name}[{scheme}]",
+                run=functools.partial(check_quantized, case_name=name, scheme=scheme),
+                stage="execute",
+                case=name,
+            )
+
+
+def rule() -> QuantizedRule:
+    found = section("quantized")["rule"]
+    return QuantizedRule(max_steps=float(found["max_steps"]), max_share=float(found["max_share"]))
+
+
+def check_quantized(ctx: SuiteContext, *, case_name: str, scheme: str) -> dict[str, Any]:
+    programs = quantized_programs(ctx, case_name, scheme)
+    lowered, how = _lowered(ctx, case_name, scheme)
+    module = ctx.module(case_name, DTYPE)
+    module_type = type(module)
+    judged_all = []
+    for method, program in programs.items():
+        steps = output_steps(program)
+        reference_module = _reference_module(ctx, case_name, scheme, method)
+        for seed, mode in _draws("seeds"):
+            args, kwargs = ctx.example(case_name, DTYPE, method, seed=seed, mode=mode)
+            flat_args, flat_kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
+            reference = _compat.tree_leaves(reference_module(*flat_args, **flat_kwargs))
+            actual = _compat.tree_leaves(getattr(lowered, method)(*args, **kwargs))
+            floats = _compat.tree_leaves(getattr(module, method)(*args, **kwargs))
+            judged = judge_quantized(actual, reference, floats, steps, rule())
+            judged_all.extend(judged)
+            failing = [j for j in judged if not j.passed]
+            if failing:
+                where = f"{case_name}.{method} [{scheme}]" if method != "forward" else f"{case_name} [{scheme}]"
+                located = _locate(ctx, program, module_type, method, _compat.tree_leaves((flat_args, flat_kwargs)))
+                raise CheckFailed(
+                    f"{where}: the backend's quantized outputs differ from eager PyTorch running the same Q/DQ "
+                    f"program by more than rounding explains ({rule().text()}), {how}, for example seed {seed} "
+                    f"({mode} inputs):\n" + "\n".join("  " + j.text() for j in failing) + located,
+                    details={"quantized": [j.json() for j in judged]},
+                )
+    return {
+        "quantized": {
+            "scheme": scheme,
+            "lowered": how,
+            "max_steps": max((j.max_steps for j in judged_all), default=0.0),
+            "outputs": [j.json() for j in judged_all[: len(judged_all) // max(len(_draws("seeds")), 1)]],
+        }
+    }
+
+
+# --- the quantized programs and their lowering, once per (model, scheme) ------------------------
+
+
+def quantized_programs(ctx: SuiteContext, case_name: str, scheme: str) -> dict[str, Any]:
+    """Each method of the model quantized with ``scheme`` and exported again; shared per session."""
+    outcome = ctx.memo(("quantized", case_name, scheme), lambda: _quantize(ctx, case_name, scheme))
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _quantizer(ctx: SuiteContext, scheme: str) -> Any:
+    own = getattr(ctx.backend, "quantizer", None)
+    if not callable(own):
+        return reference_quantizer(scheme)
+    found = own(scheme)
+    if found is None:
+        return Unsupported(f"backend {ctx.name!r} has no quantizer for scheme {scheme!r} (its quantizer() gave None)")
+    return found
+
+
+def _quantize(ctx: SuiteContext, case_name: str, scheme: str) -> Any:
+    case = ctx.cases[case_name]
+    module_type = type(ctx.module(case_name, DTYPE))
+    programs = {}
+    for method in case.methods:
+        quantizer = _quantizer(ctx, scheme)
+        if isinstance(quantizer, BaseException):
+            return quantizer
+        calibration = []
+        for seed, mode in _draws("calibration"):
+            args, kwargs = ctx.example(case_name, DTYPE, method, seed=seed, mode=mode)
+            calibration.append(normalize_call(getattr(module_type, method), method, args, kwargs))
+        # A fresh module of the session's float program: quantizing rewrites the graph module it is
+        # given, never the program's parameters (the contract checks see any change to those).
+        graph_module = ctx.program(case_name, DTYPE, method).module()
+        try:
+            converted = quantize(graph_module, quantizer, calibration)
+            args, kwargs = calibration[0]
+            program = export_method(converted, "forward", args, kwargs)
+        except (QuantizeError, LoweringError) as exc:
+            return CheckFailed(f"{case_name}.{method} could not be quantized with scheme {scheme!r}: {exc}")
+        if not any("quantize" in str(n.target) for n in program.graph_module.graph.nodes if n.op == "call_function"):
+            return Unsupported(f"{quantizer!r} quantizes nothing of {case_name}.{method} with scheme {scheme!r}")
+        programs[method] = program
+    return programs
+
+
+def _reference_module(ctx: SuiteContext, case_name: str, scheme: str, method: str) -> Any:
+    """The Q/DQ program as an eager module: the reference every backend is judged against."""
+    return ctx.memo(
+        ("quantized-eager", case_name, scheme, method),
+        lambda: quantized_programs(ctx, case_name, scheme)[method].module(),
+    )
+
+
+def _lowered(ctx: SuiteContext, case_name: str, scheme: str) -> tuple[Any, str]:
+    outcome = ctx.memo(("quantized-lowered", case_name, scheme), lambda: _lower(ctx, case_name, scheme))
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _lower(ctx: SuiteContext, case_name: str, scheme: str) -> Any:
+    programs = quantized_programs(ctx, case_name, scheme)
+    spec = {m: {} for m in programs}
+    options = dict(module_type=type(ctx.module(case_name, DTYPE)), backend_version=ctx.registered.source.version)
+    try:
+        return lower_programs(programs, ctx.backend, spec, **options), "lowered whole"
+    except UnsupportedNodeError as exc:
+        rejection = exc
+    try:
+        lowered = lower_programs(programs, ctx.backend, spec, partition="supported", **options)
+    except (UnsupportedNodeError, LoweringError) as exc:
+        return Unsupported(f"{case_name} [{scheme}]: rejected whole ({rejection.reason}) and in partitions: {exc}")
+    records = bc.delegation(lowered)
+    delegated = sum(len(r.delegated) for r in records.values())
+    total = sum(r.total for r in records.values())
+    if delegated == 0:
+        return Unsupported(f"{case_name} [{scheme}]: the backend accepts none of its {total} op nodes")
+    return lowered, f"partially delegated ({delegated} of {total} op nodes)"
+
+
+def _draws(which: str) -> list[tuple[int, str]]:
+    """The (seed, input mode) pairs of ``[quantized]``'s ``calibration`` or ``seeds``."""
+    return [(int(seed), str(mode)) for seed, mode in section("quantized")[which]]
+
+
+def _locate(ctx: SuiteContext, program: Any, module_type: type, method: str, inputs: list) -> str:
+    """Where the backend first departs from the Q/DQ program: the node and its source."""
+    try:
+        found = locate_in_program(program, ctx.backend, inputs, top_class=module_type.__name__, method=method)
+    except Exception as exc:  # a diagnosis: never hide the failure behind it
+        return f"\n(could not locate the divergence: {type(exc).__name__}: {exc})"
+    return f"\n{found.text()}" if found is not None else "\n(no single node or group of nodes departs alone)"

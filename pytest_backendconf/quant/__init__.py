@@ -1,0 +1,30 @@
+"""Quantization: the schemes, the reference quantizer and the quantized verdict.
+
+Owns what the ``quantized`` category needs below the suite: the pinned
+scheme names, `reference_quantizer` (written on torchao's public PT2E
+quantizer API), `quantize` (``prepare_pt2e``, calibration,
+``convert_pt2e``) and `judge_quantized` (errors in steps of each output's
+quantization scale, SQNR against the float model). torchao is the
+``[quant]`` extra: nothing here imports it until a quantizer is asked for,
+and `torchao_missing` says why it cannot be.
+
+May import: the public surface only (torch, and torchao lazily).
+"""
+
+from ._quantizer import SCHEMES, reference_quantizer
+from ._flow import EXTRA_NOTICE, QuantizeError, quantize, torchao_missing
+from ._verdict import QuantizedOutput, QuantizedRule, judge_quantized, output_steps, sqnr_db
+
+__all__ = [
+    "EXTRA_NOTICE",
+    "QuantizeError",
+    "QuantizedOutput",
+    "QuantizedRule",
+    "SCHEMES",
+    "judge_quantized",
+    "output_steps",
+    "quantize",
+    "reference_quantizer",
+    "sqnr_db",
+    "torchao_missing",
+]

@@ -1,0 +1,187 @@
+"""The quantized category: PT2E int8 programs judged against eager PyTorch running the same Q/DQ program.
+
+Eager PyTorch running the Q/DQ program node by node passes, and so does a
+backend that breaks rounding ties another way; a backend that truncates,
+drops a zero point or scales the wrong per-channel axis fails, naming the
+node. Without torchao the category is skipped with a notice naming the
+extra, and the rest of the suite runs. The backends are in
+broken_backends_quantized.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("torchao", reason="the quantized category needs the [quant] extra (torchao)")
+
+from pytest_backendconf.quant import (
+    EXTRA_NOTICE,
+    SCHEMES,
+    QuantizedRule,
+    judge_quantized,
+    reference_quantizer,
+    torchao_missing,
+)
+
+# torchao registers operators when first imported: import it here, once, before the in-process
+# pytester runs, which remove the modules a run imported (a second import would register them again).
+assert torchao_missing() is None
+reference_quantizer(SCHEMES[0])
+import broken_backends_quantized  # noqa: E402, F401
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+#: One check per scheme, on models with a convolution, a per-channel linear layer and a dynamic MLP.
+SELECTED = (
+    "backendconf::quantized::small_cnn[int8-static-per-tensor]",
+    "backendconf::quantized::linear[int8-static-per-channel]",
+    "backendconf::quantized::mlp[int8-dynamic]",
+)
+
+
+def run(pytester, backend: str, *select: str, extra=()) -> tuple[dict, pytest.RunResult]:
+    pytester.syspathinsert(TESTS)
+    pytester.makeini("[pytest]\n")
+    report = pytester.path / f"report-{backend}.json"
+    args = ["-p", "broken_backends_quantized", f"--backend={backend}", "-p", "no:cacheprovider"]
+    args += ["-p", "no:randomly", "--backendconf-in-process", "--backendconf-minify=off"]
+    args += [f"--backendconf-report={report}", *extra, *(f"--backendconf-select={s}" for s in select)]
+    result = pytester.runpytest(*args)
+    tests = {t["id"]: t for t in json.loads(report.read_text())["tests"]}
+    return tests, result
+
+
+@pytest.mark.parametrize("backend", ["eager_qdq", "other_tie_rule"])
+def test_eager_qdq_and_another_tie_rule_pass(pytester, backend):
+    tests, result = run(pytester, backend, *SELECTED)
+    assert set(tests) == set(SELECTED), result.stdout.str()[-2000:]
+    assert {t["outcome"] for t in tests.values()} == {"passed"}, result.stdout.str()[-3000:]
+    for test in tests.values():
+        found = test["details"]["quantized"]
+        assert found["lowered"] == "lowered whole" and found["outputs"]
+        assert all(o["passed"] and o["sqnr_reference"] > 20 for o in found["outputs"])
+
+
+@pytest.mark.parametrize(
+    ("backend", "check", "node", "numbers"),
+    [
+        # Truncation puts most elements a step low: the share of elements off fails.
+        ("truncating_quantize", SELECTED[0], "'quantize_per_tensor", "of elements off by >= 1 step"),
+        # Without the zero point every activation is off by it: many steps.
+        ("dropped_zero_point", SELECTED[0], "'dequantize_per_tensor", "max "),
+        # Per-channel weight scales along the input axis: the linear layer's weights are wrong.
+        ("wrong_channel_axis", SELECTED[1], "'dequantize_per_channel", "max "),
+    ],
+)
+def test_broken_quantized_kernels_fail_naming_the_node(pytester, backend, check, node, numbers):
+    tests, result = run(pytester, backend, check)
+    test = tests[check]
+    assert test["outcome"] == "failed", result.stdout.str()[-3000:]
+    text = test["error"]["message"]
+    first, second = text.splitlines()[:2]
+    model, _, scheme = check.removeprefix("backendconf::quantized::").partition("[")
+    assert first.startswith(f"{model} [{scheme}: the backend's quantized outputs differ from eager PyTorch")
+    assert "by more than rounding explains (at most 2 steps, at most 5% of elements off" in first
+    assert second.startswith("  output 0: max ") and numbers in second and "SQNR against the float model" in second
+    assert f"Diverges first at node {node}" in text, text
+
+
+def test_a_backend_without_a_quantizer_for_a_scheme_is_unsupported_there(pytester):
+    pytester.syspathinsert(TESTS)
+    pytester.makeconftest(
+        "from broken_backends_quantized import EagerQDQ\n"
+        "from pytest_backendconf.quant import reference_quantizer\n"
+        "class PerTensorOnly(EagerQDQ):\n"
+        "    name = 'per_tensor_only'\n"
+        "    def quantizer(self, scheme):\n"
+        "        return reference_quantizer(scheme) if scheme == 'int8-static-per-tensor' else None\n"
+        "def backendconf_register_backends(register):\n"
+        "    register(PerTensorOnly())\n"
+    )
+    result = pytester.runpytest(
+        "--backend=per_tensor_only",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "--backendconf-in-process",
+        "-rs",
+        *(f"--backendconf-select=backendconf::quantized::linear[{s}]" for s in SCHEMES),
+    )
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*linear[[]int8-dynamic[]]: unsupported: backend 'per_tensor_only' has no quantizer for scheme 'int8-dynamic'*"
+        ]
+    )
+
+
+def test_without_torchao_the_category_is_skipped_with_a_notice_and_the_rest_runs(pytester, monkeypatch):
+    # As if torchao were not installed: importing it (or its PT2E package) raises ImportError.
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")] + ["torchao"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(
+        "--backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-in-process",
+        "-m",
+        "quantized or parity",
+        "--backendconf-select=backendconf::parity::linear[[]float32]",
+        "--backendconf-select=backendconf::quantized::*",
+    )
+    result.stdout.fnmatch_lines([f"backendconf: {EXTRA_NOTICE}"])
+    assert sum(EXTRA_NOTICE in line for line in result.outlines) == 1
+    result.assert_outcomes(passed=1)
+
+
+def test_an_unknown_scheme_is_refused_naming_the_schemes():
+    with pytest.raises(ValueError, match="unknown quantization scheme 'int4'.*int8-static-per-tensor, "):
+        reference_quantizer("int4")
+
+
+def test_the_rule_allows_rare_neighbouring_steps_but_not_a_shifted_share():
+    step = 0.5
+    reference = torch.arange(400, dtype=torch.float32) * step
+    other_ties = reference.clone()
+    other_ties[::50] += step  # 2% of elements on the neighbouring step: a tie broken the other way
+    truncated = reference - step * (torch.arange(400) % 2 == 0)  # half of them a step low
+    steps = [(step, "the scale of 'dq'")]
+    rule = QuantizedRule(max_steps=2.0, max_share=0.05)
+    ok = judge_quantized([other_ties], [reference], [reference], steps, rule)[0]
+    assert ok.passed and ok.max_steps == 1 and ok.share_off == pytest.approx(0.02)
+    bad = judge_quantized([truncated], [reference], [reference], steps, rule)[0]
+    assert not bad.passed and bad.share_off == pytest.approx(0.5)
+    far = judge_quantized([reference + 3 * step], [reference], [reference], steps, rule)[0]
+    assert not far.passed and far.max_steps == pytest.approx(3)
+    assert "max 3 steps" in far.text() and "the scale of 'dq'" in far.text()
+
+
+def test_the_reference_backend_lowers_quantized_programs_whole_with_every_qdq_opcode(tmp_path):
+    from backendconf_reference import ReferenceBackend
+
+    from pytest_backendconf.conformance import quantized
+    from pytest_backendconf.conformance._zoo_loader import load_zoo
+    from pytest_backendconf.debuginfo import DebugHandleRecorder
+    from pytest_backendconf.reference import bytecode, ops
+    from pytest_backendconf.registry._registry import RegisteredBackend, Source
+    from pytest_backendconf.suite._context import SuiteContext
+
+    zoo = {case.name: case for case in load_zoo()}
+    backend = ReferenceBackend()
+    ctx = SuiteContext(RegisteredBackend(backend, Source("a test")), [zoo["small_cnn"]], tmp_dir=lambda _: tmp_path)
+    used = set()
+    for scheme in SCHEMES:
+        program = quantized.quantized_programs(ctx, "small_cnn", scheme)["forward"]
+        blob = backend.preprocess(program, {}, DebugHandleRecorder.default().assign(program.graph_module))
+        used |= {i.opcode for block in bytecode.decode(blob).blocks for i in block.instructions}
+        assert quantized.check_quantized(ctx, case_name="small_cnn", scheme=scheme)["quantized"]["lowered"] == (
+            "lowered whole"
+        )
+    qdq = {op.opcode for op in ops.OPS if op.name.startswith("quantized_decomposed.")}
+    assert qdq and qdq <= used, sorted(op.name for op in ops.OPS if op.opcode in qdq - used)

@@ -17,6 +17,7 @@ import torch
 
 from .. import _compat
 from ..report import Check, CheckFailed, Unsupported
+from ..target import pack_value, unpack_value
 from ..torchscript import lite_round_trip, run_torchscript_target, save_load
 from . import _ts_session as ts
 
@@ -113,7 +114,7 @@ def _check_target_file(batch: dict, key: str, label: str) -> dict:
     if reply["error"] is not None:
         error = reply["error"]
         raise CheckFailed(f"on the target, the {label} failed: {error['type']}: {error['message']}")
-    got = torch.load(reply["outputs_path"], weights_only=True)
+    got = unpack_value(reply["outputs"], f"the target's outputs of the {label}")
     for i, (want, have) in enumerate(zip(host_outputs, got)):
         why = ts.differences(want, have)
         if why:
@@ -149,7 +150,6 @@ def _run_target_batch(ctx: Any, lowered: list[tuple[str, Any, list]], *, extras:
         return reply
     files = {}
     for model, answer in zip(models, reply["models"]):
-        answer["outputs_path"] = model["outputs"]
         files[model["key"]] = (answer, expected[model["key"]])
     return {"files": files, "blocked": reply.get("blocked", [])}
 
@@ -157,8 +157,7 @@ def _run_target_batch(ctx: Any, lowered: list[tuple[str, Any, list]], *, extras:
 def _save_for_target(
     module: Any, folder: Any, name: str, calls: list, expected: dict, *, extras: bool = False
 ) -> list[dict]:
-    inputs_path = os.path.join(folder, f"{name}.inputs.pt")
-    torch.save([(method, tuple(args)) for method, args in calls], inputs_path)
+    packed = pack_value([list(args) for _, args in calls], f"the inputs of {name}")
     with torch.no_grad():
         outputs = [ts.call(module, method, list(args)) for method, args in calls]
     jit_path = os.path.join(folder, f"{name}.pt")
@@ -173,8 +172,8 @@ def _save_for_target(
                 "key": key,
                 "path": path,
                 "kind": kind,
-                "inputs": inputs_path,
-                "outputs": os.path.join(folder, f"{key}.outputs.pt"),
+                "inputs": packed,
+                "methods_called": [method for method, _ in calls],
                 "methods": [NOTE_METHOD] if extras else [],
                 "bundled": extras,
             }
@@ -223,7 +222,7 @@ def _wrapper(ctx: Any, case: str, dtype: str) -> None:
             raise CheckFailed(f"on the target ({kind}), {NOTE_METHOD}() returned {reply['methods'].get(NOTE_METHOD)}")
         if reply["bundled"] is None:
             raise CheckFailed(f"on the target ({kind}), the model has no bundled inputs")
-        why = ts.differences(host, torch.load(reply["bundled"], weights_only=True))
+        why = ts.differences(host, unpack_value(reply["bundled"], "the bundled inputs' outputs"))
         if why:
             raise CheckFailed(f"on the target ({kind}), the bundled inputs' outputs differ from the host's: {why}")
 

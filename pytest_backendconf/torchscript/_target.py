@@ -4,20 +4,19 @@ The child (`TargetHandler`, run by `pytest_backendconf.target.ChildProcess`)
 imports no plugin: like a device, it has only torch and the backend's shared
 library, which it loads before anything else. Each file is loaded with
 ``torch.jit.load`` or the lite interpreter, its calls run on the inputs the
-parent saved (``torch.save``; read back with ``weights_only=True``, which
-cannot run code), and the outputs saved for the parent to compare. A load
+parent sent (in the archive's non-executable encoding, never a pickle), and
+the outputs sent back for the parent to compare. A load
 or call that fails comes back as its exception type and full text; so do
 the results of the wrapper's methods and bundled inputs the parent asks about.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..target import ChildProcess, Ended, blocked_modules, error_record
+from ..target import ChildProcess, Ended, blocked_modules, error_record, pack_value, unpack_value
 
 #: Seconds the target child may take to start (import torch) and to answer.
 TARGET_TIMEOUT = 240.0
@@ -32,10 +31,10 @@ def run_torchscript_target(
 ) -> dict[str, Any]:
     """Load and run ``models`` in a target child; ``{"models": [...], "blocked": [...]}`` or ``{"ended": text}``.
 
-    Each model is ``{"path", "kind": "jit" | "lite", "inputs": path of a torch.save'd list of ``(method,
-    arguments)``, "outputs": path to write the outputs to, "methods": [names of methods without arguments to call],
+    Each model is ``{"path", "kind": "jit" | "lite", "inputs": the calls' argument lists (`pack_value`),
+    "methods_called": the method of each call, "methods": [names of methods without arguments to call],
     "bundled": bool}``. Its reply: ``{"error": None | {type, module, message}, "methods": {name: repr of the
-    result}, "bundled": path of the bundled inputs' outputs | None}``.
+    result}, "outputs": the calls' outputs (packed), "bundled": the bundled inputs' outputs (packed) | None}``.
     """
     child = ChildProcess(
         "pytest_backendconf.torchscript._target:TargetHandler",
@@ -76,18 +75,15 @@ class TargetHandler:
                 loaded = mobile._load_for_lite_interpreter(model["path"])
             else:
                 loaded = torch.jit.load(model["path"])
-            calls = torch.load(model["inputs"], weights_only=True) if model.get("inputs") else []
+            arguments = unpack_value(model["inputs"], "the target's inputs") if model.get("inputs") else []
             lite = model["kind"] == "lite"
-            outputs = [_call(loaded, method, args, lite) for method, args in calls]
-            if model.get("outputs"):
-                torch.save(outputs, model["outputs"])
+            outputs = [_call(loaded, m, tuple(a), lite) for m, a in zip(model["methods_called"], arguments)]
+            reply["outputs"] = pack_value(outputs, "the target's outputs")
             for name in model.get("methods", ()):
                 reply["methods"][name] = repr(loaded.run_method(name) if lite else getattr(loaded, name)())
             if model.get("bundled"):
                 bundled = loaded.run_method("get_all_bundled_inputs") if lite else loaded.get_all_bundled_inputs()
-                path = os.fspath(model["outputs"]) + ".bundled"
-                torch.save([loaded(*args) for args in bundled], path)
-                reply["bundled"] = path
+                reply["bundled"] = pack_value([loaded(*args) for args in bundled], "the bundled inputs' outputs")
         except Exception as exc:  # the parent reports it: type and full text
             reply["error"] = error_record(exc)
         return reply

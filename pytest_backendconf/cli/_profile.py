@@ -10,6 +10,7 @@ from typing import Any
 def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
     """Add ``profile``; ``run(args)`` is the command's entry (``cli`` wraps `run` with its input readers)."""
     from ..archive import add_limit_options
+    from ._options import add_plugin_option
 
     parser = commands.add_parser(
         "profile",
@@ -48,14 +49,7 @@ def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
         metavar="FILE",
         help="the .debug file of a handles-only archive (default: ARCHIVE.debug if present)",
     )
-    parser.add_argument(
-        "-p",
-        dest="plugins",
-        metavar="PLUGIN",
-        action="append",
-        default=[],
-        help="a module name or conftest.py/plugin file that registers the backend (repeatable)",
-    )
+    add_plugin_option(parser)
     add_limit_options(parser)
     parser.set_defaults(run=run)
 

@@ -91,6 +91,10 @@ class WriteCheck:
             outside = any(self._is_outside(_argument(args, kwargs, p, n)) for p, n in sources)
         self.outside.append(outside)
 
+    def fresh(self) -> None:
+        """Record an instruction that writes nothing and returns a new tensor (an integer kernel)."""
+        self.outside.append(False)
+
     def _is_outside(self, value: Any) -> bool:
         if isinstance(value, Reg):
             return value.index < self.n_inputs or self.outside[value.index - self.n_inputs]

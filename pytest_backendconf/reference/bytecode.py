@@ -15,8 +15,10 @@ Layout (all integers little-endian)::
     constant u8 dtype | u8 ndim | u64 dim* | u64 nbytes | raw little-endian data
     block    u32 n_inputs | u32 n_instructions, instruction* | u32 n_outputs, value*
     instruction
-             u16 opcode | u8 flags (bit 0: injected fault) | i64 debug handle
-             | str FX node name | u16 n_args, value* | u16 n_kwargs, (str name, value)*
+             u16 opcode | u8 flags (bit 0: injected fault; bit 1: handle range)
+             | i64 debug handle | str FX node name
+             | [u16 n_handles, i64 handle*   only with bit 1: a fused kernel's nodes]
+             | u16 n_args, value* | u16 n_kwargs, (str name, value)*
     value    u8 tag, then the payload of that tag (see ``_Tag``)
     str      u32 length | UTF-8
 
@@ -24,6 +26,12 @@ Registers are numbered per block: the block's inputs first, then one per
 instruction, so instruction ``i`` writes register ``n_inputs + i`` (static
 single assignment; the output register is implied, not stored) and may only
 read registers below that.
+
+Format 2 (backendconf-reference 0.4.0) added the handle range: an integer
+kernel that runs a whole ``dequantize -> conv2d -> quantize`` chain keeps the
+debug handles of every node it covers. A blob is written in the lowest
+format that holds it, so a program without fused kernels is still format 1,
+byte for byte what 0.3.0 wrote; both formats are read.
 """
 
 from __future__ import annotations
@@ -39,9 +47,15 @@ import torch
 
 MAGIC = b"\x89BCREF\r\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The formats this reader reads: 1 has no handle ranges.
+READS_VERSIONS = (1, 2)
 
 FLAG_FAULT = 0x01
+#: The instruction is a fused kernel and lists the debug handles of the nodes it covers (format 2).
+FLAG_RANGE = 0x02
+#: At most this many handles in one range.
+MAX_RANGE = 2**16 - 1
 
 _HEADER = struct.Struct("<8sIIQ")
 _U8, _U16, _U32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<Q"))
@@ -99,6 +113,9 @@ class Instruction:
     debug_handle: int
     node: str
     fault: bool = False
+    #: A fused kernel's nodes' debug handles, in program order (empty: the instruction is one node,
+    #: ``debug_handle``'s). Errors and profiling events of the instruction name the whole range.
+    handles: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -193,7 +210,9 @@ def encode(program: Program) -> bytes:
         for value in block.outputs:
             w.value(value)
     payload = b"".join(w.parts)
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(payload), len(payload))
+    # The lowest format that holds the program: without handle ranges, format 1 (what 0.3.0 reads).
+    ranges = any(ins.handles for block in program.blocks for ins in block.instructions)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION if ranges else 1, zlib.crc32(payload), len(payload))
     return header + payload
 
 
@@ -244,9 +263,15 @@ class _Writer:
 
     def instruction(self, ins: Instruction) -> None:
         self.u16(ins.opcode)
-        self.u8(FLAG_FAULT if ins.fault else 0)
+        self.u8((FLAG_FAULT if ins.fault else 0) | (FLAG_RANGE if ins.handles else 0))
         self.parts.append(_I64.pack(ins.debug_handle))
         self.str(ins.node)
+        if ins.handles:
+            if len(ins.handles) > MAX_RANGE:
+                raise ValueError(f"instruction of node {ins.node!r} covers {len(ins.handles)} nodes, more than {MAX_RANGE}")
+            self.u16(len(ins.handles))
+            for handle in ins.handles:
+                self.parts.append(_I64.pack(handle))
         self.u16(len(ins.args))
         for arg in ins.args:
             self.value(arg)
@@ -322,10 +347,10 @@ def decode(blob: bytes) -> Program:
             f"reference-backend blob has format version {version}, newer than this "
             f"interpreter's version {FORMAT_VERSION}: upgrade backendconf-reference on the target"
         )
-    if version != FORMAT_VERSION:
+    if version not in READS_VERSIONS:
         raise ValueError(
             f"reference-backend blob has unknown format version {version} "
-            f"(this interpreter reads version {FORMAT_VERSION})"
+            f"(this interpreter reads versions {', '.join(str(v) for v in READS_VERSIONS)})"
         )
     payload = blob[_HEADER.size :]
     if len(payload) < length:
@@ -339,14 +364,15 @@ def decode(blob: bytes) -> Program:
         )
     if zlib.crc32(payload) != crc:
         raise ValueError("reference-backend blob is corrupt: its payload fails the CRC-32 check")
-    return _Reader(payload).program()
+    return _Reader(payload, version).program()
 
 
 class _Reader:
     """Reads a payload front to back; every read is bounds-checked."""
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, data: memoryview, version: int = FORMAT_VERSION) -> None:
         self.data = data
+        self.version = version
         self.pos = 0
         # Limits for the references of the value being read; set per block.
         self.n_constants = 0
@@ -460,11 +486,18 @@ class _Reader:
         where = f"instruction {i} of block {self.block}"
         opcode = self.u16(f"opcode of {where}")
         flags = self.u8(f"flags of {where}")
-        if flags & ~FLAG_FAULT:
-            raise self.fail(f"{where} has unknown flags {flags:#04x}")
+        known = FLAG_FAULT | (FLAG_RANGE if self.version >= 2 else 0)
+        if flags & ~known:
+            raise self.fail(f"{where} has unknown flags {flags:#04x} for format {self.version}")
         handle = self.read(_I64, f"debug handle of {where}")
         node = self.str(f"node name of {where}")
         where = f"{where} (node {node!r})"
+        handles: tuple[int, ...] = ()
+        if flags & FLAG_RANGE:
+            n = self.count(f"handle count of {where}", 8, wide=False)
+            if n == 0:
+                raise self.fail(f"{where} has an empty handle range")
+            handles = tuple(self.read(_I64, f"handle of {where}") for _ in range(n))
         args = [
             self.value(f"argument {k} of {where}")
             for k in range(self.count(f"argument count of {where}", 1, wide=False))
@@ -475,7 +508,7 @@ class _Reader:
             if not name.isidentifier() or name in kwargs:
                 raise self.fail(f"{where} has a bad or repeated keyword {name!r}")
             kwargs[name] = self.value(f"keyword {name!r} of {where}")
-        return Instruction(opcode, args, kwargs, handle, node, bool(flags & FLAG_FAULT))
+        return Instruction(opcode, args, kwargs, handle, node, bool(flags & FLAG_FAULT), handles)
 
     def value(self, what: str, depth: int = 0) -> Any:
         tag = self.u8(f"tag of {what}")

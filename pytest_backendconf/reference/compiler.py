@@ -22,7 +22,7 @@ from .. import _compat
 from ..allowlist import UNANNOTATED_ALIASES, resolve_operator
 from ..errors import OperatorRefusedError, UnsupportedNodeError
 
-from . import bytecode, ops
+from . import _qpatterns, bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
 
 #: Compile-spec key asking for an injected fault (docs/backend-contract.md, fault injection).
@@ -188,6 +188,12 @@ class _Compiler:
                 env[node] = Reg(n_inputs)
                 n_inputs += 1
 
+        # Quantized chains run as integer kernels; partial delegation's fallback runs what eager runs.
+        plan = None
+        if not self.fallback:
+            plan = _qpatterns.find_chains(
+                graph_module.graph, lambda n: self._constant_tensor(graph_module, n), self.fault_node
+            )
         instructions: list[Instruction] = []
         outputs: list = []
         for node in graph_module.graph.nodes:
@@ -196,8 +202,11 @@ class _Compiler:
             if node.op == "get_attr":
                 env[node] = self._get_attr(graph_module, node)
             elif node.op == "call_function":
+                if plan is not None and node in plan.skipped:
+                    continue  # inside an integer kernel, written at its quantize node
                 self._reject_input_writes(node)
-                instructions.append(self._instruction(node, env))
+                chain = plan.chains.get(node) if plan is not None else None
+                instructions.append(self._instruction(node, env) if chain is None else self._kernel(chain, env))
                 env[node] = Reg(n_inputs + len(instructions) - 1)
                 self.aliases[node] = self._aliased_inputs(node)
             elif node.op == "output":
@@ -311,6 +320,38 @@ class _Compiler:
             node=node.name,
             fault=node is self.fault_node,
         )
+
+    def _kernel(self, chain: _qpatterns.Chain, env: dict) -> Instruction:
+        """An integer kernel for a quantized chain; it keeps the debug handles of every node it covers."""
+        args = []
+        for value in chain.args:
+            if isinstance(value, torch.Tensor):  # a requantization parameter or int32 bias: a new constant
+                self.constants.append(value)
+                value = Const(len(self.constants) - 1)
+            elif isinstance(value, torch.fx.Node):
+                value = env[value]
+            args.append(value)
+        return Instruction(
+            opcode=chain.opcode,
+            args=args,
+            kwargs={},
+            debug_handle=self.debug_handles[chain.anchor],
+            node=chain.anchor.name,
+            handles=tuple(self.debug_handles[n] for n in chain.nodes),
+        )
+
+    def _constant_tensor(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
+        """The tensor of a parameter, buffer, lifted constant or tensor attribute; None for anything else."""
+        if node.op == "get_attr":
+            value = _attribute(graph_module, node.target)
+            return value if isinstance(value, torch.Tensor) else None
+        spec = self.input_specs.get(node)
+        if node.op != "placeholder" or spec is None or spec.kind not in _CONSTANT_KINDS:
+            return None
+        found = self.exported.state_dict.get(spec.target)
+        if found is None:
+            found = self.exported.constants.get(spec.target)
+        return found if isinstance(found, torch.Tensor) else None
 
     def _dispatch_instruction(self, node: torch.fx.Node, name: str, env: dict) -> Instruction:
         """Call an operator the table lacks by name; the interpreter resolves it at load.

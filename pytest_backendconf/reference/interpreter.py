@@ -101,8 +101,9 @@ class CodeBlock:
         # instruction results, then any constant the block returns.
         self._tail = tail
         self._instructions = instructions
-        # (bound instruction, output register, debug handle): the steps as run_profiled walks them.
-        self._timed = tuple((call, out, instructions[out - n_inputs].debug_handle) for call, out in steps)
+        # (bound instruction, output register, debug handle): the steps as run_profiled walks them. A fused
+        # kernel's event carries its range, a list: the profile shares its time among the nodes.
+        self._timed = tuple((call, out, _event_handle(instructions[out - n_inputs])) for call, out in steps)
 
     def run(self, inputs: Sequence[Any]) -> list:
         """Run the block on ``inputs``; raise `BackendError` naming a failing node."""
@@ -142,10 +143,14 @@ class CodeBlock:
         ins = self._instructions[out - self.n_inputs]
         op = ops.BY_OPCODE.get(ins.opcode)
         name = op.qualified_name if op is not None else _qualified(str(ins.args[0]))
-        return BackendError(
-            f"{name} at node '{ins.node}' failed: {type(exc).__name__}: {exc}",
-            debug_handle=ins.debug_handle,
-        )
+        message = f"{name} at node '{ins.node}' failed: {type(exc).__name__}: {exc}"
+        if ins.handles:  # a fused kernel: the error belongs to every node it covers
+            return BackendError(message, debug_handles=list(ins.handles))
+        return BackendError(message, debug_handle=ins.debug_handle)
+
+
+def _event_handle(ins: bytecode.Instruction) -> Any:
+    return list(ins.handles) if ins.handles else ins.debug_handle
 
 
 # --- building blocks ----------------------------------------------------------------
@@ -166,7 +171,10 @@ def _build_block(
                 f"reference-backend blob: instruction {i} of block {index} (node {ins.node!r}) "
                 f"has unknown opcode {ins.opcode}; it was written by a newer backendconf-reference"
             )
-        writes.instruction(op.name, ins.args, ins.kwargs, ins.node, ins.debug_handle)
+        if ins.opcode in ops.INTEGER_OPCODES:
+            writes.fresh()  # reads its arguments, returns a new tensor
+        else:
+            writes.instruction(op.name, ins.args, ins.kwargs, ins.node, ins.debug_handle)
         if ins.fault:
             steps.append((_fault_step(ins, op), block.n_inputs + i))
         elif op.kernel is not None:  # no-op asserts are dropped; their register stays None

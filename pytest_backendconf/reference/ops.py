@@ -27,6 +27,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from . import qkernels
+
 #: Tensor dtypes the backend executes; any other dtype is rejected at preprocess.
 #: Every kernel is an eager CPU kernel, so every dtype the blob format can name
 #: runs (the small integer ones for quantized programs and index tensors;
@@ -694,12 +696,23 @@ _TABLE: list[tuple] = [
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
-BY_OPCODE: dict[int, Op] = {op.opcode: op for op in OPS}
+
+#: Integer kernels of quantized programs (backendconf-reference 0.4.0): no FX node is one of these, the
+#: compiler writes them for a whole ``dequantize -> op -> quantize`` chain (``_qpatterns``), so they are
+#: not in `BY_NAME` nor `SUPPORTED_OPS`. Their opcodes share the table's numbering (append only).
+INTEGER_KERNELS: tuple[Op, ...] = (
+    Op(500, "reference.quantized_convolution", qkernels.quantized_convolution),
+    Op(501, "reference.quantized_linear", qkernels.quantized_linear),
+    Op(502, "reference.quantized_matmul", qkernels.quantized_matmul),
+    Op(503, "reference.quantized_add", qkernels.quantized_add),
+)
+BY_OPCODE: dict[int, Op] = {op.opcode: op for op in (*OPS, *INTEGER_KERNELS)}
+INTEGER_OPCODES = frozenset(op.opcode for op in INTEGER_KERNELS)
 
 # A duplicated opcode or name would make blobs ambiguous: fail at import.
-if len(BY_NAME) != len(OPS) or len(BY_OPCODE) != len(OPS):
+if len(BY_NAME) != len(OPS) or len(BY_OPCODE) != len(OPS) + len(INTEGER_KERNELS):
     raise RuntimeError("the reference op table: an opcode or op name appears twice")
-if not all(0 < op.opcode < 2**16 for op in OPS):
+if not all(0 < op.opcode < 2**16 for op in BY_OPCODE.values()):
     raise RuntimeError("the reference op table: opcodes must fit in u16 and be positive")
 
 #: Overload names, for ``Capabilities.supported_ops``.

@@ -934,7 +934,7 @@ BAD_BLOBS = {
     "trailing bytes": (lambda b: b + b"\0\0", "2 unexpected bytes after"),
     "newer version": (
         lambda b: _with_header(_payload(b), version=99),
-        "format version 99, newer than this interpreter's version 1",
+        "format version 99, newer than this interpreter's version 2",
     ),
     "unknown older version": (lambda b: _with_header(_payload(b), version=0), "unknown format version 0"),
     "corrupt payload": (lambda b: _flip(b, len(b) - 5), "fails the CRC-32 check"),

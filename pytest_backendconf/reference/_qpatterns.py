@@ -181,7 +181,19 @@ def _weighted(op: torch.fx.Node, name: str, output: tuple, constant: Callable) -
         multiplier, shift = multipliers[0]
     w_zero_arg: Any = int(w_zero[0]) if bool((w_zero == w_zero[0]).all()) else w_zero.to(torch.int32)
     bias_arg = bias_q.to(torch.int32) if bias_q is not None else None
-    head = [x, x_zero, weight_dq.args[0], w_zero_arg, bias_arg, multiplier, shift, out_zero, quant_min, quant_max, dtype]
+    head = [
+        x,
+        x_zero,
+        weight_dq.args[0],
+        w_zero_arg,
+        bias_arg,
+        multiplier,
+        shift,
+        out_zero,
+        quant_min,
+        quant_max,
+        dtype,
+    ]
     chain = Chain(LINEAR, head, op, dequantizes=[args["input"], weight_dq])
     if name in _CONVOLUTIONS:
         chain.opcode = CONVOLUTION

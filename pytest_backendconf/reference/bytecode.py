@@ -268,7 +268,9 @@ class _Writer:
         self.str(ins.node)
         if ins.handles:
             if len(ins.handles) > MAX_RANGE:
-                raise ValueError(f"instruction of node {ins.node!r} covers {len(ins.handles)} nodes, more than {MAX_RANGE}")
+                raise ValueError(
+                    f"instruction of node {ins.node!r} covers {len(ins.handles)} nodes, more than {MAX_RANGE}"
+                )
             self.u16(len(ins.handles))
             for handle in ins.handles:
                 self.parts.append(_I64.pack(handle))

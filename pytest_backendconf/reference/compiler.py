@@ -30,6 +30,9 @@ FAULT_KEY = "__backendconf_fault__"
 #: Every compile-spec key the reference backend understands.
 KNOWN_KEYS = (FAULT_KEY,)
 
+# Binary arithmetic whose second operand may be a Python number (``x * 0.5``).
+_SCALAR_ARITHMETIC = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.div.Tensor"})
+
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 # Ops that may return their input itself although their schema does not say
@@ -312,9 +315,12 @@ class _Compiler:
             reason = op.check(args, kwargs)
             if reason:
                 raise UnsupportedNodeError(node, f"{name}: {reason}")
+        values = [self._value(node, a, env) for a in args]
+        if name in _SCALAR_ARITHMETIC and not kwargs:
+            values = self._scalar_as_tensor(node, values)
         return Instruction(
             opcode=op.opcode,
-            args=[self._value(node, a, env) for a in args],
+            args=values,
             kwargs={k: self._value(node, v, env) for k, v in kwargs.items()},
             debug_handle=self.debug_handles[node],
             node=node.name,
@@ -352,6 +358,39 @@ class _Compiler:
         if found is None:
             found = self.exported.constants.get(spec.target)
         return found if isinstance(found, torch.Tensor) else None
+
+    def _scalar_as_tensor(self, node: torch.fx.Node, values: list) -> list:
+        """``x + 1.0`` as ``x + tensor(1.0)``: a 0-dim constant of ``x``'s dtype, made once here.
+
+        A Python number costs each call about two microseconds of conversion
+        (most of a small elementwise op); a 0-dim CPU tensor takes the same
+        kernel path as the number (both are "CPU scalars" to the kernel). It is
+        used only where nothing can change: the number is exact in ``x``'s
+        dtype, of the same kind (float with floating, int with integer), and
+        the result keeps that dtype, so type promotion, the value the kernel
+        reads and the result are the number's to the bit.
+        """
+        tensor, scalar = node.args[0] if node.args else None, values[1] if len(values) == 2 else None
+        if not isinstance(tensor, torch.fx.Node) or isinstance(scalar, bool):
+            return values
+        val, out = tensor.meta.get("val"), node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor) or out.dtype != val.dtype:
+            return values
+        dtype = val.dtype
+        if dtype.is_floating_point and isinstance(scalar, float):
+            pass
+        elif not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool and isinstance(scalar, int):
+            pass
+        else:
+            return values
+        try:
+            constant = torch.tensor(scalar, dtype=dtype)
+        except (OverflowError, RuntimeError):
+            return values  # out of the dtype's range: keep the number's own semantics
+        if constant.item() != scalar:
+            return values
+        self.constants.append(constant)
+        return [values[0], Const(len(self.constants) - 1)]
 
     def _dispatch_instruction(self, node: torch.fx.Node, name: str, env: dict) -> Instruction:
         """Call an operator the table lacks by name; the interpreter resolves it at load.

@@ -160,3 +160,24 @@ def test_the_samples_are_the_same_every_time_and_hold_saturation():
     quantized = torch.ops.quantized_decomposed.quantize_per_tensor.default(*_ops_quantized._call_args(sample))
     assert int(quantized.min()) == 0 and int(quantized.max()) == 255  # both ends saturate
     assert first[0].inputs[0] is not second[0].inputs[0]  # a backend writing its inputs spoils no later check
+
+
+def test_the_ops_matrix_has_integer_columns_and_counts_the_programs_outside_it():
+    from pytest_backendconf.report._ops import ops_matrix
+
+    tests = [
+        {"id": "backendconf::ops::aten.add.Tensor[float32-sample0]", "outcome": "passed"},
+        {"id": "backendconf::ops::quantized_decomposed.quantize_per_tensor.default[int8-sample0]", "outcome": "passed"},
+        {
+            "id": "backendconf::ops::quantized_decomposed.quantize_per_tensor.default[uint8-sample0]",
+            "outcome": "failed",
+        },
+        {"id": "backendconf::ops::aten.conv2d.default[int8-static-per-tensor]", "outcome": "passed"},
+    ]
+    matrix = ops_matrix(tests)
+    assert matrix["dtypes"] == ["float32", "float16", "bfloat16", "int64", "bool", "int8", "uint8"]
+    row = matrix["overloads"]["quantized_decomposed.quantize_per_tensor.default"]
+    assert (row["int8"], row["uint8"], row["float32"]) == ("passed", "failed", "not under test")
+    assert "aten.conv2d.default" not in matrix["overloads"] and matrix["checks"]["total"] == 4
+    assert matrix["fully_supported"] == ["aten.add.Tensor"]
+    assert ops_matrix(tests[:1])["dtypes"] == ["float32", "float16", "bfloat16", "int64", "bool"]

@@ -24,6 +24,9 @@ _ID = re.compile(
 )
 
 
+_OPS_CHECK = re.compile(r"^(?:backendconf::)?ops::")
+
+
 def parse_id(test_id: str) -> tuple[str, str, int] | None:
     """``("aten.add.Tensor", "float16", 0)`` for ``backendconf::ops::aten.add.Tensor[float16-sample0]``.
 
@@ -56,12 +59,17 @@ def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | Non
     for test in tests:
         if not isinstance(test, Mapping):
             continue
-        parsed = parse_id(str(test.get("id", "")))
-        if parsed is None or not isinstance(test.get("outcome"), str):
+        test_id = str(test.get("id", ""))
+        if not _OPS_CHECK.match(test_id) or not isinstance(test.get("outcome"), str):
+            continue
+        # Every ops check counts; a single-op quantized program (``aten.conv2d.default[int8-static-per-tensor]``)
+        # is no cell of its own in the matrix.
+        ops_tests.append({**test, "category": "ops"})
+        parsed = parse_id(test_id)
+        if parsed is None:
             continue
         overload, dtype, _ = parsed
         outcomes.setdefault(overload, {}).setdefault(dtype, []).append(test["outcome"])
-        ops_tests.append({**test, "category": "ops"})
     if not outcomes:
         return None
     # The same counts as the report's summary.ops (a known failure is never counted as failed).

@@ -492,10 +492,10 @@ def check_program(ctx: SuiteContext, *, name: str) -> dict[str, Any]:
     details = {"quantized": [j.json() for j in judged]}
     failing = [j for j in judged if not j.passed]
     if failing:
-        runtime = any(j.runtime for j in failing)
+        float_output = any(j.by_sqnr for j in failing)
         raise CheckFailed(
             f"{name}: the backend's quantized output differs from eager PyTorch running the same Q/DQ program "
-            f"by more than rounding explains ({rule.text(runtime=runtime)}):\n"
+            f"by more than rounding explains ({rule.text(float_output=float_output)}):\n"
             + "\n".join("  " + j.text() for j in failing),
             details=details,
         )

@@ -10,6 +10,7 @@ broken_backends_quantized.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -89,8 +90,11 @@ def test_broken_quantized_kernels_fail_naming_the_node(pytester, backend, check,
     assert first.startswith(f"{model} [{scheme}: the backend's quantized outputs differ from eager PyTorch")
     assert "by more than rounding explains (at most 2 steps, at most 5% of elements (rounded up) off" in first
     assert second.startswith("  output 0: max ") and numbers in second and "SQNR against the float model" in second
-    runtime = check.endswith("[int8-dynamic]")
-    assert ("or, for an output quantized at run time, an SQNR against the float model at most 3 dB" in first) is runtime
+    float_output = check.endswith("[int8-dynamic]")  # small_cnn's and linear's outputs come from a dequantize
+    assert (
+        "or, for an output no dequantize produces (a float output, as run-time quantization gives), an SQNR "
+        "against the float model at most 3 dB below the reference's)" in first
+    ) is float_output
     assert f"Diverges first at node {node}" in text, text
 
 
@@ -211,7 +215,7 @@ def test_the_share_off_is_rounded_up_to_whole_elements_one_of_twelve_passes_two_
     assert not judge_quantized([two], [reference], [reference], steps, rule)[0].passed
 
 
-def test_an_output_quantized_at_run_time_passes_off_the_steps_when_its_sqnr_is_as_good():
+def test_an_output_no_dequantize_produces_passes_off_the_steps_when_its_sqnr_is_as_good():
     generator = torch.Generator().manual_seed(0)
     truth = torch.rand(400, generator=generator) * 2 - 1
     noise = torch.rand(400, generator=generator) * 2 - 1
@@ -221,15 +225,18 @@ def test_an_output_quantized_at_run_time_passes_off_the_steps_when_its_sqnr_is_a
     worse = truth + 3 * noise * step  # 9.5 dB noisier
     rule = QuantizedRule(max_steps=2.0, max_share=0.05, sqnr_margin_db=3.0)
     static = judge_quantized([other], [reference], [truth], [(step, "s")], rule)[0]
-    assert not static.passed and static.share_off > 0.05  # in steps, both would fail
-    runtime = judge_quantized([other], [reference], [truth], [(step, "s", True)], rule)[0]
-    assert runtime.passed and runtime.runtime
+    assert not static.passed and static.share_off > 0.05  # a dequantize's output: in steps only
+    implied = judge_quantized([other], [reference], [truth], [(None, "s", False)], rule)[0]
+    assert implied.passed and implied.float_output and not implied.runtime  # no dequantize produces it
+    assert "(a float output)" in dataclasses.replace(implied, sqnr_backend=implied.sqnr_reference - 4).text()
+    runtime = judge_quantized([other], [reference], [truth], [(None, "s", True)], rule)[0]
+    assert runtime.passed and runtime.runtime and runtime.float_output
     assert runtime.sqnr_backend == pytest.approx(runtime.sqnr_reference, abs=0.5)
-    bad = judge_quantized([worse], [reference], [truth], [(step, "s", True)], rule)[0]
+    bad = judge_quantized([worse], [reference], [truth], [(None, "s", True)], rule)[0]
     assert not bad.passed and bad.sqnr_reference - bad.sqnr_backend == pytest.approx(9.5, abs=0.5)
     assert bad.text().startswith("output 0: max ") and bad.text().endswith(" dB below, quantized at run time)")
     # Within rounding of the reference: passes whatever the SQNR says.
-    close = judge_quantized([reference + step / 4], [reference], [truth], [(step, "s", True)], rule)[0]
+    close = judge_quantized([reference + step / 4], [reference], [truth], [(None, "s", True)], rule)[0]
     assert close.passed
 
 

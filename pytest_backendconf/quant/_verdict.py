@@ -8,19 +8,21 @@ with another legitimate tie rule, or through a fixed-point multiplier,
 lands on a neighbouring step now and then; one that truncates, drops a
 zero point or scales the wrong axis is off by a step or more on a large
 share of elements, or by many steps. `QuantizedRule` bounds both, the
-share rounded up to whole elements (a 12-element output has no 5% to spare
-otherwise: one element is 8.3%; a 24-element one may have two). The SQNR of the backend and of the reference against
-the float model is stated beside them: how much the quantization itself
-costs.
+share rounded up to whole elements (a 12-element output has no 5% to
+spare otherwise: one element is 8.3%; a 24-element one may have two). The
+SQNR of the backend and of the reference against the float model is
+stated beside them: how much the quantization itself costs.
 
-An output of run-time (dynamic) quantization may pass by that SQNR
-instead: its activations are quantized with parameters chosen per call
-(``choose_qparams``), so there is no fixed grid of steps to land on, and
-a backend that chooses them another legitimate way (per row, from its own
-reduction) is off the reference's values by a step or two on many
-elements while no worse against the float model. Such an output passes
-within the steps rule, or with an SQNR against the float model at most
-``sqnr_margin_db`` below the reference's.
+An output no dequantize produces may pass by that SQNR instead: it has no
+grid of steps of its own. Its implied step says nothing of the
+quantization upstream (one step of a linear layer's output scale, through
+a ``tanh``, is two implied steps of the ``tanh``'s narrower range), and an
+output of run-time (dynamic) quantization comes from parameters chosen per
+call (``choose_qparams``): a backend that chooses them another legitimate
+way (per row, from its own reduction) is a step or two off the
+reference's values on many elements while no worse against the float
+model. Such an output passes within the steps rule, or with an SQNR
+against the float model at most ``sqnr_margin_db`` below the reference's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 _DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
 #: Ops whose result is a quantization's run-time parameters (the dynamic schemes' ``choose_qparams``,
-#: ``choose_qparams_per_token_asymmetric`` ...): an output downstream of one is judged by its SQNR.
+#: ``choose_qparams_per_token_asymmetric`` ...): the report says which float outputs come from one.
 _RUNTIME_QPARAMS = "choose_qparams"
 #: int8's levels: the implied step of an output that no dequantize produces.
 _LEVELS = 255
@@ -61,16 +63,16 @@ class QuantizedRule:
         """
         return max(1, math.ceil(self.max_share * numel - 1e-9))
 
-    def text(self, runtime: bool = False) -> str:
-        """The rule, as a failure states it (``runtime``: for outputs of run-time quantization)."""
+    def text(self, float_output: bool = False) -> str:
+        """The rule, as a failure states it (``float_output``: for outputs no dequantize produces)."""
         steps = (
             f"at most {self.max_steps:g} steps, at most {self.max_share:.0%} of elements "
             "(rounded up) off by a step or more"
         )
-        if runtime:
+        if float_output:
             return (
-                f"{steps}, or, for an output quantized at run time, an SQNR against the float model at most "
-                f"{self.sqnr_margin_db:g} dB below the reference's"
+                f"{steps}, or, for an output no dequantize produces (a float output, as run-time quantization "
+                f"gives), an SQNR against the float model at most {self.sqnr_margin_db:g} dB below the reference's"
             )
         return steps
 
@@ -90,8 +92,15 @@ class QuantizedOutput:
     passed: bool
     #: Set when the output is not a float tensor of the reference's shape and dtype (then not judged in steps).
     mismatch: str = ""
-    #: Whether the output comes from run-time quantization (judged by its SQNR, not in steps).
+    #: Whether the output comes from run-time quantization (a ``choose_qparams`` upstream).
     runtime: bool = False
+    #: Whether no dequantize produces it (its step is implied): it may pass by its SQNR.
+    float_output: bool = False
+
+    @property
+    def by_sqnr(self) -> bool:
+        """Whether the SQNR against the float model may pass it off the steps rule."""
+        return self.float_output and not self.mismatch
 
     def text(self) -> str:
         if self.mismatch:
@@ -101,10 +110,11 @@ class QuantizedOutput:
             f"max {self.max_steps:.3g} steps, mean {self.mean_steps:.3g} steps, "
             f"{self.share_off:.1%} of elements off by >= 1 step (step {self.step:.4g}, {self.step_from})"
         )
-        if self.runtime:
+        if self.float_output:
             below = self.sqnr_reference - self.sqnr_backend
             gap = f"{below:.1f} dB below, " if math.isfinite(below) and below > 0 else ""
-            return f"output {self.index}: {steps}; {sqnr} ({gap}quantized at run time)"
+            kind = "quantized at run time" if self.runtime else "a float output"
+            return f"output {self.index}: {steps}; {sqnr} ({gap}{kind})"
         return f"output {self.index}: {steps}; {sqnr}"
 
     def json(self) -> dict[str, Any]:
@@ -204,6 +214,7 @@ def judge_quantized(
                 _mismatch(index, f"the backend gives {_describe(got)}, the reference {_describe(want)}", passed=False)
             )
             continue
+        float_output = step is None
         if step is None:
             span = (want.max() - want.min()).item() if want.numel() else 0.0
             step = span / _LEVELS if span > 0 else 1.0
@@ -218,8 +229,9 @@ def judge_quantized(
         mean = error.mean().item() if error.numel() else 0.0
         sqnr_backend, sqnr_reference = sqnr_db(wide, got), sqnr_db(wide, want)
         passed = most <= rule.max_steps + 1e-6 and count_off <= rule.allowed_off(error.numel())
-        if runtime and not passed and sqnr_reference != -math.inf:  # -inf: the float model's output is all zeros
-            # Parameters chosen per call another way: as good against the float model passes too.
+        if float_output and not passed and sqnr_reference != -math.inf:  # -inf: the float model's output is all 0
+            # No grid of its own (its step is implied; run-time parameters are chosen per call, and another
+            # legitimate choice moves many elements): as good against the float model passes too.
             # NaN (a NaN output where the reference has none) compares False: a failure.
             passed = sqnr_backend >= sqnr_reference - rule.sqnr_margin_db
         judged.append(
@@ -234,6 +246,7 @@ def judge_quantized(
                 sqnr_reference,
                 passed,
                 runtime=runtime,
+                float_output=float_output,
             )
         )
     return judged

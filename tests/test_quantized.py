@@ -228,7 +228,11 @@ def test_an_output_no_dequantize_produces_passes_off_the_steps_when_its_sqnr_is_
     assert not static.passed and static.share_off > 0.05  # a dequantize's output: in steps only
     implied = judge_quantized([other], [reference], [truth], [(None, "s", False)], rule)[0]
     assert implied.passed and implied.float_output and not implied.runtime  # no dequantize produces it
-    assert "(a float output)" in dataclasses.replace(implied, sqnr_backend=implied.sqnr_reference - 4).text()
+    assert (
+        dataclasses.replace(implied, sqnr_backend=implied.sqnr_reference - 4)
+        .text()
+        .endswith("(4.0 dB below, a float output)")
+    )
     runtime = judge_quantized([other], [reference], [truth], [(None, "s", True)], rule)[0]
     assert runtime.passed and runtime.runtime and runtime.float_output
     assert runtime.sqnr_backend == pytest.approx(runtime.sqnr_reference, abs=0.5)

@@ -27,7 +27,7 @@ legitimately. A dequantize is float32 arithmetic, judged as every float32
 ops check is (``[ops] tolerances``). A quantized program is judged as the
 ``quantized`` category judges (`QuantizedRule`): its integer outputs in
 steps (the integer difference) beside the SQNR against the float op on
-the unquantized values; the dynamic linear by its SQNR.
+the unquantized values; the dynamic linear's float output may pass by it.
 
 The Q/DQ operators are torch's own (registered by
 ``_compat.register_quantized_decomposed``): no torchao needed.

@@ -58,6 +58,14 @@ LOW_PRECISION = ("float16", "bfloat16")
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
+    from . import _ops_quantized
+
+    yield from _opinfo_checks(ctx)
+    # The quantize/dequantize overloads and single-op quantized programs: the suite's own samples.
+    yield from _ops_quantized.checks(ctx)
+
+
+def _opinfo_checks(ctx: SuiteContext) -> Iterator[Check]:
     data = ops_data(ctx)
     if data is None:
         return

@@ -79,9 +79,9 @@ class Batcher:
         #: Whether the backend named several rejected nodes in one error: a rejection then costs the
         #: batch nothing more, and refused members stay in batches.
         self.bulk = False
-        #: Rejections seen alone, as ``(group, member, outcome, message)``: a batch's rejection of a
-        #: check is taken as its outcome only when the same member was rejected so alone before.
-        self.confirmed: set[tuple[Any, str, str, str]] = set()
+        #: Rejections seen alone, as ``(member, outcome, message)``: a batch's rejection of a check is
+        #: taken as its outcome only when a check of the same member was rejected so alone (`_key`).
+        self.confirmed: set[tuple[str, Any, Any]] = set()
         #: Checks a batch said were rejected, not confirmed, so run alone: their batch outcome, to compare.
         self.claimed: dict[str, dict] = {}
         #: Checks whose batch rejection their run alone contradicted (the backend's list was wrong).
@@ -124,7 +124,7 @@ class Batcher:
         if outcome == "unsupported":
             self.refused.add(check.batch.member)
         if outcome in ("unsupported", "failed"):
-            self.confirmed.add((check.batch.group, check.batch.member, outcome, message))
+            self.confirmed.add(_key(check, {"outcome": outcome, "message": message}))
         claimed = self.claimed.pop(check.id, None)
         if claimed is not None and (claimed.get("outcome"), claimed.get("message")) != (outcome, message):
             self.contradicted.append(check.id)
@@ -136,6 +136,13 @@ class Batcher:
             return None
         if check.id in self.decided:
             return self.decided.pop(check.id)
+        claimed = self.claimed.get(check.id)
+        if claimed is not None and _key(check, claimed) in self.confirmed:
+            # A batch named its node, and another check of its member was rejected so alone since.
+            del self.claimed[check.id]
+            self.alone.discard(check.id)
+            self.shared += 1
+            return claimed
         if check.id in self.alone or self._refused(check):
             return None
         members = [item] + self._mates(item)
@@ -211,8 +218,7 @@ class Batcher:
             batch = by_id[i].batch if i in by_id else None
             if batch is None:
                 continue
-            key = (batch.group, batch.member, outcome.get("outcome"), outcome.get("message"))
-            if key in self.confirmed:
+            if _key(by_id[i], outcome) in self.confirmed:
                 decided[i] = outcome
             else:
                 self.claimed[i] = outcome
@@ -240,3 +246,9 @@ class Batcher:
             return checks[0].batch.run(self.ctx, checks)  # type: ignore[union-attr]
         except Exception:  # the runner itself failed: the checks alone will say what
             return None
+
+
+def _key(check: Check, outcome: dict) -> tuple[str, Any, Any]:
+    """What a batch's rejection of a check must match to be taken: a rejection of the same member (op) with
+    the very text seen alone (a reason that depends on the dtype says so, and then differs)."""
+    return (getattr(check.batch, "member", ""), outcome.get("outcome"), outcome.get("message"))

@@ -104,7 +104,9 @@ class WrongRejectionList(BulkRejects):
         if not muls:
             return named  # alone, or once the muls are gone: the divs, rightly
         # Partial (no div) and wrong: abs is named though it compiles alone.
-        wrong = [(n, "this compiler has no abs unit") for n in program.graph.nodes if str(n.target) == "aten.abs.default"]
+        wrong = [
+            (n, "this compiler has no abs unit") for n in program.graph.nodes if str(n.target) == "aten.abs.default"
+        ]
         return muls + wrong
 
 

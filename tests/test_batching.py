@@ -108,7 +108,9 @@ def test_defects_inside_a_batch_are_blamed_on_their_own_checks(batch_pytester, m
 
 
 # abs, add, mul and div in float16: two samples of each, so that each op's second check may meet its first's rejection
-BULK_SELECTION = [f"backendconf::ops::aten.{op}[[]float16-*" for op in ("abs.default", "add.Tensor", "mul.Tensor", "div.Tensor")]
+BULK_SELECTION = [
+    f"backendconf::ops::aten.{op}[[]float16-*" for op in ("abs.default", "add.Tensor", "mul.Tensor", "div.Tensor")
+]
 
 
 def test_a_backend_naming_every_rejected_node_at_once_keeps_each_outcome(batch_pytester):
@@ -141,7 +143,9 @@ def test_a_wrong_or_partial_rejection_list_does_not_change_any_outcome(batch_pyt
     assert {r["outcome"] for i, r in batched.items() if "abs.default" in i} == {"passed"}
     assert {r["outcome"] for i, r in batched.items() if "div.Tensor" in i} == {"unsupported"}
     # the abs checks ran alone and contradicted the batch: said loudly
-    assert re.search(r"the backend named \d+ nodes? as rejected in a batch that it judged otherwise alone", result.stdout.str())
+    assert re.search(
+        r"the backend named \d+ nodes? as rejected in a batch that it judged otherwise alone", result.stdout.str()
+    )
     assert "its rejection list is wrong" in result.stdout.str()
 
 

@@ -55,7 +55,11 @@ def test_every_rejected_node_gets_its_source_line_and_handle():
     handles = [r.debug_handle for r in exc.rejections]
     assert all(isinstance(h, int) for h in handles) and handles[0] != handles[1]
     # The first node's fields are the error's own, as for a one-node rejection.
-    assert (exc.node, exc.reason, exc.debug_info) == (exc.rejections[0].node, "no sin unit", exc.rejections[0].debug_info)
+    assert (exc.node, exc.reason, exc.debug_info) == (
+        exc.rejections[0].node,
+        "no sin unit",
+        exc.rejections[0].debug_info,
+    )
     text = str(exc)
     assert text.startswith(
         "The node of aten::sin is not supported in this compiler. Source code:\n"
@@ -66,7 +70,7 @@ def test_every_rejected_node_gets_its_source_line_and_handle():
     )
     second = text.split("The backend rejected 1 more node:\n", 1)[1]
     assert second.startswith("The node of aten::cos is not supported in this compiler. Source code:\n")
-    assert f'line {_line("return h.cos() + 1")}, in forward' in second and "Reason: no cos unit" in second
+    assert f"line {_line('return h.cos() + 1')}, in forward" in second and "Reason: no cos unit" in second
     assert str(exc.rejections[1]) == second
 
 

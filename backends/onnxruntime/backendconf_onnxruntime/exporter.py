@@ -241,9 +241,7 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
         # Every node the dispatch check below would reject and that no decomposition rewrites is known
         # before decomposing (most of an export's cost): rejected at once, all of them.
         kept = _decomposed_targets(registry)
-        early = _untranslatable(
-            (n for n in originals.nodes if _kept_as_is(n, kept)), originals, registry, steps
-        )
+        early = _untranslatable((n for n in originals.nodes if _kept_as_is(n, kept)), originals, registry, steps)
         if early:
             raise UnsupportedNodeError(rejections=early)
         decomposed = _decompose(program, originals, registry, steps)

@@ -519,9 +519,10 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
                 if check not in pending:
                     continue
                 if own_node and mine[check.id] == 1:
-                    # The check alone is this one node's rejection: the same text, one node.
+                    # The check alone is this one node's rejection: the same text, one node. A one-node
+                    # rejection decides, as it always has; a list's entries wait for a rejection alone.
                     error = rejection(sample, _single(one), ctx.capabilities.supported_ops is not None)
-                    rejected[check.id] = run_check(_Raises(error), ctx)
+                    (decided if len(owners) == 1 else rejected)[check.id] = run_check(_Raises(error), ctx)
                 else:
                     alone.append(check.id)
                 pending.remove(check)
@@ -547,8 +548,8 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
 
 
 def _result(decided: dict, rejected: dict, alone: list[str], split: list[Check], named: int) -> dict[str, Any]:
-    """What `suite._batching` gets back: ``rejected`` are the outcomes of checks whose node the backend
-    named, which it takes as they are only where the same rejection was seen alone before."""
+    """What `suite._batching` gets back: ``rejected`` are the outcomes of checks whose node a rejection
+    naming several nodes named, which it takes only where the same rejection was seen alone before."""
     return {"decided": decided, "rejected": rejected, "alone": alone, "split": [c.id for c in split], "named": named}
 
 

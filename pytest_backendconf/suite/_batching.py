@@ -224,6 +224,12 @@ class Batcher:
                 self.claimed[i] = outcome
                 self.alone.add(i)
             self.refused.add(batch.member)
+        # A one-node rejection decides, as it always has.
+        self.refused.update(
+            by_id[i].batch.member  # type: ignore[union-attr]
+            for i, outcome in decided.items()
+            if outcome.get("outcome") == "unsupported"
+        )
         if int(result.get("named", 0) or 0) > 1:
             self.bulk = True
         self.decided.update(decided)

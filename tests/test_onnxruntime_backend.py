@@ -209,6 +209,21 @@ def test_every_op_without_onnx_translation_is_named_at_once_before_decomposing(m
     assert not decomposed  # known from torchlib's registry alone: the costly decomposition never ran
 
 
+class Casts(nn.Module):
+    def forward(self, x):
+        return x.to(torch.float16).to(torch.float32) * 2
+
+
+def test_what_the_exporter_drops_is_not_rejected_early():
+    # torch.export writes aten._assert_tensor_metadata before a cast; torchlib has no function for it, but
+    # the exporter removes it after decomposing: the early rejection must leave it alone.
+    program = torch.export.export(Casts(), (torch.randn(3),))
+    assert any("_assert_tensor_metadata" in str(n.target) for n in program.graph.nodes)
+    lowered = bc.to_backend(Casts(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(3),))
+    x = torch.randn(3)
+    torch.testing.assert_close(lowered(x), Casts()(x))
+
+
 def test_compile_spec_keys_are_checked():
     with pytest.raises(ValueError, match="unknown compile-spec key 'fast' for the onnxruntime backend"):
         OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),), {"fast": True}))

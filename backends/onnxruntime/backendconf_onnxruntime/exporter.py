@@ -369,20 +369,34 @@ def _decomposed_targets(registry: Any) -> frozenset:
         return _kept[id(registry)]
 
 
+#: What the exporter removes after decomposing (``_fx_passes.remove_assertion_nodes``), never dispatched.
+_DROPPED_BY_EXPORTER = frozenset(
+    {
+        "aten::sym_constrain_range_for_size",
+        "aten::_assert_async",
+        "aten::_assert_scalar",
+        "aten::_assert_tensor_metadata",
+    }
+)
+
+
 def _kept_as_is(node: torch.fx.Node, decomposed: frozenset) -> bool:
     """Whether the exporter's decomposition leaves ``node`` as it is, so its dispatch can be asked before.
 
-    Only a functional op overload with neither a decomposition in the
-    exporter's table nor a CompositeImplicitAutograd kernel (which tracing
-    may inline); anything else is judged after decomposing, as before.
+    Only a used, functional ATen op overload that the exporter does not
+    drop, with neither a decomposition in the exporter's table nor a
+    CompositeImplicitAutograd kernel (which tracing may inline); anything
+    else is judged after decomposing, as before.
     """
     target = node.target
-    if node.op != "call_function" or op_schema(target) is None:
-        return False
+    schema = op_schema(target)
+    if node.op != "call_function" or schema is None or not node.users:
+        return False  # not an op, or dead code that the exporter's retracing drops
+    if not schema.name.startswith("aten::") or schema.name in _DROPPED_BY_EXPORTER:
+        return False  # other namespaces (quantization's, custom ops) may be handled otherwise
     if target in decomposed or has_composite_kernel(target):
         return False
-    schema = op_schema(target)
-    return schema is not None and not schema.is_mutable
+    return not schema.is_mutable
 
 
 def _is_passthrough(node: torch.fx.Node) -> bool:

@@ -260,3 +260,19 @@ def test_only_outputs_downstream_of_choose_qparams_are_runtime_quantized(tmp_pat
     # multiple_inputs' first output has no linear layer upstream: float in the dynamic scheme too.
     assert [r for _, _, r in dynamic] == [False, True]
     assert [r for _, _, r in static] == [False, False]
+
+
+def test_whole_steps_on_a_float32_grid_count_as_whole_steps():
+    # The residual block's per-channel output: integer kernels two steps from eager on one element.
+    # Dequantized float32 values near 1 with a step of 0.0078 are up to 2e-5 steps off their grid.
+    step = 0.007794
+    q = torch.arange(-128, 128, dtype=torch.float64)
+    reference = (q * step).float()
+    two_off = reference.clone()
+    two_off[-1] = float(torch.tensor(125.0 * step, dtype=torch.float32))  # 127 -> 125: two steps
+    rule = QuantizedRule(max_steps=2.0, max_share=0.05, sqnr_margin_db=3.0)
+    judged = judge_quantized([two_off], [reference], [reference], [(step, "dq")], rule)[0]
+    assert judged.max_steps == pytest.approx(2, abs=1e-3) and judged.passed
+    three_off = reference.clone()
+    three_off[-1] = float(torch.tensor(124.0 * step, dtype=torch.float32))
+    assert not judge_quantized([three_off], [reference], [reference], [(step, "dq")], rule)[0].passed

@@ -263,7 +263,7 @@ def test_only_outputs_downstream_of_choose_qparams_are_runtime_quantized(tmp_pat
 
 
 def test_whole_steps_on_a_float32_grid_count_as_whole_steps():
-    # The residual block's per-channel output: integer kernels two steps from eager on one element.
+    # An integer-kernel backend on the residual block: two steps from eager on one element.
     # Dequantized float32 values near 1 with a step of 0.0078 are up to 2e-5 steps off their grid.
     step = 0.007794
     q = torch.arange(-128, 128, dtype=torch.float64)

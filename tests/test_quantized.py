@@ -88,7 +88,7 @@ def test_broken_quantized_kernels_fail_naming_the_node(pytester, backend, check,
     first, second = text.splitlines()[:2]
     model, _, scheme = check.removeprefix("backendconf::quantized::").partition("[")
     assert first.startswith(f"{model} [{scheme}: the backend's quantized outputs differ from eager PyTorch")
-    assert "by more than rounding explains (at most 2 steps, at most 5% of elements (rounded up) off" in first
+    assert "by more than rounding explains (at most 2 steps, at most 10% of elements (rounded up) off" in first
     assert second.startswith("  output 0: max ") and numbers in second and "SQNR against the float model" in second
     float_output = check.endswith("[int8-dynamic]")  # small_cnn's and linear's outputs come from a dequantize
     assert (

@@ -49,7 +49,7 @@ class QuantizedRule:
     max_steps: float = 2.0
     #: The largest share of elements off by one step or more (ties and multiplier rounding are rare);
     #: rounded up to whole elements, so one is always allowed (one of 12 is 8.3%).
-    max_share: float = 0.05
+    max_share: float = 0.10
     #: An output of run-time quantization off the steps rule still passes when its SQNR against the float
     #: model is at most this far (dB) below the reference's: 3 dB is twice the reference's noise power, half
     #: a bit of int8's 8 (6.02 dB a bit).

@@ -355,18 +355,23 @@ def _weight(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Ten
     return q, scales, zeros
 
 
+def _register_weight(module: torch.nn.Module, weight: tuple, bias: torch.Tensor) -> None:
+    """The int8 weight, its scales and zero points, and the float bias, as buffers (exported as constants)."""
+    q, scales, zeros = weight
+    module.register_buffer("weight", q)
+    module.register_buffer("weight_scales", scales)
+    module.register_buffer("weight_zero_points", zeros)
+    module.register_buffer("bias", bias)
+
+
 class _StaticWeighted(torch.nn.Module):
     """``dq(x) → op(·, dq(w), bias) → q``: int8 in, int8 out."""
 
     def __init__(self, op: Any, weight: Any, bias: torch.Tensor, x_q: tuple, y_q: tuple, **kwargs: Any) -> None:
         super().__init__()
-        q, scales, zeros = weight
-        self.register_buffer("weight", q)
-        self.register_buffer("weight_scales", scales)
-        self.register_buffer("weight_zero_points", zeros)
-        self.register_buffer("bias", bias)
-        self.per_channel = scales.numel() > 1
-        self.weight_scale = float(scales[0])  # a literal in the program, as PT2E writes a per-tensor scale
+        _register_weight(self, weight, bias)
+        self.per_channel = self.weight_scales.numel() > 1
+        self.weight_scale = float(self.weight_scales[0])  # a literal in the program, as PT2E writes a per-tensor scale
         self.op, self.x_q, self.y_q, self.kwargs = op, x_q, y_q, kwargs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -401,11 +406,7 @@ class _DynamicLinear(torch.nn.Module):
 
     def __init__(self, weight: Any, bias: torch.Tensor) -> None:
         super().__init__()
-        q, scales, zeros = weight
-        self.register_buffer("weight", q)
-        self.register_buffer("weight_scales", scales)
-        self.register_buffer("weight_zero_points", zeros)
-        self.register_buffer("bias", bias)
+        _register_weight(self, weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = _ops()

@@ -70,12 +70,15 @@ def run_once(engine: str, batch: str, ops: str, extra: list[str]) -> dict:
             )
         tests = {t["id"]: t for t in json.loads(report.read_text())["tests"]}
         shared = re.search(r"batched: (\d+) checks decided in (\d+) shared lowerings", done.stdout)
+        # A backend whose list of rejected nodes its runs alone contradicted (the summary says so).
+        wrong = re.search(r"the backend named (\d+) nodes? as rejected in a batch", done.stdout)
         return {
             "wall": wall,
             # CPU of pytest and its backend host: on a loaded machine the figure to compare.
             "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "tests": tests,
             "shared": [int(shared[1]), int(shared[2])] if shared else None,
+            "contradicted": int(wrong[1]) if wrong else 0,
             "summary": done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "",
         }
 
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 if batch not in best or result["wall"] < best[batch]["wall"]:
                     best[batch] = result
         found = differences(best["on"]["tests"], best["off"]["tests"])
+        if best["on"]["contradicted"]:
+            found.append(f"the backend's rejection lists named {best['on']['contradicted']} nodes it compiles alone")
         status |= bool(found)
         rows[engine] = {
             "checks": len(best["off"]["tests"]),

@@ -7,11 +7,15 @@ pytest-xdist workers each write theirs):
 
 - ``exports``: every ``torch.export.export`` call of the process, however it
   was reached, and ``unique_exports``: how many distinct (model class,
-  method code, input signature, weight dtype, dynamic shapes) they were for;
+  method code, input signature, weight dtype, constants' shapes, dynamic shapes) they were for;
 - ``ctx_export_count`` / ``ctx_programs``: `SuiteContext.export_count` and
   the number of keys in its program cache, read from the context the
   conformance items share (``item.ctx``);
-- ``items`` (conformance items collected) and ``outcomes`` (per outcome).
+- ``repeated_exports``: the first few signatures exported more than once
+  (module, class and input signature), to name what a cache missed;
+- ``items`` (conformance items collected) and ``outcomes`` (per outcome;
+  a delegation run skipped because the backend lowers the model whole is
+  counted as ``not needed``, the report's own outcome for it).
 
 Under pytest-xdist every worker collects every item and the controller
 receives every report, so ``worker`` says which kind of process wrote the
@@ -79,7 +83,9 @@ def _count_exports() -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _worker:
         return
-    if report.when == "call" or report.outcome != "passed":
+    if report.skipped and "not needed:" in str(report.longrepr):
+        _outcomes["not needed"] += 1
+    elif report.when == "call" or report.outcome != "passed":
         _outcomes[f"{report.when}:{report.outcome}" if report.when != "call" else report.outcome] += 1
 
 
@@ -113,7 +119,13 @@ def _write(stats: dict) -> None:
     folder = os.environ.get(ENV)
     if not folder:
         return
-    stats = {"exports": len(_exports), "unique_exports": len(set(_exports)), **stats}
+    repeated = [k for k, n in collections.Counter(_exports).items() if n > 1]
+    stats = {
+        "exports": len(_exports),
+        "unique_exports": len(set(_exports)),
+        "repeated_exports": [f"{k[0]}.{k[1]} {k[5]}"[:200] for k in repeated[:5]],
+        **stats,
+    }
     with open(os.path.join(folder, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
         json.dump(stats, f)
 
@@ -130,6 +142,13 @@ def _signature(mod: Any, args: Any, kwargs: Any) -> tuple:
         for v in leaves
     )
     weight = next((str(p.dtype) for p in mod.parameters()), None) if isinstance(mod, torch.nn.Module) else None
+    # Two instances of one class can be two programs (a per-tensor and a per-channel weight): their
+    # constants' shapes tell them apart.
+    constants = (
+        tuple((n, str(t.dtype), tuple(t.shape)) for n, t in (*mod.named_parameters(), *mod.named_buffers()))
+        if isinstance(mod, torch.nn.Module)
+        else ()
+    )
     return (
         cls.__module__,
         cls.__qualname__,
@@ -138,4 +157,5 @@ def _signature(mod: Any, args: Any, kwargs: Any) -> tuple:
         str(tree),
         described,
         weight,
+        constants,
     )

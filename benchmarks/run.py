@@ -288,7 +288,8 @@ def suite_figures(settings: Settings) -> list[Figure]:
         for k, v in s["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + v
     tests = max(s["items"] for s in run.stats)  # every xdist worker collects all of them
-    not_passed = sum(v for k, v in outcomes.items() if k != "passed")
+    # "not needed": a delegation run of a model the backend lowers whole, which has nothing to check.
+    not_passed = sum(v for k, v in outcomes.items() if k not in ("passed", "not needed"))
     exports, unique = run.total("exports"), run.total("unique_exports")
     full = settings.suite_select is None
     selection = "" if full else f" (only {', '.join(settings.suite_select or ())})"
@@ -320,7 +321,8 @@ def suite_figures(settings: Settings) -> list[Figure]:
             exports / unique if unique else None,
             judged(exports == unique) if unique else INFO,
             f"{exports} torch.export calls for {unique} unique; SuiteContext.export_count "
-            f"{run.total('ctx_export_count')} for {run.total('ctx_programs')} cached programs",
+            f"{run.total('ctx_export_count')} for {run.total('ctx_programs')} cached programs"
+            + "".join(f"; exported again: {r}" for s in run.stats for r in s.get("repeated_exports", [])),
         ),
     ]
     if settings.suite_one_thread:

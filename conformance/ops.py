@@ -58,6 +58,14 @@ LOW_PRECISION = ("float16", "bfloat16")
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
+    from . import _ops_quantized
+
+    yield from _opinfo_checks(ctx)
+    # The quantize/dequantize overloads and single-op quantized programs: the suite's own samples.
+    yield from _ops_quantized.checks(ctx)
+
+
+def _opinfo_checks(ctx: SuiteContext) -> Iterator[Check]:
     data = ops_data(ctx)
     if data is None:
         return
@@ -484,8 +492,10 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
     data = ops_data(ctx)
     assert data is not None
     decided: dict[str, dict] = {}
+    rejected: dict[str, dict] = {}
     alone: list[str] = []
     pending: list[Check] = []
+    named = 0  # the most nodes one rejection named
     for check in checks:
         sample = data.samples[check.batch.item]  # type: ignore[union-attr]
         try:
@@ -506,25 +516,33 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
                 backend_version=ctx.registered.source.version,
             )
         except UnsupportedNodeError as exc:
-            owner = _owner(exc, pending, samples)
-            if owner is None:
-                return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
-            check, sample, own_node = owner
-            if own_node:
-                error = rejection(sample, exc, ctx.capabilities.supported_ops is not None)
-                decided[check.id] = run_check(_Raises(error), ctx)
-            else:
-                alone.append(check.id)
-            pending.remove(check)
+            owners = [_owner(one, pending, samples) for one in exc.rejections]
+            if any(owner is None for owner in owners):
+                return _result(decided, rejected, alone, pending, named)
+            named = max(named, len(owners))
+            mine: dict[str, int] = {}
+            for check, _, _ in owners:  # type: ignore[misc]
+                mine[check.id] = mine.get(check.id, 0) + 1
+            for one, (check, sample, own_node) in zip(exc.rejections, owners):  # type: ignore[misc]
+                if check not in pending:
+                    continue
+                if own_node and mine[check.id] == 1:
+                    # The check alone is this one node's rejection: the same text, one node. A one-node
+                    # rejection decides, as it always has; a list's entries wait for a rejection alone.
+                    error = rejection(sample, _single(one), ctx.capabilities.supported_ops is not None)
+                    (decided if len(owners) == 1 else rejected)[check.id] = run_check(_Raises(error), ctx)
+                else:
+                    alone.append(check.id)
+                pending.remove(check)
             continue
         except Exception:
-            return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
+            return _result(decided, rejected, alone, pending, named)
         inputs = [[t.clone() for t in s.inputs] for s in samples]
         try:
             with torch.no_grad():
                 outputs = _compat.tree_leaves(lowered(*[t for own in inputs for t in own]))
         except Exception:
-            return {"decided": decided, "alone": alone, "split": [c.id for c in pending]}
+            return _result(decided, rejected, alone, pending, named)
         for check, sample, own, (start, stop) in zip(pending, samples, inputs, spans):
             number = check.batch.item  # type: ignore[union-attr]
             judged = _Judged(sample, number, own, outputs[start:stop])
@@ -533,9 +551,21 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
                 decided[check.id] = outcome
             else:
                 alone.append(check.id)
-        return {"decided": decided, "alone": alone, "split": []}
-    alone += [c.id for c in pending]
-    return {"decided": decided, "alone": alone, "split": []}
+        return _result(decided, rejected, alone, [], named)
+    return _result(decided, rejected, alone + [c.id for c in pending], [], named)
+
+
+def _result(decided: dict, rejected: dict, alone: list[str], split: list[Check], named: int) -> dict[str, Any]:
+    """What `suite._batching` gets back: ``rejected`` are the outcomes of checks whose node a rejection
+    naming several nodes named, which it takes only where the same rejection was seen alone before."""
+    return {"decided": decided, "rejected": rejected, "alone": alone, "split": [c.id for c in split], "named": named}
+
+
+def _single(one: Any) -> UnsupportedNodeError:
+    """One node of a rejection as the error the check alone gets: that node, its reason, its source line."""
+    error = UnsupportedNodeError(one.node, one.reason)
+    error.debug_info = one.debug_info
+    return error
 
 
 #: Names in a rejection's reason that may read otherwise alone: the batch's placeholders, and any quoted
@@ -544,14 +574,18 @@ def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
 _BATCH_DEPENDENT = re.compile(r"\bb\d+_input\d+\b|'[A-Za-z_][\w.]*_\d+'")
 
 
-def _owner(exc: UnsupportedNodeError, pending: list[Check], samples: list[Any]) -> tuple[Check, Any, bool] | None:
-    """The check whose node was rejected, and whether it was the sample's call node; None: unknown."""
-    node = getattr(exc, "node", None)
+def _owner(one: Any, pending: list[Check], samples: list[Any]) -> tuple[Check, Any, bool] | None:
+    """The check whose node was rejected (one `Rejection`), and whether its own reading holds; None: unknown.
+
+    The reading holds where the node is the sample's call node and the
+    reason quotes nothing the rest of the batch may have renamed.
+    """
+    node = getattr(one, "node", None)
     name = getattr(node, "name", None)
     if not isinstance(name, str):
         return None
     # A reason that names what the rest of the batch may have renamed would read otherwise alone: it runs alone.
-    batch_names = _BATCH_DEPENDENT.search(str(getattr(exc, "reason", "")))
+    batch_names = _BATCH_DEPENDENT.search(str(getattr(one, "reason", "")))
     for k, (check, sample) in enumerate(zip(pending, samples)):
         if getattr(node, "op", None) == "call_function" and name == sample.overload.split(".")[1]:
             return check, sample, batch_names is None

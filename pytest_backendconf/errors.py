@@ -42,21 +42,28 @@ class PluginLoadError(RegistryError, ImportError):
 # --- the backend contract -----------------------------------------------------
 
 
-class UnsupportedNodeError(BackendConfError):
-    """Raised by ``preprocess`` for a graph node the backend cannot compile.
+class Rejection:
+    """One node a backend rejects, with its reason: an entry of `UnsupportedNodeError.rejections`.
 
-    ``node`` is the ``torch.fx.Node`` and ``reason`` says why, in the
-    backend's words. ``str()`` gives the symbolicated text of docs/backend-contract.md#debug-handles-and-texts:
-    the op, the user's source line with carets, the module hierarchy and the
-    call stack.
+    ``debug_info`` is filled in by the lowering (the node's debug handle,
+    source line and module hierarchy); ``str()`` is the node's symbolicated
+    text, as `UnsupportedNodeError` gives it for a single node.
     """
 
+    __slots__ = ("node", "reason", "debug_info")
+
     def __init__(self, node: Any, reason: str = "") -> None:
-        super().__init__(node, reason)
         self.node = node
         self.reason = reason
-        # Filled in by to_backend, which knows the method and the handle.
         self.debug_info: Any = None
+
+    @property
+    def debug_handle(self) -> int | None:
+        """The node's debug handle in the lowered program, once the lowering has filled it in."""
+        return getattr(self.debug_info, "handle", None)
+
+    def __repr__(self) -> str:
+        return f"Rejection({getattr(self.node, 'name', self.node)!r}, {self.reason!r})"
 
     def __str__(self) -> str:
         from .debuginfo import debug_info_for_node, format_unsupported
@@ -73,6 +80,118 @@ class UnsupportedNodeError(BackendConfError):
                 )
             info = debug_info_for_node(self.node, method="", handle=-1)
         return format_unsupported(info, self.reason)
+
+
+_NO_NODE = object()
+
+
+class UnsupportedNodeError(BackendConfError):
+    """Raised by ``preprocess`` for the graph nodes the backend cannot compile.
+
+    ``UnsupportedNodeError(node, reason)`` rejects one node: ``node`` is the
+    ``torch.fx.Node`` and ``reason`` says why, in the backend's words.
+    ``UnsupportedNodeError(rejections=[(node, reason), ...])`` rejects every
+    node the backend knows it cannot compile, in one call (the first is the
+    one the text leads with); the suite then drops every rejected check of a
+    batch of operator checks at once. ``str()`` gives the symbolicated text of
+    docs/backend-contract.md#debug-handles-and-texts for the first node (the
+    op, the user's source line with carets, the module hierarchy and the call
+    stack), then the same for each other node.
+
+    ``rejections`` holds every node as a `Rejection` (node, reason, and the
+    debug info the lowering fills in); ``node``, ``reason`` and
+    ``debug_info`` are the first one's.
+    """
+
+    def __init__(
+        self, node: Any = _NO_NODE, reason: str = "", *, rejections: Sequence[tuple[Any, str]] | None = None
+    ) -> None:
+        if rejections is None:
+            if node is _NO_NODE:
+                raise TypeError(
+                    "UnsupportedNodeError takes the rejected node: UnsupportedNodeError(node, reason), or "
+                    "rejections=[(node, reason), ...] for several"
+                )
+            entries = [Rejection(node, reason)]
+        else:
+            if node is not _NO_NODE or reason:
+                raise TypeError(
+                    "UnsupportedNodeError takes (node, reason) for one node or rejections=[(node, reason), ...] "
+                    "for several, not both"
+                )
+            entries = _rejections(rejections)
+        super().__init__(entries[0].node, entries[0].reason)
+        #: Every rejected node, the first being ``node``; filled in with debug info by the lowering.
+        self.rejections: tuple[Rejection, ...] = tuple(entries)
+
+    # The first rejection's fields, as the one-node error always had them (assignable: a lowering
+    # step may add to the reason).
+    @property
+    def node(self) -> Any:
+        return self.rejections[0].node
+
+    @property
+    def reason(self) -> str:
+        return self.rejections[0].reason
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        self.rejections[0].reason = value
+
+    @property
+    def debug_info(self) -> Any:
+        return self.rejections[0].debug_info
+
+    @debug_info.setter
+    def debug_info(self, value: Any) -> None:
+        self.rejections[0].debug_info = value
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_unsupported, ([(r.node, r.reason, r.debug_info) for r in self.rejections],))
+
+    def __str__(self) -> str:
+        first = str(self.rejections[0])
+        if len(self.rejections) == 1:
+            return first
+        more = len(self.rejections) - 1
+        rest = "\n".join(str(r) for r in self.rejections[1:])
+        return f"{first}\nThe backend rejected {more} more node{'s' if more != 1 else ''}:\n{rest}"
+
+
+def _rejections(given: Any) -> list[Rejection]:
+    """``rejections=`` checked: a non-empty list of (node, reason) pairs, each node once."""
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise TypeError(
+            f"UnsupportedNodeError(rejections=...) takes a list of (node, reason) pairs, got "
+            f"{type(given).__name__} {given!r:.80}"
+        )
+    if not given:
+        raise ValueError(
+            "UnsupportedNodeError(rejections=[]) names no node; raise it only for nodes the backend rejects"
+        )
+    entries: list[Rejection] = []
+    seen: set[int] = set()
+    for k, pair in enumerate(given):
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[1], str):
+            raise TypeError(
+                f"UnsupportedNodeError(rejections=...): entry {k} is {pair!r:.80}; each entry is a "
+                "(node, reason) pair, the reason a str"
+            )
+        if id(pair[0]) in seen:
+            raise ValueError(
+                f"UnsupportedNodeError(rejections=...) names node {getattr(pair[0], 'name', pair[0])!r:.80} twice; "
+                "give each rejected node once, with one reason"
+            )
+        seen.add(id(pair[0]))
+        entries.append(Rejection(pair[0], pair[1]))
+    return entries
+
+
+def _rebuild_unsupported(entries: list[tuple[Any, str, Any]]) -> UnsupportedNodeError:
+    exc = UnsupportedNodeError(rejections=[(node, reason) for node, reason, _ in entries])
+    for rejection, (_, _, info) in zip(exc.rejections, entries):
+        rejection.debug_info = info
+    return exc
 
 
 class BackendError(BackendConfError):

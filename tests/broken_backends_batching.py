@@ -10,6 +10,14 @@ computes ``aten.sub`` 0.4% off in float16 (``WrongHalfSub``'s kernel: a
 failed comparison inside a passing batch). ``CrashingCos`` takes its process
 down (``os.abort``) executing any program with ``aten.cos``: the crash must be
 blamed on the cos checks alone, never on their batch mates.
+
+``BulkRejects`` rejects ``aten.mul`` and ``aten.div`` naming every such
+node in one ``UnsupportedNodeError(rejections=...)``, as a backend should.
+``WrongRejectionList`` does so with a wrong list: it rejects ``aten.mul`` and
+``aten.div`` but names only the mul nodes (a partial list: the div is named
+when the batch is lowered again), and names the ``aten.abs`` node too, which
+it compiles when it is alone (a node named wrongly): the abs checks must
+still pass, and the run must say the list was wrong.
 """
 
 from __future__ import annotations
@@ -70,7 +78,41 @@ class CrashingCos(ReferenceBackend):
         return super().execute(program, inputs)
 
 
+class BulkRejects(ReferenceBackend):
+    name = "bulk_rejects"
+    capabilities = dataclasses.replace(ReferenceBackend.capabilities, supported_ops=None, batch_ops=True)
+    #: The ops it rejects, each with its reason.
+    refuses = {"aten.mul.Tensor": "this compiler has no multiplier", "aten.div.Tensor": "this compiler has no divider"}
+
+    def rejections(self, program):
+        calls = [node for node in program.graph.nodes if node.op == "call_function"]
+        return [(node, self.refuses[str(node.target)]) for node in calls if str(node.target) in self.refuses]
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        named = self.rejections(program)
+        if named:
+            raise bc.UnsupportedNodeError(rejections=named)
+        return super().preprocess(program, compile_spec, debug_handles)
+
+
+class WrongRejectionList(BulkRejects):
+    name = "wrong_rejection_list"
+
+    def rejections(self, program):
+        named = super().rejections(program)
+        muls = [(node, why) for node, why in named if str(node.target) == "aten.mul.Tensor"]
+        if not muls:
+            return named  # alone, or once the muls are gone: the divs, rightly
+        # Partial (no div) and wrong: abs is named though it compiles alone.
+        wrong = [
+            (n, "this compiler has no abs unit") for n in program.graph.nodes if str(n.target) == "aten.abs.default"
+        ]
+        return muls + wrong
+
+
 @bc.hookimpl
 def backendconf_register_backends(register):
     register(TroubledBatches())
     register(CrashingCos())
+    register(BulkRejects())
+    register(WrongRejectionList())

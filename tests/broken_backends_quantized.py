@@ -9,8 +9,13 @@ one thing a quantized kernel can get wrong, and must fail naming the node:
 
 - ``TruncatingQuantize``: quantize truncates toward zero instead of rounding;
 - ``DroppedZeroPoint``: dequantize ignores the zero point;
-- ``WrongChannelAxis``: per-channel dequantize applies its scales along the
-  next axis (cycling through them where that axis is longer).
+- ``WrongChannelAxis``: per-channel quantize and dequantize apply their
+  scales along the next axis (cycling through them where that axis is longer);
+- ``UnsignedDynamicRange``: the dynamic schemes' ``choose_qparams`` takes
+  every activation for non-negative (a kernel written for post-ReLU
+  activations): the range it picks starts at zero, so negative values
+  saturate at the zero point. Only outputs of run-time quantization see it:
+  it proves the SQNR rule that judges them can fail.
 """
 
 from __future__ import annotations
@@ -35,6 +40,16 @@ def _quantize(rounding):
     return quantize
 
 
+def _quantize_per_channel(rounding):
+    def quantize(x, scales, zero_points, axis, quant_min, quant_max, dtype):
+        shape = [1] * x.dim()
+        shape[axis] = -1
+        scaled = rounding(x / scales.reshape(shape)) + zero_points.reshape(shape)
+        return torch.clamp(scaled, quant_min, quant_max).to(dtype)
+
+    return quantize
+
+
 def _away_from_zero(v):
     return torch.sign(v) * torch.floor(v.abs() + 0.5)
 
@@ -53,6 +68,20 @@ def _dequantize_wrong_axis(x, scales, zero_points, axis, quant_min, quant_max, d
     return ((x.to(torch.float32) - zero) * scale).to(out_dtype or torch.float32)
 
 
+def _quantize_wrong_axis(x, scales, zero_points, axis, quant_min, quant_max, dtype):
+    wrong = (axis + 1) % x.dim()
+    pick = torch.arange(x.shape[wrong]) % scales.numel()
+    shape = [1] * x.dim()
+    shape[wrong] = x.shape[wrong]
+    scale = scales[pick].reshape(shape)
+    zero = zero_points[pick].reshape(shape)
+    return torch.clamp(torch.round(x / scale) + zero, quant_min, quant_max).to(dtype)
+
+
+def _choose_qparams_from_zero(x, quant_min, quant_max, eps, dtype):
+    return qd.choose_qparams.tensor(x.clamp(min=0), quant_min, quant_max, eps, dtype)
+
+
 class EagerQDQ(EagerBackend):
     name = "eager_qdq"
 
@@ -62,6 +91,7 @@ class OtherTieRule(EagerBackend):
     calls = {
         qd.quantize_per_tensor.default: _quantize(_away_from_zero),
         qd.quantize_per_tensor.tensor: _quantize(_away_from_zero),
+        qd.quantize_per_channel.default: _quantize_per_channel(_away_from_zero),
     }
 
 
@@ -70,6 +100,7 @@ class TruncatingQuantize(EagerBackend):
     calls = {
         qd.quantize_per_tensor.default: _quantize(torch.trunc),
         qd.quantize_per_tensor.tensor: _quantize(torch.trunc),
+        qd.quantize_per_channel.default: _quantize_per_channel(torch.trunc),
     }
 
 
@@ -83,10 +114,25 @@ class DroppedZeroPoint(EagerBackend):
 
 class WrongChannelAxis(EagerBackend):
     name = "wrong_channel_axis"
-    calls = {qd.dequantize_per_channel.default: _dequantize_wrong_axis}
+    calls = {
+        qd.dequantize_per_channel.default: _dequantize_wrong_axis,
+        qd.quantize_per_channel.default: _quantize_wrong_axis,
+    }
+
+
+class UnsignedDynamicRange(EagerBackend):
+    name = "unsigned_dynamic_range"
+    calls = {qd.choose_qparams.tensor: _choose_qparams_from_zero}
 
 
 @bc.hookimpl
 def backendconf_register_backends(register):
-    for backend in (EagerQDQ, OtherTieRule, TruncatingQuantize, DroppedZeroPoint, WrongChannelAxis):
+    for backend in (
+        EagerQDQ,
+        OtherTieRule,
+        TruncatingQuantize,
+        DroppedZeroPoint,
+        WrongChannelAxis,
+        UnsignedDynamicRange,
+    ):
         register(backend())

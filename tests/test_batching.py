@@ -20,6 +20,13 @@ import pytest
 
 from pytest_backendconf.suite._batching import Batcher
 
+# torchao registers operators when first imported, and pytester's in-process runs forget the modules each
+# imported: import it once here, before them (the quantized category imports it), or a second run fails.
+try:
+    importlib.import_module("torchao.quantization.pt2e.quantize_pt2e")
+except ImportError:
+    pass
+
 # passes, rejections (amax names its input), the avg_pool divisor_override failure, in two dtypes
 ONNX_SELECTION = [
     "backendconf::ops::aten.a[bcm]*[[]float32-sample0]",
@@ -28,6 +35,8 @@ ONNX_SELECTION = [
     "backendconf::ops::aten.[cn]e*[[]float16-sample0]",
     # its rejection names a node the exporter numbered across the program: it must run alone
     "backendconf::ops::aten.amax*[[]float16-sample0]",
+    # cummax and cummin, both samples: rejected together in one error, before decomposing
+    "backendconf::ops::aten.cumm*[[]float32-*",
 ]
 
 
@@ -98,6 +107,48 @@ def test_defects_inside_a_batch_are_blamed_on_their_own_checks(batch_pytester, m
     assert by_op["aten.abs.default"] == {"passed"} and by_op["aten.add.Tensor"] == {"passed"}
     assert "no multiplier" in next(r["reason"] for i, r in batched.items() if "mul.Tensor" in i)
     assert "negation unit" in next(r["error"]["message"] for i, r in batched.items() if "neg.default" in i)
+
+
+# abs, add, mul and div in float16: two samples of each, so that each op's second check may meet its first's rejection
+BULK_SELECTION = [
+    f"backendconf::ops::aten.{op}[[]float16-*" for op in ("abs.default", "add.Tensor", "mul.Tensor", "div.Tensor")
+]
+
+
+def test_a_backend_naming_every_rejected_node_at_once_keeps_each_outcome(batch_pytester):
+    result, batched = _run(batch_pytester, "bulk_rejects", BULK_SELECTION, "-p", "broken_backends_batching")
+    _, alone = _run(
+        batch_pytester, "bulk_rejects", BULK_SELECTION, "-p", "broken_backends_batching", "--backendconf-batch=off"
+    )
+    _agree(batched, alone)
+    outcomes = {i.split("::")[2].split("[")[0]: r["outcome"] for i, r in batched.items()}
+    assert outcomes["aten.mul.Tensor"] == outcomes["aten.div.Tensor"] == "unsupported"
+    assert outcomes["aten.abs.default"] == outcomes["aten.add.Tensor"] == "passed"
+    assert "no divider" in next(r["reason"] for i, r in batched.items() if "div.Tensor" in i)
+    # The first rejection of each op is confirmed alone; its second check's is then taken from the batch.
+    shared = re.search(r"batched: (\d+) checks decided in (\d+) shared lowerings", result.stdout.str())
+    assert shared is not None and int(shared[1]) > 2, result.stdout.str()[-2000:]
+    assert "rejection list is wrong" not in result.stdout.str()
+
+
+def test_a_wrong_or_partial_rejection_list_does_not_change_any_outcome(batch_pytester):
+    result, batched = _run(batch_pytester, "wrong_rejection_list", BULK_SELECTION, "-p", "broken_backends_batching")
+    _, alone = _run(
+        batch_pytester,
+        "wrong_rejection_list",
+        BULK_SELECTION,
+        "-p",
+        "broken_backends_batching",
+        "--backendconf-batch=off",
+    )
+    _agree(batched, alone)
+    assert {r["outcome"] for i, r in batched.items() if "abs.default" in i} == {"passed"}
+    assert {r["outcome"] for i, r in batched.items() if "div.Tensor" in i} == {"unsupported"}
+    # the abs checks ran alone and contradicted the batch: said loudly
+    assert re.search(
+        r"the backend named \d+ nodes? as rejected in a batch that it judged otherwise alone", result.stdout.str()
+    )
+    assert "its rejection list is wrong" in result.stdout.str()
 
 
 def test_a_crash_inside_a_batch_is_blamed_on_the_crashing_check_only(batch_pytester, monkeypatch):

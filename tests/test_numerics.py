@@ -189,7 +189,10 @@ def test_a_float16_accumulator_fails_only_long_float16_sums_and_means(eager_pyte
     assert test["numerics"]["eager_error"]["closeness"] < 1 and test["numerics"]["closeness"] > 2
     passed = [t for t in tests.values() if t["outcome"] == "passed"]
     assert any(t["id"].endswith("[float16-long0]") and "aten.var" in t["id"] for t in passed)
-    assert all("sqnr_db" in t["numerics"] for t in passed)
+    # The float checks; the selection also holds the quantized add program (`[int8-static-per-tensor]`),
+    # judged in steps by the quantized verdict, with no float numerics block.
+    float_passed = [t for t in passed if "float" in t["id"].partition("[")[2]]
+    assert float_passed and all("sqnr_db" in t["numerics"] for t in float_passed)
 
 
 @needs_data

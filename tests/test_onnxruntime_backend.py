@@ -183,6 +183,47 @@ def test_an_op_without_onnx_translation_is_rejected_at_its_node(mystery_op):
     assert "torch.onnx has no ONNX translation of backendconf_ort_test.mystery.default" in text
 
 
+class TwoGaps(nn.Module):
+    def forward(self, x):
+        return torch.median(x) + torch.special.airy_ai(x)  # TWO_GAPS_LINE
+
+
+def test_every_op_without_onnx_translation_is_named_at_once_before_decomposing(monkeypatch):
+    from backendconf_onnxruntime import exporter
+
+    decomposed = []
+    decompose = exporter._decompose
+    monkeypatch.setattr(exporter, "_decompose", lambda *a: (decomposed.append(a), decompose(*a))[1])
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(TwoGaps(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3),))
+    exc = caught.value
+    assert [r.node.name for r in exc.rejections] == ["median", "special_airy_ai"]
+    assert exc.rejections[1].reason == (
+        "torch.onnx has no ONNX translation of aten.special_airy_ai.default (from FX node 'special_airy_ai', "
+        "aten.special_airy_ai.default): No decompositions registered for the real-valued input"
+    )
+    assert all(isinstance(r.debug_handle, int) for r in exc.rejections)
+    text = str(exc)
+    assert text.startswith("The node of aten::median is not supported in this compiler. Source code:")
+    assert text.count(f"line {_line_of('TWO_GAPS_LINE')}, in forward") >= 2
+    assert not decomposed  # known from torchlib's registry alone: the costly decomposition never ran
+
+
+class Casts(nn.Module):
+    def forward(self, x):
+        return x.to(torch.float16).to(torch.float32) * 2
+
+
+def test_what_the_exporter_drops_is_not_rejected_early():
+    # torch.export writes aten._assert_tensor_metadata before a cast; torchlib has no function for it, but
+    # the exporter removes it after decomposing: the early rejection must leave it alone.
+    program = torch.export.export(Casts(), (torch.randn(3),))
+    assert any("_assert_tensor_metadata" in str(n.target) for n in program.graph.nodes)
+    lowered = bc.to_backend(Casts(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(3),))
+    x = torch.randn(3)
+    torch.testing.assert_close(lowered(x), Casts()(x))
+
+
 def test_compile_spec_keys_are_checked():
     with pytest.raises(ValueError, match="unknown compile-spec key 'fast' for the onnxruntime backend"):
         OnnxRuntimeBackend().preprocess(*_prepared(Chain(), (torch.randn(2, 3),), {"fast": True}))

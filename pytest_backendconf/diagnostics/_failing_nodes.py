@@ -42,7 +42,8 @@ def failing_nodes(
     through the backend's ``preprocess`` and, when the backend is available,
     its ``compile``, with ``compile_spec``; any exception means the node
     fails. The returned nodes are ``program``'s own, so that a backend can
-    ``raise UnsupportedNodeError(nodes[0], why)`` from ``preprocess``.
+    ``raise UnsupportedNodeError(nodes[0], why)`` from ``preprocess``, or name
+    them all: ``UnsupportedNodeError(rejections=[(n, why) for n in nodes])``.
 
     Called while probing (from the ``preprocess`` that a probe runs), it
     returns ``[]``: the backend then raises its own build error, which is the

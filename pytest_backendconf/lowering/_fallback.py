@@ -122,10 +122,11 @@ def _compile_fallback(compile_program: Any, piece: Any, spec: dict | None, infos
         return compile_program(piece.program, spec, piece.handles, fallback=True)
     except UnsupportedNodeError as exc:
         # The user's source line, as for a delegated node the backend rejects.
-        handle = piece.handles.get(exc.node)
-        if handle is not None and handle in infos:
-            exc.debug_info = infos[handle]
-        exc.reason = f"the CPU fallback cannot run it either: {exc.reason}"
+        for rejection in exc.rejections:
+            handle = piece.handles.get(rejection.node)
+            if handle is not None and handle in infos:
+                rejection.debug_info = infos[handle]
+            rejection.reason = f"the CPU fallback cannot run it either: {rejection.reason}"
         raise
 
 

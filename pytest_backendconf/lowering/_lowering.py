@@ -259,9 +259,11 @@ def _preprocess(
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
     except UnsupportedNodeError as exc:
-        handle = handles.get(exc.node) if _hashable(exc.node) else None
-        if handle is not None:
-            exc.debug_info = infos[handle]
+        # Every rejected node gets its own source line (a backend may name several at once).
+        for rejection in exc.rejections:
+            handle = handles.get(rejection.node) if _hashable(rejection.node) else None
+            if handle is not None:
+                rejection.debug_info = infos[handle]
         raise
     if not isinstance(blob, bytes):
         raise BackendContractError(

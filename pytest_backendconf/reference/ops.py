@@ -692,6 +692,8 @@ _TABLE: list[tuple] = [
     (493, "quantized_decomposed.dequantize_per_tensor.tensor", _quantized("dequantize_per_tensor.tensor")),
     (495, "quantized_decomposed.dequantize_per_channel.default", _quantized("dequantize_per_channel.default")),
     (496, "quantized_decomposed.choose_qparams.tensor", _quantized("choose_qparams.tensor")),
+    # the ops category's per-channel quantize (its Q/DQ operator checks)
+    (497, "quantized_decomposed.quantize_per_channel.default", _quantized("quantize_per_channel.default")),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -12,6 +12,8 @@ from typing import Any, Iterable, Mapping
 
 #: Every dtype the ops category knows, in column order.
 DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
+#: The integer dtypes of the quantize/dequantize overloads' checks: columns of a matrix that has them.
+QUANTIZED_DTYPES = ("int8", "uint8")
 PASSED, UNSUPPORTED, FAILED, NOT_UNDER_TEST = "passed", "unsupported", "failed", "not under test"
 #: Report outcomes that count as a failure of a cell.
 _FAILING = ("failed", "error", "known_failure", "unexpected_pass")
@@ -20,6 +22,9 @@ OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-
 _ID = re.compile(
     rf"^(?:backendconf::)?ops::(?P<overload>{OVERLOAD_NAME.pattern})\[(?P<dtype>[a-z0-9]+)-(?:sample|long)(?P<k>\d{{1,6}})\]$"
 )
+
+
+_OPS_CHECK = re.compile(r"^(?:backendconf::)?ops::")
 
 
 def parse_id(test_id: str) -> tuple[str, str, int] | None:
@@ -54,24 +59,31 @@ def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | Non
     for test in tests:
         if not isinstance(test, Mapping):
             continue
-        parsed = parse_id(str(test.get("id", "")))
-        if parsed is None or not isinstance(test.get("outcome"), str):
+        test_id = str(test.get("id", ""))
+        if not _OPS_CHECK.match(test_id) or not isinstance(test.get("outcome"), str):
+            continue
+        # Every ops check counts; a single-op quantized program (``aten.conv2d.default[int8-static-per-tensor]``)
+        # is no cell of its own in the matrix.
+        ops_tests.append({**test, "category": "ops"})
+        parsed = parse_id(test_id)
+        if parsed is None:
             continue
         overload, dtype, _ = parsed
         outcomes.setdefault(overload, {}).setdefault(dtype, []).append(test["outcome"])
-        ops_tests.append({**test, "category": "ops"})
     if not outcomes:
         return None
     # The same counts as the report's summary.ops (a known failure is never counted as failed).
     counts = category_counts(ops_tests)["ops"]
+    seen = {d for cells in outcomes.values() for d in cells}
+    columns = DTYPES + tuple(d for d in QUANTIZED_DTYPES if d in seen)
     overloads = {
-        name: {d: _cell(cells[d]) if d in cells else NOT_UNDER_TEST for d in DTYPES}
+        name: {d: _cell(cells[d]) if d in cells else NOT_UNDER_TEST for d in columns}
         for name, cells in sorted(outcomes.items())
     }
     full = sorted(n for n, row in overloads.items() if all(v in (PASSED, NOT_UNDER_TEST) for v in row.values()))
     declared_set = set(declared or ())
     return {
-        "dtypes": list(DTYPES),
+        "dtypes": list(columns),
         "checks": counts,
         "overloads_total": len(overloads),
         "overloads_fully_supported": len(full),
@@ -123,8 +135,9 @@ def matrix_text(matrix: Mapping[str, Any]) -> str:
     """The matrix as a table: one row per overload, one column per dtype."""
     marks = {PASSED: "pass", UNSUPPORTED: "unsup", FAILED: "FAIL", NOT_UNDER_TEST: "-"}
     width = max([len("overload")] + [len(n) for n in matrix["overloads"]])
-    lines = [f"{'overload':<{width}}  " + "  ".join(f"{d:>8}" for d in DTYPES)]
+    columns = [d for d in matrix.get("dtypes") or DTYPES if d in DTYPES + QUANTIZED_DTYPES]
+    lines = [f"{'overload':<{width}}  " + "  ".join(f"{d:>8}" for d in columns)]
     for name, row in matrix["overloads"].items():
-        lines.append(f"{name:<{width}}  " + "  ".join(f"{marks[row[d]]:>8}" for d in DTYPES))
+        lines.append(f"{name:<{width}}  " + "  ".join(f"{marks.get(row.get(d), '-'):>8}" for d in columns))
     lines.append(summary_line(matrix))
     return "\n".join(lines)

@@ -73,12 +73,29 @@ class Batcher:
         #: How many checks a batch decided.
         self.shared = 0
         #: Members (op names) the backend rejected once: their later checks run alone, since each
-        #: rejection in a batch costs a lowering of the whole batch again, and one alone a small one.
+        #: rejection in a batch costs a lowering of the whole batch again, and one alone a small one
+        #: (unless the backend names every rejected node at once: see `bulk`).
         self.refused: set[str] = set()
+        #: Whether the backend named several rejected nodes in one error: a rejection then costs the
+        #: batch nothing more, and refused members stay in batches.
+        self.bulk = False
+        #: Rejections seen alone, as ``(member, outcome, message)``: a batch's rejection of a check is
+        #: taken as its outcome only when a check of the same member was rejected so alone (`_key`).
+        self.confirmed: set[tuple[str, Any, Any]] = set()
+        #: Checks a batch said were rejected, not confirmed, so run alone: their batch outcome, to compare.
+        self.claimed: dict[str, dict] = {}
+        #: Checks whose batch rejection their run alone contradicted (the backend's list was wrong).
+        self.contradicted: list[str] = []
 
     def counts(self) -> dict[str, Any]:
         """What this process's batches did, for the summary (an xdist worker sends it to the controller)."""
-        return {"shared": self.shared, "batches": self.batches, "seconds": self.seconds, "alone": len(self.alone)}
+        return {
+            "shared": self.shared,
+            "batches": self.batches,
+            "seconds": self.seconds,
+            "alone": len(self.alone),
+            "contradicted": len(self.contradicted),
+        }
 
     @staticmethod
     def add_counts(total: dict[str, Any] | None, counts: dict[str, Any]) -> dict[str, Any]:
@@ -87,15 +104,30 @@ class Batcher:
     @staticmethod
     def summary(counts: dict[str, Any]) -> str:
         """``backendconf: batched: 42 checks decided in 8 shared lowerings (23.2 s), 0 ran alone …``."""
-        return (
+        text = (
             f"backendconf: batched: {counts['shared']} checks decided in {counts['batches']} shared lowerings "
             f"({counts['seconds']:.1f} s), {counts['alone']} ran alone (--backendconf-batch=off: one lowering each)"
         )
+        wrong = counts.get("contradicted", 0)
+        if wrong:
+            text += (
+                f"; the backend named {wrong} node{'s' if wrong != 1 else ''} as rejected in a batch that it judged "
+                "otherwise alone (those checks report their outcome alone; its rejection list is wrong)"
+            )
+        return text
 
-    def rejected(self, check: Check) -> None:
-        """A check that ran alone came out unsupported: its member's later checks run alone too."""
-        if check.batch is not None:
+    def ran_alone(self, check: Check, outcome: str, message: str) -> None:
+        """A check ran alone: remember a rejection (its member's later checks run alone, or are confirmed by
+        it), and whether it contradicts what a batch said of it."""
+        if check.batch is None:
+            return
+        if outcome == "unsupported":
             self.refused.add(check.batch.member)
+        if outcome in ("unsupported", "failed"):
+            self.confirmed.add(_key(check, {"outcome": outcome, "message": message}))
+        claimed = self.claimed.pop(check.id, None)
+        if claimed is not None and (claimed.get("outcome"), claimed.get("message")) != (outcome, message):
+            self.contradicted.append(check.id)
 
     def outcome(self, item: Any) -> dict | None:
         """The check's outcome from a batch, or None: run it alone."""
@@ -104,7 +136,14 @@ class Batcher:
             return None
         if check.id in self.decided:
             return self.decided.pop(check.id)
-        if check.id in self.alone or check.batch.member in self.refused:
+        claimed = self.claimed.get(check.id)
+        if claimed is not None and _key(check, claimed) in self.confirmed:
+            # A batch named its node, and another check of its member was rejected so alone since.
+            del self.claimed[check.id]
+            self.alone.discard(check.id)
+            self.shared += 1
+            return claimed
+        if check.id in self.alone or self._refused(check):
             return None
         members = [item] + self._mates(item)
         if len(members) < 2:
@@ -136,7 +175,7 @@ class Batcher:
                 or theirs.group != batch.group
                 or theirs.member in members
                 or theirs.run is not batch.run
-                or theirs.member in self.refused
+                or self._refused(check)
             ):
                 continue
             if check.id in self.decided or check.id in self.alone or self._known_to_hang(other):
@@ -146,6 +185,10 @@ class Batcher:
             members.add(theirs.member)
             found.append(other)
         return found
+
+    def _refused(self, check: Check) -> bool:
+        """Whether the check runs alone because its member was rejected before (and rejections are dear)."""
+        return not self.bulk and check.batch is not None and check.batch.member in self.refused
 
     def _known_to_hang(self, item: Any) -> bool:
         """A check whose lowered model hung or crashed before runs alone: it then fails at once."""
@@ -167,15 +210,30 @@ class Batcher:
         if result is None:  # the host died, or the runner broke: nobody is blamed, each runs alone
             self.alone.update(c.id for c in checks)
             return
-        decided = result.get("decided", {})
-        self.decided.update(decided)
-        self.shared += len(decided)
         by_id = {c.id: c for c in checks}
+        decided = {i: outcome for i, outcome in result.get("decided", {}).items() if i in by_id}
+        # A rejection the batch read off the backend's list counts only where the same member was
+        # rejected so alone before; otherwise the check runs alone, and its outcome is compared.
+        for i, outcome in result.get("rejected", {}).items():
+            batch = by_id[i].batch if i in by_id else None
+            if batch is None:
+                continue
+            if _key(by_id[i], outcome) in self.confirmed:
+                decided[i] = outcome
+            else:
+                self.claimed[i] = outcome
+                self.alone.add(i)
+            self.refused.add(batch.member)
+        # A one-node rejection decides, as it always has.
         self.refused.update(
             by_id[i].batch.member  # type: ignore[union-attr]
             for i, outcome in decided.items()
-            if i in by_id and outcome.get("outcome") == "unsupported"
+            if outcome.get("outcome") == "unsupported"
         )
+        if int(result.get("named", 0) or 0) > 1:
+            self.bulk = True
+        self.decided.update(decided)
+        self.shared += len(decided)
         self.alone.update(result.get("alone", []))
         split = [by_id[i] for i in result.get("split", []) if i in by_id]
         if len(split) == 1:
@@ -194,3 +252,9 @@ class Batcher:
             return checks[0].batch.run(self.ctx, checks)  # type: ignore[union-attr]
         except Exception:  # the runner itself failed: the checks alone will say what
             return None
+
+
+def _key(check: Check, outcome: dict) -> tuple[str, Any, Any]:
+    """What a batch's rejection of a check must match to be taken: a rejection of the same member (op) with
+    the very text seen alone (a reason that depends on the dtype says so, and then differs)."""
+    return (getattr(check.batch, "member", ""), outcome.get("outcome"), outcome.get("message"))

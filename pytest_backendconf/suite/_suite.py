@@ -117,23 +117,27 @@ class ConformanceItem(pytest.Item):
                     self.user_properties.append(("backendconf", details))
             except Unsupported as exc:
                 if batcher is not None:
-                    batcher.rejected(self.check)
+                    batcher.ran_alone(self.check, "unsupported", str(exc))
                 pytest.skip(f"unsupported: {exc}")
             except Exception as exc:
+                if batcher is not None:
+                    batcher.ran_alone(self.check, "failed", str(exc))
                 if isinstance(exc, CheckFailed) and isinstance(exc.details, dict):
                     self.user_properties.append(("backendconf", exc.details))  # a failed comparison's numerics
                 from ..target import error_record
 
                 self._minimise(error_record(exc), str(exc), None)
                 raise
+            if batcher is not None:
+                batcher.ran_alone(self.check, "passed", "")
             return
         from ._host import model_key
 
         check = self.check
         model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
         outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
-        if outcome["outcome"] == "unsupported" and batcher is not None:
-            batcher.rejected(check)
+        if batcher is not None:
+            batcher.ran_alone(check, outcome["outcome"], outcome.get("message", ""))
         if outcome["outcome"] == "failed":
             self._minimise(outcome.get("error"), outcome.get("message", ""), outcome.get("ended"))
         self._apply(outcome)

@@ -62,6 +62,22 @@ def torchlib_registry() -> Any:
     return _registration.ONNXRegistry.from_torchlib()
 
 
+def decomposed_targets(registry: Any) -> frozenset:
+    """The ops the exporter's decomposition step rewrites: those with a decomposition and no torchlib function
+    (``_decomp.create_onnx_friendly_decomposition_table``, ``_decomp.get_onnx_implemented_overloads``,
+    torch.onnx internals on torch 2.13 and 2.14)."""
+    from torch.onnx._internal.exporter import _decomp
+
+    implemented = set(_decomp.get_onnx_implemented_overloads(registry))
+    return frozenset(_decomp.create_onnx_friendly_decomposition_table(implemented))
+
+
+def has_composite_kernel(target: Any) -> bool:
+    """Whether an op overload has a CompositeImplicitAutograd kernel, which tracing may decompose whatever
+    the table says (``torch._C._dispatch_has_kernel_for_dispatch_key``, private on torch 2.4-2.14)."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"))
+
+
 def op_schema(target: Any) -> Any:
     """The ``torch.FunctionSchema`` of an op overload, or None for any other target
     (``torch._ops.OpOverload._schema``, private on torch 2.4-2.14)."""

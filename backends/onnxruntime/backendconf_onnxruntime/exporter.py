@@ -12,7 +12,10 @@ Every ONNX node is traced back to the FX node of the *given* program it
 came from through the provenance the exporter records
 (``node.meta["from_node"]``). An op the exporter cannot translate, or that
 ONNX Runtime cannot load, is rejected with ``UnsupportedNodeError`` at that
-FX node, so the user sees their own source line.
+FX node, so the user sees their own source line. Every node the exporter's
+dispatch check would reject is named in one error, and those that no
+decomposition rewrites are found before decomposing (most of an export's
+cost), from torchlib's registry alone.
 
 This module, ``passes``, ``torch.onnx``, ``onnxscript``, ``onnx_ir`` and
 ``onnx`` are host-only: the target loads blobs with onnxruntime alone.
@@ -37,7 +40,15 @@ from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from . import blob as blob_format
-from ._compat import ExporterSteps, exporter_steps, is_higher_order_op, torchlib_registry
+from ._compat import (
+    ExporterSteps,
+    decomposed_targets,
+    exporter_steps,
+    has_composite_kernel,
+    is_higher_order_op,
+    op_schema,
+    torchlib_registry,
+)
 from .passes import ModelBuilder
 
 #: Every compile-spec key this backend understands.
@@ -230,19 +241,19 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
 
     registry = _onnx_registry()
     with _quiet_exporter(), steps.exporting():
+        # Every node the dispatch check below would reject and that no decomposition rewrites is known
+        # before decomposing (most of an export's cost): rejected at once, all of them.
+        kept = _decomposed_targets(registry)
+        early = _untranslatable((n for n in originals.nodes if _kept_as_is(n, kept)), originals, registry, steps)
+        if early:
+            raise UnsupportedNodeError(rejections=early)
         decomposed = _decompose(program, originals, registry, steps)
-        # What the exporter would fail on: an op with no ONNX function.
-        for _, graph_module in _graph_modules(decomposed.graph_module):
-            for node in graph_module.graph.nodes:
-                if node.op != "call_function" or _is_passthrough(node):
-                    continue
-                function, message = steps.dispatch(node, registry)
-                if function is None:
-                    culprit = originals.origin(node) or originals.output
-                    raise UnsupportedNodeError(
-                        culprit,
-                        f"torch.onnx has no ONNX translation of {node.target} (from {_describe(culprit)}): {message}",
-                    )
+        # What the exporter would fail on: an op with no ONNX function (every such node, in one error).
+        late = _untranslatable(
+            (n for _, gm in _graph_modules(decomposed.graph_module) for n in gm.graph.nodes), originals, registry, steps
+        )
+        if late:
+            raise UnsupportedNodeError(rejections=late)
         try:
             onnx_program = steps.translate(decomposed, registry=registry)
         except Exception as exc:
@@ -323,6 +334,69 @@ def _fingerprint(program: Any, originals: _Originals) -> tuple:
         if isinstance(t, torch.Tensor)
     )
     return graphs, nodes, tensors
+
+
+def _untranslatable(
+    nodes: Iterator[torch.fx.Node], originals: _Originals, registry: Any, steps: ExporterSteps
+) -> list[tuple[torch.fx.Node, str]]:
+    """The given program's nodes behind ``nodes`` that torchlib has no ONNX function for, with the reason.
+
+    ``nodes`` are the decomposed program's (or the given program's own); each
+    failing one is named at the node of the given program it comes from, once.
+    """
+    found: dict[torch.fx.Node, str] = {}
+    for node in nodes:
+        if node.op != "call_function" or _is_passthrough(node):
+            continue
+        function, message = steps.dispatch(node, registry)
+        if function is None:
+            culprit = originals.origin(node) or originals.output
+            found.setdefault(
+                culprit, f"torch.onnx has no ONNX translation of {node.target} (from {_describe(culprit)}): {message}"
+            )
+    return list(found.items())
+
+
+_kept_lock = threading.Lock()
+_kept: dict[int, frozenset] = {}
+
+
+def _decomposed_targets(registry: Any) -> frozenset:
+    """The ops the decomposition step rewrites, for this registry (built once: it walks every decomposition)."""
+    with _kept_lock:
+        if id(registry) not in _kept:
+            _kept[id(registry)] = decomposed_targets(registry)
+        return _kept[id(registry)]
+
+
+#: What the exporter removes after decomposing (``_fx_passes.remove_assertion_nodes``), never dispatched.
+_DROPPED_BY_EXPORTER = frozenset(
+    {
+        "aten::sym_constrain_range_for_size",
+        "aten::_assert_async",
+        "aten::_assert_scalar",
+        "aten::_assert_tensor_metadata",
+    }
+)
+
+
+def _kept_as_is(node: torch.fx.Node, decomposed: frozenset) -> bool:
+    """Whether the exporter's decomposition leaves ``node`` as it is, so its dispatch can be asked before.
+
+    Only a used, functional ATen op overload that the exporter does not
+    drop, with neither a decomposition in the exporter's table nor a
+    CompositeImplicitAutograd kernel (which tracing may inline); anything
+    else is judged after decomposing, as before.
+    """
+    target = node.target
+    schema = op_schema(target)
+    if node.op != "call_function" or schema is None or not node.users:
+        return False  # not an op, or dead code that the exporter's retracing drops
+    if not schema.name.startswith("aten::") or schema.name in _DROPPED_BY_EXPORTER:
+        return False  # other namespaces (quantization's, custom ops) may be handled otherwise
+    if target in decomposed or has_composite_kernel(target):
+        return False
+    return not schema.is_mutable
 
 
 def _is_passthrough(node: torch.fx.Node) -> bool:

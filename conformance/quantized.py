@@ -10,8 +10,13 @@ values mixed in); exported again; and lowered whole, or with
 ``delegation`` category does). The reference is the Q/DQ program itself run
 by eager PyTorch: the backend's error is stated in steps of each output's
 quantization scale beside the SQNR of both against the float model, and
-must be no more than legitimate rounding explains (``QuantizedRule``). A
-failure names the node where the backend first departs from the reference.
+must be no more than legitimate rounding explains (``QuantizedRule``).
+In a deep network a neighbouring integer in one layer is carried on by
+the next, so outputs off by more than the rule are judged again layer by
+layer (`judge_layers`: each layer alone on the backend, fed eager's
+integers): they pass if every layer is within the rule, and fail naming
+the first layer that is not. Where the layers cannot be judged, a failure
+names the node where the backend first departs from the reference.
 
 Without torchao (the ``[quant]`` extra) the category has no checks and the
 run prints one notice naming the extra.
@@ -24,7 +29,7 @@ from typing import Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf import _compat
-from pytest_backendconf.diagnostics import locate_in_program
+from pytest_backendconf.diagnostics import LayerVerdict, judge_layers, locate_in_program
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 from pytest_backendconf.lowering import export_method, lower_programs
 from pytest_backendconf.lowering import normalize as normalize_call
@@ -88,6 +93,7 @@ def check_quantized(ctx: SuiteContext, *, case_name: str, scheme: str) -> dict[s
     module = ctx.module(case_name, DTYPE)
     module_type = type(module)
     judged_all = []
+    carried: list[dict[str, Any]] = []  # outputs off only by rounding carried through layers each within the rule
     for method, program in programs.items():
         steps = output_steps(program)
         reference_module = _reference_module(ctx, case_name, scheme, method)
@@ -101,8 +107,18 @@ def check_quantized(ctx: SuiteContext, *, case_name: str, scheme: str) -> dict[s
             judged_all.extend(judged)
             failing = [j for j in judged if not j.passed]
             if failing:
+                inputs = _compat.tree_leaves((flat_args, flat_kwargs))
+                layers = _layers(ctx, program, module_type, method, inputs, failing)
+                if layers is not None and layers.passed:
+                    carried.append({"seed": seed, "outputs": [j.json() for j in failing], **layers.json()})
+                    continue
                 where = f"{case_name}.{method} [{scheme}]" if method != "forward" else f"{case_name} [{scheme}]"
-                located = _locate(ctx, program, module_type, method, _compat.tree_leaves((flat_args, flat_kwargs)))
+                located = ""
+                if layers is not None and layers.failing is not None:
+                    located = f"\nThe first layer off alone, run on eager's integers: {layers.failing.text()}"
+                elif layers is not None:
+                    located = f"\n({layers.summary()})"
+                located += _locate(ctx, program, module_type, method, inputs)
                 raise CheckFailed(
                     f"{where}: the backend's quantized outputs differ from eager PyTorch running the same Q/DQ "
                     f"program by more than rounding explains ({rule_text(failing)}), {how}, for example seed "
@@ -115,6 +131,7 @@ def check_quantized(ctx: SuiteContext, *, case_name: str, scheme: str) -> dict[s
             "lowered": how,
             "max_steps": max((j.max_steps for j in judged_all), default=0.0),
             "outputs": [j.json() for j in judged_all[: len(judged_all) // max(len(_draws("seeds")), 1)]],
+            **({"carried_through_layers": carried} if carried else {}),
         }
     }
 
@@ -210,6 +227,18 @@ def _lower(ctx: SuiteContext, case_name: str, scheme: str) -> Any:
 def _draws(which: str) -> list[tuple[int, str]]:
     """The (seed, input mode) pairs of ``[quantized]``'s ``calibration`` or ``seeds``."""
     return [(int(seed), str(mode)) for seed, mode in section("quantized")[which]]
+
+
+def _layers(
+    ctx: SuiteContext, program: Any, module_type: type, method: str, inputs: list, failing: list
+) -> LayerVerdict | None:
+    """Each layer of a static program alone, when every failing output is on a grid (not a mismatch)."""
+    if any(j.mismatch or j.float_output for j in failing):
+        return None
+    try:
+        return judge_layers(program, ctx.backend, inputs, rule(), top_class=module_type.__name__, method=method)
+    except Exception as exc:  # a diagnosis: never hide the failure behind it
+        return LayerVerdict(reason=f"{type(exc).__name__}: {exc}")
 
 
 def _locate(ctx: SuiteContext, program: Any, module_type: type, method: str, inputs: list) -> str:

@@ -11,6 +11,7 @@ broken_backends_quantized.py.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -96,6 +97,27 @@ def test_broken_quantized_kernels_fail_naming_the_node(pytester, backend, check,
         "against the float model at most 3 dB below the reference's)" in first
     ) is float_output
     assert f"Diverges first at node {node}" in text, text
+    # A static program is judged again layer by layer: the first layer off alone is named too.
+    layer_line = "The first layer off alone, run on eager's integers: layer ending at node 'quantize_per_tensor"
+    assert (layer_line in text) is not float_output, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["int8-static-per-tensor", "int8-static-per-channel"])
+def test_resnet18s_rounding_carried_through_its_layers_passes_layer_by_layer(pytester, scheme):
+    """The reference backend's integer kernels on a real network: outputs off by more than the rule, every layer not."""
+    if importlib.util.find_spec("torchvision") is None:  # importing it here could fail: the suite knows how
+        pytest.skip("the real-world models need the [models] extra (torchvision)")
+    check = f"backendconf::quantized::resnet18[{scheme}]"
+    tests, result = run(pytester, "reference", check, extra=["--backendconf-zoo=real"])
+    assert tests[check]["outcome"] == "passed", result.stdout.str()[-3000:]
+    carried = tests[check]["details"]["quantized"]["carried_through_layers"]
+    assert carried, "the outputs were within the rule: this test no longer shows the layer verdict"
+    rule = QuantizedRule()
+    for draw in carried:
+        assert draw["judged"] and draw["failing"] is None and draw["layers"] >= 40
+        assert any(o["share_off"] > rule.max_share for o in draw["outputs"])  # the outputs alone would fail
+        assert draw["max_steps"] <= 1 and draw["max_share_off"] < rule.max_share / 2
 
 
 def test_a_backend_without_a_quantizer_for_a_scheme_is_unsupported_there(pytester):

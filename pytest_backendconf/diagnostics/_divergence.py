@@ -147,7 +147,7 @@ def locate_in_program(
     def judge(nodes: list[Any]) -> tuple[Any, Closeness] | None:
         """The first of ``nodes``' outputs out of tolerance when they run together on the backend."""
         try:
-            results = run_on_backend(nodes, env, backend)
+            results = run_on_backend(nodes, env, backend, program=program)
         except Exception:
             return None  # the backend cannot run this piece alone: no verdict from it
         for node, actual, expected in results:
@@ -241,20 +241,29 @@ def eager_intermediates(program: ExportedProgram, user_inputs: list) -> dict[Any
     return recorder.values
 
 
-def run_on_backend(nodes: list[Any], env: dict[Any, Any], backend: Any) -> list[tuple[Any, list, list]]:
-    """Lower ``nodes`` (in order) as one program fed with eager values: per node, its outputs
-    from the backend and from eager (the items of a tuple that the graph uses)."""
+def run_on_backend(
+    nodes: list[Any],
+    env: dict[Any, Any],
+    backend: Any,
+    *,
+    program: ExportedProgram | None = None,
+    outputs: list[Any] | None = None,
+) -> list[tuple[Any, list, list]]:
+    """Lower ``nodes`` (in order) as one program fed with eager values: per output node, its outputs
+    from the backend and from eager (the items of a tuple that the graph uses).
+
+    ``program`` and ``outputs`` are `piece_program`'s: the program's weights stay constants, and only
+    ``outputs`` are the piece's outputs (default: every node).
+    """
     from ..lowering import lower_programs
 
-    program, inputs, outputs = piece_program(nodes, env)
-    lowered = lower_programs(
-        {"forward": program}, backend, {"forward": {}}, module_type=inputs_module_type(len(inputs))
-    )
+    piece, inputs, counts = piece_program(nodes, env, program=program, outputs=outputs)
+    lowered = lower_programs({"forward": piece}, backend, {"forward": {}}, module_type=inputs_module_type(len(inputs)))
     with torch.no_grad():
         flat = _compat.tree_leaves(lowered(*inputs))
     results = []
     position = 0
-    for node, items in outputs:
+    for node, items in counts:
         values = flat[position : position + len(items)]
         position += len(items)
         expected = [env[node]] if items == [None] else [env[node][i] for i in items]
@@ -262,16 +271,30 @@ def run_on_backend(nodes: list[Any], env: dict[Any, Any], backend: Any) -> list[
     return results
 
 
-def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgram, list, list[tuple[Any, list]]]:
+def piece_program(
+    nodes: list[Any],
+    env: dict[Any, Any],
+    *,
+    program: ExportedProgram | None = None,
+    outputs: list[Any] | None = None,
+) -> tuple[ExportedProgram, list, list[tuple[Any, list]]]:
     """A program of ``nodes`` whose outside inputs are placeholders fed with eager values.
 
-    Returns it, its inputs, and per node which of its results are outputs
+    With ``program`` (the program the nodes come from), its weights (parameters, buffers, lifted
+    constants) stay constants of the piece, as a backend saw them in the whole program: a compiler
+    that fuses a quantized convolution only over a constant weight fuses it here too. ``outputs``
+    (default: every node) are the nodes whose values the piece returns; a node whose value nothing
+    outside reads stays an intermediate, as in the program.
+
+    Returns it, its inputs, and per output node which of its results are outputs
     (``[None]``: the node's tensor; else the tuple indices the graph uses).
     """
     graph = torch.fx.Graph()
     mapping: dict[Any, Any] = {}
     inputs: list[Any] = []
     inside = set(nodes)
+    weights = _weights_of(program)
+    constants: dict[str, Any] = {}
 
     def outside(n: Any) -> Any:
         if n in mapping:
@@ -280,17 +303,22 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
         if not isinstance(value, torch.Tensor):
             mapping[n] = value  # a number from an earlier node (a size): a constant here
             return value
+        if n in weights:
+            placeholder = graph.placeholder(f"weight{len(constants)}")
+            placeholder.meta["val"] = n.meta.get("val")
+            mapping[n] = placeholder
+            constants[placeholder.name] = weights[n]
+            return placeholder
         placeholder = graph.placeholder(f"input{len(inputs)}")
         placeholder.meta["val"] = n.meta.get("val")
         mapping[n] = placeholder
         inputs.append(value)
         return placeholder
 
-    for node in nodes:
-        for n in node.all_input_nodes:
-            if n not in inside:
-                outside(n)
-    # Placeholders first (graph order), then the nodes.
+    frontier = [n for node in nodes for n in node.all_input_nodes if n not in inside]
+    # Placeholders first, weights before user inputs (as export orders them), then the nodes.
+    for n in sorted(frontier, key=lambda n: n not in weights):
+        outside(n)
     for node in nodes:
         mapping[node] = graph.node_copy(node, lambda n: mapping[n] if n in mapping else outside(n))
         for user in node.users:
@@ -298,7 +326,7 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
                 mapping[user] = graph.node_copy(user, lambda n: mapping[n])
     output_nodes: list[Any] = []
     counts: list[tuple[Any, list]] = []
-    for node in nodes:
+    for node in nodes if outputs is None else outputs:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
             output_nodes.append(mapping[node])
@@ -313,12 +341,17 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     signature = ExportGraphSignature(
-        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None) for p in placeholders],
+        input_specs=[
+            InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name)
+            if p.name in constants
+            else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
+            for p in placeholders
+        ],
         output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(o.name), None) for o in output_nodes],
     )
     in_spec = _compat.tree_flatten((tuple(inputs), {}))[1]
     out_spec = _compat.tree_flatten(tuple(output_nodes))[1]
-    program = ExportedProgram(
+    piece = ExportedProgram(
         root=module,
         graph=module.graph,
         graph_signature=signature,
@@ -327,9 +360,28 @@ def piece_program(nodes: list[Any], env: dict[Any, Any]) -> tuple[ExportedProgra
         module_call_graph=[
             ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
         ],
-        constants={},
+        constants=constants,
+        # The dialect of the program the nodes come from (a training-IR program may hold in-place ops).
+        verifiers=list(program.verifiers) if program is not None else None,
     )
-    return program, inputs, counts
+    return piece, inputs, counts
+
+
+def _weights_of(program: ExportedProgram | None) -> dict[Any, torch.Tensor]:
+    """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their tensors."""
+    if program is None:
+        return {}
+    by_name = {n.name: n for n in program.graph_module.graph.nodes if n.op == "placeholder"}
+    found = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            continue
+        tensor = program.state_dict.get(spec.target)
+        if tensor is None:
+            tensor = program.constants.get(spec.target)
+        if isinstance(tensor, torch.Tensor) and spec.arg.name in by_name:
+            found[by_name[spec.arg.name]] = tensor
+    return found
 
 
 def inputs_module_type(arity: int) -> type:

@@ -23,12 +23,14 @@ declared host-only, and the runtime side never imports it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from pytest_backendconf import UnsupportedNodeError
+
+from pytest_backendconf.provenance import ProgramNodes, graph_modules
 
 from . import blob as blob_format
 from . import runtime
@@ -76,7 +78,7 @@ def parse_spec(compile_spec: Mapping[str, Any] | None) -> tuple[tuple[str, ...],
 def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_handles: Mapping[Any, int]) -> bytes:
     """The blob of one method: the ``.pte`` and the header (see ``blob``)."""
     partitioners, fault_name = parse_spec(compile_spec)
-    originals = _Originals(program)
+    originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
     executorch_program, origin_of_handle = _lower(program, partitioners, originals)
     method = "forward"
@@ -118,57 +120,20 @@ def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_ha
 # --- the given program's nodes ------------------------------------------------------
 
 
-class _Originals:
-    """The FX nodes of the given program, found again from ExecuTorch's provenance (``from_node``)."""
-
-    def __init__(self, program: Any) -> None:
-        self.program = program
-        self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
-        self.by_name: dict[str, torch.fx.Node] = {}
-        self.nodes: list[torch.fx.Node] = []
-        for _, module in program.graph_module.named_modules(remove_duplicate=False):
-            if isinstance(module, torch.fx.GraphModule):
-                for node in module.graph.nodes:
-                    self.by_graph[(id(node.graph), node.name)] = node
-                    self.by_name.setdefault(node.name, node)
-                    self.nodes.append(node)
-
-    def origin(self, node: torch.fx.Node) -> torch.fx.Node | None:
-        """The node of the given program that ``node`` (of a derived graph) comes from."""
-        pending = list(node.meta.get("from_node", ()))
-        seen = 0
-        last = None
-        while pending and seen < 10_000:
-            source = pending.pop(0)
-            seen += 1
-            found = self.by_graph.get((source.graph_id, source.name))
-            if found is not None:
-                return found
-            last = source
-            pending.extend(source.from_node)
-        # Provenance that stops short of our graph (a pass that copied the
-        # graph without recording it): the oldest recorded name, if it is ours.
-        if last is not None and last.name in self.by_name:
-            return self.by_name[last.name]
-        return None
-
-    def call_nodes(self) -> list[torch.fx.Node]:
-        return [n for n in self.nodes if n.op == "call_function"]
-
-    def naming(self, text: str) -> torch.fx.Node | None:
-        """The op node whose operator ``text`` names (``aten::sort``, ``aten.sort.default``)."""
-        for node in self.call_nodes():
-            schema = getattr(node.target, "_schema", None)
-            if schema is None:
-                continue
-            base = schema.name  # "aten::sort"
-            dotted = base.replace("::", ".")
-            if re.search(rf"(?<![\w.:]){re.escape(base)}(?![\w])|(?<![\w.]){re.escape(dotted)}(?![\w])", text):
-                return node
-        return None
+def _naming(originals: ProgramNodes, text: str) -> torch.fx.Node | None:
+    """The op node whose operator ``text`` names (``aten::sort``, ``aten.sort.default``)."""
+    for node in originals.call_nodes():
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            continue
+        base = schema.name  # "aten::sort"
+        dotted = base.replace("::", ".")
+        if re.search(rf"(?<![\w.:]){re.escape(base)}(?![\w])|(?<![\w.]){re.escape(dotted)}(?![\w])", text):
+            return node
+    return None
 
 
-def _fault(originals: _Originals, name: str, debug_handles: Mapping[Any, int]) -> blob_format.Fault:
+def _fault(originals: ProgramNodes, name: str, debug_handles: Mapping[Any, int]) -> blob_format.Fault:
     calls = originals.call_nodes()
     for node in calls:
         if node.name == name and node in debug_handles:
@@ -189,7 +154,7 @@ def _op_name(node: torch.fx.Node) -> str:
 
 
 def _lower(
-    program: Any, partitioners: tuple[str, ...], originals: _Originals
+    program: Any, partitioners: tuple[str, ...], originals: ProgramNodes
 ) -> tuple[Any, dict[int, list[torch.fx.Node]]]:
     """``(ExecutorchProgramManager, ExecuTorch debug handle -> our nodes)``.
 
@@ -212,7 +177,7 @@ def _lower(
     except UnsupportedNodeError:
         raise
     except Exception as exc:  # ExecuTorch's lowering raises plain exceptions
-        node = originals.naming(str(exc))
+        node = _naming(originals, str(exc))
         if node is None:
             raise RuntimeError(
                 f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}"
@@ -222,13 +187,7 @@ def _lower(
         ) from exc
 
 
-def _graph_modules(graph_module: Any) -> Iterator[Any]:
-    for _, module in graph_module.named_modules(remove_duplicate=False):
-        if isinstance(module, torch.fx.GraphModule):
-            yield module
-
-
-def _origins(edge_program: Any, originals: _Originals) -> dict[int, list[torch.fx.Node]]:
+def _origins(edge_program: Any, originals: ProgramNodes) -> dict[int, list[torch.fx.Node]]:
     """ExecuTorch debug handle -> the nodes of the given program it comes from.
 
     Delegated nodes live in each lowered module's ``original_module``; the
@@ -237,10 +196,10 @@ def _origins(edge_program: Any, originals: _Originals) -> dict[int, list[torch.f
     found: dict[int, list[torch.fx.Node]] = {}
 
     def visit(graph_module: Any) -> None:
-        for module in _graph_modules(graph_module):
+        for _, module in graph_modules(graph_module):
             for node in module.graph.nodes:
                 handle = node.meta.get("debug_handle")
-                origin = originals.origin(node) if node.op == "call_function" else None
+                origin = originals.origin(node, by_name=True) if node.op == "call_function" else None
                 if isinstance(handle, int) and origin is not None and origin.op == "call_function":
                     nodes = found.setdefault(handle, [])
                     if origin not in nodes:
@@ -311,7 +270,7 @@ def _check_runtime_can_load(
     plan: Any,
     instructions: list[blob_format.Instruction],
     covered: list[list[torch.fx.Node]],
-    originals: _Originals,
+    originals: ProgramNodes,
 ) -> None:
     """Raise `UnsupportedNodeError` for an operator the runtime here cannot load.
 
@@ -349,13 +308,13 @@ def _raise_missing_kernel(
     reason: str,
     instructions: list[blob_format.Instruction],
     covered: list[list[torch.fx.Node]],
-    originals: _Originals,
+    originals: ProgramNodes,
 ) -> None:
     for instruction, nodes in zip(instructions, covered):
         if instruction.what == f"kernel {name}" and nodes:
             node = nodes[0]
             raise UnsupportedNodeError(node, f"{reason} (error 0x14, OperatorMissing, at load_method)")
-    node = originals.naming(name)
+    node = _naming(originals, name)
     if node is not None:
         raise UnsupportedNodeError(node, f"{reason} (error 0x14, OperatorMissing, at load_method)")
     raise RuntimeError(f"{reason}; no node of the program maps to it")

@@ -39,6 +39,8 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
+from pytest_backendconf.provenance import ProgramNodes, graph_modules
+
 from . import blob as blob_format
 from ._compat import (
     ExporterSteps,
@@ -76,7 +78,7 @@ def export_program(
 ) -> bytes:
     """Export one method's program to a blob; the same arguments give the same bytes."""
     fault_name = fault_node_name(compile_spec)
-    originals = _Originals(program)
+    originals = ProgramNodes(program)
     fault_node = originals.fault_node(fault_name) if fault_name else None
     _check_signature(program, originals)
     with _export_lock:
@@ -112,59 +114,7 @@ def fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
 # --- the given program's nodes ------------------------------------------------------
 
 
-class _Originals:
-    """The FX nodes of the given program, found again from the exporter's provenance."""
-
-    def __init__(self, program: torch.export.ExportedProgram) -> None:
-        self.program = program
-        self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
-        self.path: dict[torch.fx.Node, str] = {}  # node -> "" or its subgraph's path + "/"
-        self.nodes: list[torch.fx.Node] = []
-        for path, graph_module in _graph_modules(program.graph_module):
-            for node in graph_module.graph.nodes:
-                self.by_graph[(id(node.graph), node.name)] = node
-                self.path[node] = f"{path}/" if path else ""
-                self.nodes.append(node)
-        self.output = program.graph_module.graph.output_node()
-
-    def origin(self, node: torch.fx.Node | None) -> torch.fx.Node | None:
-        """The node of the given program that ``node`` (of a derived graph) comes from."""
-        if node is None:
-            return None
-        if (id(node.graph), node.name) in self.by_graph:
-            return self.by_graph[(id(node.graph), node.name)]
-        # Breadth first: the nearest recorded ancestor that is one of ours.
-        pending = list(node.meta.get("from_node", ()))
-        seen = 0
-        while pending and seen < 10_000:
-            source = pending.pop(0)
-            seen += 1
-            found = self.by_graph.get((source.graph_id, source.name))
-            if found is not None:
-                return found
-            pending.extend(source.from_node)
-        return None
-
-    def fault_node(self, name: str) -> torch.fx.Node:
-        calls = [node for node in self.nodes if node.op == "call_function"]
-        for node in calls:
-            if node.name == name:
-                return node
-        examples = ", ".join(repr(node.name) for node in calls[:10])
-        more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
-        raise ValueError(
-            f"fault injection names node {name!r}, which is not an op node of this program; "
-            f"its op nodes are {examples}{more}"
-        )
-
-
-def _graph_modules(graph_module: torch.fx.GraphModule) -> Iterator[tuple[str, torch.fx.GraphModule]]:
-    for path, module in graph_module.named_modules(remove_duplicate=False):
-        if isinstance(module, torch.fx.GraphModule):
-            yield path, module
-
-
-def _check_signature(program: torch.export.ExportedProgram, originals: _Originals) -> None:
+def _check_signature(program: torch.export.ExportedProgram, originals: ProgramNodes) -> None:
     """Reject what the ONNX model cannot express: state updates, non-tensor inputs and outputs."""
     graph = program.graph_module.graph
     by_name = {node.name: node for node in graph.nodes}
@@ -225,7 +175,7 @@ def _quiet_exporter() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) -> Any:
+def _to_onnx_ir(program: torch.export.ExportedProgram, originals: ProgramNodes) -> Any:
     """The exporter's ONNX IR model of ``program`` (an ``onnx_ir.Model``).
 
     This is ``torch.onnx.export(program, dynamo=True, optimize=False)`` in
@@ -250,7 +200,7 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
         decomposed = _decompose(program, originals, registry, steps)
         # What the exporter would fail on: an op with no ONNX function (every such node, in one error).
         late = _untranslatable(
-            (n for _, gm in _graph_modules(decomposed.graph_module) for n in gm.graph.nodes), originals, registry, steps
+            (n for _, gm in graph_modules(decomposed.graph_module) for n in gm.graph.nodes), originals, registry, steps
         )
         if late:
             raise UnsupportedNodeError(rejections=late)
@@ -261,7 +211,7 @@ def _to_onnx_ir(program: torch.export.ExportedProgram, originals: _Originals) ->
     return onnx_program.model
 
 
-def _to_onnx_ir_public(program: torch.export.ExportedProgram, originals: _Originals) -> Any:
+def _to_onnx_ir_public(program: torch.export.ExportedProgram, originals: ProgramNodes) -> Any:
     """The same through the public API: slower, and failures are mapped from their text only."""
     try:
         with _quiet_exporter(), warnings.catch_warnings():
@@ -272,9 +222,9 @@ def _to_onnx_ir_public(program: torch.export.ExportedProgram, originals: _Origin
     return onnx_program.model
 
 
-def _decompose(program: Any, originals: _Originals, registry: Any, steps: ExporterSteps) -> Any:
+def _decompose(program: Any, originals: ProgramNodes, registry: Any, steps: ExporterSteps) -> Any:
     """The program decomposed to what torchlib translates, with explicit type promotion (cached)."""
-    key = _fingerprint(program, originals)
+    key = originals.fingerprint()
     cached = _decomposed.get(program)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -302,7 +252,7 @@ def _spell_out_full_reductions(decomposed: Any) -> None:
     ``dim``; naming every dimension is the same reduction.
     """
     targets = {getattr(torch.ops.aten, name).default for name in _FULL_REDUCTIONS}
-    for _, graph_module in _graph_modules(decomposed.graph_module):
+    for _, graph_module in graph_modules(decomposed.graph_module):
         changed = False
         for node in graph_module.graph.nodes:
             if node.op != "call_function" or node.target not in targets:
@@ -320,24 +270,8 @@ def _spell_out_full_reductions(decomposed: Any) -> None:
             graph_module.recompile()
 
 
-def _fingerprint(program: Any, originals: _Originals) -> tuple:
-    """What the decomposition depends on: every graph and node, and the identity and version of every tensor.
-
-    Graph identities matter too: the decomposed nodes' provenance names the
-    given program's graphs by ``id``.
-    """
-    graphs = tuple(id(gm.graph) for _, gm in _graph_modules(program.graph_module))
-    nodes = tuple((n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in originals.nodes)
-    tensors = tuple(
-        (name, id(t), t._version, t.dtype, tuple(t.shape))
-        for name, t in (*program.state_dict.items(), *program.constants.items())
-        if isinstance(t, torch.Tensor)
-    )
-    return graphs, nodes, tensors
-
-
 def _untranslatable(
-    nodes: Iterator[torch.fx.Node], originals: _Originals, registry: Any, steps: ExporterSteps
+    nodes: Iterator[torch.fx.Node], originals: ProgramNodes, registry: Any, steps: ExporterSteps
 ) -> list[tuple[torch.fx.Node, str]]:
     """The given program's nodes behind ``nodes`` that torchlib has no ONNX function for, with the reason.
 
@@ -409,7 +343,7 @@ def _is_passthrough(node: torch.fx.Node) -> bool:
 _TRANSLATING = re.compile(r"Error when translating node (%\S+ : .*?)\. See the stack trace")
 
 
-def _rejection(exc: BaseException, originals: _Originals, decomposed: Any) -> UnsupportedNodeError:
+def _rejection(exc: BaseException, originals: ProgramNodes, decomposed: Any) -> UnsupportedNodeError:
     """An exporter failure as an ``UnsupportedNodeError`` at the node it names (else the output)."""
     culprit = None
     text = str(exc)
@@ -417,8 +351,8 @@ def _rejection(exc: BaseException, originals: _Originals, decomposed: Any) -> Un
     if match is not None:
         formatted = match.group(1)
         # The node is one of the decomposed program's; without it, try ours by name.
-        graph_modules = [gm for _, gm in _graph_modules(decomposed.graph_module)] if decomposed else []
-        candidates = [n for gm in graph_modules for n in gm.graph.nodes] or originals.nodes
+        modules = [gm for _, gm in graph_modules(decomposed.graph_module)] if decomposed else []
+        candidates = [n for gm in modules for n in gm.graph.nodes] or originals.nodes
         for node in candidates:
             if node.format_node() == formatted or formatted.startswith(f"%{node.name} :"):
                 culprit = originals.origin(node)

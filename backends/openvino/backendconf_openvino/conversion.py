@@ -41,6 +41,8 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name
 
+from pytest_backendconf.provenance import ProgramNodes, graph_modules
+
 from . import blob as blob_format
 from . import runtime
 
@@ -109,7 +111,7 @@ def convert_program(
 ) -> bytes:
     """Convert one method's program to a blob; the same arguments give the same bytes."""
     precision, fault_name = parse_spec(compile_spec)
-    originals = _Originals(program)
+    originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
     _check_signature(program, originals)
     precision = precision or _precision_for(originals)
@@ -128,58 +130,13 @@ def convert_program(
 # --- the given program's nodes ------------------------------------------------------
 
 
-class _Originals:
-    """The FX nodes of the given program, found again from the decomposition's provenance."""
-
-    def __init__(self, program: torch.export.ExportedProgram) -> None:
-        self.program = program
-        self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
-        self.nodes: list[torch.fx.Node] = []
-        for _, graph_module in _graph_modules(program.graph_module):
-            for node in graph_module.graph.nodes:
-                self.by_graph[(id(node.graph), node.name)] = node
-                self.nodes.append(node)
-        self.output = program.graph_module.graph.output_node()
-
-    def origin(self, node: torch.fx.Node | None) -> torch.fx.Node | None:
-        """The node of the given program that ``node`` (of a derived graph) comes from."""
-        if node is None:
-            return None
-        if (id(node.graph), node.name) in self.by_graph:
-            return self.by_graph[(id(node.graph), node.name)]
-        # Breadth first: the nearest recorded ancestor that is one of ours.
-        pending = list(node.meta.get("from_node", ()))
-        seen = 0
-        while pending and seen < 10_000:
-            source = pending.pop(0)
-            seen += 1
-            found = self.by_graph.get((source.graph_id, source.name))
-            if found is not None:
-                return found
-            pending.extend(source.from_node)
-        return None
+def _fault(originals: ProgramNodes, name: str, debug_handles: Mapping[torch.fx.Node, int]) -> blob_format.Fault:
+    node = originals.fault_node(name)
+    op = getattr(node.target, "_schema", None)
+    return blob_format.Fault(name, op.name if op is not None else str(node.target), debug_handles[node])
 
 
-def _graph_modules(graph_module: torch.fx.GraphModule) -> Iterator[tuple[str, torch.fx.GraphModule]]:
-    for path, module in graph_module.named_modules(remove_duplicate=False):
-        if isinstance(module, torch.fx.GraphModule):
-            yield path, module
-
-
-def _fault(originals: _Originals, name: str, debug_handles: Mapping[torch.fx.Node, int]) -> blob_format.Fault:
-    calls = [node for node in originals.nodes if node.op == "call_function"]
-    for node in calls:
-        if node.name == name:
-            op = getattr(node.target, "_schema", None)
-            return blob_format.Fault(name, op.name if op is not None else str(node.target), debug_handles[node])
-    examples = ", ".join(repr(node.name) for node in calls[:10])
-    more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
-    raise ValueError(
-        f"fault injection names node {name!r}, which is not an op node of this program; its op nodes are {examples}{more}"
-    )
-
-
-def _check_signature(program: torch.export.ExportedProgram, originals: _Originals) -> None:
+def _check_signature(program: torch.export.ExportedProgram, originals: ProgramNodes) -> None:
     """Reject what the IR cannot express: state updates, non-tensor inputs and outputs, other dtypes."""
     by_name = {node.name: node for node in program.graph_module.graph.nodes}
     for spec in program.graph_signature.output_specs:
@@ -212,7 +169,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-def _precision_for(originals: _Originals) -> str:
+def _precision_for(originals: ProgramNodes) -> str:
     """The explicit precision for the program's floating dtypes (all float32 today: `PRECISION_BY_DTYPE`)."""
     found = {
         PRECISION_BY_DTYPE[t.dtype]
@@ -226,9 +183,9 @@ def _precision_for(originals: _Originals) -> str:
 # --- OpenVINO's PyTorch frontend ------------------------------------------------------
 
 
-def _decompose(program: torch.export.ExportedProgram, originals: _Originals) -> torch.fx.GraphModule:
+def _decompose(program: torch.export.ExportedProgram, originals: ProgramNodes) -> torch.fx.GraphModule:
     """The program decomposed as ``openvino.convert_model`` decomposes it, unlifted (cached)."""
-    key = _fingerprint(program, originals)
+    key = originals.fingerprint()
     cached = _decomposed.get(program)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -264,7 +221,7 @@ def _widen(module: torch.fx.GraphModule) -> None:
         for name, value in list(vars(owner).items()):
             if isinstance(value, torch.Tensor) and value.dtype in WIDENED and name not in ("_parameters", "_buffers"):
                 setattr(owner, name, value.to(torch.float32))
-    for _, gm in _graph_modules(module):
+    for _, gm in graph_modules(module):
         for node in gm.graph.nodes:
             node.args = _widened_dtypes(node.args)
             node.kwargs = _widened_dtypes(node.kwargs)
@@ -310,18 +267,7 @@ def _decomposition_table() -> Any:
     return _table
 
 
-def _fingerprint(program: Any, originals: _Originals) -> tuple:
-    graphs = tuple(id(gm.graph) for _, gm in _graph_modules(program.graph_module))
-    nodes = tuple((n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in originals.nodes)
-    tensors = tuple(
-        (name, id(t), t._version, t.dtype, tuple(t.shape))
-        for name, t in (*program.state_dict.items(), *program.constants.items())
-        if isinstance(t, torch.Tensor)
-    )
-    return graphs, nodes, tensors
-
-
-def _convert(module: torch.fx.GraphModule, originals: _Originals) -> Any:
+def _convert(module: torch.fx.GraphModule, originals: ProgramNodes) -> Any:
     """The ``openvino.Model`` of the unlifted module, static sizes pinned."""
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
 
@@ -347,10 +293,10 @@ _OP_NAME = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*(?:\.[A
 _LAYER_NODE = re.compile(r"['\"]?([A-Za-z_][A-Za-z0-9_]*)/[a-z_]+\.[A-Za-z0-9_.]+")
 
 
-def _rejection(exc: BaseException, module: torch.fx.GraphModule, originals: _Originals) -> UnsupportedNodeError:
+def _rejection(exc: BaseException, module: torch.fx.GraphModule, originals: ProgramNodes) -> UnsupportedNodeError:
     """A conversion failure as an ``UnsupportedNodeError`` at the FX node it names (else the output)."""
     text = str(exc)
-    nodes = [n for _, gm in _graph_modules(module) for n in gm.graph.nodes if n.op == "call_function"]
+    nodes = [n for _, gm in graph_modules(module) for n in gm.graph.nodes if n.op == "call_function"]
     by_target: dict[str, torch.fx.Node] = {}
     for node in nodes:
         by_target.setdefault(str(node.target), node)
@@ -404,7 +350,7 @@ _LAYER_NAME = re.compile(r'<layer id="\d+" name="([^"]*)" type="')
 
 
 def _layer_handles(
-    xml: bytes, module: torch.fx.GraphModule, originals: _Originals, debug_handles: Mapping[torch.fx.Node, int]
+    xml: bytes, module: torch.fx.GraphModule, originals: ProgramNodes, debug_handles: Mapping[torch.fx.Node, int]
 ) -> dict[str, int]:
     """IR layer name -> debug handle, for every layer named after an FX node (``torch.cond`` bodies included).
 
@@ -414,7 +360,7 @@ def _layer_handles(
     import html
 
     by_name: dict[str, torch.fx.Node] = {}
-    for _, gm in _graph_modules(module):
+    for _, gm in graph_modules(module):
         for node in gm.graph.nodes:
             by_name.setdefault(node.name, node)
     table = {}
@@ -427,7 +373,7 @@ def _layer_handles(
     return table
 
 
-def _inputs(program: Any, module: torch.fx.GraphModule, model: Any, originals: _Originals) -> tuple:
+def _inputs(program: Any, module: torch.fx.GraphModule, model: Any, originals: ProgramNodes) -> tuple:
     """Per flat user input, the IR parameter that takes it (``None``: a constant, baked in).
 
     The frontend makes one parameter per placeholder of the unlifted module,
@@ -463,7 +409,7 @@ def _inputs(program: Any, module: torch.fx.GraphModule, model: Any, originals: _
     return tuple(slots)
 
 
-def _outputs(program: Any, model: Any, originals: _Originals) -> tuple:
+def _outputs(program: Any, model: Any, originals: ProgramNodes) -> tuple:
     by_name = {node.name: node for node in program.graph_module.graph.nodes}
     outputs: list[tuple[str, Any]] = []
     for spec in program.graph_signature.output_specs:
@@ -489,7 +435,7 @@ def _check_compiles(
     weights: bytes,
     precision: str,
     nodes: dict[str, int],
-    originals: _Originals,
+    originals: ProgramNodes,
     debug_handles: Mapping[torch.fx.Node, int],
 ) -> None:
     """Reject, at its FX node, an IR the CPU plugin cannot compile.

@@ -102,9 +102,9 @@ def test_every_check_of_a_node_the_fused_build_fails_is_unsupported_naming_node_
 def test_the_documented_from_node_recipe_maps_a_decomposed_node_back():
     # The recipe of docs/writing-a-backend.md, "A compiler that builds the whole graph", verbatim.
     text = (pathlib.Path(__file__).parent.parent / "docs" / "writing-a-backend.md").read_text()
-    recipe = text.split("def original_node", 1)[1].split("```", 1)[0]
+    recipe = next(block for block in text.split("```python\n")[1:] if "def original_node" in block).split("```")[0]
     namespace: dict = {}
-    exec("def original_node" + recipe, namespace)
+    exec(recipe, namespace)
 
     class Silu(torch.nn.Module):
         def forward(self, x):

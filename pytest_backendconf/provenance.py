@@ -37,6 +37,19 @@ def graph_modules(graph_module: torch.fx.GraphModule) -> Iterator[tuple[str, tor
             yield path, module
 
 
+def named_op_node(calls: list[torch.fx.Node], name: str) -> torch.fx.Node:
+    """The op node of ``calls`` called ``name`` (the fault injection's); ``ValueError`` listing them otherwise."""
+    for node in calls:
+        if node.name == name:
+            return node
+    examples = ", ".join(repr(node.name) for node in calls[:10])
+    more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
+    raise ValueError(
+        f"fault injection names node {name!r}, which is not an op node of this program; "
+        f"its op nodes are {examples}{more}"
+    )
+
+
 class ProgramNodes:
     """The FX nodes of a given program (its subgraphs' too), and the way back to them from derived graphs."""
 
@@ -88,16 +101,7 @@ class ProgramNodes:
 
     def fault_node(self, name: str) -> torch.fx.Node:
         """The op node the suite's fault injection names; ``ValueError`` listing the op nodes otherwise."""
-        calls = self.call_nodes()
-        for node in calls:
-            if node.name == name:
-                return node
-        examples = ", ".join(repr(node.name) for node in calls[:10])
-        more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
-        raise ValueError(
-            f"fault injection names node {name!r}, which is not an op node of this program; "
-            f"its op nodes are {examples}{more}"
-        )
+        return named_op_node(self.call_nodes(), name)
 
     def fingerprint(self) -> tuple:
         """What a derivation of the program depends on: every graph and node, every tensor's identity and version.

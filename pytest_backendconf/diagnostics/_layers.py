@@ -23,7 +23,6 @@ layer it touches, and that layer is named with its source line.
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 from typing import Any
 
@@ -32,17 +31,11 @@ from torch.export import ExportedProgram
 
 from ..debuginfo import DebugHandleRecorder, DebugInfo, build_debug_infos
 from ..quant import QuantizedRule
+from ..quant._verdict import _DEQUANTIZE, _RUNTIME_QPARAMS, errors_in_steps, implied_step, steps_off, within
 from ._divergence import _where, eager_intermediates, run_on_backend
 
 #: A layer ends where its result is requantized with parameters fixed in the program.
 _QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
-_DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
-#: Run-time quantization (the dynamic schemes) chooses its parameters per call: no fixed grid to judge on.
-_RUNTIME_QPARAMS = "choose_qparams"
-#: int8's levels: the implied step of a float output no dequantize produces.
-_LEVELS = 255
-#: Float32 rounding of a dequantized value: how far from a whole number of steps still counts as it.
-_STEP_SLACK = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +150,7 @@ def judge_layers(
                 max_steps=most,
                 share_off=off / numel if numel else 0.0,
                 numel=numel,
-                passed=most <= rule.max_steps + _STEP_SLACK and off <= rule.allowed_off(numel),
+                passed=within(rule, most, off, numel),
                 info=infos.get(end.name),
             )
         )
@@ -183,15 +176,10 @@ def _steps(end: Any, actual: torch.Tensor, expected: torch.Tensor) -> tuple[floa
         error = (actual.long() - expected.long()).abs().double()
     else:
         scale = end.args[1] if str(end.target) == _DEQUANTIZE and isinstance(end.args[1], float) else None
-        if scale is None:
-            span = (expected.max() - expected.min()).item() if expected.numel() else 0.0
-            scale = span / _LEVELS if span > 0 else 1.0
-        error = (actual.double() - expected.double()).abs() / scale
-        error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
-        error = torch.where(torch.isnan(actual) & torch.isnan(expected), torch.zeros_like(error), error)
+        error = errors_in_steps(actual, expected, scale if scale is not None else implied_step(expected))
     if not error.numel():
         return 0.0, 0
-    return error.max().item(), int((error >= 1 - _STEP_SLACK).sum().item())
+    return error.max().item(), steps_off(error)
 
 
 def _is_dequantize(node: Any) -> bool:

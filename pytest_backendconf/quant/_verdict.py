@@ -186,6 +186,37 @@ def runtime_quantized(node: Any) -> bool:
     return False
 
 
+def implied_step(reference: torch.Tensor) -> float:
+    """The step of an output no dequantize produces: int8's step over the reference output's range."""
+    span = (reference.max() - reference.min()).item() if reference.numel() else 0.0
+    return span / _LEVELS if span > 0 else 1.0
+
+
+def errors_in_steps(got: torch.Tensor, want: torch.Tensor, step: float) -> torch.Tensor:
+    """``|got - want| / step`` in float64; a NaN where the other has none is infinitely far."""
+    error = (got.double() - want.double()).abs() / step
+    error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
+    if torch.isnan(got).equal(torch.isnan(want)):
+        error = torch.where(torch.isnan(want), torch.zeros_like(error), error)
+    return error
+
+
+def steps_off(error: torch.Tensor) -> int:
+    """How many elements are a step or more off.
+
+    Outputs on the grid differ by whole steps, but each is a float32 value
+    (q - zero_point) * scale, rounded to its own 24 bits: a value near 1 with
+    a step of 0.008 is up to 2e-5 steps off its grid point. Whole steps are
+    judged with that slack both ways.
+    """
+    return int((error >= 1 - _STEP_SLACK).sum().item())
+
+
+def within(rule: "QuantizedRule", most: float, count_off: int, numel: int) -> bool:
+    """The steps rule: at most ``max_steps`` anywhere, at most ``allowed_off`` elements a step or more off."""
+    return most <= rule.max_steps + _STEP_SLACK and count_off <= rule.allowed_off(numel)
+
+
 def judge_quantized(
     actual: list,
     reference: list,
@@ -220,22 +251,14 @@ def judge_quantized(
             continue
         float_output = step is None
         if step is None:
-            span = (want.max() - want.min()).item() if want.numel() else 0.0
-            step = span / _LEVELS if span > 0 else 1.0
-        error = (got.double() - want.double()).abs() / step
-        error = torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
-        if torch.isnan(got).equal(torch.isnan(want)):
-            error = torch.where(torch.isnan(want), torch.zeros_like(error), error)
-        # Outputs on the grid differ by whole steps, but each is a float32 value
-        # (q - zero_point) * scale, rounded to its own 24 bits: a value near 1 with
-        # a step of 0.008 is up to 2e-5 steps off its grid point. Whole steps are
-        # judged with that slack both ways.
-        count_off = int((error >= 1 - _STEP_SLACK).sum().item())
+            step = implied_step(want)
+        error = errors_in_steps(got, want, step)
+        count_off = steps_off(error)
         off = count_off / error.numel() if error.numel() else 0.0
         most = error.max().item() if error.numel() else 0.0
         mean = error.mean().item() if error.numel() else 0.0
         sqnr_backend, sqnr_reference = sqnr_db(wide, got), sqnr_db(wide, want)
-        passed = most <= rule.max_steps + _STEP_SLACK and count_off <= rule.allowed_off(error.numel())
+        passed = within(rule, most, count_off, error.numel())
         if float_output and not passed and sqnr_reference != -math.inf:  # -inf: the float model's output is all 0
             # No grid of its own (its step is implied; run-time parameters are chosen per call, and another
             # legitimate choice moves many elements): as good against the float model passes too.

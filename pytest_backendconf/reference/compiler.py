@@ -21,6 +21,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from .. import _compat
 from ..allowlist import UNANNOTATED_ALIASES, resolve_operator
 from ..errors import OperatorRefusedError, UnsupportedNodeError
+from ..provenance import named_op_node
 
 from . import _qpatterns, bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
@@ -86,16 +87,7 @@ def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
 
 def _find_fault_node(graph_module: torch.fx.GraphModule, name: str) -> torch.fx.Node:
     """The op node called ``name``, searched in graph order, subgraphs after their use."""
-    calls = [node for node in _walk(graph_module) if node.op == "call_function"]
-    for node in calls:
-        if node.name == name:
-            return node
-    examples = ", ".join(repr(node.name) for node in calls[:10])
-    more = f" and {len(calls) - 10} more" if len(calls) > 10 else ""
-    raise ValueError(
-        f"fault injection names node {name!r}, which is not an op node of this program; "
-        f"its op nodes are {examples}{more}"
-    )
+    return named_op_node([node for node in _walk(graph_module) if node.op == "call_function"], name)
 
 
 def _walk(graph_module: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:

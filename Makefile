@@ -111,16 +111,12 @@ $(VENV)/.installed-openvino: $(VENV)/.installed backends/openvino/pyproject.toml
 # The suite against OpenVINO: two workers, each model's checks on one worker,
 # the derandomized `ci` Hypothesis profile (a strict known-failures file needs
 # the same inputs every run; OPENVINO_HYPOTHESIS=dev draws afresh).
-# The known-failures file lists the failures of the default ops matrix
-# (OPENVINO_OPS=default, batched: the backend declares
-# Capabilities(batch_ops=True)); every failing check of that matrix has an
-# entry. CI still runs the quick selection: once in the default matrix's runs
-# the target process died of SIGSEGV on an int64 `ge` check that passes alone
-# and in every rerun (backends/openvino/README.md), and a crash that comes and
-# goes cannot be a strict known failure. Entries for checks outside the quick
-# selection match nothing and only warn.
+# The ops category runs the default matrix (OPENVINO_OPS=quick for the quick
+# selection), batched: the backend declares Capabilities(batch_ops=True). The
+# known-failures file lists every failing check of that matrix; with the
+# quick selection its entries for other checks match nothing and only warn.
 OPENVINO_HYPOTHESIS ?= ci
-OPENVINO_OPS ?= quick
+OPENVINO_OPS ?= default
 suite-openvino: $(VENV)/.installed-openvino
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=openvino -n 2 \
 	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(OPENVINO_OPS) \

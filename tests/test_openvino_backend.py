@@ -194,6 +194,37 @@ def test_an_op_without_conversion_rule_is_rejected_at_its_node(mystery_op):
     assert "No conversion rule found for operations: backendconf_ov_test.mystery.default" in text
 
 
+class Divisors(nn.Module):
+    def forward(self, x, y):
+        return torch.gcd(x, y) + torch.gcd(y, x).abs()  # GCD_LINE
+
+
+def test_gcd_is_declined_at_every_gcd_node_before_converting():
+    # OpenVINO converts it, but its Loop on the CPU plugin corrupts the process (README.md, Known failures).
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(
+            Divisors(), BACKEND, {"forward": {}}, example_inputs=(torch.tensor([-8, 6, 9, 0, 0]), torch.tensor(5))
+        )
+    assert [r.node.name for r in caught.value.rejections] == ["gcd", "gcd_1"]
+    text = str(caught.value)
+    assert "returns uninitialised memory and corrupts the process's heap" in text
+    assert f"line {_line_of('GCD_LINE')}, in forward" in text
+
+
+def test_conversions_send_no_telemetry(monkeypatch):
+    # openvino_telemetry sends each event from a forked process; without network those never end.
+    tm = pytest.importorskip("openvino_telemetry")
+    monkeypatch.delenv("CI", raising=False)  # where telemetry would be on (no consent file declines it)
+    sent = []
+    monkeypatch.setattr(tm.Telemetry, "send_event", lambda self, *a, **k: sent.append(a), raising=False)
+    program, spec, handles = _prepared(Gatherer().eval(), (TABLE, INDEX))
+    OpenVinoBackend().preprocess(program, spec, handles)
+    assert sent == []
+    from openvino.tools.ovc import convert_impl, telemetry_stub
+
+    assert convert_impl.tm is telemetry_stub
+
+
 def test_compile_spec_mistakes_name_the_key():
     assert parse_spec({}) == (None, None)
     assert parse_spec({"inference_precision": "bf16"}) == ("bf16", None)

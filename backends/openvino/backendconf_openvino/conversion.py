@@ -114,6 +114,7 @@ def convert_program(
     originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
     _check_signature(program, originals)
+    _check_safe_ops(originals)
     precision = precision or _precision_for(originals)
     with _convert_lock:
         module = _decompose(program, originals)
@@ -159,6 +160,23 @@ def _check_signature(program: torch.export.ExportedProgram, originals: ProgramNo
         for tensor in _tensors(node.meta.get("val")):
             if str(tensor.dtype).removeprefix("torch.") not in _SUPPORTED_DTYPES:
                 raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the openvino backend")
+
+
+#: Ops this backend declines although OpenVINO converts them, because running them harms the process.
+UNSAFE_OPS = {
+    # The frontend converts gcd to a Loop; with the program's static shapes the CPU plugin's Loop
+    # leaves the output uninitialised (values like 140528802798816) and writes where it should not:
+    # a later inference in the same process dies of SIGSEGV or hangs (README.md, Known failures).
+    "aten.gcd.default": "OpenVINO's gcd (a Loop on the CPU plugin) returns uninitialised memory and corrupts "
+    "the process's heap with static shapes: later inferences crash or hang",
+}
+
+
+def _check_safe_ops(originals: ProgramNodes) -> None:
+    """Reject, before converting, every node whose op `UNSAFE_OPS` lists (all of them at once)."""
+    found = [(node, UNSAFE_OPS[str(node.target)]) for node in originals.call_nodes() if str(node.target) in UNSAFE_OPS]
+    if found:
+        raise UnsupportedNodeError(rejections=found)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -276,6 +294,7 @@ def _convert(module: torch.fx.GraphModule, originals: ProgramNodes) -> Any:
     # target first, then lowers).
     from openvino.tools.ovc import convert_model
 
+    _without_telemetry()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -285,6 +304,42 @@ def _convert(module: torch.fx.GraphModule, originals: ProgramNodes) -> Any:
             return convert_model(decoder)
     except Exception as exc:  # OpConversionFailure, GeneralFailure, RuntimeError...
         raise _rejection(exc, module, originals) from None
+
+
+#: The conversion API's modules that send usage telemetry through ``openvino_telemetry`` (as ``tm``).
+_TELEMETRY_USERS = (
+    "openvino.tools.ovc.convert_impl",
+    "openvino.tools.ovc.telemetry_utils",
+    "openvino.tools.ovc.utils",
+    "openvino.tools.ovc.main",
+)
+
+
+def _without_telemetry() -> None:
+    """Point the conversion API at OpenVINO's own no-op telemetry (what it uses without ``openvino_telemetry``).
+
+    Unless a consent file in the home directory declines it, or ``CI=true``,
+    every ``convert_model`` call sends several usage events, each from a
+    process that ``openvino_telemetry`` forks off a thread of this one, and
+    writes statistics under ``~/intel``. On a machine without network those
+    processes never end (they deadlock on a lock the fork copied; a suite
+    run left them behind by the dozen), and the forks tripled the CPU time
+    of the ops category's int64 checks. A conformance run must neither phone
+    home nor write to the home directory, so the conversions here send
+    nothing. (``import openvino`` itself still sends one event: OpenVINO's
+    ``opt_in_out --opt_out`` turns that off for good.)
+    """
+    import importlib
+
+    from openvino.tools.ovc import telemetry_stub
+
+    for name in _TELEMETRY_USERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # another OpenVINO release: nothing of this name sends
+            continue
+        if getattr(module, "tm", None) is not None:
+            module.tm = telemetry_stub
 
 
 # "-- No conversion rule found for operations: bctest.mystery.default, aten.foo.default"

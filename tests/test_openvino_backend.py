@@ -191,7 +191,28 @@ def test_an_op_without_conversion_rule_is_rejected_at_its_node(mystery_op):
     text = str(caught.value)
     assert text.startswith("The node of backendconf_ov_test::mystery is not supported in this compiler. Source code:")
     assert f"line {_line_of('MYSTERY_LINE')}, in forward" in text
-    assert "No conversion rule found for operations: backendconf_ov_test.mystery.default" in text
+    assert "OpenVINO's PyTorch frontend has no conversion rule for backendconf_ov_test.mystery.default" in text
+
+
+class TwoFailures(nn.Module):
+    def forward(self, x, s):
+        return torch.ops.backendconf_ov_test.mystery(x), torch.argmax(s, 0)  # a 0-d argmax: TopK refuses rank 0
+
+
+def test_every_failing_node_is_named_with_its_own_reason(mystery_op):
+    # Each node's text must not depend on the rest of the program (batched ops checks compare it with
+    # the text alone), nor on what the process converted before (OpenVINO numbers its nodes per process).
+    reasons = []
+    for _ in range(2):
+        with pytest.raises(bc.UnsupportedNodeError) as caught:
+            bc.to_backend(TwoFailures(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3), torch.tensor(1.5)))
+        reasons.append({r.node.name: r.reason for r in caught.value.rejections})
+    assert reasons[0] == reasons[1]
+    assert list(reasons[0]) == ["mystery", "argmax"]
+    assert reasons[0]["mystery"] == "OpenVINO's PyTorch frontend has no conversion rule for backendconf_ov_test.mystery.default"
+    argmax = reasons[0]["argmax"]
+    assert argmax.startswith("OpenVINO's PyTorch frontend cannot convert it:") and "TopK_#" in argmax
+    assert not re.search(r"[A-Z][A-Za-z]*_\d", argmax) and "mystery" not in argmax
 
 
 class Divisors(nn.Module):

@@ -25,6 +25,7 @@ host-only: the target reads and runs the IR with openvino's runtime alone.
 
 from __future__ import annotations
 
+import operator
 import re
 import tempfile
 import threading
@@ -349,13 +350,37 @@ _LAYER_NODE = re.compile(r"['\"]?([A-Za-z_][A-Za-z0-9_]*)/[a-z_]+\.[A-Za-z0-9_.]
 
 
 def _rejection(exc: BaseException, module: torch.fx.GraphModule, originals: ProgramNodes) -> UnsupportedNodeError:
-    """A conversion failure as an ``UnsupportedNodeError`` at the FX node it names (else the output)."""
+    """A conversion failure as an ``UnsupportedNodeError`` at every FX node it names (else the output).
+
+    The frontend reports every op of the model that failed, each with its own
+    message, and lists the ops it has no rule for: each such node is
+    rejected with its own text, so that a node's reason reads the same
+    whatever else the program holds (the suite's batched ops checks rely on
+    it). A message that names no node rejects the node of the first op it
+    quotes.
+    """
     text = str(exc)
     nodes = [n for _, gm in graph_modules(module) for n in gm.graph.nodes if n.op == "call_function"]
+    by_name = {node.name: node for node in nodes}
+    found: dict[torch.fx.Node, str] = {}
+    rules = _NO_RULE.search(text)
+    for target in (t.strip() for t in (rules[1].split(",") if rules else [])):
+        for node in nodes:
+            if str(node.target) == target:
+                found.setdefault(node, f"OpenVINO's PyTorch frontend has no conversion rule for {target}")
+    for name, message in _FAILED_OP.findall(text):
+        node = by_name.get(name)
+        # A getitem fails when the op it reads from did: that op's own entry says why.
+        if node is not None and node.target is not operator.getitem:
+            found.setdefault(node, f"OpenVINO's PyTorch frontend cannot convert it: {_brief_text(message)}")
+    rejections: dict[torch.fx.Node, str] = {}
+    for node, reason in found.items():
+        rejections.setdefault(originals.origin(node) or originals.output, reason)
+    if rejections:
+        return UnsupportedNodeError(rejections=list(rejections.items()))
     by_target: dict[str, torch.fx.Node] = {}
     for node in nodes:
         by_target.setdefault(str(node.target), node)
-    by_name = {node.name: node for node in nodes}
     culprit = None
     for name in _OP_NAME.findall(text):
         culprit = by_target.get(name) or by_target.get(f"{name}.default")
@@ -367,11 +392,29 @@ def _rejection(exc: BaseException, module: torch.fx.GraphModule, originals: Prog
     return UnsupportedNodeError(originals.origin(culprit) or originals.output, reason)
 
 
+# "-- No conversion rule found for operations: aten._linalg_det.default, aten._linalg_svd.default"
+_NO_RULE = re.compile(r"No conversion rule found for operations: ([^\n]+)")
+# "-- aten.amax.default with a message:\nException happened during conversion of operation
+# amax/aten.amax.default with schema NONE\n<why>\n\n" (one entry per failed op)
+_FAILED_OP = re.compile(
+    r"Exception happened during conversion of operation ([A-Za-z_][A-Za-z0-9_]*)/[^\n]*\n(.*?)(?:\n\n|\n-- |\nSummary:|$)",
+    re.S,
+)
+# OpenVINO's generated friendly names count across the process ("TopK_14670"): the same
+# program gets another number after other conversions, so the text keeps the name only.
+_COUNTED_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*)_\d+\b")
+
+
+def _brief_text(text: str) -> str:
+    """An OpenVINO message without its "Check 'false' failed at src/..." preambles, on one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith(("Check '", "Exception from src"))] or lines
+    return _COUNTED_NAME.sub(r"\1_#", " ".join(kept))[:500]
+
+
 def _brief(exc: BaseException) -> str:
     """OpenVINO's message without its "Check 'false' failed at src/..." preamble, on one line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    kept = [line for line in lines if not line.startswith(("Check '", "Exception from src"))] or lines
-    return " ".join(kept)[:500] or type(exc).__name__
+    return _brief_text(str(exc)) or type(exc).__name__
 
 
 # --- the IR ----------------------------------------------------------------------------

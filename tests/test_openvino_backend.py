@@ -205,11 +205,16 @@ def test_every_failing_node_is_named_with_its_own_reason(mystery_op):
     reasons = []
     for _ in range(2):
         with pytest.raises(bc.UnsupportedNodeError) as caught:
-            bc.to_backend(TwoFailures(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3), torch.tensor(1.5)))
+            bc.to_backend(
+                TwoFailures(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3), torch.tensor(1.5))
+            )
         reasons.append({r.node.name: r.reason for r in caught.value.rejections})
     assert reasons[0] == reasons[1]
     assert list(reasons[0]) == ["mystery", "argmax"]
-    assert reasons[0]["mystery"] == "OpenVINO's PyTorch frontend has no conversion rule for backendconf_ov_test.mystery.default"
+    assert (
+        reasons[0]["mystery"]
+        == "OpenVINO's PyTorch frontend has no conversion rule for backendconf_ov_test.mystery.default"
+    )
     argmax = reasons[0]["argmax"]
     assert argmax.startswith("OpenVINO's PyTorch frontend cannot convert it:") and "TopK_#" in argmax
     assert not re.search(r"[A-Z][A-Za-z]*_\d", argmax) and "mystery" not in argmax

@@ -225,6 +225,22 @@ class Divisors(nn.Module):
         return torch.gcd(x, y) + torch.gcd(y, x).abs()  # GCD_LINE
 
 
+class NormStatistics(nn.Module):
+    def forward(self, x):
+        return torch.native_layer_norm(x, [3], None, None, 1e-5)  # the mean and rstd outputs too
+
+
+def test_a_half_converted_multi_output_op_is_named_not_its_getitem():
+    # The frontend fails at the getitem of output 2, numbered across the program ("getitem_7"): the
+    # rejection names the op that produced it, in words that do not depend on the numbering.
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(NormStatistics(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3),))
+    assert [r.node.name for r in caught.value.rejections] == ["native_layer_norm"]
+    reason = caught.value.rejections[0].reason
+    assert reason.startswith("OpenVINO's PyTorch frontend cannot convert its output ")
+    assert "getitem" not in reason
+
+
 def test_gcd_is_declined_at_every_gcd_node_before_converting():
     # OpenVINO converts it, but its Loop on the CPU plugin corrupts the process (README.md, Known failures).
     with pytest.raises(bc.UnsupportedNodeError) as caught:

@@ -368,11 +368,19 @@ def _rejection(exc: BaseException, module: torch.fx.GraphModule, originals: Prog
         for node in nodes:
             if str(node.target) == target:
                 found.setdefault(node, f"OpenVINO's PyTorch frontend has no conversion rule for {target}")
-    for name, message in _FAILED_OP.findall(text):
-        node = by_name.get(name)
-        # A getitem fails when the op it reads from did: that op's own entry says why.
-        if node is not None and node.target is not operator.getitem:
+    failed = [(by_name[name], message) for name, message in _FAILED_OP.findall(text) if name in by_name]
+    for node, message in failed:
+        if node.target is not operator.getitem:
             found.setdefault(node, f"OpenVINO's PyTorch frontend cannot convert it: {_brief_text(message)}")
+    # A getitem fails when the op it reads from did (a multi-output op the frontend half converts):
+    # that op is the node to name, unless its own entry named it already.
+    for node, message in failed:
+        source = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(source, torch.fx.Node) and source.op == "call_function":
+            found.setdefault(
+                source,
+                f"OpenVINO's PyTorch frontend cannot convert its output {node.args[1]}: {_brief_text(message)}",
+            )
     rejections: dict[torch.fx.Node, str] = {}
     for node, reason in found.items():
         rejections.setdefault(originals.origin(node) or originals.output, reason)

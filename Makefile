@@ -111,15 +111,14 @@ $(VENV)/.installed-openvino: $(VENV)/.installed backends/openvino/pyproject.toml
 # The suite against OpenVINO: two workers, each model's checks on one worker,
 # the derandomized `ci` Hypothesis profile (a strict known-failures file needs
 # the same inputs every run; OPENVINO_HYPOTHESIS=dev draws afresh).
-# The ops category runs the default matrix (OPENVINO_OPS=quick for the quick
-# selection), batched: the backend declares Capabilities(batch_ops=True). The
+# The ops category runs the default matrix (ENGINE_OPS=quick for the quick
+# selection, as for the other engines), batched: the backend declares Capabilities(batch_ops=True). The
 # known-failures file lists every failing check of that matrix; with the
 # quick selection its entries for other checks match nothing and only warn.
 OPENVINO_HYPOTHESIS ?= ci
-OPENVINO_OPS ?= default
 suite-openvino: $(VENV)/.installed-openvino
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=openvino -n 2 \
-	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(OPENVINO_OPS) \
+	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/openvino/known-failures.toml) $(SUITE_ARGS)
 
 demo: $(VENV)/.installed

@@ -25,8 +25,10 @@ host-only: the target reads and runs the IR with openvino's runtime alone.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
+import sys
 import tempfile
 import threading
 import warnings
@@ -307,15 +309,16 @@ def _convert(module: torch.fx.GraphModule, originals: ProgramNodes) -> Any:
         raise _rejection(exc, module, originals) from None
 
 
-#: The conversion API's modules that send usage telemetry through ``openvino_telemetry`` (as ``tm``).
+#: The conversion API's modules that send usage telemetry through ``openvino_telemetry`` (as ``tm``);
+#: ``from openvino.tools.ovc import convert_model`` has imported all of them.
 _TELEMETRY_USERS = (
     "openvino.tools.ovc.convert_impl",
     "openvino.tools.ovc.telemetry_utils",
     "openvino.tools.ovc.utils",
-    "openvino.tools.ovc.main",
 )
 
 
+@functools.cache
 def _without_telemetry() -> None:
     """Point the conversion API at OpenVINO's own no-op telemetry (what it uses without ``openvino_telemetry``).
 
@@ -324,23 +327,18 @@ def _without_telemetry() -> None:
     process that ``openvino_telemetry`` forks off a thread of this one, and
     writes statistics under ``~/intel``. On a machine without network those
     processes never end (they deadlock on a lock the fork copied; a suite
-    run left them behind by the dozen), and the forks tripled the CPU time
+    run left them behind by the dozen), and the forks doubled the CPU time
     of the ops category's int64 checks. A conformance run must neither phone
     home nor write to the home directory, so the conversions here send
-    nothing. (``import openvino`` itself still sends one event: OpenVINO's
-    ``opt_in_out --opt_out`` turns that off for good.)
+    nothing. Once per process. (``import openvino`` itself still sends one
+    event: OpenVINO's ``opt_in_out --opt_out`` turns that off for good.)
     """
-    import importlib
-
     from openvino.tools.ovc import telemetry_stub
 
     for name in _TELEMETRY_USERS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # another OpenVINO release: nothing of this name sends
-            continue
+        module = sys.modules.get(name)  # absent in another OpenVINO release: nothing of this name sends
         if getattr(module, "tm", None) is not None:
-            module.tm = telemetry_stub
+            module.tm = telemetry_stub  # type: ignore[union-attr]
 
 
 # "-- No conversion rule found for operations: bctest.mystery.default, aten.foo.default"

@@ -11,7 +11,7 @@ refused with `InputSpecError`, since the ranges come from the archive.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf import lowering as _lowering
@@ -21,11 +21,14 @@ from ._extra_process import session
 from ._saved_archives import SavedLowerings, serialization_check, target_scenario
 from ._session_work import Scenario
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 #: The calls made per method: the example sizes, a second shape, the minimum, then one outside the range.
 SHAPES = ("example", "max", "min", "outside")
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext) -> Iterator[Check]:
     cases = [(c.name, ctx.first_dtype(c.name)) for c in ctx.cases.values() if c.dims and ctx.first_dtype(c.name)]
     for name, dtype in cases:
         yield serialization_check(check_dynamic_round_trip, name, dtype, "load")
@@ -36,7 +39,7 @@ def checks(ctx: Any) -> Iterator[Check]:
 class _Saved:
     """One case's dynamic lowering, its archive, the calls at each shape and the outputs."""
 
-    def __init__(self, ctx: Any, case: str, dtype: str) -> None:
+    def __init__(self, ctx: SuiteContext, case: str, dtype: str) -> None:
         from .parity import lowered_or_unsupported
 
         self.lowered = lowered_or_unsupported(ctx, case, dtype, dynamic=True)
@@ -86,7 +89,7 @@ class _Saved:
 _SAVED: SavedLowerings[_Saved] = SavedLowerings()
 
 
-def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
+def _saved(ctx: SuiteContext, case: str, dtype: str) -> _Saved:
     return _SAVED.get(ctx, case, lambda: _Saved(ctx, case, dtype))
 
 
@@ -102,7 +105,7 @@ def _compare(case: str, dtype: str, method: str, where: str, got: list, want: li
             )
 
 
-def check_dynamic_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+def check_dynamic_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     saved = _saved(ctx, case, dtype)
     try:
         loaded = bc.load(saved.data)
@@ -128,7 +131,7 @@ def check_dynamic_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
         )
 
 
-def scenarios_at_hand(ctx: Any) -> list[Scenario]:
+def scenarios_at_hand(ctx: SuiteContext) -> list[Scenario]:
     """Target scenarios for the dynamic lowerings parity has made already (none lowered here)."""
     found = []
     for case in ctx.cases.values():
@@ -141,12 +144,12 @@ def scenarios_at_hand(ctx: Any) -> list[Scenario]:
     return found
 
 
-def _scenario(ctx: Any, case: str, dtype: str) -> Scenario:
+def _scenario(ctx: SuiteContext, case: str, dtype: str) -> Scenario:
     saved = _saved(ctx, case, dtype)
     return target_scenario(ctx, f"serialization-dynamic:{case}", f"{case}-dynamic.bcpt", saved.data, saved.calls)
 
 
-def check_dynamic_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+def check_dynamic_target_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     from .parity import tolerance
 
     saved = _saved(ctx, case, dtype)

@@ -25,12 +25,15 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_backendconf.target import _target
+from pytest_backendconf.target import blocked_modules, tail_text
 
 from ._session_work import Lowering, Scenario, items_at_hand
 from ._spec import section
+
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
 
 class ExtraProcess:
@@ -53,14 +56,16 @@ class ExtraProcess:
 
     _live: "weakref.WeakSet[ExtraProcess]" = weakref.WeakSet()
 
-    def __init__(self, ctx: Any, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float) -> None:
+    def __init__(
+        self, ctx: SuiteContext, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float
+    ) -> None:
         from pytest_backendconf.target import ChildProcess
 
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
         self.keys = [s.key for s in self.scenarios] + [item.key for item in self.lowerings]
         self.workdir = str(ctx.tmp_dir("backendconf-process"))
-        self.blocked = list(_target.blocked_modules(ctx.capabilities))
+        self.blocked = list(blocked_modules(ctx.capabilities))
         self.timeout = timeout
         self._records: dict[str, dict] = {}
         self._running: str | None = None
@@ -154,7 +159,7 @@ class ExtraProcess:
                     "error": {
                         "type": "TargetNotRunError",
                         "message": f"{key} did not run: the process answered "
-                        f"without it; stderr: {_target.tail_text(self._child.stderr())}",
+                        f"without it; stderr: {tail_text(self._child.stderr())}",
                     },
                 },
             )
@@ -195,13 +200,13 @@ class ExtraProcess:
                 )
                 error = {
                     "type": "TargetTimeoutError" if timed_out else "TargetCrashError",
-                    "message": f"the process {how} while on {key}; stderr: {_target.tail_text(stderr)}",
+                    "message": f"the process {how} while on {key}; stderr: {tail_text(stderr)}",
                 }
             else:
                 error = {
                     "type": "TargetNotRunError",
                     "message": f"{key} did not run: the process ended early (exit code {code}, while on "
-                    f"{self._running}); stderr: {_target.tail_text(stderr)}",
+                    f"{self._running}); stderr: {tail_text(stderr)}",
                 }
             self._records[key] = {
                 "loaded": False,
@@ -226,7 +231,7 @@ atexit.register(ExtraProcess.kill_unread)
 class Session:
     """Which process each item was placed in, per suite session; retries items a crash kept from running."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: SuiteContext) -> None:
         self.ctx = ctx
         self.placed: dict[str, ExtraProcess] = {}
         self.retried: set[str] = set()
@@ -301,7 +306,7 @@ _SESSIONS: "weakref.WeakKeyDictionary[Any, Session]" = weakref.WeakKeyDictionary
 _SESSIONS_LOCK = threading.Lock()
 
 
-def session(ctx: Any, asking: str) -> Session:
+def session(ctx: SuiteContext, asking: str) -> Session:
     """The session's extra processes. A category's first use places everything at hand for it then.
 
     In the default order the availability category asks first and one

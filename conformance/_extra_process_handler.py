@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from pytest_backendconf import lowering as _lowering
-from pytest_backendconf.registry import _registry
-from pytest_backendconf.target import _target
+from pytest_backendconf.registry import BackendRegistry, Source, active_registry, lookup_backend, set_active_registry
+from pytest_backendconf.target import call_on_target, load_on_target, prepare_target
 
 from ._session_work import FreshLowerer
 from ._stand_in import StandIn
@@ -23,14 +23,14 @@ class ExtraProcessHandler:
     """In the child: the target phase with the blocker in place, then the host phase without it."""
 
     def __init__(self, options: dict, channel: Any) -> None:
-        self.registry = _registry._ACTIVE
-        self.real = _registry.lookup_backend(options["backend"])
+        self.registry = active_registry()
+        self.real = lookup_backend(options["backend"])
         self.backend_version = options["backend_version"]
         self.workdir = options["workdir"]
         self.channel = channel
         self.blocker = channel.blocker
         self.lowerer: FreshLowerer | None = None
-        _target.prepare_target(channel, self.real.name)
+        prepare_target(channel, self.real.name)
 
     def __call__(self, request: dict, channel: Any) -> dict:
         for scenario in request["scenarios"]:
@@ -46,7 +46,7 @@ class ExtraProcessHandler:
                 sys.meta_path.remove(self.blocker)
             if channel.tracing_guard is not None:
                 channel.tracing_guard.lift()
-            _registry.set_active_registry(self.registry)
+            set_active_registry(self.registry)
             try:
                 if self.lowerer is None:  # one per process: later requests bring more cases to lower
                     self.lowerer = FreshLowerer(self.real, self.backend_version, self.registry)
@@ -69,10 +69,10 @@ def _run_scenario(scenario: dict, backend: Any, channel: Any) -> dict:
     options = scenario["stand_in"]
     if options is not None:
         backend = StandIn(backend, **options, row=scenario["row"]).backend
-    _registry.set_active_registry(_registry_of(backend))
+    set_active_registry(_registry_of(backend))
     record: dict[str, Any] = {"loaded": False, "error": None, "outputs": None, "errors": {}}
     try:
-        wrapper = _target.load_on_target(channel, lambda: _lowering.load(scenario["archive"]))
+        wrapper = load_on_target(channel, lambda: _lowering.load(scenario["archive"]))
         record["loaded"] = True
     except Exception as exc:
         record["error"] = error_record(exc)
@@ -83,7 +83,7 @@ def _run_scenario(scenario: dict, backend: Any, channel: Any) -> dict:
         values, errors = outputs.setdefault(method, []), record["errors"].setdefault(method, [])
         for args, kwargs in examples:
             try:
-                values.append(_target.call_on_target(channel, getattr(wrapper, method), args, kwargs))
+                values.append(call_on_target(channel, getattr(wrapper, method), args, kwargs))
                 errors.append(None)
             except Exception as exc:
                 values.append(None)
@@ -101,6 +101,6 @@ class _OneBackend:
 
 
 def _registry_of(backend: Any) -> Any:
-    registry = _registry.BackendRegistry()
-    registry.add_plugin(_OneBackend(backend), _registry.Source("a suite's extra process"))
+    registry = BackendRegistry()
+    registry.add_plugin(_OneBackend(backend), Source("a suite's extra process"))
     return registry

@@ -12,11 +12,14 @@ import functools
 import os
 import threading
 import weakref
-from typing import Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from pytest_backendconf.report import Check
 
 from ._session_work import Scenario, archive_directory
+
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
 _Saved = TypeVar("_Saved")
 
@@ -40,7 +43,7 @@ class SavedLowerings(Generic[_Saved]):
         #: Held while one is made, and while a category places their archives in the extra process.
         self.lock = threading.RLock()
 
-    def get(self, ctx: Any, case: str, save: Callable[[], _Saved]) -> _Saved:
+    def get(self, ctx: SuiteContext, case: str, save: Callable[[], _Saved]) -> _Saved:
         """The case's saved lowering, ``save()`` the first time (an exception it raises is not kept)."""
         with self.lock:
             done = self._sessions.setdefault(ctx, {})
@@ -48,13 +51,13 @@ class SavedLowerings(Generic[_Saved]):
                 done[case] = save()
             return done[case]
 
-    def of(self, ctx: Any) -> dict[str, _Saved]:
+    def of(self, ctx: SuiteContext) -> dict[str, _Saved]:
         """The session's lowerings saved so far, by case."""
         return self._sessions.get(ctx, {})
 
 
 def target_scenario(
-    ctx: Any, key: str, file_name: str, data: bytes, calls: dict[str, list[tuple[tuple, dict]]]
+    ctx: SuiteContext, key: str, file_name: str, data: bytes, calls: dict[str, list[tuple[tuple, dict]]]
 ) -> Scenario:
     """Write the archive ``data`` into the session's folder; the scenario that loads it and makes ``calls`` there."""
     path = os.path.join(archive_directory(ctx), file_name)

@@ -14,13 +14,16 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from pytest_backendconf import lowering as _lowering
 from pytest_backendconf._compat import tree_structure
 from pytest_backendconf.errors import BackendUnavailableWarning
+
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
 
 @dataclasses.dataclass
@@ -60,7 +63,7 @@ def offer_at_hand(provider: AtHand) -> AtHand:
     return provider
 
 
-def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
+def items_at_hand(ctx: SuiteContext, asking: str) -> tuple[list[Scenario], list[Lowering]]:
     """Every registered category's work at hand when category ``asking`` first needs the process."""
     scenarios: list[Scenario] = []
     lowerings: list[Lowering] = []
@@ -82,7 +85,7 @@ class FreshLowerer:
     def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
         import tempfile
 
-        from pytest_backendconf.suite._context import SuiteContext
+        from pytest_backendconf.suite import SuiteContext
         from pytest_backendconf.debuginfo import DebugHandleRecorder
 
         from ._zoo_loader import load_zoo
@@ -124,7 +127,7 @@ _DIRECTORIES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary(
 _DIRECTORIES_LOCK = threading.Lock()
 
 
-def archive_directory(ctx: Any) -> str:
+def archive_directory(ctx: SuiteContext) -> str:
     """The session's folder for the archives the target process loads."""
     with _DIRECTORIES_LOCK:
         if ctx not in _DIRECTORIES:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 import torch
@@ -22,8 +22,11 @@ from ..torchscript import lower, lower_in_fresh_process
 from . import _ts_session as ts
 from ._ts_probe_models import probe_model
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
-def reliability_checks(ctx: Any) -> Iterator[Check]:
+
+def reliability_checks(ctx: SuiteContext) -> Iterator[Check]:
     for case in ts.spec()["reliability_cases"]:
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is None:
@@ -45,7 +48,7 @@ def reliability_checks(ctx: Any) -> Iterator[Check]:
 
 
 @ts.torchscript_check
-def _repeated_calls(ctx: Any, case: str, dtype: str) -> None:
+def _repeated_calls(ctx: SuiteContext, case: str, dtype: str) -> None:
     """The same call, made again and again, returns the same outputs bit for bit (and neither crashes nor hangs)."""
     ts.require_available(ctx)
     module, _ = ts.lowered(ctx, case, dtype)
@@ -59,7 +62,7 @@ def _repeated_calls(ctx: Any, case: str, dtype: str) -> None:
 
 
 @ts.torchscript_check
-def _inputs_unchanged(ctx: Any, case: str, dtype: str) -> None:
+def _inputs_unchanged(ctx: SuiteContext, case: str, dtype: str) -> None:
     """execute leaves its inputs as they were."""
     ts.require_available(ctx)
     module, _ = ts.lowered(ctx, case, dtype)
@@ -73,7 +76,7 @@ def _inputs_unchanged(ctx: Any, case: str, dtype: str) -> None:
 
 
 @ts.torchscript_check
-def _deterministic_preprocess(ctx: Any, case: str, dtype: str) -> None:
+def _deterministic_preprocess(ctx: SuiteContext, case: str, dtype: str) -> None:
     """Lowering the same module in two fresh processes gives the same processed module (what torch.jit.save
     stores): preprocess is a function of the module and the compile spec."""
     ts.require_available(ctx)
@@ -94,7 +97,7 @@ def _deterministic_preprocess(ctx: Any, case: str, dtype: str) -> None:
         )
 
 
-def _lower_twice(ctx: Any) -> list[dict]:
+def _lower_twice(ctx: SuiteContext) -> list[dict]:
     """Every reliability case that lowers, scripted to a file, lowered in two fresh processes."""
     record = ts.loaded(ctx)
     folder = ctx.tmp_dir("torchscript-fresh")
@@ -117,7 +120,7 @@ def _lower_twice(ctx: Any) -> list[dict]:
 
 
 @ts.torchscript_check
-def _threads(ctx: Any, case: str, dtype: str) -> None:
+def _threads(ctx: SuiteContext, case: str, dtype: str) -> None:
     """Backends declaring thread_safe: calls from several threads at once give each call's own outputs."""
     if not ctx.capabilities.thread_safe:
         pytest.skip("not applicable: the backend does not declare thread_safe in its capabilities")
@@ -153,7 +156,7 @@ def _rss() -> int:
 
 
 @ts.torchscript_check
-def _memory(ctx: Any) -> None:
+def _memory(ctx: SuiteContext) -> None:
     """Calls do not keep memory: after a warm-up, a second window of calls grows the process no more than the
     first (a leak keeps growing; allocator caches settle)."""
     if not os.path.exists(f"/proc/{os.getpid()}/statm"):

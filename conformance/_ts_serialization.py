@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -21,13 +21,16 @@ from ..target import pack_value, unpack_value
 from ..torchscript import lite_round_trip, run_torchscript_target, save_load
 from . import _ts_session as ts
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 #: The attribute and method added to the wrapper after lowering, and the value they must keep.
 NOTE_ATTRIBUTE = "backendconf_note_value"
 NOTE_METHOD = "backendconf_note"
 NOTE_VALUE = "added after lowering"
 
 
-def serialization_checks(ctx: Any) -> Iterator[Check]:
+def serialization_checks(ctx: SuiteContext) -> Iterator[Check]:
     for case in sorted(ctx.cases):
         dtype = ctx.first_dtype(case)
         if dtype is None:
@@ -51,7 +54,7 @@ def serialization_checks(ctx: Any) -> Iterator[Check]:
             )
 
 
-def _calls(ctx: Any, case: str, dtype: str, methods: tuple[str, ...]) -> list[tuple[str, int, list]]:
+def _calls(ctx: SuiteContext, case: str, dtype: str, methods: tuple[str, ...]) -> list[tuple[str, int, list]]:
     return [(m, seed, ts.inputs(ctx, case, dtype, m, seed)) for m in methods for seed in ts.spec()["seeds"]]
 
 
@@ -75,7 +78,7 @@ def _first(exc: BaseException) -> str:
 
 
 @ts.torchscript_check
-def _jit_save_load(ctx: Any, case: str, dtype: str) -> None:
+def _jit_save_load(ctx: SuiteContext, case: str, dtype: str) -> None:
     """torch.jit.save then load (the wrapper's __setstate__ compiles again): the same outputs, bit for bit."""
     ts.require_available(ctx)
     module, model = ts.lowered(ctx, case, dtype)
@@ -83,7 +86,7 @@ def _jit_save_load(ctx: Any, case: str, dtype: str) -> None:
 
 
 @ts.torchscript_check
-def _lite(ctx: Any, case: str, dtype: str) -> None:
+def _lite(ctx: SuiteContext, case: str, dtype: str) -> None:
     """_save_for_lite_interpreter then _load_for_lite_interpreter: the same outputs, bit for bit."""
     ts.require_available(ctx)
     module, model = ts.lowered(ctx, case, dtype)
@@ -95,7 +98,7 @@ def _lite(ctx: Any, case: str, dtype: str) -> None:
 
 
 @ts.torchscript_check
-def _target(ctx: Any, case: str, dtype: str) -> None:
+def _target(ctx: SuiteContext, case: str, dtype: str) -> None:
     """The torch.jit and lite files loaded and run on the target: the host's outputs, bit for bit."""
     ts.require_available(ctx)
     ts.lowered(ctx, case, dtype)  # unsupported or failing lowerings end here, as in the other checks
@@ -122,7 +125,7 @@ def _check_target_file(batch: dict, key: str, label: str) -> dict:
     return reply
 
 
-def _session_models(ctx: Any) -> list[tuple[str, Any, list]]:
+def _session_models(ctx: SuiteContext) -> list[tuple[str, Any, list]]:
     """``(name, lowered module, forward calls)`` of every case that lowers, for the session's target run."""
     found = []
     for case in sorted(ctx.cases):
@@ -137,7 +140,7 @@ def _session_models(ctx: Any) -> list[tuple[str, Any, list]]:
     return found
 
 
-def _run_target_batch(ctx: Any, lowered: list[tuple[str, Any, list]], *, extras: bool = False) -> dict:
+def _run_target_batch(ctx: SuiteContext, lowered: list[tuple[str, Any, list]], *, extras: bool = False) -> dict:
     """Save each ``(name, module, [(method, args), ...])`` as a torch.jit and a lite file, and run them all in one target."""
     record = ts.loaded(ctx)
     folder = ctx.tmp_dir("torchscript-target")
@@ -185,7 +188,7 @@ def _save_for_target(
 
 
 @ts.torchscript_check
-def _wrapper(ctx: Any, case: str, dtype: str) -> None:
+def _wrapper(ctx: SuiteContext, case: str, dtype: str) -> None:
     """An attribute (with a method reading it) and bundled inputs added to the lowered wrapper survive
     torch.jit.save/load, the lite interpreter and the target; the bundled inputs run to the host's outputs."""
     from torch.utils.bundled_inputs import augment_model_with_bundled_inputs

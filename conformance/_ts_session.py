@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 import torch
@@ -21,6 +21,9 @@ from ..report import CheckFailed, Unsupported
 from ..torchscript import Scripted, backend_is_available, load_library, lower, script_case
 from ._spec import section
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 #: The text the seed's demo compiler opens a rejection with.
 REJECTION_PREFIX = "The node of "
 REJECTION_MIDDLE = " is not supported in this compiler."
@@ -30,26 +33,26 @@ def spec() -> dict[str, Any]:
     return section("torchscript")
 
 
-def backend(ctx: Any) -> TorchScriptBackend:
+def backend(ctx: SuiteContext) -> TorchScriptBackend:
     found = ctx.backend
     assert isinstance(found, TorchScriptBackend), "a TorchScript check needs a TorchScriptBackend"
     return found
 
 
-def loaded(ctx: Any) -> TorchScriptBackend:
+def loaded(ctx: SuiteContext) -> TorchScriptBackend:
     """The backend with its library loaded in this process (once)."""
     record = backend(ctx)
     ctx.memo(("torchscript", "library"), lambda: load_library(record) or True)
     return record
 
 
-def available(ctx: Any) -> object:
+def available(ctx: SuiteContext) -> object:
     """What the C++ ``is_available()`` returns here (asked once per session)."""
     record = loaded(ctx)
     return ctx.memo(("torchscript", "available"), lambda: backend_is_available(record.name))
 
 
-def require_available(ctx: Any) -> TorchScriptBackend:
+def require_available(ctx: SuiteContext) -> TorchScriptBackend:
     """The loaded backend; *not applicable* (a skip, never a pass) when its ``is_available()`` is false here."""
     record = loaded(ctx)
     if available(ctx) is not True:
@@ -60,7 +63,7 @@ def require_available(ctx: Any) -> TorchScriptBackend:
     return record
 
 
-def scripted(ctx: Any, case: str, dtype: str) -> Scripted:
+def scripted(ctx: SuiteContext, case: str, dtype: str) -> Scripted:
     """The case in ``dtype`` as TorchScript; `Unsupported` when neither scripting nor tracing takes it."""
 
     def make() -> Scripted | str:
@@ -77,12 +80,12 @@ def scripted(ctx: Any, case: str, dtype: str) -> Scripted:
     return made
 
 
-def inputs(ctx: Any, case: str, dtype: str, method: str = "forward", seed: int = 0) -> list[Any]:
+def inputs(ctx: SuiteContext, case: str, dtype: str, method: str = "forward", seed: int = 0) -> list[Any]:
     """A call's positional arguments (keyword arguments and defaults bound, as TorchScript takes them)."""
     return list(ctx.flat_inputs(case, dtype, method, seed=seed))
 
 
-def lowered(ctx: Any, case: str, dtype: str, *, fresh: bool = False) -> tuple[Any, Scripted]:
+def lowered(ctx: SuiteContext, case: str, dtype: str, *, fresh: bool = False) -> tuple[Any, Scripted]:
     """The case lowered with ``torch._C._jit_to_backend`` (shared unless ``fresh``).
 
     `Unsupported` for the seed compiler's rejection; any other failure of the
@@ -118,7 +121,7 @@ def leaves(value: Any) -> list[Any]:
     return list(_compat.tree_leaves(value))
 
 
-def tolerance(ctx: Any, dtype: str) -> tuple[float, float]:
+def tolerance(ctx: SuiteContext, dtype: str) -> tuple[float, float]:
     declared = ctx.capabilities.tolerances or {}
     for key in (getattr(torch, dtype, None), dtype):
         if key is not None and key in declared:

@@ -18,7 +18,7 @@ import sys
 import warnings
 import weakref
 from importlib import resources
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -37,6 +37,9 @@ from ._session_work import Lowering, Scenario, offer_at_hand
 from ._spec import section
 from ._stand_in import StandIn
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -49,7 +52,7 @@ def table() -> dict[str, Any]:
     return tomllib.loads(resources.files(__package__).joinpath("availability.toml").read_text())
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext) -> Iterator[Check]:
     for row in table()["row"]:
         yield Check(
             "availability",
@@ -91,7 +94,7 @@ def load_with(backend: Any, data: bytes) -> Any:
 # --- host rows ---------------------------------------------------------------------------
 
 
-def subjects(ctx: Any) -> list[tuple[str, str]]:
+def subjects(ctx: SuiteContext) -> list[tuple[str, str]]:
     """(case, dtype) pairs the rows are checked with: suite.toml's cases, first dtype each."""
     found = []
     for name in section("availability")["cases"]:
@@ -104,20 +107,20 @@ def subjects(ctx: Any) -> list[tuple[str, str]]:
     return found
 
 
-def calls_for(ctx: Any, case: str, dtype: str) -> dict[str, list[tuple[tuple, dict]]]:
+def calls_for(ctx: SuiteContext, case: str, dtype: str) -> dict[str, list[tuple[tuple, dict]]]:
     """Per method, the example calls every row makes (one per seed in suite.toml)."""
     seeds = section("availability")["seeds"]
     return {m: [ctx.example(case, dtype, m, seed=s) for s in seeds] for m in ctx.cases[case].methods}
 
 
-def _lower(ctx: Any, case: str, dtype: str, backend: Any) -> tuple[Any, list[warnings.WarningMessage]]:
+def _lower(ctx: SuiteContext, case: str, dtype: str, backend: Any) -> tuple[Any, list[warnings.WarningMessage]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lowered = ctx.lower(case, dtype, backend=backend)
     return lowered, caught
 
 
-def _each_supported(ctx: Any, check: Any) -> None:
+def _each_supported(ctx: SuiteContext, check: Any) -> None:
     """Run ``check(case, dtype)`` for every subject; unsupported only if the backend rejects all."""
     rejected = []
     for case, dtype in subjects(ctx):
@@ -129,7 +132,7 @@ def _each_supported(ctx: Any, check: Any) -> None:
         raise Unsupported("; ".join(rejected))
 
 
-def unavailable_on_host(ctx: Any, *, row: dict) -> None:
+def unavailable_on_host(ctx: SuiteContext, *, row: dict) -> None:
     texts = table()["texts"]
     warning = texts["warning"].format(name=ctx.name)
 
@@ -178,7 +181,7 @@ def _expect_unavailable(what: str, action: Any) -> None:
     fail(f"{what} succeeded; with is_available() False it must raise BackendUnavailableError starting {prefix!r}")
 
 
-def violation_on_host(ctx: Any, *, row: dict) -> None:
+def violation_on_host(ctx: SuiteContext, *, row: dict) -> None:
     violation = table()["texts"]["violation"]
 
     def check(case: str, dtype: str) -> None:
@@ -207,7 +210,7 @@ def violation_on_host(ctx: Any, *, row: dict) -> None:
     _each_supported(ctx, check)
 
 
-def compiles_once(ctx: Any, *, row: dict) -> None:
+def compiles_once(ctx: SuiteContext, *, row: dict) -> None:
     if ctx.backend.is_available() is not True:
         raise Unsupported(
             f"backend {ctx.name!r} reports is_available() == False on this host, so row {row['id']} "
@@ -246,7 +249,7 @@ def compiles_once(ctx: Any, *, row: dict) -> None:
 
 
 def _match_eager(
-    ctx: Any, case: str, dtype: str, method: str, seed: int, args: tuple, kwargs: dict, actual: Any, where: str
+    ctx: SuiteContext, case: str, dtype: str, method: str, seed: int, args: tuple, kwargs: dict, actual: Any, where: str
 ) -> None:
     from .parity import tolerance  # parity imports Hypothesis: not in the target process
 
@@ -274,12 +277,12 @@ def _scenario_key(row: dict, case: str) -> str:
 
 
 @offer_at_hand
-def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
+def items_at_hand(ctx: SuiteContext, asking: str) -> tuple[list[Scenario], list[Lowering]]:
     """Every target row's scenario (archives written now), once this category asks for the process."""
     return (availability_scenarios(ctx), []) if asking == "availability" else ([], [])
 
 
-def availability_scenarios(ctx: Any) -> list[Scenario]:
+def availability_scenarios(ctx: SuiteContext) -> list[Scenario]:
     """Every target row's scenario for every subject, archives written now."""
     try:
         found_subjects = subjects(ctx)
@@ -307,7 +310,7 @@ def availability_scenarios(ctx: Any) -> list[Scenario]:
     return list(scenarios.values())
 
 
-def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]:
+def _archives(ctx: SuiteContext, case: str, dtype: str, directory: Any) -> dict[str, str]:
     """Intact and truncated archives of one case, preprocessed without compiling."""
     from pytest_backendconf.lowering import LoweredModule
 
@@ -328,7 +331,7 @@ def _archives(ctx: Any, case: str, dtype: str, directory: Any) -> dict[str, str]
     return paths
 
 
-def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]:
+def _target_results(ctx: SuiteContext, row: dict) -> Iterator[tuple[str, str, str, dict]]:
     """(case, dtype, where, result) of this row's scenario for every subject that has an archive."""
     found = session(ctx, "availability")
     problems = _ARCHIVE_PROBLEMS.get(ctx, {})
@@ -354,7 +357,7 @@ def _error_text(result: dict) -> str:
     return f"{error['type']}: {error['message']}" if error else "no error"
 
 
-def unavailable_on_target(ctx: Any, *, row: dict) -> None:
+def unavailable_on_target(ctx: SuiteContext, *, row: dict) -> None:
     prefix = table()["texts"]["unavailable_error"]
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
@@ -369,7 +372,7 @@ def unavailable_on_target(ctx: Any, *, row: dict) -> None:
             )
 
 
-def violation_on_target(ctx: Any, *, row: dict) -> None:
+def violation_on_target(ctx: SuiteContext, *, row: dict) -> None:
     violation = table()["texts"]["violation"]
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
@@ -382,7 +385,7 @@ def violation_on_target(ctx: Any, *, row: dict) -> None:
             fail(f"{where}: load must raise BackendContractError naming {violation!r}; it raised {_error_text(result)}")
 
 
-def blob_not_ready(ctx: Any, *, row: dict) -> None:
+def blob_not_ready(ctx: SuiteContext, *, row: dict) -> None:
     for _case, _dtype, where, result in _target_results(ctx, row):
         if result["loaded"]:
             fail(
@@ -399,15 +402,15 @@ def blob_not_ready(ctx: Any, *, row: dict) -> None:
             fail(f"{where}: loading truncated blobs raised {error['type']} with an empty message")
 
 
-def loads_on_target(ctx: Any, *, row: dict) -> None:
+def loads_on_target(ctx: SuiteContext, *, row: dict) -> None:
     _runs_on_target(ctx, row, first_call_only=True)
 
 
-def runs_on_target(ctx: Any, *, row: dict) -> None:
+def runs_on_target(ctx: SuiteContext, *, row: dict) -> None:
     _runs_on_target(ctx, row, first_call_only=False)
 
 
-def _runs_on_target(ctx: Any, row: dict, *, first_call_only: bool) -> None:
+def _runs_on_target(ctx: SuiteContext, row: dict, *, first_call_only: bool) -> None:
     seeds = section("availability")["seeds"]
     for case, dtype, where, result in _target_results(ctx, row):
         if not result["loaded"]:

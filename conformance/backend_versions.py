@@ -15,7 +15,7 @@ import functools
 import io
 import json
 import zipfile
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf.archive import MANIFEST, pack
@@ -26,10 +26,13 @@ from pytest_backendconf.errors import ArchiveVersionError
 from ._session_work import same_outputs
 from ._spec import section
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 FUTURE_VERSION = "9999.0.0"
 
 
-def checks(ctx: Any, saved: Any, call: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext, saved: Any, call: Any) -> Iterator[Check]:
     """:param saved: the serialization category's ``_saved(ctx, case, dtype)`` (its shared archive and
     outputs); ``call``: its ``call_fresh(function, args, kwargs)`` (fresh inputs for every call)."""
     for case in section("serialization").get("version_cases", []):
@@ -54,7 +57,7 @@ def with_backend_version(data: bytes, version: str) -> bytes:
     return pack([(MANIFEST, text)] + entries[1:])
 
 
-def check_future_backend_version(ctx: Any, *, case: str, dtype: str, saved: Any, call: Any) -> None:
+def check_future_backend_version(ctx: SuiteContext, *, case: str, dtype: str, saved: Any, call: Any) -> None:
     original = saved(ctx, case, dtype)
     future = with_backend_version(original.data, FUTURE_VERSION)
     ours = declared_version(ctx.registered.backend, ctx.registered.source.version)

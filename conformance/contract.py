@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from pytest_backendconf import UnsupportedNodeError
-from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf.debuginfo import DebugHandleRecorder
 from pytest_backendconf.lowering import user_outputs
 from pytest_backendconf.report import Check, Unsupported, fail

@@ -15,7 +15,7 @@ import functools
 import io
 import os
 import zipfile
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -29,11 +29,14 @@ from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 #: Shorter source lines and class names (``N``, ``x``) occur in any bytes by chance.
 MIN_LINE, MIN_NAME = 8, 4
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext) -> Iterator[Check]:
     for case in section("symbolication").get("separate_cases", ()):
         dtype = ctx.first_dtype(case) if case in ctx.cases else None
         if dtype is not None:
@@ -79,7 +82,7 @@ def leaks(data: bytes, forbidden: dict[str, str]) -> list[str]:
     return out
 
 
-def check_debug_info_apart(ctx: Any, *, case: str, dtype: str) -> None:
+def check_debug_info_apart(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     try:
         lowered = ctx.lower(case, dtype)
     except UnsupportedNodeError as exc:

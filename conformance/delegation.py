@@ -22,7 +22,7 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import _compat
-from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf.lowering import lower_programs
 from pytest_backendconf.lowering import op_overload
 from pytest_backendconf.report import Check, CheckFailed, Unsupported

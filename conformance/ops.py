@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from .. import _compat
-from ..suite._context import SuiteContext
+from ..suite import SuiteContext
 from ..lowering import lower_programs
 from ..numerics import (
     Closeness,
@@ -50,10 +50,6 @@ from ._ops_program import OpCall, build_batch_program, build_program, op_call_cl
 from ._spec import section
 from ._ties import InvalidIndices, settle_ties
 
-#: ``--backendconf-ops``: the shipped samples (``quick``: the first of each overload in float32 and
-#: float16, for engines whose lowering takes seconds; ``default``: up to ``default_samples`` in every
-#: dtype of ``default_dtypes``), or every OpInfo sample (``all``).
-MODES = ("quick", "default", "all")
 LOW_PRECISION = ("float16", "bfloat16")
 
 
@@ -360,7 +356,7 @@ class WritesInPlace(Exception):
 
 
 def judge(
-    ctx: Any,
+    ctx: SuiteContext,
     sample: discovery.OpSample,
     program: Any,
     actual: list[torch.Tensor],
@@ -485,9 +481,9 @@ def rerun_command(ctx: SuiteContext, path: Path) -> str:
 # every member alone then, so that the host's isolation blames the right check.
 
 
-def run_batch(ctx: Any, checks: list[Check]) -> dict[str, Any]:
+def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
     """Lower ``checks`` (ops checks of one dtype, distinct op names) as one program; see the section text."""
-    from ..suite._outcome import run_check
+    from ..suite import run_check
 
     data = ops_data(ctx)
     assert data is not None
@@ -600,7 +596,7 @@ class _Raises:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def run(self, ctx: Any) -> Any:
+    def run(self, ctx: SuiteContext) -> Any:
         raise self.error
 
 
@@ -610,6 +606,6 @@ class _Judged:
     def __init__(self, sample: Any, number: int, inputs: list[torch.Tensor], actual: list[torch.Tensor]) -> None:
         self.sample, self.number, self.inputs, self.actual = sample, number, inputs, actual
 
-    def run(self, ctx: Any) -> Any:
+    def run(self, ctx: SuiteContext) -> Any:
         program = program_of(ctx, self.number)
         return verdict(ctx, self.sample, self.number, program, list(self.actual), self.inputs, explain=False)

@@ -31,7 +31,7 @@ from pytest_backendconf import _compat
 from hypothesis import example, given, seed as hypothesis_seed, settings, strategies as st
 
 from pytest_backendconf import OutputSpecError, UnsupportedNodeError
-from pytest_backendconf.suite._context import FIXED, INPUT_MODES, SuiteContext
+from pytest_backendconf.suite import FIXED, INPUT_MODES, SuiteContext
 from pytest_backendconf.lowering import normalize as normalize_call
 from pytest_backendconf.diagnostics import locate_in_program
 from pytest_backendconf.archive import write_tensors
@@ -43,8 +43,7 @@ from pytest_backendconf.numerics import (
     summary_json,
     worst,
 )
-from pytest_backendconf.suite._golden import GoldenRecorder
-from pytest_backendconf.suite._hypothesis import PROFILES, draws_seed
+from pytest_backendconf.suite import PROFILES, GoldenRecorder, draws_seed
 from pytest_backendconf.report import Check, CheckFailed, Unsupported
 
 from ._spec import section

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -30,11 +30,14 @@ from pytest_backendconf.errors import BackendContractError
 
 from ._spec import section
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 #: Ops with nothing to run on a device: shape assertions and tuple indexing.
 NO_WORK = ("aten::_assert", "aten::sym_constrain_range", "aten::_functional_sym_constrain_range", "getitem")
 
 
-def checks(ctx: Any, preprocessed: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext, preprocessed: Any) -> Iterator[Check]:
     """:param preprocessed: the contract category's ``_preprocessed(ctx, case, dtype)`` (its blobs, shared)."""
     if not callable(getattr(ctx.backend, "execute_profiled", None)):
         return
@@ -50,7 +53,7 @@ def checks(ctx: Any, preprocessed: Any) -> Iterator[Check]:
             )
 
 
-def check_execute_profiled(ctx: Any, *, case: str, dtype: str, preprocessed: Any) -> None:
+def check_execute_profiled(ctx: SuiteContext, *, case: str, dtype: str, preprocessed: Any) -> None:
     backend = ctx.backend
     for method, (program, handles, blob) in preprocessed(ctx, case, dtype).items():
         where = f"{case}.{method} ({dtype})"

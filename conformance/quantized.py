@@ -45,7 +45,7 @@ from pytest_backendconf.quant import (
     torchao_missing,
 )
 from pytest_backendconf.report import Check, CheckFailed, Unsupported
-from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite import SuiteContext
 
 from ._spec import section
 

@@ -17,9 +17,12 @@ import importlib.util
 import sys
 import types
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_backendconf.cases import ModelCase, TensorInput
+
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
 #: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo).
 CATEGORIES = ("parity", "serialization", "delegation", "quantized")
@@ -180,7 +183,7 @@ def real_cases() -> list[ModelCase]:
     ]
 
 
-def zoo_keeps(ctx: Any, check: Any, zoo: str) -> bool | None:
+def zoo_keeps(ctx: SuiteContext, check: Any, zoo: str) -> bool | None:
     """Whether a generated check runs under ``--backendconf-zoo=zoo``: None to drop it, else whether it is a real model's.
 
     A real model's check runs only in `CATEGORIES` and never under

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from pytest_backendconf import UnsupportedNodeError
-from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf._compat import tree_leaves, tree_map
 from pytest_backendconf.report import Check, Unsupported, fail
 

@@ -11,7 +11,7 @@ fresh lowering run in the suite's extra process (`_extra_process`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -28,8 +28,11 @@ from ._saved_archives import SavedLowerings, serialization_check, target_scenari
 from ._session_work import same_outputs as _same
 from ._extra_process import session
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
 
-def checks(ctx: Any) -> Iterator[Check]:
+
+def checks(ctx: SuiteContext) -> Iterator[Check]:
     cases = [(name, ctx.first_dtype(name)) for name in ctx.cases if ctx.first_dtype(name) is not None]
     spec = section("serialization")
     per_case = [(check_round_trip, "load"), (check_resave_is_byte_identical, "save")]
@@ -82,7 +85,7 @@ class _Saved:
 _SAVED: SavedLowerings[_Saved] = SavedLowerings()
 
 
-def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
+def _saved(ctx: SuiteContext, case: str, dtype: str) -> _Saved:
     """The case's shared lowering (the one parity uses), saved once per session."""
 
     def save() -> _Saved:
@@ -97,7 +100,7 @@ def _saved(ctx: Any, case: str, dtype: str) -> _Saved:
     return _SAVED.get(ctx, case, save)
 
 
-def _loaded(ctx: Any, case: str, dtype: str) -> tuple[_Saved, Any]:
+def _loaded(ctx: SuiteContext, case: str, dtype: str) -> tuple[_Saved, Any]:
     saved = _saved(ctx, case, dtype)
     if isinstance(saved.loaded, Exception):
         exc = saved.loaded
@@ -115,7 +118,7 @@ def call_fresh(function: Any, args: tuple, kwargs: dict) -> Any:
 # --- per case ----------------------------------------------------------------------------------
 
 
-def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+def check_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     saved, loaded = _loaded(ctx, case, dtype)
     seeds = section("serialization")["seeds"]
     for method, examples in saved.calls.items():
@@ -128,7 +131,7 @@ def check_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
                 )
 
 
-def check_resave_is_byte_identical(ctx: Any, *, case: str, dtype: str) -> None:
+def check_resave_is_byte_identical(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     saved, loaded = _loaded(ctx, case, dtype)
     again = _lowering.to_bytes(loaded)
     if again != saved.data:
@@ -168,7 +171,7 @@ def archive_difference(first: bytes, second: bytes) -> str:
 # --- compile spec, debug info, wrapper attributes -----------------------------------------------
 
 
-def _compile_spec(ctx: Any, case: str, dtype: str) -> dict[str, dict]:
+def _compile_spec(ctx: SuiteContext, case: str, dtype: str) -> dict[str, dict]:
     """A non-trivial compile spec where the backend declares one it honours (the fault key), else ``{}``."""
     spec: dict[str, dict] = {}
     for method in ctx.cases[case].methods:
@@ -180,7 +183,7 @@ def _compile_spec(ctx: Any, case: str, dtype: str) -> dict[str, dict]:
     return spec
 
 
-def check_compile_spec_and_debug_info_survive(ctx: Any, *, case: str, dtype: str) -> None:
+def check_compile_spec_and_debug_info_survive(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     spec = _compile_spec(ctx, case, dtype)
     try:
         lowered = ctx.lower(case, dtype, spec)
@@ -227,7 +230,7 @@ def _attributes() -> dict[str, Any]:
     }
 
 
-def check_wrapper_attributes_survive(ctx: Any, *, case: str, dtype: str) -> None:
+def check_wrapper_attributes_survive(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     try:
         lowered = ctx.lower(case, dtype, cache=False)  # our own module: we add attributes to it
     except UnsupportedNodeError as exc:
@@ -272,13 +275,13 @@ def _same_value(got: Any, want: Any) -> str | None:
 # --- the target process and the fresh lowering (_extra_process runs both, _session_work has the records)
 
 
-def _scenario(ctx: Any, case: str) -> Scenario:
+def _scenario(ctx: SuiteContext, case: str) -> Scenario:
     saved = _SAVED.of(ctx)[case]
     return target_scenario(ctx, f"serialization:{case}", f"{case}.bcpt", saved.data, saved.calls)
 
 
 @offer_at_hand
-def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]]:
+def items_at_hand(ctx: SuiteContext, asking: str) -> tuple[list[Scenario], list[Lowering]]:
     """What the session's first extra process can carry without lowering anything here.
 
     Every case already saved or lowered: in the default order parity has
@@ -299,12 +302,12 @@ def items_at_hand(ctx: Any, asking: str) -> tuple[list[Scenario], list[Lowering]
     return scenarios, _lowerings(ctx)
 
 
-def _at_hand(ctx: Any, case: str) -> bool:
+def _at_hand(ctx: SuiteContext, case: str) -> bool:
     dtype = ctx.first_dtype(case)
     return dtype is not None and (case in _SAVED.of(ctx) or ctx.has_lowered(case, dtype))
 
 
-def _lowerings(ctx: Any, *, also: str | None = None) -> list[Lowering]:
+def _lowerings(ctx: SuiteContext, *, also: str | None = None) -> list[Lowering]:
     """The fresh lowerings of the deterministic cases at hand (saved or lowered here already) and of ``also``.
 
     Only those: under pytest-xdist another worker has the other cases, and
@@ -327,7 +330,7 @@ def _lowerings(ctx: Any, *, also: str | None = None) -> list[Lowering]:
     return found
 
 
-def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
+def check_target_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     from .parity import tolerance
 
     saved = _saved(ctx, case, dtype)
@@ -360,7 +363,7 @@ def check_target_round_trip(ctx: Any, *, case: str, dtype: str) -> None:
                 )
 
 
-def check_deterministic_lowering(ctx: Any, *, case: str, dtype: str) -> None:
+def check_deterministic_lowering(ctx: SuiteContext, *, case: str, dtype: str) -> None:
     saved = _saved(ctx, case, dtype)
     runs = session(ctx, "serialization")
     runs.place([], _lowerings(ctx, also=case))

@@ -30,10 +30,10 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf import BackendRuntimeError, UnsupportedNodeError
-from pytest_backendconf.suite._context import SuiteContext
+from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf.debuginfo import DebugHandleRecorder, walk_nodes
 from pytest_backendconf.debuginfo import build_debug_infos, format_missing, op_name
-from pytest_backendconf.lowering import _preprocess, export_method
+from pytest_backendconf.lowering import export_method, run_preprocess
 from pytest_backendconf.backend import FAULT_KEY
 from pytest_backendconf.report import Check, CheckFailed, Unsupported, fail
 
@@ -164,7 +164,7 @@ def check_rejection(ctx: SuiteContext, *, entry: dict) -> None:
     infos = build_debug_infos(program.graph_module, handles, method="forward", top_class=cls.__name__)
     try:
         # The lowering's own preprocess step: it attaches the debug info to the error.
-        blob = _preprocess(ctx.backend, program, {}, handles, infos, "forward")
+        blob = run_preprocess(ctx.backend, program, {}, handles, infos, "forward")
     except UnsupportedNodeError as exc:
         unrelated = _unrelated_rejection(ctx, exc, program, _probe_models.OP_NAME)
         if unrelated is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 import torch
@@ -27,13 +27,16 @@ from ._ts_probe_models import probe_model
 from ._ts_reliability import reliability_checks
 from ._ts_serialization import serialization_checks
 
+if TYPE_CHECKING:
+    from pytest_backendconf.suite import SuiteContext
+
 NOT_APPLICABLE = {
     "delegation": "torch._C._jit_to_backend lowers whole modules (no partitioner, no CPU fallback to check)",
     "ops": "its samples are torch.export programs of single ATen overloads, which TorchScript does not lower",
 }
 
 
-def checks(ctx: Any) -> Iterator[Check]:
+def checks(ctx: SuiteContext) -> Iterator[Check]:
     """Every TorchScript check, category by category, in a stable order."""
     cases = sorted(ctx.cases)
     yield Check("contract", "library_registers_backend", _library_registers_backend, stage="declaration")
@@ -74,7 +77,7 @@ def checks(ctx: Any) -> Iterator[Check]:
 
 
 @ts.torchscript_check
-def _not_applicable(ctx: Any, reason: str) -> None:
+def _not_applicable(ctx: SuiteContext, reason: str) -> None:
     pytest.skip(f"not applicable to a TorchScript backend: {reason}")
 
 
@@ -82,7 +85,7 @@ def _not_applicable(ctx: Any, reason: str) -> None:
 
 
 @ts.torchscript_check
-def _library_registers_backend(ctx: Any) -> None:
+def _library_registers_backend(ctx: SuiteContext) -> None:
     """Loading the library registers the backend class and its preprocess; is_available() is a stable bool."""
     record = ts.loaded(ctx)  # a BackendConfError naming the library and the registration it lacks
     answers = [backend_is_available(record.name) for _ in range(3)]
@@ -91,7 +94,7 @@ def _library_registers_backend(ctx: Any) -> None:
 
 
 @ts.torchscript_check
-def _lowers(ctx: Any, case: str, dtype: str) -> None:
+def _lowers(ctx: SuiteContext, case: str, dtype: str) -> None:
     """The case lowers (or is rejected with the seed compiler's text: unsupported) into a LoweredWrapper."""
     module, model = ts.lowered(ctx, case, dtype)
     children = [name for name, _ in module.named_children()]
@@ -106,7 +109,7 @@ def _lowers(ctx: Any, case: str, dtype: str) -> None:
 
 
 @ts.torchscript_check
-def _parity(ctx: Any, case: str, dtype: str) -> dict:
+def _parity(ctx: SuiteContext, case: str, dtype: str) -> dict:
     """Every method on every seed agrees with eager PyTorch within the dtype's tolerance."""
     ts.require_available(ctx)
     module, model = ts.lowered(ctx, case, dtype)
@@ -131,7 +134,7 @@ def _parity(ctx: Any, case: str, dtype: str) -> dict:
 
 
 @ts.torchscript_check
-def _host_is_available(ctx: Any) -> None:
+def _host_is_available(ctx: SuiteContext) -> None:
     """Where its library is loaded, the backend says it can run: else every check that runs it is not applicable."""
     record = ts.loaded(ctx)
     answer = ts.available(ctx)
@@ -143,7 +146,7 @@ def _host_is_available(ctx: Any) -> None:
 
 
 @ts.torchscript_check
-def _unavailable_rows(ctx: Any) -> None:
+def _unavailable_rows(ctx: SuiteContext) -> None:
     """The seed's table for a backend whose is_available() is false: lowering (preprocess) still works on the
     host; calling the lowered module raises "Backend is not available."; torch.jit.save works; loading raises
     "Backend is not available." (from the wrapper's __setstate__)."""
@@ -187,7 +190,7 @@ def _expect_unavailable(what: str, action: Any) -> None:
 
 
 @ts.torchscript_check
-def _rejection_text(ctx: Any) -> None:
+def _rejection_text(ctx: SuiteContext) -> None:
     """Preprocess rejects an operator it cannot know with the demo compiler's text, the model's line and carets."""
     record = ts.loaded(ctx)
     data = ts.spec()["rejection"]
@@ -225,7 +228,7 @@ def _expect_source(text: str, wanted: str, expression: str) -> None:
         raise CheckFailed(f"no carets under {expression!r} in the model's line:\n{shown}\n{carets}")
 
 
-def _runtime_setup(ctx: Any, *, debug_info: bool) -> tuple[Any, str]:
+def _runtime_setup(ctx: SuiteContext, *, debug_info: bool) -> tuple[Any, str]:
     """The runtime-error probe lowered, round-tripped through the lite interpreter, and its failing call's text."""
     record = ts.require_available(ctx)
     data = ts.spec()["runtime_error"]
@@ -240,7 +243,7 @@ def _runtime_setup(ctx: Any, *, debug_info: bool) -> tuple[Any, str]:
 
 
 @ts.torchscript_check
-def _runtime_error_lite(ctx: Any) -> None:
+def _runtime_error_lite(ctx: SuiteContext) -> None:
     """A failure inside execute carries its node's debug handle: the lite interpreter (saved with debug info)
     shows the module hierarchy and the model's own line with carets."""
     data, text = _runtime_setup(ctx, debug_info=True)
@@ -256,7 +259,7 @@ def _runtime_error_lite(ctx: Any) -> None:
 
 
 @ts.torchscript_check
-def _runtime_error_without_debug_info(ctx: Any) -> None:
+def _runtime_error_without_debug_info(ctx: SuiteContext) -> None:
     """Saved without debug info, the backend's handle is named as the seed says: "Debug info for handle(s):
     debug_handles:{...}, was not found."."""
     data, text = _runtime_setup(ctx, debug_info=False)

@@ -18,7 +18,9 @@ and checked with ``pytest --backend=mybackend``. The same hook works in a
 
 Names that need torch (`to_backend`, `save`, `load`, …) are loaded on first
 use, so that importing this package (as pytest does for every run) stays
-cheap.
+cheap. A backend's own code may use the helpers of `pytest_backendconf.vendor`
+(`check_compile_spec_keys`, `check_functional_signature`, `AvailabilityProbe`),
+the argument checks and the cached availability probe every backend repeats.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ _LAZY = {
     "minify": ".diagnostics",
     "ModelCase": ".cases",
     "TensorInput": ".cases",
+    "AvailabilityProbe": ".vendor",
+    "check_compile_spec_keys": ".vendor",
+    "check_functional_signature": ".vendor",
 }
 
 __all__ = [

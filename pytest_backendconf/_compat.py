@@ -72,26 +72,11 @@ tree_map = _pytree.tree_map
 tree_structure = _pytree.tree_structure
 TreeSpec = _pytree.TreeSpec
 
-#: torch's tracing entry points (torch-internal module paths), defined beside
-#: ``Capabilities.target_runtime_modules``, which may name them.
-from .capabilities import TRACING_MODULES  # noqa: E402, F401
-
 #: The only frame name ``torch.export`` keeps in a node's ``stack_trace``
 #: (``torch.fx.proxy._filter_traceback_frames`` on 2.4-2.14 keeps frames of
 #: functions called ``forward``): a method lowered under another name is
 #: renamed to this so that its source lines survive.
 EXPORT_FRAME_NAME = "forward"
-
-
-def spec_children(spec: Any) -> list[Any]:
-    """The child specs of a pytree ``TreeSpec``.
-
-    torch 2.10 added ``TreeSpec.children()`` and deprecated the
-    ``children_specs`` field that 2.4-2.9 have (it still exists on 2.13 and
-    2.14, with a warning).
-    """
-    children = getattr(spec, "children", None)
-    return list(children() if callable(children) else spec.children_specs)
 
 
 def op_schema(target: Any) -> Any:

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lowering",),
     ("archive",),
     ("debuginfo", "reference", "registry", "allowlist", "numerics", "quant"),
-    ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "provenance", "_compat"),
+    ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "provenance", "vendor", "_compat"),
 ]
 #: Above every layer: the pytest entry module and the facade (its names load lazily, each from its layer).
 ENTRIES = ("plugin", "")

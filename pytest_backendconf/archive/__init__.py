@@ -8,6 +8,11 @@ writes records only: turning records into a module that runs is the lowering lay
 May import: `debuginfo`, `registry`, `reference` and the public surface; never `lowering` or above.
 """
 
+# Two namespaces the lowering layer builds records with: the structure of a method's inputs and
+# outputs (`structure.flatten`, `rebuilder`, `describe`, `from_treespec`, `StructureError`) and its
+# dynamic-shape ranges (`shapes.DynamicShapes`, `per_method`, `fit_positional`).
+from . import _shapes as shapes
+from . import _structure as structure
 from ._archive import debug_source, encode, read_archive, symbolicate, with_sidecar
 from ._attributes import encode_attributes
 from ._bundles import BUNDLE_SCHEMA, Bundle, Bundles, encode_bundles
@@ -59,6 +64,8 @@ __all__ = [
     "read_archive",
     "read_sidecar",
     "read_tensors",
+    "shapes",
+    "structure",
     "symbolicate",
     "sync_files",
     "to_message",

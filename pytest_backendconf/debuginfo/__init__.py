@@ -6,6 +6,7 @@ symbolicated texts of the contract and the table that looks them up by handle.
 May import: the public surface only.
 """
 
+from ._exec_sources import traceable
 from ._handles import DebugHandleRecorder, DebugHandles, walk_nodes
 from ._info import (
     MAX_FRAMES,
@@ -52,6 +53,7 @@ __all__ = [
     "format_unsupported",
     "hierarchy_prefix",
     "join_texts",
+    "traceable",
     "op_name",
     "walk_nodes",
 ]

@@ -31,7 +31,7 @@ from torch.export import ExportedProgram
 
 from ..debuginfo import DebugHandleRecorder, DebugInfo, build_debug_infos
 from ..quant import QuantizedRule
-from ..quant._verdict import _DEQUANTIZE, _RUNTIME_QPARAMS, errors_in_steps, implied_step, steps_off, within
+from ..quant import DEQUANTIZE, RUNTIME_QPARAMS, errors_in_steps, implied_step, steps_off, within
 from ._divergence import _where, eager_intermediates, run_on_backend
 
 #: A layer ends where its result is requantized with parameters fixed in the program.
@@ -113,7 +113,7 @@ def judge_layers(
     """Each layer of a static Q/DQ program on the backend against eager, fed eager's own integers."""
     graph = program.graph_module.graph
     calls = [n for n in graph.nodes if n.op == "call_function"]
-    if any(_RUNTIME_QPARAMS in str(n.target) for n in calls):
+    if any(RUNTIME_QPARAMS in str(n.target) for n in calls):
         return LayerVerdict(reason="quantization parameters are chosen at run time (a dynamic scheme)")
     if any(a.op == "get_attr" for n in calls for a in n.all_input_nodes):
         return LayerVerdict(reason="the program holds control flow (subgraphs), which is not cut into layers")
@@ -175,7 +175,7 @@ def _steps(end: Any, actual: torch.Tensor, expected: torch.Tensor) -> tuple[floa
     if not expected.is_floating_point():  # a layer's integers: one step is one
         error = (actual.long() - expected.long()).abs().double()
     else:
-        scale = end.args[1] if str(end.target) == _DEQUANTIZE and isinstance(end.args[1], float) else None
+        scale = end.args[1] if str(end.target) == DEQUANTIZE and isinstance(end.args[1], float) else None
         error = errors_in_steps(actual, expected, scale if scale is not None else implied_step(expected))
     if not error.numel():
         return 0.0, 0

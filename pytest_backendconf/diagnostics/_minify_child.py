@@ -39,14 +39,14 @@ class CandidateHandler:
         import torch
 
         from ..archive import read_tensors
-        from ..registry import BackendRegistry, _registry
+        from ..registry import BackendRegistry, active_registry, set_active_registry
         from ._divergence import eager_intermediates
         from ..numerics import Tolerance
 
         torch.set_num_threads(1)
-        registry = _registry._ACTIVE or BackendRegistry()
+        registry = active_registry() or BackendRegistry()
         registry.load_entry_points(select=options["backend"])
-        _registry.set_active_registry(registry)
+        set_active_registry(registry)
         self.backend = registry.get(options["backend"]).backend
         self.program = torch.export.load(options["program"])
         tensors, _ = read_tensors(options["inputs"])

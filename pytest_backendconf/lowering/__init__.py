@@ -10,16 +10,15 @@ May import: `archive`, `debuginfo`, `reference`, `registry` and the public surfa
 from ._args import availability, normalize, resolve_backend
 from ._bundling import DEFAULT_TOLERANCES, bundles
 from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
-from ._lowering import _preprocess, export_method, lower_programs, to_backend
+from ._lowering import export_method, lower_programs, run_preprocess, to_backend
 from ._partition import op_overload
-from ._program_io import user_outputs
+from ._program_io import user_inputs, user_outputs
 from ._saving import instantiate, load, save, to_bytes, to_bytes_separate
 
 __all__ = [
     "DEFAULT_TOLERANCES",
     "LoweredModule",
     "WrapperModule",
-    "_preprocess",
     "availability",
     "bundles",
     "debug_info",
@@ -31,9 +30,11 @@ __all__ = [
     "normalize",
     "op_overload",
     "resolve_backend",
+    "run_preprocess",
     "save",
     "to_backend",
     "to_bytes",
     "to_bytes_separate",
+    "user_inputs",
     "user_outputs",
 ]

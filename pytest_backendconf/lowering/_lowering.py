@@ -18,10 +18,8 @@ from typing import Any, Mapping
 import torch
 
 from .. import _compat
-from ..debuginfo import _exec_sources
-from ..archive import _shapes
-from ..archive import _structure as structure
-from ..debuginfo import DebugHandleRecorder
+from ..archive import shapes, structure
+from ..debuginfo import DebugHandleRecorder, traceable
 from ._program_io import user_inputs, user_outputs
 from ..backend import Backend
 from ..debuginfo import DebugInfo, build_debug_infos
@@ -74,7 +72,7 @@ def to_backend(
             f"{example_kwargs!r:.80}; e.g. example_kwargs={{'forward': {{'scale': 2.0}}}}"
         )
     examples = check_examples(specs, example_inputs, example_kwargs or {})
-    dynamic = _shapes.per_method(dynamic_shapes, specs, module)
+    dynamic = shapes.per_method(dynamic_shapes, specs, module)
     work = copy.deepcopy(module)  # to_backend never mutates the caller's module
     programs = {name: export_method(work, name, *examples[name], dynamic_shapes=dynamic.get(name)) for name in specs}
     return lower_programs(
@@ -95,7 +93,7 @@ def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict,
     cached program many times with `lower_programs`.
     """
     args, kwargs = normalize(getattr(type(module), name), name, args, kwargs)
-    options = {} if dynamic_shapes is None else {"dynamic_shapes": _shapes.fit_positional(dynamic_shapes, len(args))}
+    options = {} if dynamic_shapes is None else {"dynamic_shapes": shapes.fit_positional(dynamic_shapes, len(args))}
     program = _export(module, name, args, kwargs, **options)
     _reject_mutations(program, name)
     return program
@@ -132,7 +130,7 @@ def lower_programs(
         debug.update(infos)
         try:
             if partition is None:
-                blobs[name] = _preprocess(backend, program, dict(spec), handles, infos, name)
+                blobs[name] = run_preprocess(backend, program, dict(spec), handles, infos, name)
                 nodes = tuple(n.name for n in program.graph.nodes if n.op == "call_function")
                 whole[name] = nodes
             else:
@@ -174,7 +172,7 @@ def _lower_partitioned(
     units = _partition.plan_units(program, selected)
 
     def preprocess(piece: Any, unit_spec: dict, unit_handles: Any, key: str) -> bytes:
-        return _preprocess(backend, piece, unit_spec, unit_handles, infos, key)
+        return run_preprocess(backend, piece, unit_spec, unit_handles, infos, key)
 
     return _fallback.lower_units(program, units, handles, infos, name, spec, preprocess)
 
@@ -190,7 +188,7 @@ def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict, **optio
     if name != "forward":
         work.__class__ = _class_exporting(original, name)
     try:
-        with _EXPORT_LOCK, _exec_sources.traceable(work):
+        with _EXPORT_LOCK, traceable(work):
             return _compat.export(work, args, kwargs, **options)
     except Exception as exc:
         raise LoweringError(
@@ -253,9 +251,11 @@ def _written_arguments(node: Any) -> list[Any]:
     return written
 
 
-def _preprocess(
+def run_preprocess(
     backend: Backend, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str
 ) -> bytes:
+    """``backend.preprocess`` of method ``name`` as `to_backend` calls it: rejected nodes get their debug
+    info (for the error's source lines), and a blob that is not bytes is a `BackendContractError`."""
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
     except UnsupportedNodeError as exc:
@@ -286,7 +286,7 @@ def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSp
     inputs = [value_spec(n, v) for n, v in example_inputs]
     outputs = [value_spec(n, v) for n, v in example_outputs]
     return MethodSpec(
-        dynamic_shapes=_shapes.DynamicShapes.from_program(example_inputs, example_outputs, program.range_constraints),
+        dynamic_shapes=shapes.DynamicShapes.from_program(example_inputs, example_outputs, program.range_constraints),
         name=name,
         compile_spec=spec,
         params=params_of(function),

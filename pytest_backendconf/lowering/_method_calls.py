@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..allowlist import dtype_named
-from ..archive import _structure as structure
+from ..archive import structure
 from ..archive import MethodSpec
 from ..errors import InputSpecError, LoweringError, OutputSpecError
 

@@ -13,18 +13,36 @@ May import: the public surface only (torch, and torchao lazily).
 
 from ._quantizer import SCHEMES, reference_quantizer
 from ._flow import EXTRA_NOTICE, QuantizeError, quantize, torchao_missing
-from ._verdict import QuantizedOutput, QuantizedRule, judge_quantized, output_steps, sqnr_db
+from ._verdict import (
+    DEQUANTIZE,
+    RUNTIME_QPARAMS,
+    QuantizedOutput,
+    QuantizedRule,
+    errors_in_steps,
+    implied_step,
+    judge_quantized,
+    output_steps,
+    sqnr_db,
+    steps_off,
+    within,
+)
 
 __all__ = [
+    "DEQUANTIZE",
     "EXTRA_NOTICE",
     "QuantizeError",
     "QuantizedOutput",
     "QuantizedRule",
+    "RUNTIME_QPARAMS",
     "SCHEMES",
+    "errors_in_steps",
+    "implied_step",
     "judge_quantized",
     "output_steps",
     "quantize",
     "reference_quantizer",
     "sqnr_db",
+    "steps_off",
     "torchao_missing",
+    "within",
 ]

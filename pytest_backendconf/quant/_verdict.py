@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
-_DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
+#: The op whose second argument is the scale of the quantized value it turns back into floats.
+DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
 #: Ops whose result is a quantization's run-time parameters (the dynamic schemes' ``choose_qparams``,
 #: ``choose_qparams_per_token_asymmetric`` ...): the report says which float outputs come from one.
-_RUNTIME_QPARAMS = "choose_qparams"
+RUNTIME_QPARAMS = "choose_qparams"
 #: int8's levels: the implied step of an output that no dequantize produces.
 _LEVELS = 255
 
@@ -157,7 +158,7 @@ def output_steps(program: Any) -> list[tuple[float | None, str, bool]]:
         if spec.kind != OutputKind.USER_OUTPUT:
             continue
         target = str(getattr(node, "target", ""))
-        scale = node.args[1] if target == _DEQUANTIZE else None
+        scale = node.args[1] if target == DEQUANTIZE else None
         if isinstance(scale, float):
             found.append((scale, f"the scale of {node.name!r}", False))
         else:
@@ -180,7 +181,7 @@ def runtime_quantized(node: Any) -> bool:
         if current in seen or not hasattr(current, "all_input_nodes"):
             continue
         seen.add(current)
-        if current.op == "call_function" and _RUNTIME_QPARAMS in str(current.target):
+        if current.op == "call_function" and RUNTIME_QPARAMS in str(current.target):
             return True
         pending.extend(current.all_input_nodes)
     return False

@@ -20,8 +20,10 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import _compat
 from ..allowlist import UNANNOTATED_ALIASES, resolve_operator
+from ..backend import fault_node_name
 from ..errors import OperatorRefusedError, UnsupportedNodeError
 from ..provenance import named_op_node
+from ..vendor import check_compile_spec_keys
 
 from . import _qpatterns, bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
@@ -55,34 +57,9 @@ def compile_program(
     delegation's CPU fallback) any dtype the blob can hold is accepted, and
     an operator the table lacks is called through torch's dispatcher.
     """
-    fault_name = _fault_node_name(compile_spec)
+    fault_name = fault_node_name(check_compile_spec_keys(compile_spec, KNOWN_KEYS, "reference"))
     fault_node = _find_fault_node(program.graph_module, fault_name) if fault_name else None
     return bytecode.encode(_Compiler(program, debug_handles, fault_node, fallback).program())
-
-
-# --- compile spec ------------------------------------------------------------------
-
-
-def _fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
-    """Validate the compile spec; return the node named for fault injection, if any."""
-    if compile_spec is None:
-        return None
-    if not isinstance(compile_spec, Mapping):
-        raise ValueError(f"the reference backend's compile spec must be a dict, not {type(compile_spec).__name__}")
-    # A misspelt key silently ignored would make a test pass for the wrong reason.
-    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
-    if unknown:
-        raise ValueError(
-            f"unknown compile-spec key {unknown[0]!r} for the reference backend; "
-            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
-        )
-    fault = compile_spec.get(FAULT_KEY)
-    if fault is None:
-        return None
-    well_formed = isinstance(fault, Mapping) and set(fault) == {"node"}
-    if not (well_formed and isinstance(fault["node"], str)):
-        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
-    return fault["node"]
 
 
 def _find_fault_node(graph_module: torch.fx.GraphModule, name: str) -> torch.fx.Node:

@@ -379,8 +379,14 @@ _ACTIVE: BackendRegistry | None = None
 
 
 def set_active_registry(registry: BackendRegistry | None) -> None:
+    """Make ``registry`` the one `lookup_backend` asks first (None: none), as the plugin does per session."""
     global _ACTIVE
     _ACTIVE = registry
+
+
+def active_registry() -> BackendRegistry | None:
+    """The registry `set_active_registry` last set: the running pytest session's, or None outside one."""
+    return _ACTIVE
 
 
 # Backends found through entry points outside pytest, by name: scanning the

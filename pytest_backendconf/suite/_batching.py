@@ -27,9 +27,12 @@ batching is off when the suite's grouping is not in use.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..report import Check
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 #: ``--backendconf-batch`` / the ini option ``backendconf_batch``.
 CHOICES = ("auto", "on", "off")
@@ -55,7 +58,7 @@ def batching_choice(config: Any, capabilities: Any) -> bool:
 class Batcher:
     """The pytest process's side: forms batches from the session's items and keeps their outcomes."""
 
-    def __init__(self, items: list[Any], size: int, host: Any, ctx: Any, same_scope: bool) -> None:
+    def __init__(self, items: list[Any], size: int, host: Any, ctx: SuiteContext, same_scope: bool) -> None:
         self.items = items
         self.size = max(1, size)
         self.host = host

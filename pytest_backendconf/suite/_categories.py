@@ -6,7 +6,7 @@ generate the same checks in their two processes and must agree on them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..backend import TorchScriptBackend
 from ..report import CATEGORIES, Check
@@ -21,6 +21,9 @@ from ..conformance import (
     serialization,
     symbolication,
 )
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 #: The module of each category: it yields the category's `Check` records from ``checks(ctx)``.
 CATEGORY_MODULES = {
@@ -37,7 +40,7 @@ CATEGORY_MODULES = {
 assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 
 
-def generate_checks(ctx: Any) -> list[Check]:
+def generate_checks(ctx: SuiteContext) -> list[Check]:
     """Every check of every category for the context's backend, in a stable order.
 
     A `TorchScriptBackend` gets the suite's TorchScript form (``conformance/torchscript.py``).

@@ -58,6 +58,9 @@ class SuiteContext:
         self.plugin_modules: list[str] = []
         #: ``--backendconf-golden``: the folder passing parity checks write their bundled archives to.
         self.golden_dir: Any = None
+        #: The session's backend host process (`suite._host.BackendHost`), once started: the benchmarks
+        #: read its export counts.
+        self.host: Any = None
 
     # --- dtypes ---------------------------------------------------------------
 
@@ -221,7 +224,7 @@ def build_context(
     The pytest process and the backend host (`pytest_backendconf.suite._host`) both
     build it here, so that both generate the same checks.
     """
-    from ..conformance._zoo_loader import load_zoo
+    from ..conformance import load_zoo
 
     real = []
     if zoo != "synthetic":

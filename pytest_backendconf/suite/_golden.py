@@ -18,9 +18,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pytest
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 #: ``--backendconf-golden``'s folder (a `Path`) in the pytest config's stash, or None.
 GOLDEN_KEY = pytest.StashKey[Any]()
@@ -57,7 +60,7 @@ def golden_dir(config: Any, value: str | None) -> Path | None:
 class GoldenRecorder:
     """Collects a check's first examples; `write` saves the lowered module bundled with them."""
 
-    def __init__(self, ctx: Any, category: str, name: str, tolerance: Any) -> None:
+    def __init__(self, ctx: SuiteContext, category: str, name: str, tolerance: Any) -> None:
         self.ctx = ctx
         self.category = category
         self.name = name

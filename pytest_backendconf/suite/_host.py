@@ -488,7 +488,7 @@ class HostHandler:
     def __init__(self, options: dict, channel: Any) -> None:
         import torch
 
-        from ..registry import _registry
+        from ..registry import BackendRegistry, active_registry, set_active_registry
         from ._context import build_context
         from ._categories import generate_checks
 
@@ -499,9 +499,9 @@ class HostHandler:
         from .. import _compat
 
         _compat.import_export_tracer()
-        registry = _registry._ACTIVE or _registry.BackendRegistry()
+        registry = active_registry() or BackendRegistry()
         registry.load_entry_points(select=opts.backend)
-        _registry.set_active_registry(registry)
+        set_active_registry(registry)
         selected = registry.get(opts.backend)
         tmp_root = opts.tmp_root if opts.tmp_root and os.path.isdir(opts.tmp_root) else None
 

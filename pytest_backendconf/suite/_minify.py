@@ -18,11 +18,14 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
 from ._host import NOT_RUN_AGAIN
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 #: The default of ``--backendconf-minify`` when the command line does not give it (the project's own
 #: tests set it to ``off``: their many deliberately failing runs test other things).
@@ -90,7 +93,9 @@ class Minimiser:
         self._memo: dict[tuple, dict | None] = {}
         self._lock = threading.Lock()
 
-    def reproduce(self, check: Any, ctx: Any, error: dict | None, message: str, ended: dict | None) -> dict | None:
+    def reproduce(
+        self, check: Any, ctx: SuiteContext, error: dict | None, message: str, ended: dict | None
+    ) -> dict | None:
         """The reproduction's record for the report (``script``, ``nodes``, ``ops`` …), or ``None``."""
         where = _subject(check, ctx)
         if where is None:
@@ -105,7 +110,9 @@ class Minimiser:
                 self._memo[key] = self._shrink(check, ctx, case, dtype, method, target, message)
             return self._memo[key]
 
-    def _shrink(self, check: Any, ctx: Any, case: str, dtype: str, method: str, target: Any, message: str) -> dict:
+    def _shrink(
+        self, check: Any, ctx: SuiteContext, case: str, dtype: str, method: str, target: Any, message: str
+    ) -> dict:
         from ..diagnostics import minify, same_failure, script_stem, write_script
         from ..target import active_plugins
 
@@ -170,7 +177,7 @@ def reproduction_line(record: dict | None) -> str:
     return f"minimal reproduction: {nodes} node{'' if nodes == 1 else 's'}{ran_out}, {record['script']}"
 
 
-def _subject(check: Any, ctx: Any) -> tuple[str, str, str] | None:
+def _subject(check: Any, ctx: SuiteContext) -> tuple[str, str, str] | None:
     """``(case, dtype, method)`` of a model check that is shrunk, else ``None``."""
     if check.category not in MINIFIED_CATEGORIES or check.case is None or check.case not in ctx.cases:
         return None
@@ -188,7 +195,7 @@ def _subject(check: Any, ctx: Any) -> tuple[str, str, str] | None:
     return check.case, dtype, "forward"
 
 
-def _inputs(ctx: Any, program: Any, case: str, dtype: str, method: str, message: str) -> list:
+def _inputs(ctx: SuiteContext, program: Any, case: str, dtype: str, method: str, message: str) -> list:
     """The failing example's inputs when the check saved them (a divergence), else the export's example."""
     from torch.export.graph_signature import InputKind
 
@@ -203,7 +210,7 @@ def _inputs(ctx: Any, program: Any, case: str, dtype: str, method: str, message:
     return list(ctx.flat_inputs(case, dtype, method))
 
 
-def _tolerance(ctx: Any, case: str, dtype: str) -> tuple[float, float]:
+def _tolerance(ctx: SuiteContext, case: str, dtype: str) -> tuple[float, float]:
     from ..conformance.parity import tolerance_for
 
     found = tolerance_for(ctx, dtype, case)

@@ -17,7 +17,7 @@ import shlex
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
@@ -26,6 +26,9 @@ from ..backend import TorchScriptBackend
 from ..report import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
 from ._hypothesis import hypothesis_choice
 from ._categories import generate_checks
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 #: torch's trace-structured logger: it logs a record (mostly empty) for every
 #: export and compile step, which would fill every failure's captured log.
@@ -49,7 +52,7 @@ class SuiteCollector(pytest.Collector):
     error like any other.
     """
 
-    def __init__(self, *, plugin: "SuitePlugin", ctx: Any, **kwargs: Any) -> None:
+    def __init__(self, *, plugin: "SuitePlugin", ctx: SuiteContext, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plugin = plugin
         self.ctx = ctx
@@ -87,7 +90,7 @@ class HostCheckFailed(CheckFailed):
 
 class ConformanceItem(pytest.Item):
     def __init__(
-        self, *, check: Check, ctx: Any, reproduce: str, suite: "SuitePlugin | None" = None, **kwargs: Any
+        self, *, check: Check, ctx: SuiteContext, reproduce: str, suite: "SuitePlugin | None" = None, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         self.check = check
@@ -188,7 +191,7 @@ class SuitePlugin:
         self.config = config
         self._ctx_factory = ctx_factory
         self.backend_name = backend_name
-        self.ctx: Any = None
+        self.ctx: SuiteContext | None = None
         self._trace_filter: logging.Filter | None = None
         #: The backend host (`pytest_backendconf.suite._host.BackendHost`), started with the first check.
         self._host: Any = None
@@ -265,7 +268,7 @@ class SuitePlugin:
 
     def _make_batcher(self) -> Any:
         from ._batching import DEFAULT_SIZE, Batcher, batching_choice
-        from ..conformance._spec import section
+        from ..conformance import section
 
         if self.ctx is None or self._unavailable is not None:
             return None
@@ -440,7 +443,7 @@ class SuitePlugin:
         return shlex.join(parts)
 
 
-def _subject(check: Check, ctx: Any) -> str:
+def _subject(check: Check, ctx: SuiteContext) -> str:
     """``model small_cnn, dtype float16``: what a check runs on, for a message when its process dies."""
     if check.case is None or check.case not in ctx.cases:
         return f"check {check.id} (no single model)"
@@ -448,7 +451,7 @@ def _subject(check: Check, ctx: Any) -> str:
     return f"model {check.case}" + (f", dtype {dtype}" if dtype else "")
 
 
-def _dtype(check: Check, ctx: Any) -> str | None:
+def _dtype(check: Check, ctx: SuiteContext) -> str | None:
     """The dtype of the model a per-model check runs (its id's bracket, else the case's first)."""
     if check.case is None or check.case not in ctx.cases:
         return None

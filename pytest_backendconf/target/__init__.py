@@ -18,7 +18,7 @@ from ._child import (
     unpack_value,
 )
 from ._replay import BundleResult, replay_archives
-from ._target import blocked_modules, run_on_target
+from ._target import blocked_modules, call_on_target, load_on_target, prepare_target, run_on_target
 
 __all__ = [
     "blocked_modules",
@@ -26,10 +26,13 @@ __all__ = [
     "ChildProcess",
     "Ended",
     "active_plugins",
+    "call_on_target",
     "error_record",
     "exit_status",
     "import_plugins",
+    "load_on_target",
     "pack_value",
+    "prepare_target",
     "replay_archives",
     "run_on_target",
     "tail_text",

@@ -393,14 +393,14 @@ class ChildProcess:
 
 def active_plugins() -> list[str]:
     """The plugin modules (names) and conftest files (paths) that registered backends in this session."""
-    from ..registry import _registry
+    from ..registry import active_registry, defines_hooks
 
-    registry = _registry._ACTIVE
+    registry = active_registry()
     if registry is None:
         return []
     found = []
     for plugin in registry.plugin_manager.get_plugins():
-        if not isinstance(plugin, types.ModuleType) or not _registry.defines_hooks(plugin):
+        if not isinstance(plugin, types.ModuleType) or not defines_hooks(plugin):
             continue
         file = getattr(plugin, "__file__", None)
         if file and (os.path.basename(file) == "conftest.py" or plugin.__name__ == "__main__"):

@@ -173,15 +173,16 @@ def target_capabilities(backend_name: str) -> Any:
     an unknown backend is the child's to report, without importing every
     other installed backend here.
     """
-    from ..registry import _registry
+    from ..registry import BackendRegistry, active_registry
     from ..capabilities import Capabilities, capabilities_of
 
     found = None
     try:
-        if _registry._ACTIVE is not None:
-            found = _registry._ACTIVE.backends().get(backend_name)
+        active = active_registry()
+        if active is not None:
+            found = active.backends().get(backend_name)
         if found is None:
-            registry = _registry.BackendRegistry()
+            registry = BackendRegistry()
             registry.load_entry_points(select=backend_name)
             found = registry.backends().get(backend_name)
     except Exception:  # a broken plugin is reported by the child, when it loads

@@ -80,7 +80,7 @@ class ExecuTorchBackend:
     )
 
     def __init__(self) -> None:
-        self._reason: str | None = None
+        self._availability = bc.AvailabilityProbe(_probe)
 
     def is_available(self) -> bool:
         """True when ExecuTorch's runtime imports here."""
@@ -88,9 +88,7 @@ class ExecuTorchBackend:
 
     def unavailable_reason(self) -> str:
         """Why ``is_available()`` is false; empty when it is true."""
-        if self._reason is None:
-            self._reason = _probe()
-        return self._reason
+        return self._availability.reason()
 
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Lower ``program`` to a ``.pte`` blob (host only; see ``lowering``)."""

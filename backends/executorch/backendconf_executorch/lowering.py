@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys
+from pytest_backendconf.backend import fault_node_name
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
 
@@ -50,29 +51,14 @@ _MISSING_OPERATOR = re.compile(r"Missing operator: \[(\d+)\] (\S+)")
 
 def parse_spec(compile_spec: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str | None]:
     """Validate the compile spec; return ``(partitioners, fault node name or None)``."""
-    if compile_spec is None:
-        return DEFAULT_PARTITIONERS, None
-    if not isinstance(compile_spec, Mapping):
-        raise ValueError(f"the executorch backend's compile spec must be a dict, not {type(compile_spec).__name__}")
-    # A misspelt key silently ignored would make a test pass for the wrong reason.
-    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
-    if unknown:
-        raise ValueError(
-            f"unknown compile-spec key {unknown[0]!r} for the executorch backend; "
-            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
-        )
+    compile_spec = check_compile_spec_keys(compile_spec, KNOWN_KEYS, "executorch")
     partitioners = compile_spec.get(PARTITIONERS_KEY, list(DEFAULT_PARTITIONERS))
     if not isinstance(partitioners, (list, tuple)) or any(p not in KNOWN_PARTITIONERS for p in partitioners):
         raise ValueError(
             f"compile-spec key {PARTITIONERS_KEY!r} must be a list of {list(KNOWN_PARTITIONERS)} "
             f"(or [] for ExecuTorch's portable kernels only), got {partitioners!r}"
         )
-    fault = compile_spec.get(FAULT_KEY)
-    if fault is None:
-        return tuple(partitioners), None
-    if not (isinstance(fault, Mapping) and set(fault) == {"node"} and isinstance(fault["node"], str)):
-        raise ValueError(f"compile-spec key {FAULT_KEY!r} must be {{'node': '<FX node name>'}}, got {fault!r}")
-    return tuple(partitioners), fault["node"]
+    return tuple(partitioners), fault_node_name(compile_spec)
 
 
 def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_handles: Mapping[Any, int]) -> bytes:
@@ -229,7 +215,7 @@ def _operator_name(operator: Any) -> str:
 
 
 def _fed(program: Any, plan_inputs: int) -> tuple[bool, ...]:
-    from pytest_backendconf.lowering._lowering import user_inputs
+    from pytest_backendconf.lowering import user_inputs
 
     inputs = user_inputs(program)
     tensors = tuple(isinstance(value, torch.Tensor) for _, value in inputs)
@@ -244,7 +230,7 @@ def _fed(program: Any, plan_inputs: int) -> tuple[bool, ...]:
 
 
 def _outputs(program: Any) -> tuple[tuple[str, Any], ...]:
-    from pytest_backendconf.lowering._lowering import user_outputs
+    from pytest_backendconf.lowering import user_outputs
 
     outputs: list[tuple[str, Any]] = []
     for name, value in user_outputs(program):

@@ -74,7 +74,7 @@ class OnnxRuntimeBackend:
     )
 
     def __init__(self) -> None:
-        self._reason: str | None = None
+        self._availability = bc.AvailabilityProbe(_probe)
 
     def is_available(self) -> bool:
         """True when onnxruntime imports and offers the CPU execution provider."""
@@ -82,9 +82,7 @@ class OnnxRuntimeBackend:
 
     def unavailable_reason(self) -> str:
         """Why ``is_available()`` is false; empty when it is true."""
-        if self._reason is None:
-            self._reason = _probe()
-        return self._reason
+        return self._availability.reason()
 
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Export ``program`` to an ONNX blob (host only; see ``exporter``)."""

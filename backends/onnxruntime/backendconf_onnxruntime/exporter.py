@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
 
-from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
@@ -80,7 +79,14 @@ def export_program(
     fault_name = fault_node_name(compile_spec)
     originals = ProgramNodes(program)
     fault_node = originals.fault_node(fault_name) if fault_name else None
-    _check_signature(program, originals)
+    check_functional_signature(
+        program,
+        "onnxruntime",
+        engine="ONNX",
+        dtypes=_SUPPORTED_DTYPES,
+        nodes=originals.nodes,
+        fallback_node=originals.output,
+    )
     with _export_lock:
         model = _to_onnx_ir(program, originals)
     from onnx_ir import serde
@@ -97,49 +103,10 @@ def export_program(
 
 def fault_node_name(compile_spec: Mapping[str, Any] | None) -> str | None:
     """Validate the compile spec; return the node named for fault injection, if any."""
-    if compile_spec is None:
-        return None
-    if not isinstance(compile_spec, Mapping):
-        raise ValueError(f"the onnxruntime backend's compile spec must be a dict, not {type(compile_spec).__name__}")
-    # A misspelt key silently ignored would make a test pass for the wrong reason.
-    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
-    if unknown:
-        raise ValueError(
-            f"unknown compile-spec key {unknown[0]!r} for the onnxruntime backend; "
-            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
-        )
-    return requested_fault_node(compile_spec)
+    return requested_fault_node(check_compile_spec_keys(compile_spec, KNOWN_KEYS, "onnxruntime"))
 
 
 # --- the given program's nodes ------------------------------------------------------
-
-
-def _check_signature(program: torch.export.ExportedProgram, originals: ProgramNodes) -> None:
-    """Reject what the ONNX model cannot express: state updates, non-tensor inputs and outputs."""
-    graph = program.graph_module.graph
-    by_name = {node.name: node for node in graph.nodes}
-    for spec in program.graph_signature.output_specs:
-        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
-        if spec.kind != OutputKind.USER_OUTPUT:
-            raise UnsupportedNodeError(
-                node,
-                f"the program updates {spec.target!r} in place ({spec.kind.name}); the onnxruntime "
-                "backend runs functional programs only (export in eval mode)",
-            )
-        if not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
-            raise UnsupportedNodeError(
-                node, f"output {spec.arg} is a {type(spec.arg).__name__}, not a tensor or a constant"
-            )
-    for spec in program.graph_signature.input_specs:
-        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
-        if spec.kind in (InputKind.CUSTOM_OBJ, InputKind.TOKEN):
-            raise UnsupportedNodeError(node, f"input kind {spec.kind.name} has no ONNX equivalent")
-        if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
-            raise UnsupportedNodeError(node, f"input {spec.arg} is a {type(spec.arg).__name__}, not a tensor")
-    for node in originals.nodes:
-        for tensor in _tensors(node.meta.get("val")):
-            if str(tensor.dtype).removeprefix("torch.") not in _SUPPORTED_DTYPES:
-                raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the onnxruntime backend")
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

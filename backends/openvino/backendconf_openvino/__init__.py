@@ -70,7 +70,7 @@ class OpenVinoBackend:
     )
 
     def __init__(self) -> None:
-        self._reason: str | None = None
+        self._availability = bc.AvailabilityProbe(_probe)
 
     def is_available(self) -> bool:
         """True when openvino imports and offers the CPU device."""
@@ -78,9 +78,7 @@ class OpenVinoBackend:
 
     def unavailable_reason(self) -> str:
         """Why ``is_available()`` is false; empty when it is true."""
-        if self._reason is None:
-            self._reason = _probe()
-        return self._reason
+        return self._availability.reason()
 
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Convert ``program`` to an IR blob (host only; see ``conversion``)."""

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
+from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
-from pytest_backendconf import UnsupportedNodeError
+from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
@@ -87,17 +87,7 @@ _decomposed: "weakref.WeakKeyDictionary[Any, tuple[tuple, Any]]" = weakref.WeakK
 
 def parse_spec(compile_spec: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
     """Validate the compile spec; return ``(inference precision or None, fault node name or None)``."""
-    if compile_spec is None:
-        return None, None
-    if not isinstance(compile_spec, Mapping):
-        raise ValueError(f"the openvino backend's compile spec must be a dict, not {type(compile_spec).__name__}")
-    # A misspelt key silently ignored would make a test pass for the wrong reason.
-    unknown = sorted(str(k) for k in compile_spec if k not in KNOWN_KEYS)
-    if unknown:
-        raise ValueError(
-            f"unknown compile-spec key {unknown[0]!r} for the openvino backend; "
-            f"known keys: {', '.join(repr(k) for k in KNOWN_KEYS)}"
-        )
+    compile_spec = check_compile_spec_keys(compile_spec, KNOWN_KEYS, "openvino")
     precision = compile_spec.get(PRECISION_KEY)
     if precision is not None and precision not in blob_format.PRECISIONS:
         raise ValueError(
@@ -116,7 +106,14 @@ def convert_program(
     precision, fault_name = parse_spec(compile_spec)
     originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
-    _check_signature(program, originals)
+    check_functional_signature(
+        program,
+        "openvino",
+        engine="OpenVINO",
+        dtypes=_SUPPORTED_DTYPES,
+        nodes=originals.nodes,
+        fallback_node=originals.output,
+    )
     _check_safe_ops(originals)
     precision = precision or _precision_for(originals)
     with _convert_lock:
@@ -138,31 +135,6 @@ def _fault(originals: ProgramNodes, name: str, debug_handles: Mapping[torch.fx.N
     node = originals.fault_node(name)
     op = getattr(node.target, "_schema", None)
     return blob_format.Fault(name, op.name if op is not None else str(node.target), debug_handles[node])
-
-
-def _check_signature(program: torch.export.ExportedProgram, originals: ProgramNodes) -> None:
-    """Reject what the IR cannot express: state updates, non-tensor inputs and outputs, other dtypes."""
-    by_name = {node.name: node for node in program.graph_module.graph.nodes}
-    for spec in program.graph_signature.output_specs:
-        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
-        if spec.kind != OutputKind.USER_OUTPUT:
-            raise UnsupportedNodeError(
-                node,
-                f"the program updates {spec.target!r} in place ({spec.kind.name}); the openvino backend "
-                "runs functional programs only (export in eval mode)",
-            )
-        if not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
-            raise UnsupportedNodeError(node, f"output {spec.arg} is a {type(spec.arg).__name__}, not a tensor")
-    for spec in program.graph_signature.input_specs:
-        node = by_name.get(getattr(spec.arg, "name", None)) or originals.output
-        if spec.kind in (InputKind.CUSTOM_OBJ, InputKind.TOKEN):
-            raise UnsupportedNodeError(node, f"input kind {spec.kind.name} has no OpenVINO equivalent")
-        if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, (TensorArgument, ConstantArgument)):
-            raise UnsupportedNodeError(node, f"input {spec.arg} is a {type(spec.arg).__name__}, not a tensor")
-    for node in originals.nodes:
-        for tensor in _tensors(node.meta.get("val")):
-            if str(tensor.dtype).removeprefix("torch.") not in _SUPPORTED_DTYPES:
-                raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the openvino backend")
 
 
 #: Ops this backend declines although OpenVINO converts them, because running them harms the process.

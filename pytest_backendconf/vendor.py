@@ -1,0 +1,155 @@
+"""Helpers for a backend's own code: the checks every ``preprocess`` repeats, and a cached availability probe.
+
+Each backend of this project (the reference backend, ONNX Runtime,
+OpenVINO, ExecuTorch) used to carry its own copy of these; a vendor's
+backend may use them too::
+
+    import pytest_backendconf as bc
+
+    KNOWN_KEYS = (bc.backend.FAULT_KEY, "precision")
+
+    class MyBackend:
+        name = "mybackend"
+
+        def __init__(self):
+            self._availability = bc.AvailabilityProbe(probe_my_runtime)  # returns "" or why not
+
+        def is_available(self):
+            return not self._availability.reason()
+
+        def unavailable_reason(self):
+            return self._availability.reason()
+
+        def preprocess(self, program, compile_spec, debug_handles):
+            spec = bc.check_compile_spec_keys(compile_spec, KNOWN_KEYS, self.name)
+            bc.check_functional_signature(program, self.name, engine="MyEngine")
+            ...
+
+Importing this module never imports torch (`check_functional_signature`
+imports it when called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def check_compile_spec_keys(compile_spec: object, known_keys: Iterable[str], backend: str) -> Mapping[str, Any]:
+    """``compile_spec`` as a mapping whose keys are all in ``known_keys`` (``None`` is an empty spec).
+
+    A misspelt key silently ignored would make a test pass for the wrong
+    reason, so an unknown key is a `ValueError` naming the key, the backend
+    and the keys it knows; a spec that is not a mapping is a `ValueError`
+    naming its type.
+
+    :param compile_spec: what ``preprocess`` was given.
+    :param known_keys: every key the backend understands (`backend.FAULT_KEY` too, if it injects faults).
+    :param backend: the backend's name, as the error texts show it.
+    """
+    if compile_spec is None:
+        return {}
+    if not isinstance(compile_spec, Mapping):
+        raise ValueError(f"the {backend} backend's compile spec must be a dict, not {type(compile_spec).__name__}")
+    known = tuple(known_keys)
+    unknown = sorted(str(k) for k in compile_spec if k not in known)
+    if unknown:
+        raise ValueError(
+            f"unknown compile-spec key {unknown[0]!r} for the {backend} backend; "
+            f"known keys: {', '.join(repr(k) for k in known)}"
+        )
+    return compile_spec
+
+
+def check_functional_signature(
+    program: torch.export.ExportedProgram,
+    backend: str,
+    *,
+    engine: str,
+    dtypes: Collection[str] | None = None,
+    nodes: Iterable[torch.fx.Node] | None = None,
+    fallback_node: torch.fx.Node | None = None,
+) -> None:
+    """Reject, at their own node, what a runtime of plain tensors in and out cannot run.
+
+    Raises `UnsupportedNodeError` for a program that updates a buffer or an
+    input in place (export in eval mode), an output or a user input that is
+    neither a tensor nor a constant, an input of kind ``CUSTOM_OBJ`` or
+    ``TOKEN``, and, when ``dtypes`` is given, a node whose value has a dtype
+    outside it.
+
+    :param backend: the backend's name, as the error texts show it.
+    :param engine: the runtime's name in "input kind TOKEN has no <engine> equivalent".
+    :param dtypes: the dtype names (``"float32"``, ...) the backend runs; None: any.
+    :param nodes: the nodes whose dtypes are checked (default: every node of the graph).
+    :param fallback_node: the node an error names when the signature's argument has none
+        (default: the graph's output node).
+    """
+    from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
+
+    from .errors import UnsupportedNodeError
+
+    graph = program.graph_module.graph
+    by_name = {node.name: node for node in graph.nodes}
+    fallback = fallback_node if fallback_node is not None else graph.output_node()
+    values = (TensorArgument, ConstantArgument)
+    for spec in program.graph_signature.output_specs:
+        node = by_name.get(getattr(spec.arg, "name", None)) or fallback
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise UnsupportedNodeError(
+                node,
+                f"the program updates {spec.target!r} in place ({spec.kind.name}); the {backend} "
+                "backend runs functional programs only (export in eval mode)",
+            )
+        if not isinstance(spec.arg, values):
+            raise UnsupportedNodeError(
+                node, f"output {spec.arg} is a {type(spec.arg).__name__}, not a tensor or a constant"
+            )
+    for spec in program.graph_signature.input_specs:
+        node = by_name.get(getattr(spec.arg, "name", None)) or fallback
+        if spec.kind in (InputKind.CUSTOM_OBJ, InputKind.TOKEN):
+            raise UnsupportedNodeError(node, f"input kind {spec.kind.name} has no {engine} equivalent")
+        if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, values):
+            raise UnsupportedNodeError(node, f"input {spec.arg} is a {type(spec.arg).__name__}, not a tensor")
+    if dtypes is None:
+        return
+    for node in graph.nodes if nodes is None else nodes:
+        for tensor in _tensors(node.meta.get("val")):
+            if str(tensor.dtype).removeprefix("torch.") not in dtypes:
+                raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the {backend} backend")
+
+
+def _tensors(value: Any) -> Iterable[torch.Tensor]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class AvailabilityProbe:
+    """A backend's availability probe, run on the first question and its answer kept.
+
+    Probing imports the engine (seconds, or a native library that fails to
+    load), so a backend runs it when first asked, not when its plugin is
+    imported, and answers every later ``is_available()`` from the kept text.
+    Two threads asking at once may both probe; the answers are the same.
+
+    :param probe: returns ``""`` when the backend can run in this process,
+        else why not and how to fix it (shown by ``unavailable_reason()``).
+    """
+
+    def __init__(self, probe: Callable[[], str]) -> None:
+        self._probe = probe
+        self._reason: str | None = None
+
+    def reason(self) -> str:
+        """``""`` when the backend can run here, else why not (probed once)."""
+        if self._reason is None:
+            self._reason = self._probe()
+        return self._reason

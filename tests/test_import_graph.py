@@ -9,6 +9,10 @@ first use (its ``_LAZY`` table), so using ``bc.save`` or ``from
 pytest_backendconf import save`` is an edge to the module defining ``save``,
 and ``__init__`` itself has only its eager imports as edges.
 
+Across packages, only public names: no module imports another package's
+private module (``a.b._c`` from outside ``a.b``) or private name; the
+engines' backends under backends/ are packages too.
+
 The layers, top to bottom (docs/design-notes.md, "The house by domain"):
 ``cli``; ``suite`` with the categories (``conformance``); ``report``,
 ``target``, ``diagnostics``; ``lowering``; ``archive``; ``debuginfo``,
@@ -84,18 +88,26 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _imports(
-    tree: ast.AST, module: str, is_package: bool, lazy: dict[str, str] | None = None, submodules: set[str] = frozenset()
+    tree: ast.AST,
+    module: str,
+    is_package: bool,
+    lazy: dict[str, str] | None = None,
+    submodules: set[str] = frozenset(),
+    rooms_lazy: dict[str, dict[str, str]] | None = None,
 ) -> set[str]:
     """Every module name ``tree`` imports, resolved to absolute names, skipping TYPE_CHECKING blocks.
 
     ``lazy`` maps the facade's lazy names to their modules: a use of one
     (``from pytest_backendconf import save``, ``bc.save``) imports its module.
+    ``rooms_lazy`` does the same for a sub-package whose ``__init__`` has a
+    ``_LAZY`` table (the suite's plugins): package -> name -> module.
     Importing a submodule imports the package first anyway, so the package is
     an edge only when a name it defines is taken from it (``from . import
     __version__``); ``submodules`` are the package's submodule names.
     """
     here = module if is_package else module.rpartition(".")[0]
     lazy = lazy or {}
+    rooms_lazy = rooms_lazy or {}
     found: set[str] = set()
     facade_aliases: set[str] = set()
 
@@ -121,6 +133,8 @@ def _imports(
             for alias in node.names:
                 if target == "pytest_backendconf" and alias.name in lazy:
                     found.add(lazy[alias.name])
+                elif alias.name in rooms_lazy.get(target, {}):
+                    found.add(rooms_lazy[target][alias.name])
                 elif f"{target}.{alias.name}" in submodules or (
                     target == "pytest_backendconf" and alias.name in submodules
                 ):
@@ -134,14 +148,14 @@ def _imports(
     return found
 
 
-def _lazy_names(tree: ast.Module) -> dict[str, str]:
-    """``__init__``'s ``_LAZY`` table: name -> the module that defines it (imported on first access)."""
+def _lazy_names(tree: ast.Module, package: str = "pytest_backendconf") -> dict[str, str]:
+    """``package``'s ``__init__``'s ``_LAZY`` table: name -> the module that defines it (imported on first access)."""
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
                 return {
-                    k.value: "pytest_backendconf" + v.value
+                    k.value: package + v.value
                     for k, v in zip(node.value.keys, node.value.values)
                     if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
                 }
@@ -152,10 +166,15 @@ def import_graph() -> dict[str, set[str]]:
     modules = package_modules()
     trees = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, path in modules.items()}
     lazy = _lazy_names(trees["pytest_backendconf"])
+    rooms_lazy = {
+        name: _lazy_names(tree, name)
+        for name, tree in trees.items()
+        if name != "pytest_backendconf" and modules[name].stem == "__init__"
+    }
     submodules = set(modules)
     graph = {}
     for name, tree in trees.items():
-        edges = _imports(tree, name, modules[name].stem == "__init__", lazy, submodules)
+        edges = _imports(tree, name, modules[name].stem == "__init__", lazy, submodules, rooms_lazy)
         graph[name] = {e for e in edges if e in modules and e != name}
     return graph
 
@@ -237,6 +256,186 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert "pytest_backendconf._archive" in _imports(uses, "pytest_backendconf.conformance.m", False, lazy)
     uses = ast.parse("from pytest_backendconf import save\n")
     assert "pytest_backendconf._archive" in _imports(uses, "pytest_backendconf.conformance.m", False, lazy)
+
+
+#: Each engine's backend package (backends/*/backendconf_*): a room of its own, held to the same rule.
+BACKENDS = {folder.name: folder for folder in sorted(ROOT.glob("backends/*/backendconf_*")) if folder.is_dir()}
+
+#: Reach-ins that wait for a step of the same issue which owns the importing files: ``cli/`` is being
+#: split by command family, and that split imports these through the public names listed. Each entry
+#: must still exist (the test below says when to delete it); nothing may be added.
+AWAITING_CLI_SPLIT = {
+    # conformance's ops family (build_program, op_call_class, InvalidIndices, long_samples, the
+    # discovery module) gets its public names when conformance/ becomes sub-packages.
+    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._ops_program"),
+    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._ties"),
+    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.conformance._ops_discovery"),
+    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.conformance._long_samples"),
+    # Public already: pytest_backendconf.conformance.load_zoo / section, pytest_backendconf.suite.FIXED.
+    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._zoo_loader"),
+    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._spec"),
+    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.suite._context"),
+    # `python -m pytest_backendconf.rerun` runs the rerun command's main: cli/ exports it after the split.
+    ("pytest_backendconf.rerun", "pytest_backendconf.cli._rerun"),
+    ("pytest_backendconf.rerun.__main__", "pytest_backendconf.cli._rerun"),
+}
+
+
+def checked_modules() -> dict[str, tuple[Path, bool]]:
+    """Every module the reach-in rule covers -> (its file, whether it is a package's ``__init__``).
+
+    The package and its suite, and the engines' backends. Not ``tests/`` or ``benchmarks/``: a test of
+    a room may import that room's private modules to test them (and a benchmark to time them); what
+    ships must use other rooms' public names.
+    """
+    found = {name: (path, path.stem == "__init__") for name, path in package_modules().items()}
+    for package, folder in BACKENDS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = (path, path.stem == "__init__")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Every dotted name ``tree`` imports that has a private part: ``a.b._c`` (a private module, or a
+    private name ``_c`` of ``a.b``), type-checking imports included (they name the private module too)."""
+    here = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if any(_private(part) for part in name.split(".")))
+    return found
+
+
+def owner(name: str, packages: set[str]) -> str:
+    """The package whose private part ``name`` reaches: the package that holds its first private part.
+
+    ``a.b._c`` is private to package ``a.b``; a private name of a plain module
+    (``a.b.m._x``) is private to that module's package ``a.b``.
+    """
+    parts = name.split(".")
+    first = next(i for i, part in enumerate(parts) if _private(part))
+    holder = ".".join(parts[:first])
+    return holder if holder in packages or "." not in holder else holder.rpartition(".")[0]
+
+
+def reach_ins(imports: dict[str, set[str]], packages: set[str]) -> list[str]:
+    """``importer -> name`` for every import of a private module or name from outside its package.
+
+    ``imports`` maps a module to its `private_names`. Only names of our own packages count (a
+    private module of torch is ``_compat``'s business, and ruff's).
+    """
+    found = []
+    for module, names in sorted(imports.items()):
+        for name in sorted(names):
+            if not name.startswith(("pytest_backendconf", *BACKENDS)):
+                continue
+            package = owner(name, packages)
+            inside = module == package or module.startswith(package + ".")
+            # pytest_backendconf.conformance is installed inside pytest_backendconf but is a room of its own.
+            if package == "pytest_backendconf" and module.startswith("pytest_backendconf.conformance"):
+                inside = name.split(".")[1] == "_compat"  # every private torch name lives there, for every room
+            if not inside and (module, ".".join(name.split(".")[: _first_private(name) + 1])) not in AWAITING_CLI_SPLIT:
+                found.append(f"{module} -> {name}")
+    return found
+
+
+def _first_private(name: str) -> int:
+    return next(i for i, part in enumerate(name.split(".")) if _private(part))
+
+
+def private_imports() -> tuple[dict[str, set[str]], set[str]]:
+    modules = checked_modules()
+    packages = {name for name, (_, is_package) in modules.items() if is_package}
+    imports = {}
+    for name, (path, is_package) in modules.items():
+        imports[name] = private_names(ast.parse(path.read_text(encoding="utf-8"), str(path)), name, is_package)
+    return imports, packages
+
+
+def test_no_package_imports_another_packages_private_modules() -> None:
+    imports, packages = private_imports()
+    assert {"backendconf_reference", "backendconf_onnxruntime", "backendconf_executorch"} <= packages
+    found = reach_ins(imports, packages)
+    assert not found, (
+        "private modules or names of another package: " + "; ".join(found) + ". Export what the importer needs "
+        "from the owning package's __init__ (with __all__) and import it from there (docs/design-notes.md, "
+        '"Public names across rooms").'
+    )
+
+
+def test_every_awaited_reach_in_still_exists() -> None:
+    # The list above only shrinks: an entry whose import is gone is deleted, not kept as a loophole.
+    imports, _ = private_imports()
+    reached = {
+        (module, ".".join(name.split(".")[: _first_private(name) + 1]))
+        for module, names in imports.items()
+        for name in names
+    }
+    gone = sorted(AWAITING_CLI_SPLIT - reached)
+    assert not gone, f"delete these from AWAITING_CLI_SPLIT, they no longer import a private module: {gone}"
+
+
+def test_the_reach_in_check_finds_a_reach_in() -> None:
+    # The check above can fail: a conformance module taking the suite's private context module, a backend
+    # importing lowering's private module (a lazy import too), a private name from another room's face.
+    packages = {"pytest_backendconf", "pytest_backendconf.suite", "pytest_backendconf.lowering"}
+    text = (
+        "from pytest_backendconf.suite._context import SuiteContext\n"
+        "def f():\n    from pytest_backendconf.lowering._lowering import user_inputs\n"
+        "from pytest_backendconf.lowering import _preprocess\n"
+        "from pytest_backendconf.suite import SuiteContext\n"
+    )
+    names = private_names(ast.parse(text), "pytest_backendconf.conformance.ops", False)
+    assert reach_ins({"pytest_backendconf.conformance.ops": names}, packages) == [
+        "pytest_backendconf.conformance.ops -> pytest_backendconf.lowering._lowering",
+        "pytest_backendconf.conformance.ops -> pytest_backendconf.lowering._lowering.user_inputs",
+        "pytest_backendconf.conformance.ops -> pytest_backendconf.lowering._preprocess",
+        "pytest_backendconf.conformance.ops -> pytest_backendconf.suite._context",
+        "pytest_backendconf.conformance.ops -> pytest_backendconf.suite._context.SuiteContext",
+    ]
+    backend = private_names(
+        ast.parse("from pytest_backendconf import _compat\n"), "backendconf_executorch.lowering", False
+    )
+    assert reach_ins({"backendconf_executorch.lowering": backend}, packages) == [
+        "backendconf_executorch.lowering -> pytest_backendconf._compat"
+    ]
+    # ... while a room's own private modules, relative imports inside it, and _compat inside the package are fine.
+    own = private_names(
+        ast.parse("from ._context import SuiteContext\nfrom .. import _compat\n"),
+        "pytest_backendconf.suite._suite",
+        False,
+    )
+    assert own == {
+        "pytest_backendconf.suite._context",
+        "pytest_backendconf.suite._context.SuiteContext",
+        "pytest_backendconf._compat",
+    }
+    assert reach_ins({"pytest_backendconf.suite._suite": own}, packages) == []
+    # The real tree, with one reach-in added to a real module, fails the check.
+    imports, real_packages = private_imports()
+    imports["backendconf_onnxruntime.exporter"] = imports["backendconf_onnxruntime.exporter"] | {
+        "pytest_backendconf.registry._registry"
+    }
+    assert reach_ins(imports, real_packages) == [
+        "backendconf_onnxruntime.exporter -> pytest_backendconf.registry._registry"
+    ]
 
 
 def benchmark_graph() -> dict[str, set[str]]:

@@ -7,13 +7,29 @@ profiles and the xdist grouping. The categories themselves are ``pytest_backendc
 May import: `report`, `target`, `diagnostics` and every layer below them.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._context import FIXED, INPUT_MODES, SuiteContext, artifacts_root, build_context
-from ._gating import GatingPlugin
 from ._golden import GOLDEN_KEY, GoldenRecorder, golden_dir
 from ._hypothesis import PROFILES, draws_seed, hypothesis_choice
 from ._outcome import run_check
-from ._suite import SuitePlugin, suite_only
-from ._xdist import ModelGrouping
+
+if TYPE_CHECKING:
+    from ._gating import GatingPlugin
+    from ._suite import SuitePlugin, suite_only
+    from ._xdist import ModelGrouping
+
+# The pytest plugins load on first use: they import the categories (``conformance``), and the
+# categories import the names above, so an eager import here would be a cycle.
+_LAZY = {
+    "GatingPlugin": "._gating",
+    "ModelGrouping": "._xdist",
+    "SuitePlugin": "._suite",
+    "suite_only": "._suite",
+}
 
 __all__ = [
     "FIXED",
@@ -24,8 +40,8 @@ __all__ = [
     "ModelGrouping",
     "PROFILES",
     "SuiteContext",
-    "artifacts_root",
     "SuitePlugin",
+    "artifacts_root",
     "build_context",
     "draws_seed",
     "golden_dir",
@@ -33,3 +49,16 @@ __all__ = [
     "run_check",
     "suite_only",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -6,7 +6,7 @@ backend may use them too::
 
     import pytest_backendconf as bc
 
-    KNOWN_KEYS = (bc.backend.FAULT_KEY, "precision")
+    KNOWN_KEYS = (bc.backend.FAULT_KEY, "precision")  # docs/writing-a-backend.md
 
     class MyBackend:
         name = "mybackend"

@@ -43,13 +43,13 @@ MODELS = {**models.SMALL, **models.LARGE}
 
 def available_backends() -> dict[str, str]:
     """{backend: ""} for those that can run here, {backend: why not} for the others."""
-    from pytest_backendconf.registry import _registry
+    from pytest_backendconf.registry import lookup_backend
     from pytest_backendconf.errors import RegistryError
 
     reasons = {}
     for name, _ in BACKENDS:
         try:
-            backend = _registry.lookup_backend(name).backend
+            backend = lookup_backend(name).backend
         except RegistryError:
             reasons[name] = f"not installed (pip install -e backends/{name})"
             continue

@@ -376,8 +376,8 @@ def archive_figures(settings: Settings) -> list[Figure]:
 
     import pytest_backendconf as bc
     from pytest_backendconf.archive._archive import debug_info_sizes
-    from pytest_backendconf.lowering._lowering import export_method, lower_programs
-    from pytest_backendconf.registry._registry import lookup_backend
+    from pytest_backendconf.lowering import export_method, lower_programs
+    from pytest_backendconf.registry import lookup_backend
 
     backend = lookup_backend("reference").backend
 
@@ -452,8 +452,8 @@ def archive_figures(settings: Settings) -> list[Figure]:
 def scaling_figures(settings: Settings) -> tuple[list[Figure], dict[str, Any]]:
     """Lowering time and archive size per graph size; also returns the largest lowering."""
     import pytest_backendconf as bc
-    from pytest_backendconf.lowering._lowering import export_method, lower_programs
-    from pytest_backendconf.registry._registry import lookup_backend
+    from pytest_backendconf.lowering import export_method, lower_programs
+    from pytest_backendconf.registry import lookup_backend
 
     backend = lookup_backend("reference").backend
     version = lookup_backend("reference").source.version

@@ -156,7 +156,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pytest_backendconf.archive import _archive, _zip as _archive_zip  # noqa: E402
 from pytest_backendconf.lowering import _saving  # noqa: E402
-from pytest_backendconf.registry import _registry  # noqa: E402
+from pytest_backendconf.registry import BackendRegistry, Source, active_registry, set_active_registry  # noqa: E402
 from pytest_backendconf.errors import (  # noqa: E402
     ArchiveBackendError,
     ArchiveChecksumError,
@@ -189,12 +189,12 @@ def lower(backend=TINY, spec=None, inputs=None):
 @pytest.fixture(scope="module", autouse=True)
 def registry():
     """This module's backends, as a conftest's would be, for load() to find."""
-    registry = _registry.BackendRegistry()
-    registry.add_plugin(sys.modules[__name__], _registry.Source(f"test module {__name__}"))
-    previous = _registry._ACTIVE
-    _registry.set_active_registry(registry)
+    registry = BackendRegistry()
+    registry.add_plugin(sys.modules[__name__], Source(f"test module {__name__}"))
+    previous = active_registry()
+    set_active_registry(registry)
     yield registry
-    _registry.set_active_registry(previous)
+    set_active_registry(previous)
 
 
 @pytest.fixture(scope="module")

@@ -24,14 +24,14 @@ def registry():
     """This module's backend, as a conftest's would be, for load() to find."""
     import sys
 
-    from pytest_backendconf.registry import _registry
+    from pytest_backendconf.registry import BackendRegistry, Source, active_registry, set_active_registry
 
-    registry = _registry.BackendRegistry()
-    registry.add_plugin(sys.modules[__name__], _registry.Source(f"test module {__name__}"))
-    previous = _registry._ACTIVE
-    _registry.set_active_registry(registry)
+    registry = BackendRegistry()
+    registry.add_plugin(sys.modules[__name__], Source(f"test module {__name__}"))
+    previous = active_registry()
+    set_active_registry(registry)
     yield registry
-    _registry.set_active_registry(previous)
+    set_active_registry(previous)
 
 
 class TwoTanh(torch.nn.Module):

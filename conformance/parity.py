@@ -45,7 +45,7 @@ from pytest_backendconf.numerics import (
 )
 from pytest_backendconf.suite._golden import GoldenRecorder
 from pytest_backendconf.suite._hypothesis import PROFILES, draws_seed
-from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 
 from ._spec import section
 

@@ -19,16 +19,16 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from ._options import add_target_options
+from ._options import add_target_options, file_errors
 
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
 CATEGORY = "replay"
 
 
-def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
+def add_command(commands: argparse._SubParsersAction) -> None:
     replay = commands.add_parser(
         "replay",
         help="run archives' bundled inputs on a simulated target and compare with their expected outputs",
@@ -85,8 +85,10 @@ def _index_files(index: str) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace, printable: Callable[[object], str]) -> int:
-    """The command; ``printable`` escapes what comes from the files before it reaches the terminal."""
+@file_errors
+def run(args: argparse.Namespace) -> int:
+    """The command; what comes from the files is escaped (`printable`) before it reaches the terminal."""
+    from ..report import printable
     from ..target import replay_archives
 
     started = time.time()

@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from pytest_backendconf.checks import outcome_from_json
+
 ENV = "BACKENDCONF_BENCH_STATS"
 
 _exports: list[tuple] = []
@@ -83,7 +85,8 @@ def _count_exports() -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _worker:
         return
-    if report.skipped and "not needed:" in str(report.longrepr):
+    check = (getattr(report, "backendconf", None) or {}).get("check")  # the gating plugin's record of the check
+    if check is not None and outcome_from_json(check).outcome == "not_needed":
         _outcomes["not needed"] += 1
     elif report.when == "call" or report.outcome != "passed":
         _outcomes[f"{report.when}:{report.outcome}" if report.when != "call" else report.outcome] += 1

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf import lowering as _lowering
-from pytest_backendconf.report import Check, CheckFailed, fail
+from pytest_backendconf.checks import Check, CheckFailed, fail
 
 from ._extra_process import session
 from ._saved_archives import SavedLowerings, serialization_check, target_scenario

@@ -46,7 +46,7 @@ from ..errors import UnsupportedNodeError
 from ..lowering import export_method, lower_programs
 from ..numerics import StructureMismatch, compare_outputs, summary_json
 from ..quant import QuantizedRule, judge_quantized, output_steps
-from ..report import Check, CheckFailed, Unsupported
+from ..checks import Check, CheckFailed, Unsupported
 from ..suite import SuiteContext
 from ._ops_discovery import OpSample, decode_arg, resolve_overload
 from ._ops_program import build_program, op_call_class

@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
-from pytest_backendconf.report import Check
+from pytest_backendconf.checks import Check
 
 from ._session_work import Scenario, archive_directory
 

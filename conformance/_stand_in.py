@@ -11,7 +11,7 @@ import copy
 import functools
 from typing import Any
 
-from pytest_backendconf.report import fail
+from pytest_backendconf.checks import fail
 
 
 class StandIn:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 import pytest
 import torch
 
-from ..report import Check, CheckFailed
+from ..checks import Check, CheckFailed
 from ..torchscript import lower, lower_in_fresh_process
 from . import _ts_session as ts
 from ._ts_probe_models import probe_model

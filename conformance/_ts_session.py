@@ -17,7 +17,7 @@ import torch
 
 from .. import _compat
 from ..backend import TorchScriptBackend
-from ..report import CheckFailed, Unsupported
+from ..checks import CheckFailed, Unsupported
 from ..torchscript import Scripted, backend_is_available, load_library, lower, script_case
 from ._spec import section
 

@@ -24,7 +24,7 @@ import torch
 
 from pytest_backendconf import archive as _archive
 from pytest_backendconf import lowering as _lowering
-from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.checks import Check, Unsupported, fail
 from pytest_backendconf.errors import (
     BackendContractError,
     BackendUnavailableError,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest_backendconf as bc
 from pytest_backendconf.archive import MANIFEST, pack
-from pytest_backendconf.report import Check, fail
+from pytest_backendconf.checks import Check, fail
 from pytest_backendconf.archive import declared_version
 from pytest_backendconf.errors import ArchiveVersionError
 

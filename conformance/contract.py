@@ -15,7 +15,7 @@ from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf.debuginfo import DebugHandleRecorder
 from pytest_backendconf.lowering import user_outputs
-from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.checks import Check, Unsupported, fail
 
 from . import profiling
 from ._spec import section

@@ -23,7 +23,7 @@ from pytest_backendconf import archive as _archive
 from pytest_backendconf import lowering as _lowering
 from pytest_backendconf.archive import PortablePaths
 from pytest_backendconf.archive import check_pair, read_sidecar
-from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.checks import Check, Unsupported, fail
 from pytest_backendconf.debuginfo import SymbolTable
 from pytest_backendconf.errors import UnsupportedNodeError
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator
 
-import pytest
 import torch
 
 import pytest_backendconf as bc
@@ -25,11 +24,10 @@ from pytest_backendconf import _compat
 from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf.lowering import lower_programs
 from pytest_backendconf.lowering import op_overload
-from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.checks import Check, CheckFailed, NotNeeded, Unsupported
 from pytest_backendconf.numerics import StructureMismatch, compare_outputs
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 
-from pytest_backendconf.report import NOT_NEEDED
 
 from ._spec import section
 
@@ -116,7 +114,7 @@ def check_target(ctx: SuiteContext, *, case_name: str, dtype: str) -> None:
 
 
 def _partitioned(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
-    """The case lowered with partition="supported"; `pytest.skip` if the whole method lowers."""
+    """The case lowered with partition="supported"; `NotNeeded` if the whole method lowers."""
     outcome = ctx.memo(("delegation", case_name, dtype), lambda: _lower(ctx, case_name, dtype))
     if isinstance(outcome, BaseException):
         raise outcome
@@ -131,7 +129,7 @@ def _lower(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
         if contradiction:
             return CheckFailed(contradiction)
     else:
-        return pytest.skip.Exception(f"{NOT_NEEDED}: the backend lowers {case_name} ({dtype}) whole")
+        return NotNeeded(f"the backend lowers {case_name} ({dtype}) whole")
     case = ctx.cases[case_name]
     spec = {m: {} for m in case.methods}
     programs = {m: ctx.program(case_name, dtype, m) for m in case.methods}

@@ -41,7 +41,7 @@ from ..numerics import (
     summary_json,
     worst,
 )
-from ..report import Batching, Check, CheckFailed, Unsupported
+from ..checks import Batching, Check, CheckFailed, CheckOutcome, Unsupported, outcome_to_json
 from ..archive import write_tensors
 from ..errors import UnsupportedNodeError
 from . import _ops_discovery as discovery
@@ -487,8 +487,8 @@ def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
 
     data = ops_data(ctx)
     assert data is not None
-    decided: dict[str, dict] = {}
-    rejected: dict[str, dict] = {}
+    decided: dict[str, CheckOutcome] = {}
+    rejected: dict[str, CheckOutcome] = {}
     alone: list[str] = []
     pending: list[Check] = []
     named = 0  # the most nodes one rejection named
@@ -543,7 +543,7 @@ def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
             number = check.batch.item  # type: ignore[union-attr]
             judged = _Judged(sample, number, own, outputs[start:stop])
             outcome = run_check(judged, ctx)
-            if outcome["outcome"] == "passed":
+            if outcome.outcome == "passed":
                 decided[check.id] = outcome
             else:
                 alone.append(check.id)
@@ -551,10 +551,23 @@ def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
     return _result(decided, rejected, alone + [c.id for c in pending], [], named)
 
 
-def _result(decided: dict, rejected: dict, alone: list[str], split: list[Check], named: int) -> dict[str, Any]:
-    """What `suite._batching` gets back: ``rejected`` are the outcomes of checks whose node a rejection
-    naming several nodes named, which it takes only where the same rejection was seen alone before."""
-    return {"decided": decided, "rejected": rejected, "alone": alone, "split": [c.id for c in split], "named": named}
+def _result(
+    decided: dict[str, CheckOutcome],
+    rejected: dict[str, CheckOutcome],
+    alone: list[str],
+    split: list[Check],
+    named: int,
+) -> dict[str, Any]:
+    """What `suite._batching` gets back, as JSON (it may come from the backend host): ``rejected`` are the
+    outcomes of checks whose node a rejection naming several nodes named, which it takes only where the
+    same rejection was seen alone before."""
+    return {
+        "decided": {i: outcome_to_json(o) for i, o in decided.items()},
+        "rejected": {i: outcome_to_json(o) for i, o in rejected.items()},
+        "alone": alone,
+        "split": [c.id for c in split],
+        "named": named,
+    }
 
 
 def _single(one: Any) -> UnsupportedNodeError:

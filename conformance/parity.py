@@ -44,7 +44,7 @@ from pytest_backendconf.numerics import (
     worst,
 )
 from pytest_backendconf.suite import PROFILES, GoldenRecorder, draws_seed
-from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 
 from ._spec import section
 

@@ -25,7 +25,7 @@ import torch
 from pytest_backendconf.debuginfo import walk_nodes
 from pytest_backendconf.debuginfo import op_name
 from pytest_backendconf.diagnostics import Call, check_events
-from pytest_backendconf.report import Check, fail
+from pytest_backendconf.checks import Check, fail
 from pytest_backendconf.errors import BackendContractError
 
 from ._spec import section

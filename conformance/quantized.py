@@ -44,7 +44,7 @@ from pytest_backendconf.quant import (
     reference_quantizer,
     torchao_missing,
 )
-from pytest_backendconf.report import Check, CheckFailed, Unsupported
+from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.suite import SuiteContext
 
 from ._spec import section

@@ -34,7 +34,7 @@ import torch
 from pytest_backendconf import UnsupportedNodeError
 from pytest_backendconf.suite import SuiteContext
 from pytest_backendconf._compat import tree_leaves, tree_map
-from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.checks import Check, Unsupported, fail
 
 from ._spec import section
 

@@ -19,7 +19,7 @@ import pytest_backendconf as bc
 from pytest_backendconf import archive as _archive
 from pytest_backendconf import lowering as _lowering
 from pytest_backendconf._compat import tree_map
-from pytest_backendconf.report import Check, Unsupported, fail
+from pytest_backendconf.checks import Check, Unsupported, fail
 from pytest_backendconf.errors import UnsupportedNodeError
 
 from ._spec import section

@@ -35,7 +35,7 @@ from pytest_backendconf.debuginfo import DebugHandleRecorder, walk_nodes
 from pytest_backendconf.debuginfo import build_debug_infos, format_missing, op_name
 from pytest_backendconf.lowering import export_method, run_preprocess
 from pytest_backendconf.backend import FAULT_KEY
-from pytest_backendconf.report import Check, CheckFailed, Unsupported, fail
+from pytest_backendconf.checks import Check, CheckFailed, Unsupported, fail
 
 from ._spec import section
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pytest
 import torch
 
-from ..report import Check, CheckFailed
+from ..checks import Check, CheckFailed
 from ..torchscript import LITE_DEBUG_INFO_MISSING, TORCHSCRIPT_UNAVAILABLE, backend_is_available, lite_round_trip
 from ..torchscript import lower
 from . import _ts_session as ts

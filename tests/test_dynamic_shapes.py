@@ -205,7 +205,7 @@ def test_a_bad_dynamic_shapes_record_in_an_archive_is_refused(lowered_cnn, edit,
 
 
 def test_example_inputs_draw_dynamic_sizes_inside_their_recorded_ranges(cnn, tmp_path, capsys):
-    from pytest_backendconf.cli import _main as cli
+    from pytest_backendconf.cli import _inputs, _main as cli
 
     # The example batch is 4, the range starts at 3: the size 2 that suits most archives is outside it.
     lowered = bc.to_backend(
@@ -217,7 +217,7 @@ def test_example_inputs_draw_dynamic_sizes_inside_their_recorded_ranges(cnn, tmp
     )
     path = tmp_path / "min3.bcpt"
     bc.save(lowered, path)
-    ((x,),) = cli._example_calls(_saving.read_archive(path))["forward"]
+    ((x,),) = _inputs.example_calls(_saving.read_archive(path))["forward"]
     assert tuple(x.shape) == (3, 3, 8, 8)
     assert cli.main(["run-target", str(path), "--example-inputs"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("target: ok")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_backendconf.report._check import id_matches
+from pytest_backendconf.checks import id_matches
 from pytest_backendconf.report._known_failures import (
     KnownFailure,
     KnownFailureIndex,

@@ -16,7 +16,7 @@ engines' backends under backends/ are packages too.
 The layers, top to bottom (docs/design-notes.md, "The house by domain"):
 ``cli``; ``suite`` with the categories (``conformance``); ``report``,
 ``target``, ``diagnostics``; ``lowering``; ``archive``; ``debuginfo``,
-``reference``, ``registry``; the public surface. A module may import its
+``reference``, ``registry``; the check vocabulary (``checks``); the public surface. A module may import its
 own layer and the layers below it, never one above.
 """
 
@@ -37,6 +37,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("lowering",),
     ("archive",),
     ("debuginfo", "reference", "registry", "allowlist", "numerics", "quant"),
+    # The check vocabulary: every room that runs, decides or reports a check speaks it; it imports nothing.
+    ("checks",),
     ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "provenance", "vendor", "_compat"),
 ]
 #: Above every layer: the pytest entry module and the facade (its names load lazily, each from its layer).
@@ -208,7 +210,7 @@ def test_the_package_has_no_import_cycle() -> None:
     cycle = find_cycle(graph)
     assert cycle is None, (
         "import cycle: " + " -> ".join(cycle) + ". Move what both sides need into a module below them "
-        "(as report/_check.py is below suite/_suite.py and the categories)."
+        "(as checks/_check.py is below suite/_suite.py and the categories)."
     )
 
 

@@ -25,7 +25,7 @@ reference_quantizer(SCHEMES[0])
 import broken_backends_quantized  # noqa: E402, F401
 
 from pytest_backendconf.conformance import _ops_quantized  # noqa: E402
-from pytest_backendconf.report import CheckFailed  # noqa: E402
+from pytest_backendconf.checks import CheckFailed  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 QDQ = [f"backendconf::ops::{s.name}" for s in _ops_quantized.qdq_samples()]

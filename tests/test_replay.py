@@ -18,7 +18,7 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf.cli import main
-from pytest_backendconf.report import read_report
+from pytest_backendconf.report import REPORT_SCHEMA_VERSION, read_report
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 BROKEN = os.path.join(TESTS, "broken_backends_replay.py")
@@ -89,9 +89,12 @@ def test_matching_bundles_pass_with_pytest_and_hypothesis_blocked_and_write_repo
             "total": 2,
             "passed": 2,
             **{o: 0 for o in ("skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")},
+            "not_needed": 0,
+            "scored": 2,
             "score": 1.0,
         }
     }
+    assert [t["check_outcome"] for t in document["tests"]] == ["passed", "passed"]
     ids = [t["id"] for t in document["tests"]]
     assert ids == ["backendconf::replay::good.forward[0]", "backendconf::replay::good.forward[1]"]
     assert document["tests"][0]["numerics"]["closeness"] < 1
@@ -184,6 +187,13 @@ def test_a_golden_folder_of_the_reference_backend_replays_and_known_failures_are
     done = replay(str(folder), "--report", str(report))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "replay: 9/9 bundles match their expected outputs (3 archives)" in done.stdout
+    # One writer: the device's report has the suite's schema version, sections and summary fields.
+    host, device = json.loads((pytester.path / "host.json").read_text()), json.loads(report.read_text())
+    assert device["schema_version"] == host["schema_version"] == list(REPORT_SCHEMA_VERSION)
+    assert device.keys() == host.keys()
+    assert device["summary"]["replay"].keys() == host["summary"]["parity"].keys()
+    assert {"scored", "not_needed"} <= device["summary"]["replay"].keys()
+    assert device["tests"][0].keys() - {"details"} == host["tests"][0].keys() - {"details"}  # details: when any
     # Host and device side by side.
     page = tmp_path / "both.html"
     assert main(["report", "html", str(pytester.path / "host.json"), str(report), "-o", str(page)]) == 0

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pytest_backendconf.report._check import CATEGORIES
+from pytest_backendconf.checks import CATEGORIES
 from pytest_backendconf.report._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from pytest_backendconf.cli._main import main
 

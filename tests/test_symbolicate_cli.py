@@ -10,7 +10,7 @@ import pytest
 
 import pytest_backendconf as bc
 from pytest_backendconf.archive import _archive
-from pytest_backendconf.cli import _main as cli
+from pytest_backendconf.cli import _inputs, _main as cli
 from test_archive import ALL_INPUTS, ALL_METHODS, TINY_OFF, TinyBackend, lower
 from test_archive import registry  # noqa: F401  (the module-scoped fixture: this module's backends)
 
@@ -169,19 +169,19 @@ def test_run_target_reports_an_unavailable_backend(tmp_path):
 def test_inputs_file_becomes_tensors_of_the_lowered_dtype(archive, tmp_path):
     import torch
 
-    calls = cli._calls_from_json(_archive.read_archive(archive), {"forward": [[[[1, 2, 3], [4, 5, 6]]]]}, "in.json")
+    calls = _inputs.calls_from_json(_archive.read_archive(archive), {"forward": [[[[1, 2, 3], [4, 5, 6]]]]}, "in.json")
     ((x,),) = calls["forward"]
     assert x.dtype == torch.float32 and x.tolist() == [[1, 2, 3], [4, 5, 6]]
     with pytest.raises(bc.BackendConfError, match="names method 'nope'; the archive's methods are forward, pair, boom"):
-        cli._calls_from_json(_archive.read_archive(archive), {"nope": []}, "in.json")
+        _inputs.calls_from_json(_archive.read_archive(archive), {"nope": []}, "in.json")
 
 
 def test_example_inputs_follow_the_input_specs(archive):
-    calls = cli._example_calls(_archive.read_archive(archive))
+    calls = _inputs.example_calls(_archive.read_archive(archive))
     assert list(calls) == ["forward", "pair", "boom"]
     ((x, y),) = calls["pair"]
     assert x.shape == y.shape == (2, 3) and x.dtype == y.dtype == __import__("torch").float32
-    assert cli._describe((x, {"k": [y]})) == "(float32[2, 3], {'k': [float32[2, 3]]})"
+    assert _inputs.describe((x, {"k": [y]})) == "(float32[2, 3], {'k': [float32[2, 3]]})"
 
 
 ECHOES = """

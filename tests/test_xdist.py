@@ -61,6 +61,7 @@ SELECTION = [
     "--backendconf-select=parity::linear[[]float32]",
     "--backendconf-select=parity::arithmetic_tensors[[]float32]",
     f"--backendconf-select={AVAILABLE}",
+    "--backendconf-select=delegation::linear[[]float32]",  # lowered whole: not needed
 ]
 
 
@@ -96,7 +97,10 @@ def test_under_xdist_the_outcomes_report_summary_junit_and_seed_are_a_serial_run
     one, two = (json.loads((pytester.path / name).read_text()) for name in ("serial.json", "tx.json"))
     outcomes = lambda report: {t["id"]: (t["outcome"], (t["error"] or {}).get("type")) for t in report["tests"]}  # noqa: E731
     assert outcomes(one) == outcomes(two)
-    assert len(outcomes(one)) == 19
+    assert len(outcomes(one)) == 20
+    # The check's own verdict (`CheckOutcome`) reaches the controller on each worker's test report.
+    verdicts = lambda report: {t["id"]: t["check_outcome"] for t in report["tests"]}  # noqa: E731
+    assert verdicts(one) == verdicts(two)
     assert {o for o, _ in outcomes(one).values()} >= {"passed", "failed", "unsupported", "known_failure"}
     assert one["summary"] == two["summary"] and one["errors"] == two["errors"]
     assert two["run"]["xdist_workers"] == 2 and one["run"]["xdist_workers"] == 0
@@ -112,18 +116,30 @@ def test_under_xdist_the_outcomes_report_summary_junit_and_seed_are_a_serial_run
     assert len(set().union(*workers.values())) == 2
 
     # The summary and the report: built by the controller from the workers' results.
-    counts = {"passed": 0, "failed": 0, "unsupported": 0, "known_failure": 0}
+    counts = {"passed": 0, "failed": 0, "unsupported": 0, "known_failure": 0, "skipped": 0}
     for outcome, _ in outcomes(two).values():
         counts[outcome] += 1
     distributed.assert_outcomes(
-        passed=counts["passed"], xfailed=counts["known_failure"], skipped=counts["unsupported"], failed=counts["failed"]
+        passed=counts["passed"],
+        xfailed=counts["known_failure"],
+        skipped=counts["unsupported"] + counts["skipped"],
+        failed=counts["failed"],
     )
+    assert verdicts(two)["backendconf::delegation::linear[float32]"] == "not_needed"
+    assert two["summary"]["delegation"]["not_needed"] == 1 and two["summary"]["delegation"]["scored"] == 0
     expect(
         distributed.stdout,
         ["parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3"],
     )
     parity = [(t["id"], t["outcome"]) for t in two["tests"] if t["id"] in (AVAILABLE, ARITHMETIC, LINEAR, MLP)]
     assert parity == [(AVAILABLE, "passed"), (ARITHMETIC, "unsupported"), (LINEAR, "known_failure"), (MLP, "failed")]
+    # A known failure is the report's word; the check itself failed.
+    assert [verdicts(two)[i] for i in (AVAILABLE, ARITHMETIC, LINEAR, MLP)] == [
+        "passed",
+        "unsupported",
+        "failed",
+        "failed",
+    ]
     mlp = next(t for t in two["tests"] if t["id"] == MLP)
     assert mlp["error"]["type"] == "OutputSpecError"
     assert two["summary"]["parity"]["score"] == 0.0

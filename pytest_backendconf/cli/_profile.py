@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 
-def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
-    """Add ``profile``; ``run(args)`` is the command's entry (``cli`` wraps `run` with its input readers)."""
+def add_command(commands: argparse._SubParsersAction) -> None:
+    """Add ``profile``, run by `run`."""
     from ..archive import add_limit_options
     from ._options import add_plugin_option
 
@@ -54,8 +53,8 @@ def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> int:
-    """The command; ``calls_from_file`` and ``example_calls`` read inputs as ``run-target`` does."""
+def run(args: argparse.Namespace) -> int:
+    """The command; its inputs are read as ``run-target`` reads them (`_inputs`)."""
     import os
 
     from ..archive import read_archive, with_sidecar
@@ -64,6 +63,7 @@ def run(args: argparse.Namespace, calls_from_file: Any, example_calls: Any) -> i
     from ..lowering import instantiate
     from ..errors import BackendConfError
     from ..report import printable
+    from ._inputs import calls_from_file, example_calls
 
     if args.repeat < 1:
         raise BackendConfError(f"--repeat {args.repeat}: give the number of calls to time, 1 or more")

@@ -16,21 +16,19 @@ no pytest, no Hypothesis.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from ._options import add_target_options
+from ._options import add_target_options, file_errors
 
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
 CATEGORY = "replay"
 
 
-def add_command(commands: argparse._SubParsersAction, run: Any) -> None:
+def add_command(commands: argparse._SubParsersAction) -> None:
     replay = commands.add_parser(
         "replay",
         help="run archives' bundled inputs on a simulated target and compare with their expected outputs",
@@ -87,8 +85,10 @@ def _index_files(index: str) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace, printable: Callable[[object], str]) -> int:
-    """The command; ``printable`` escapes what comes from the files before it reaches the terminal."""
+@file_errors
+def run(args: argparse.Namespace) -> int:
+    """The command; what comes from the files is escaped (`printable`) before it reaches the terminal."""
+    from ..report import printable
     from ..target import replay_archives
 
     started = time.time()
@@ -130,79 +130,48 @@ def _stem(path: str) -> str:
 
 
 def report_document(results: Sequence[Any], status: int, started: float) -> dict[str, Any]:
-    """The results in the suite's report schema (docs/ci-gating.md), category ``replay``."""
-    import torch
-
-    from .. import __version__
-    from ..report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
+    """The results in the suite's report document (`report.report_document`, its one writer), category
+    ``replay``: one test per bundle."""
+    from ..report import TestResult, report_document as write, run_entry
 
     backends = sorted({r.backend for r in results if r.backend})
-    counts: dict[str, Any] = {"total": len(results), **{o: 0 for o in OUTCOMES}, "score": None}
-    for r in results:
-        counts[r.outcome] += 1
-    if results:
-        counts["score"] = round(counts["passed"] / len(results), 6)
-    tests = []
-    for r in results:
-        tests.append(
-            {
-                "id": test_id(r),
-                "category": CATEGORY,
-                "case": _stem(r.archive),
-                "stage": "execute",
-                "outcome": r.outcome,
-                "duration": round(r.duration, 6),
-                "error": r.error,
-                "reason": None,
-                "known_failure": None,
-                "reproduce": f"backendconf replay {r.archive}",
-                "details": {"archive": r.archive, "method": r.method, "bundle": r.index, "check": r.check},
-                "numerics": r.numerics,
-            }
+    tests = [
+        TestResult(
+            id=test_id(r),
+            category=CATEGORY,
+            case=_stem(r.archive),
+            stage="execute",
+            reproduce=f"backendconf replay {r.archive}",
+            outcome=r.outcome,
+            duration=r.duration,
+            error=r.error,
+            details={
+                "archive": r.archive,
+                "method": r.method,
+                "bundle": r.index,
+                "check": r.check,
+                **({"numerics": r.numerics} if r.numerics is not None else {}),
+            },
+            # A bundle's comparison is its check: it passed or failed (an error is the archive's, not the check's).
+            check_outcome=r.outcome if r.outcome in ("passed", "failed") else None,
         )
-    return {
-        "schema": REPORT_SCHEMA,
-        "schema_version": list(REPORT_SCHEMA_VERSION),
-        "backend": {
-            "name": ",".join(backends) or "?",
-            "source": "archives replayed by backendconf replay",
-            "distribution": None,
-            "version": None,
-            "available": True,
-            "unavailable_reason": None,
-        },
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "python_implementation": platform.python_implementation(),
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "pytest": None,
-            "pytest_backendconf": __version__,
-        },
-        "hypothesis": None,
-        "run": {
-            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
-            "duration": round(time.time() - started, 3),
-            "exit_status": status,
-            "select": [],
-            "xdist_workers": 0,
-        },
-        "known_failures": None,
-        "summary": {CATEGORY: counts},
-        "errors": _error_statistics(results),
-        "ops": None,
-        "tests": tests,
+        for r in results
+    ]
+    backend = {
+        "name": ",".join(backends) or "?",
+        "source": "archives replayed by backendconf replay",
+        "distribution": None,
+        "version": None,
+        "available": True,
+        "unavailable_reason": None,
     }
-
-
-def _error_statistics(results: Sequence[Any]) -> dict[str, Any]:
-    by_type: dict[str, int] = {}
-    for r in results:
-        if r.error is not None:
-            by_type[r.error["type"]] = by_type.get(r.error["type"], 0) + 1
-    total = sum(by_type.values())
-    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": {"execute": total} if total else {}}
+    return write(
+        tests,
+        backend=backend,
+        run=run_entry(started, status),
+        pytest_version=None,  # the device side runs without pytest
+        categories=(CATEGORY,),
+    )
 
 
 def junit_xml(results: Sequence[Any], duration: float) -> str:

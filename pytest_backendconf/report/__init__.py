@@ -1,16 +1,17 @@
-"""The conformance report: check records and outcomes, the JSON document, merge, HTML, ops matrix.
+"""The conformance report: the JSON document, merge, HTML, the ops matrix and known failures.
 
-Owns what a check is and what its outcome means, known-failures files (also from a report), the
-counts of every category (one function for the terminal, the JSON and the HTML), the score and summary lines,
-failure groups, merging reports of several environments and the HTML page.
+Owns the ``backendconf-report`` document and its one writer (`report_document`, for the suite and for
+``backendconf replay``), the counts of every category (one function for the terminal, the JSON and the
+HTML), the summary lines, failure groups, merging the reports of several environments, the HTML page,
+and known-failures files (also from a report). What a check is and what it decided (`CheckOutcome`) is
+``pytest_backendconf.checks``; what a pytest report means for the suite is ``suite``'s.
 
-May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
+May import: `checks`, `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
-from ._check import CATEGORIES, Batching, Check, CheckFailed, ROOT_ID, Unsupported, fail, id_matches
-from ._counts import category_counts
-from ._delegation_summary import NOT_NEEDED, delegation_line
-from ._failure_groups import group_failures, same_program_groups, same_program_lines, summary_lines
+import warnings
+from typing import Any
+
 from ._html import render
 from ._known_failures import (
     KnownFailure,
@@ -19,66 +20,47 @@ from ._known_failures import (
     load_known_failures,
     merge_known_failures,
 )
-from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
-from ._ops import capabilities_text, flagged_lines, matrix_text, summary_line
-from ._ops import parse_id as parse_ops_id
-from ._reading import MAX_JSON_DEPTH, load_json, printable
 from ._known_from_report import known_failures_from_report
+from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
+from ._ops import capabilities_text, matrix_text
+from ._ops import parse_id as parse_ops_id
+from ._reading import load_json, printable
 from ._report import (
     FAILING,
     OUTCOMES,
     REPORT_SCHEMA,
     REPORT_SCHEMA_VERSION,
-    REPORT_ATTR,
     TestResult,
-    error_of,
-    not_under_test,
+    backend_entry,
+    known_failures_entry,
     ops_matrix_of,
-    phase_outcome,
     report_document,
-    score_line,
-    skip_reason,
-    summarize,
+    run_entry,
 )
+from ._summary import summary_lines
 
 __all__ = [
-    "CATEGORIES",
-    "Batching",
-    "Check",
-    "CheckFailed",
     "FAILING",
     "KnownFailure",
     "KnownFailureIndex",
-    "MAX_JSON_DEPTH",
-    "NOT_NEEDED",
     "OUTCOMES",
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
-    "REPORT_ATTR",
-    "ROOT_ID",
     "TestResult",
-    "Unsupported",
+    "backend_entry",
     "capabilities_text",
-    "category_counts",
-    "delegation_line",
-    "error_of",
-    "fail",
-    "flagged_lines",
     "format_known_failures",
     "format_markdown",
     "format_text",
-    "group_failures",
-    "id_matches",
+    "known_failures_entry",
     "known_failures_from_report",
+    "load_json",
     "load_known_failures",
     "matrix_text",
-    "load_json",
     "merge",
     "merge_known_failures",
-    "not_under_test",
     "ops_matrix_of",
     "parse_ops_id",
-    "phase_outcome",
     "printable",
     "read_documents",
     "read_matrix",
@@ -86,11 +68,32 @@ __all__ = [
     "render",
     "report_document",
     "report_files",
-    "score_line",
-    "skip_reason",
-    "summarize",
-    "summary_line",
-    "same_program_groups",
-    "same_program_lines",
+    "run_entry",
     "summary_lines",
 ]
+
+#: Names this room exported before the check vocabulary got its own (`pytest_backendconf.checks`).
+_MOVED_TO_CHECKS = ("CATEGORIES", "Batching", "Check", "CheckFailed", "ROOT_ID", "Unsupported", "fail", "id_matches")
+
+
+def __getattr__(name: str) -> Any:
+    """The old homes of the check vocabulary still import, with a `DeprecationWarning` naming the new one."""
+    if name in _MOVED_TO_CHECKS:
+        from .. import checks
+
+        warnings.warn(
+            f"pytest_backendconf.report.{name} moved to pytest_backendconf.checks.{name}; import it from there "
+            "(the old name goes in a later release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(checks, name)
+    if name == "NOT_NEEDED":
+        warnings.warn(
+            "pytest_backendconf.report.NOT_NEEDED is gone: a check raises pytest_backendconf.checks.NotNeeded, "
+            'and a report entry says so in its "check_outcome" ("not_needed"), not in the words of its reason',
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return "not needed"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

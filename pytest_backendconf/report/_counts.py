@@ -12,37 +12,34 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ._check import CATEGORIES
+from ..checks import CATEGORIES
 
 #: Every outcome a conformance test can have in the report, mildest first.
 OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
-#: The reason of a delegation run that the backend lowered whole (``skipped``: nothing to delegate).
-NOT_NEEDED = "not needed"
 
 
 def not_needed(test: Mapping[str, Any]) -> bool:
-    """A delegation check of a model the backend lowers whole (no partial delegation needed)."""
-    return (
-        test.get("category") == "delegation"
-        and test.get("outcome") == "skipped"
-        and str(test.get("reason") or "").startswith(NOT_NEEDED)
-    )
+    """A check with nothing to check (a delegation run of a model the backend lowers whole), by its own
+    verdict (``check_outcome``); the report shows it ``skipped``, and the score leaves it out."""
+    return test.get("outcome") == "skipped" and test.get("check_outcome") == "not_needed"
 
 
 def empty_counts() -> dict[str, Any]:
     return {"total": 0, **{o: 0 for o in OUTCOMES}, "not_needed": 0, "scored": 0, "score": None}
 
 
-def category_counts(tests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``{category: counts}`` of report test entries (``id``, ``category``, ``outcome``, ``reason``).
+def category_counts(
+    tests: Iterable[Mapping[str, Any]], categories: Iterable[str] = CATEGORIES
+) -> dict[str, dict[str, Any]]:
+    """``{category: counts}`` of report test entries (``id``, ``category``, ``outcome``, ``check_outcome``).
 
     Each counts dict has ``total``, one count per outcome, ``not_needed``
     (delegation runs lowered whole), ``scored`` (``total`` less
     ``not_needed``: the score's denominator) and ``score`` (``passed /
-    scored``, None when nothing is scored). Every category of the suite is
-    present, with zeros when none of its checks ran.
+    scored``, None when nothing is scored). Every one of ``categories`` (the
+    suite's) is present, with zeros when none of its checks ran.
     """
-    summary = {c: empty_counts() for c in CATEGORIES}
+    summary = {c: empty_counts() for c in categories}
     for test in tests:
         counts = summary.setdefault(str(test.get("category")), empty_counts())
         counts["total"] += 1

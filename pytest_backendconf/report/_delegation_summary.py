@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ._counts import NOT_NEEDED, outcome_parts
+from ._counts import outcome_parts
 
-__all__ = ["NOT_NEEDED", "delegation_line"]
+__all__ = ["delegation_line"]
 
 
 def delegation_line(results: Iterable[Any], counts: Mapping[str, Any]) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 
-from ._check import ROOT_ID, id_matches
+from ..checks import ROOT_ID, id_matches
 from ._report import FAILING, TestResult
 
 if sys.version_info >= (3, 11):

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from ._check import CATEGORIES
+from ..checks import CATEGORIES
 from ._reading import check_page_fields, load_json
 from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from ..errors import ReportError

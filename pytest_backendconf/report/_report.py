@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ._check import CheckFailed
+from ..checks import CATEGORIES, CheckFailed, outcome_from_json
 from ._counts import OUTCOMES, category_counts, outcome_parts
 
 if TYPE_CHECKING:
@@ -28,58 +28,13 @@ REPORT_SCHEMA = "backendconf-report"
 #: (major, minor): a consumer accepts any minor version of the major it knows.
 # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test;
 # 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops;
-# tests[].reproduction (a failure's minimal reproduction)
-REPORT_SCHEMA_VERSION = (1, 3)
+# tests[].reproduction (a failure's minimal reproduction); 1.4: tests[].check_outcome (the check's own
+# verdict: not_needed counts from it, not from the reason's words)
+REPORT_SCHEMA_VERSION = (1, 4)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
-#: The report attribute that carries a conformance test's data (xdist serializes it).
-REPORT_ATTR = "backendconf"
-#: How many lines of an exception's message the report and the summary keep.
-MESSAGE_LINES = 5
 #: The outcomes in which a check worked (a change between these and `FAILING` is a flip).
 PASSING = ("passed", "unexpected_pass")
-
-
-# --- per-test outcomes -------------------------------------------------------------
-
-
-def phase_outcome(report: pytest.TestReport, listed: bool) -> str | None:
-    """What one phase's report means for the suite; None for a setup or teardown that passed."""
-    if report.skipped:
-        if hasattr(report, "wasxfail"):
-            return "known_failure"
-        return "unsupported" if skip_reason(report).startswith("unsupported: ") else "skipped"
-    if report.failed:
-        if report.when != "call":
-            return "error"
-        if listed and str(report.longrepr).startswith("[XPASS(strict)]"):
-            return "unexpected_pass"
-        return "failed"
-    if report.when == "call":
-        return "unexpected_pass" if hasattr(report, "wasxfail") else "passed"
-    return None
-
-
-def skip_reason(report: pytest.TestReport) -> str:
-    if isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]).removeprefix("Skipped: ")
-    return ""
-
-
-def error_of(excinfo: pytest.ExceptionInfo[BaseException] | None) -> dict[str, str] | None:
-    """``{type, module, message}`` of an exception, the message cut to its first lines."""
-    if excinfo is None:
-        return None
-    exc = excinfo.value
-    kind, module, text = type(exc).__qualname__, type(exc).__module__, str(exc)
-    remote = getattr(exc, "error_record", None)  # a check that failed in the backend host
-    if remote:
-        kind, module = remote["type"], remote["module"]
-        if kind != "CheckFailed" and module != "pytest_backendconf.suite._host":  # else the text is the message
-            text = remote["message"]
-    lines = text.strip().splitlines()
-    message = "\n".join(lines[:MESSAGE_LINES]) + ("\n…" if len(lines) > MESSAGE_LINES else "")
-    return {"type": kind, "module": module, "message": message}
 
 
 @dataclasses.dataclass
@@ -102,6 +57,8 @@ class TestResult:
     details: dict[str, Any] | None = None
     #: The failure's minimal reproduction: ``{"script", "inputs", "nodes", "ops", "budget_ran_out", …}``.
     reproduction: dict[str, Any] | None = None
+    #: The check's own verdict (`CheckOutcome.outcome`: before known failures apply); None: it did not run.
+    check_outcome: str | None = None
 
     def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         self.duration += report.duration
@@ -111,6 +68,8 @@ class TestResult:
             self.details = data["details"]
         if data["known_failure"] is not None:
             self.known_failure = data["known_failure"]
+        if data.get("check") is not None:
+            self.check_outcome = outcome_from_json(data["check"]).outcome
         new = data["outcome"]
         if new is not None and (self.outcome is None or OUTCOMES.index(new) > OUTCOMES.index(self.outcome)):
             self.outcome, self.error, self.reason = new, data["error"], data["reason"]
@@ -143,12 +102,13 @@ class TestResult:
             ),
             "numerics": (self.details or {}).get("numerics"),
             "reproduction": self.reproduction,
+            "check_outcome": self.check_outcome,
         }
 
 
-def summarize(results: Iterable[TestResult]) -> dict[str, dict[str, Any]]:
+def summarize(results: Iterable[TestResult], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
     """Counts per outcome and the score of each category (`category_counts` of the results)."""
-    return category_counts(r.as_json() for r in results)
+    return category_counts((r.as_json() for r in results), categories)
 
 
 def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
@@ -239,71 +199,88 @@ def ops_matrix_of(selected: RegisteredBackend, results: list[TestResult]) -> dic
     return ops_matrix((r.as_json() for r in results), getattr(declared, "supported_ops", None))
 
 
-def report_document(
-    config: pytest.Config,
-    selected: RegisteredBackend,
-    results: list[TestResult],
-    exitstatus: int,
-    *,
-    started: float,
-    workers: int,
-    known_path: Path | None,
-    known: list[KnownFailure],
-    stale: set[str] | None,
-    hypothesis: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The ``--backendconf-report`` document (schema in docs/ci-gating.md).
-
-    :param hypothesis: the run's Hypothesis profile, seed and whether it is
-        derandomized (the suite's choice), or None when none was made.
-    """
-    import pytest
-    import torch
-
+def backend_entry(selected: RegisteredBackend) -> dict[str, Any]:
+    """The report's ``backend``: the registered backend, where it came from and what it declared."""
     from ..capabilities import capabilities_of
 
     available, unavailable_reason = selected.availability()
     source = selected.source
     capabilities = capabilities_of(selected.backend)
     return {
+        "name": selected.name,
+        "source": source.description,
+        "distribution": source.distribution,
+        "version": source.version,
+        "available": available,
+        "unavailable_reason": unavailable_reason or None,
+        "capabilities": declared(capabilities),
+        "not_under_test": not_under_test(capabilities),
+    }
+
+
+def run_entry(started: float, exitstatus: int, *, select: Iterable[str] = (), workers: int = 0) -> dict[str, Any]:
+    """The report's ``run``: when it started, how long it took, how it ended, what it selected."""
+    return {
+        "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
+        "duration": round(time.time() - started, 3),
+        "exit_status": exitstatus,
+        "select": list(select),
+        "xdist_workers": workers,
+    }
+
+
+def known_failures_entry(path: Path | None, known: list[KnownFailure], stale: set[str] | None) -> dict | None:
+    """The report's ``known_failures``: the file the run applied, or None."""
+    if path is None:
+        return None
+    return {
+        "file": str(path),
+        "entries": len(known),
+        "stale": sorted(p for p in stale or () if any(e.pattern == p for e in known)),
+    }
+
+
+def report_document(
+    results: list[TestResult],
+    *,
+    backend: dict[str, Any],
+    run: dict[str, Any],
+    pytest_version: str | None,
+    categories: Iterable[str] = CATEGORIES,
+    hypothesis: dict[str, Any] | None = None,
+    known_failures: dict[str, Any] | None = None,
+    ops: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report document (schema in docs/ci-gating.md): the suite's ``--backendconf-report`` and
+    ``backendconf replay --report`` both write it here.
+
+    :param backend: `backend_entry` of the run's backend (replay: the archives' backends).
+    :param run: `run_entry` of the run.
+    :param pytest_version: None where pytest is not used (replay on a device).
+    :param categories: the categories the summary lists, with zeros where none ran.
+    :param hypothesis: the run's Hypothesis profile, seed and whether it is
+        derandomized (the suite's choice), or None when none was made.
+    """
+    import torch
+
+    return {
         "schema": REPORT_SCHEMA,
         "schema_version": list(REPORT_SCHEMA_VERSION),
-        "backend": {
-            "name": selected.name,
-            "source": source.description,
-            "distribution": source.distribution,
-            "version": source.version,
-            "available": available,
-            "unavailable_reason": unavailable_reason or None,
-            "capabilities": declared(capabilities),
-            "not_under_test": not_under_test(capabilities),
-        },
+        "backend": backend,
         "environment": {
             "torch": torch.__version__,
             "python": platform.python_version(),
             "python_implementation": platform.python_implementation(),
             "platform": platform.platform(),
             "machine": platform.machine(),
-            "pytest": pytest.__version__,
+            "pytest": pytest_version,
             "pytest_backendconf": _version("pytest-backendconf"),
         },
         "hypothesis": hypothesis,
-        "run": {
-            "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
-            "duration": round(time.time() - started, 3),
-            "exit_status": exitstatus,
-            "select": list(config.getoption("backendconf_select") or []),
-            "xdist_workers": workers,
-        },
-        "known_failures": None
-        if known_path is None
-        else {
-            "file": str(known_path),
-            "entries": len(known),
-            "stale": sorted(p for p in stale or () if any(e.pattern == p for e in known)),
-        },
-        "summary": summarize(results),
+        "run": run,
+        "known_failures": known_failures,
+        "summary": summarize(results, categories),
         "errors": error_statistics(results),
-        "ops": ops_matrix_of(selected, results),
+        "ops": ops,
         "tests": [r.as_json() for r in results],
     }

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..report import Check
+from ..checks import Check, CheckOutcome, outcome_from_json
 
 if TYPE_CHECKING:
     from ._context import SuiteContext
@@ -67,7 +67,7 @@ class Batcher:
         self.same_scope = same_scope
         self._index: dict[str, int] | None = None
         #: Outcomes decided by a batch, by check id, until their check reports them.
-        self.decided: dict[str, dict] = {}
+        self.decided: dict[str, CheckOutcome] = {}
         #: Check ids that run alone (a batch left them undecided).
         self.alone: set[str] = set()
         #: How many batches were lowered and how long they took (for the benchmarks).
@@ -84,9 +84,9 @@ class Batcher:
         self.bulk = False
         #: Rejections seen alone, as ``(member, outcome, message)``: a batch's rejection of a check is
         #: taken as its outcome only when a check of the same member was rejected so alone (`_key`).
-        self.confirmed: set[tuple[str, Any, Any]] = set()
+        self.confirmed: set[tuple[str, str, str]] = set()
         #: Checks a batch said were rejected, not confirmed, so run alone: their batch outcome, to compare.
-        self.claimed: dict[str, dict] = {}
+        self.claimed: dict[str, CheckOutcome] = {}
         #: Checks whose batch rejection their run alone contradicted (the backend's list was wrong).
         self.contradicted: list[str] = []
 
@@ -127,12 +127,12 @@ class Batcher:
         if outcome == "unsupported":
             self.refused.add(check.batch.member)
         if outcome in ("unsupported", "failed"):
-            self.confirmed.add(_key(check, {"outcome": outcome, "message": message}))
+            self.confirmed.add(_key(check, outcome, message))
         claimed = self.claimed.pop(check.id, None)
-        if claimed is not None and (claimed.get("outcome"), claimed.get("message")) != (outcome, message):
+        if claimed is not None and (claimed.outcome, claimed.message) != (outcome, message):
             self.contradicted.append(check.id)
 
-    def outcome(self, item: Any) -> dict | None:
+    def outcome(self, item: Any) -> CheckOutcome | None:
         """The check's outcome from a batch, or None: run it alone."""
         check: Check = item.check
         if check.batch is None:
@@ -140,7 +140,7 @@ class Batcher:
         if check.id in self.decided:
             return self.decided.pop(check.id)
         claimed = self.claimed.get(check.id)
-        if claimed is not None and _key(check, claimed) in self.confirmed:
+        if claimed is not None and _key(check, claimed.outcome, claimed.message) in self.confirmed:
             # A batch named its node, and another check of its member was rejected so alone since.
             del self.claimed[check.id]
             self.alone.discard(check.id)
@@ -214,14 +214,15 @@ class Batcher:
             self.alone.update(c.id for c in checks)
             return
         by_id = {c.id: c for c in checks}
-        decided = {i: outcome for i, outcome in result.get("decided", {}).items() if i in by_id}
+        decided = {i: outcome_from_json(data) for i, data in result.get("decided", {}).items() if i in by_id}
         # A rejection the batch read off the backend's list counts only where the same member was
         # rejected so alone before; otherwise the check runs alone, and its outcome is compared.
-        for i, outcome in result.get("rejected", {}).items():
+        for i, data in result.get("rejected", {}).items():
             batch = by_id[i].batch if i in by_id else None
             if batch is None:
                 continue
-            if _key(by_id[i], outcome) in self.confirmed:
+            outcome = outcome_from_json(data)
+            if _key(by_id[i], outcome.outcome, outcome.message) in self.confirmed:
                 decided[i] = outcome
             else:
                 self.claimed[i] = outcome
@@ -231,7 +232,7 @@ class Batcher:
         self.refused.update(
             by_id[i].batch.member  # type: ignore[union-attr]
             for i, outcome in decided.items()
-            if outcome.get("outcome") == "unsupported"
+            if outcome.outcome == "unsupported"
         )
         if int(result.get("named", 0) or 0) > 1:
             self.bulk = True
@@ -257,7 +258,7 @@ class Batcher:
             return None
 
 
-def _key(check: Check, outcome: dict) -> tuple[str, Any, Any]:
+def _key(check: Check, outcome: str, message: str) -> tuple[str, str, str]:
     """What a batch's rejection of a check must match to be taken: a rejection of the same member (op) with
     the very text seen alone (a reason that depends on the dtype says so, and then differs)."""
-    return (getattr(check.batch, "member", ""), outcome.get("outcome"), outcome.get("message"))
+    return (getattr(check.batch, "member", ""), outcome, message)

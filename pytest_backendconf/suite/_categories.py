@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..backend import TorchScriptBackend
-from ..report import CATEGORIES, Check
+from ..checks import CATEGORIES, Check
 from ..conformance import (
     availability,
     contract,

@@ -18,29 +18,28 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..report import ROOT_ID
+from ..checks import ROOT_ID
 from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice, report_entry
 from ..report import KnownFailureIndex
 from ..report import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
 from ..report import (
     FAILING,
-    REPORT_ATTR,
     TestResult,
-    error_of,
-    not_under_test,
+    backend_entry,
+    known_failures_entry,
     ops_matrix_of,
-    phase_outcome,
     report_document,
-    score_line,
-    skip_reason,
-    summarize,
+    run_entry,
+    summary_lines,
 )
+from ._phases import REPORT_ATTR, error_of, phase_outcome, report_reason, skip_reason
 from ..archive import write_atomic
 from ._categories import generate_checks
 from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
+from ._outcome import OUTCOME_KEY
+from ..checks import outcome_to_json
 from ._host import NOT_RUN_AGAIN
-from ..capabilities import capabilities_of
 from ..errors import StaleKnownFailureWarning
 
 if TYPE_CHECKING:
@@ -180,12 +179,14 @@ class GatingPlugin:
         if not isinstance(item, ConformanceItem):
             return report
         entry = item.stash.get(_ENTRY_KEY, None)
-        outcome = phase_outcome(report, listed=entry is not None)
+        # The check's own verdict, kept by the item (`OUTCOME_KEY`); it belongs to the call phase.
+        check = item.stash.get(OUTCOME_KEY, None) if report.when == "call" else None
+        outcome = phase_outcome(report, listed=entry is not None, check=check)
         error = reason = None
         if outcome in FAILING:
             error = error_of(call.excinfo)
         elif outcome in ("unsupported", "skipped"):
-            reason = skip_reason(report).removeprefix("unsupported: ")
+            reason = report_reason(check) if check is not None else skip_reason(report)
         elif outcome == "unexpected_pass" and entry is not None and report.failed:
             fix = "remove the entry" if entry.pattern in (item.nodeid, item.name) else "narrow the entry's pattern"
             report.longrepr = (
@@ -207,7 +208,9 @@ class GatingPlugin:
                 "reason": reason,
                 "known_failure": entry.as_json() if entry is not None else None,
                 "location": list(item.check.location()),
-                "details": next((v for k, v in item.user_properties if k == "backendconf"), None),
+                # The record itself: it reaches an xdist controller as JSON, on this report.
+                "check": outcome_to_json(check) if check is not None else None,
+                "details": check.details if check is not None else None,
                 "reproduction": item.reproduction if outcome in ("failed", "error") else None,
             },
         )
@@ -253,16 +256,18 @@ class GatingPlugin:
         document = None
         if self.report_path is not None or self.html_path is not None:
             document = report_document(
-                self.config,
-                self.selected,
                 results,
-                int(exitstatus),
-                started=self.started,
-                workers=self.workers,
-                known_path=self.known_path,
-                known=self.known,
-                stale=self.stale,
+                backend=backend_entry(self.selected),
+                run=run_entry(
+                    self.started,
+                    int(exitstatus),
+                    select=self.config.getoption("backendconf_select") or [],
+                    workers=self.workers,
+                ),
+                pytest_version=pytest.__version__,
                 hypothesis=report_entry(self.config),
+                known_failures=known_failures_entry(self.known_path, self.known, self.stale),
+                ops=ops_matrix_of(self.selected, results),
             )
         if self.report_path is not None:
             write_atomic(self.report_path, json.dumps(document, indent=2) + "\n")
@@ -312,42 +317,9 @@ class GatingPlugin:
             return
         tr = terminalreporter
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
-        from ..report import delegation_line
-
-        # One count for the terminal, the JSON report and the HTML page (summarize: category_counts).
-        summary = summarize(results)
-        matrix = ops_matrix_of(self.selected, results)
-        for category, counts in summary.items():
-            if counts["total"] and not (category == "ops" and matrix is not None):
-                # delegation counts nodes, and "not needed" apart from passes.
-                tr.write_line(
-                    (category == "delegation" and delegation_line(results, counts)) or score_line(category, counts)
-                )
-        if matrix is not None:
-            from ..report import flagged_lines, summary_line
-
-            for line in [summary_line(matrix), *flagged_lines(matrix)]:
-                tr.write_line(line)
-        left_out = not_under_test(capabilities_of(self.selected.backend))
-        if left_out:
-            tr.write_line(f"not under test (as declared): {'; '.join(left_out)}")
+        for line in summary_lines(self.selected, results):
+            tr.write_line(line)
         broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
-        if len(broken) > 1:
-            from ..report import group_failures, summary_lines
-
-            tr.write_line("")
-            tr.write_line("failures grouped by message (numbers and names masked):")
-            for line in summary_lines(group_failures(r.as_json() for r in broken)):
-                tr.write_line(line)
-        if len(broken) > 1:
-            from ..report import same_program_groups, same_program_lines
-
-            lines = same_program_lines(same_program_groups(r.as_json() for r in broken))
-            if lines:
-                tr.write_line("")
-                tr.write_line("failures with the same minimal reproduction (operator sequence):")
-                for line in lines:
-                    tr.write_line(line)
         ran_out = [r.id for r in broken if (r.reproduction or {}).get("budget_ran_out")]
         if ran_out:
             from ..diagnostics import DEFAULT_BUDGET

@@ -113,7 +113,7 @@ def write_index(folder: Path, results: Iterable[Any], backend: str) -> tuple[int
     Returns ``(archives listed, files removed)``.
     """
     from ..archive import sync_files, write_atomic
-    from ..report import ROOT_ID
+    from ..checks import ROOT_ID
 
     listed, removed = [], 0
     for result in results:

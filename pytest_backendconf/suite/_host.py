@@ -48,6 +48,7 @@ import time
 import warnings
 from typing import Any, Callable
 
+from ..checks import CheckOutcome, outcome_from_json, outcome_to_json
 from ._outcome import run_check
 
 #: Per-check seconds before the host is killed and the check fails (``--backendconf-timeout``).
@@ -96,7 +97,7 @@ class BackendHost:
         self._child: Any = None
         #: A host started ahead of need once the backend has hung (the next kill is likely).
         self._spare: Any = None
-        self._broken: dict[str, Any] | None = None
+        self._broken: CheckOutcome | None = None
         self._lock = threading.Lock()
         #: How many hosts were started (a crash, a hang or the memory limit starts another; after a hang,
         #: one more is kept ready).
@@ -117,8 +118,8 @@ class BackendHost:
 
     def run(
         self, check_id: str, subject: str, model: tuple[str, ...] | None = None, *, runs_backend: bool = True
-    ) -> dict[str, Any]:
-        """The check's outcome: ``{"outcome": passed | failed | unsupported | skipped, "message", …}``.
+    ) -> CheckOutcome:
+        """The check's outcome, as the host decided it or as its death decides it.
 
         :param subject: what the check was on (model, dtype), for the message when the host dies.
         :param model: the lowered model the check runs (`model_key`), None for a check of no one model.
@@ -128,7 +129,7 @@ class BackendHost:
 
         with self._lock:
             if self._broken is not None:  # it cannot start: every check would pay for finding out again
-                return dict(self._broken)
+                return self._broken
             known = self.models.blocked(model, runs_backend)
             if known is not None:
                 return known
@@ -143,12 +144,13 @@ class BackendHost:
         calls: list[dict] = []
         if not child.wait_ready():  # the memory at the start is the host's, not a half-started interpreter's
             ended = child.ended
-            self._broken = {
-                "outcome": "failed",
-                "message": self._died(ended, check_id, subject, [], None, None, at_setup=True),
-                "error": {"type": "BackendHostDied", "module": __name__, "message": ended.describe()},
-            }
-            return dict(self._broken)
+            self._broken = CheckOutcome.failure(
+                self._died(ended, check_id, subject, [], None, None, at_setup=True),
+                "BackendHostDied",
+                __name__,
+                ended.describe(),
+            )
+            return self._broken
         mark = child.stderr_mark()
         peak = {"rss": None}
         start_rss = child.rss()
@@ -171,20 +173,21 @@ class BackendHost:
             with self._lock:
                 self._child = None
                 self.models.ended(model, check_id, result, calls, self._timeout_source(result, short=True))
-            return {
-                "outcome": "failed",
-                "message": self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
-                "error": {"type": "BackendHostDied", "module": __name__, "message": result.describe()},
+            return CheckOutcome.failure(
+                self._died(result, check_id, subject, calls, start_rss, peak["rss"]),
+                "BackendHostDied",
+                __name__,
+                result.describe(),
                 # How it ended, for the minimal reproduction: the same exit signal, or a hang.
-                "ended": {
+                ended={
                     "returncode": result.returncode,
                     "timed_out": result.timed_out,
                     "killed_because": result.killed_because,
                 },
-            }
-        self.exports += result.pop("exports", 0)
-        self.programs.update(tuple(p) for p in result.pop("programs", []))
-        result["stderr"] = stderr
+            )
+        self.exports += result.get("exports", 0)
+        self.programs.update(tuple(p) for p in result.get("programs", []))
+        outcome = dataclasses.replace(outcome_from_json(result["check"]), stderr=stderr)
         rss = child.rss()
         if self.max_rss and rss is not None and rss > self.max_rss:
             # Past the limit after the check: this check pushed it over. The next check gets a fresh host.
@@ -192,22 +195,23 @@ class BackendHost:
                 self._child = None
             child.kill(killed_because="memory limit")
             grew = f" (this check: {_mib(start_rss)} → {_mib(rss)})" if start_rss is not None else ""
-            return {
-                "outcome": "failed",
-                "stderr": stderr,
-                "message": f"the process running the checks grew past --backendconf-max-rss={_mib(self.max_rss)} "
+            return CheckOutcome.failure(
+                f"the process running the checks grew past --backendconf-max-rss={_mib(self.max_rss)} "
                 f"during this check, to {_mib(rss)}{grew}; it was replaced by a fresh one. A backend that keeps "
                 f"memory per call shows up here first (reliability::memory_stays_flat names the leak). "
                 f"{_subject_text(subject, calls)}"
                 + (
-                    f"\nthe check's own outcome was {result.get('outcome')}: {result.get('message')}"
-                    if result.get("outcome") != "passed"
+                    f"\nthe check's own outcome was {outcome.outcome}: {outcome.message}"
+                    if outcome.outcome != "passed"
                     else ""
                 ),
-                "error": {"type": "BackendHostMemoryLimit", "module": __name__, "message": f"RSS {_mib(rss)}"},
-                "warnings": result.get("warnings", []),
-            }
-        return result
+                "BackendHostMemoryLimit",
+                __name__,
+                f"RSS {_mib(rss)}",
+                stderr=stderr,
+                warnings=outcome.warnings,
+            )
+        return outcome
 
     def run_batch(self, check_ids: list[str]) -> dict[str, Any] | None:
         """Run several checks as one batch (`_batching`); None when the host died or broke meanwhile.
@@ -429,7 +433,7 @@ class ModelMemory:
         """What is remembered of a model that hung or crashed deterministically, or None."""
         return self._known.get(model) if model is not None else None
 
-    def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> dict[str, Any] | None:
+    def blocked(self, model: tuple[str, ...] | None, runs_backend: bool) -> CheckOutcome | None:
         """The failure of a check on a model that hung or crashed before, or None: run it."""
         if model is not None and model not in self._known and self._shared is not None:
             self._read_shared()  # another pytest process of the run may have seen it hang
@@ -438,14 +442,15 @@ class ModelMemory:
             return None
         self.saved += 1
         what = f"{model[0]} {model[1]}" + (f" in {model[2]}" if len(model) > 2 and model[2] else "")
-        return {
-            "outcome": "failed",
-            "message": f"not run: the lowered {what} {known['how']} in {known['check']}, during "
+        return CheckOutcome.failure(
+            f"not run: the lowered {what} {known['how']} in {known['check']}, during "
             f"{known['call']}; this check would run that model again, so it fails at once instead of "
             f"waiting for it. Fix that first: run {known['check']} alone (its reproduce command), then "
             "this one.",
-            "error": {"type": NOT_RUN_AGAIN, "module": __name__, "message": f"{known['check']}: {known['how']}"},
-        }
+            NOT_RUN_AGAIN,
+            __name__,
+            f"{known['check']}: {known['how']}",
+        )
 
 
 def model_key(category: str, name: str, case: str | None, dtype: str | None) -> tuple[str, ...] | None:
@@ -523,25 +528,26 @@ class HostHandler:
         install_breadcrumbs(self.ctx.backend, channel)
 
     def __call__(self, request: dict, channel: Any) -> dict:
+        """``{"check": outcome_to_json(outcome), "exports": n, "programs": [...]}``; a batch's answer for a batch."""
         if "batch" in request:
             return self.batch(request["batch"])
         check = self.checks.get(request["check"])
         if check is None:
-            return {
-                "outcome": "failed",
-                "message": f"the backend host has no check {request['check']!r}: it generated "
+            missing = CheckOutcome.failure(
+                f"the backend host has no check {request['check']!r}: it generated "
                 "other checks than the pytest process (do the plugins register cases differently in a child "
                 "process?)",
-                "error": {"type": "LookupError", "module": "builtins", "message": request["check"]},
-            }
+                "LookupError",
+                "builtins",
+                request["check"],
+            )
+            return {"check": outcome_to_json(missing)}
         exports = self.ctx.export_count
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             outcome = run_check(check, self.ctx)
         new = [k for k in self.ctx._programs if k not in self._reported]
         self._reported.update(new)
-        outcome["exports"] = self.ctx.export_count - exports
-        outcome["programs"] = [list(k) for k in new]
         seen: dict[tuple, dict] = {}
         for w in caught:
             record = {
@@ -552,8 +558,12 @@ class HostHandler:
                 "lineno": w.lineno,
             }
             seen.setdefault((record["category"], record["message"], record["filename"], record["lineno"]), record)
-        outcome["warnings"] = list(seen.values())[:20]
-        return outcome
+        outcome = dataclasses.replace(outcome, warnings=tuple(list(seen.values())[:20]))
+        return {
+            "check": outcome_to_json(outcome),
+            "exports": self.ctx.export_count - exports,
+            "programs": [list(k) for k in new],
+        }
 
     def batch(self, check_ids: list[str]) -> dict:
         """Several checks lowered as one (`_batching`): ``{"batch": {"decided", "alone", "split"}}``."""

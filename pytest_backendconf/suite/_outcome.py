@@ -1,42 +1,59 @@
-"""A check's outcome as a record: what the backend host sends back, and what a batch decides.
+"""Where a check's `CheckOutcome` is made: `run_check`, the same in the pytest process, the host and a batch.
 
 Below the host (`_host`) and the categories (the ops category's batches make
 their members' outcomes here too), so that an outcome decided in a batch is
-built exactly as the check run alone builds it.
+built exactly as the check run alone builds it. The item keeps the outcome
+in its stash under `OUTCOME_KEY`, as pytest's skipping plugin keeps its
+xfail verdict, for the gating plugin to read.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pytest
 
-def run_check(check: Any, ctx: Any) -> dict[str, Any]:
-    """Run one check here; its outcome as the report needs it (the same in the pytest process and the host)."""
-    import pytest
+from ..checks import CheckFailed, CheckOutcome, NotNeeded, Unsupported
 
+#: The outcome of the check an item ran (or was decided for it); read by `_gating` when its report is made.
+OUTCOME_KEY = pytest.StashKey[CheckOutcome]()
+
+
+def run_check(check: Any, ctx: Any) -> CheckOutcome:
+    """Run one check here; its outcome as the report needs it.
+
+    The raised exception stays on the outcome (``exception``, never serialized), so that the pytest
+    process running a check itself can raise it again where the check raised it.
+    """
     from ..target import error_record
-    from ..report import CheckFailed, Unsupported
+
+    started = time.perf_counter()
+
+    def took() -> float:
+        return round(time.perf_counter() - started, 6)
 
     try:
         details = check.run(ctx)
     except Unsupported as exc:
-        return {"outcome": "unsupported", "message": str(exc)}
+        return CheckOutcome("unsupported", str(exc), seconds=took())
+    except NotNeeded as exc:
+        return CheckOutcome("not_needed", str(exc), seconds=took())
     except pytest.skip.Exception as exc:
-        return {"outcome": "skipped", "message": str(exc.msg)}
+        return CheckOutcome("skipped", str(exc.msg), seconds=took(), exception=exc)
     except CheckFailed as exc:
         details = exc.details if isinstance(exc.details, dict) else None
-        return {
-            "outcome": "failed",
-            "message": str(exc),
-            "error": error_record(exc),
-            **({"details": details} if details else {}),
-        }
+        return CheckOutcome(
+            "failed", str(exc), details=details or None, error=error_record(exc), seconds=took(), exception=exc
+        )
     except Exception as exc:
         info = pytest.ExceptionInfo.from_exception(exc)
-        return {
-            "outcome": "failed",
-            "message": str(info.getrepr(style="short", chain=True)),
-            "error": error_record(exc),
-        }
+        return CheckOutcome(
+            "failed",
+            str(info.getrepr(style="short", chain=True)),
+            error=error_record(exc),
+            seconds=took(),
+            exception=exc,
+        )
     # A check may return details for the report (delegation's node counts); they are JSON data.
-    return {"outcome": "passed", **({"details": details} if isinstance(details, dict) else {})}
+    return CheckOutcome("passed", details=details if isinstance(details, dict) and details else None, seconds=took())

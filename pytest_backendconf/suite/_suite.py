@@ -23,9 +23,10 @@ import pytest
 
 from .. import conformance
 from ..backend import TorchScriptBackend
-from ..report import CATEGORIES, ROOT_ID, Check, CheckFailed, Unsupported, id_matches
+from ..checks import CATEGORIES, ROOT_ID, Check, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._hypothesis import hypothesis_choice
 from ._categories import generate_checks
+from ._outcome import OUTCOME_KEY, run_check
 
 if TYPE_CHECKING:
     from ._context import SuiteContext
@@ -104,45 +105,27 @@ class ConformanceItem(pytest.Item):
     def runtest(self) -> None:
         reason = self.suite.not_applicable(self.check) if self.suite is not None else None
         if reason:
-            pytest.skip(reason)
+            self._apply(CheckOutcome("skipped", reason))
         batcher = self.suite.batcher() if self.suite is not None else None
         batched = batcher.outcome(self) if batcher is not None else None
         if batched is not None:  # decided by a batch that shared its lowering (`_batching`)
-            if batched["outcome"] == "failed":
-                self._minimise(batched.get("error"), batched.get("message", ""), None)
+            if batched.outcome == "failed":
+                self._minimise(batched.error, batched.message, None)
             self._apply(batched)
             return
         host = self.suite.host() if self.suite is not None else None
-        if host is None:
-            try:
-                details = self.check.run(self.ctx)
-                if isinstance(details, dict):  # e.g. delegation's node counts, for the report and summary
-                    self.user_properties.append(("backendconf", details))
-            except Unsupported as exc:
-                if batcher is not None:
-                    batcher.ran_alone(self.check, "unsupported", str(exc))
-                pytest.skip(f"unsupported: {exc}")
-            except Exception as exc:
-                if batcher is not None:
-                    batcher.ran_alone(self.check, "failed", str(exc))
-                if isinstance(exc, CheckFailed) and isinstance(exc.details, dict):
-                    self.user_properties.append(("backendconf", exc.details))  # a failed comparison's numerics
-                from ..target import error_record
-
-                self._minimise(error_record(exc), str(exc), None)
-                raise
-            if batcher is not None:
-                batcher.ran_alone(self.check, "passed", "")
-            return
-        from ._host import model_key
-
         check = self.check
-        model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
-        outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
+        if host is None:
+            outcome = run_check(check, self.ctx)
+        else:
+            from ._host import model_key
+
+            model = model_key(check.category, check.name, check.case, _dtype(check, self.ctx))
+            outcome = host.run(check.id, _subject(check, self.ctx), model, runs_backend=check.requires_available())
         if batcher is not None:
-            batcher.ran_alone(check, outcome["outcome"], outcome.get("message", ""))
-        if outcome["outcome"] == "failed":
-            self._minimise(outcome.get("error"), outcome.get("message", ""), outcome.get("ended"))
+            batcher.ran_alone(check, outcome.outcome, outcome.message)
+        if outcome.outcome == "failed":
+            self._minimise(outcome.error, outcome.message, outcome.ended)
         self._apply(outcome)
 
     def _minimise(self, error: dict | None, message: str, ended: dict | None) -> None:
@@ -152,23 +135,28 @@ class ConformanceItem(pytest.Item):
             return
         self.reproduction = minimiser.reproduce(self.check, self.ctx, error, message, ended)
 
-    def _apply(self, outcome: dict[str, Any]) -> None:
-        """The backend host's outcome, as if the check had run here."""
-        for w in outcome.get("warnings", ()):
+    def _apply(self, outcome: CheckOutcome) -> None:
+        """Keep the outcome for the reports (`OUTCOME_KEY`) and end the test as it says.
+
+        A failure raised in this process is raised again (a debugger stops where the check raised it);
+        one from the backend host or a batch is a `HostCheckFailed` carrying the original error record.
+        """
+        self.stash[OUTCOME_KEY] = outcome
+        for w in outcome.warnings:
             category = _warning_class(w["module"], w["category"])
             message = w["message"] if category is not UserWarning else f"{w['category']}: {w['message']}"
             warnings.warn_explicit(message, category, w["filename"], w["lineno"])
-        if outcome.get("stderr"):
-            self.add_report_section("call", "stderr (backend host)", outcome["stderr"])
-        if isinstance(outcome.get("details"), dict):
-            self.user_properties.append(("backendconf", outcome["details"]))
-        kind = outcome["outcome"]
-        if kind == "unsupported":
-            pytest.skip(f"unsupported: {outcome['message']}")
-        if kind == "skipped":
-            pytest.skip(outcome["message"])
-        if kind != "passed":
-            raise HostCheckFailed(outcome["message"], outcome.get("error"))
+        if outcome.stderr:
+            self.add_report_section("call", "stderr (backend host)", outcome.stderr)
+        if outcome.details is not None:  # e.g. delegation's node counts, a failed comparison's numerics (JUnit)
+            self.user_properties.append(("backendconf", outcome.details))
+        if outcome.outcome == "passed":
+            return
+        if outcome.exception is not None:
+            raise outcome.exception
+        if outcome.outcome == "failed":
+            raise HostCheckFailed(outcome.message, outcome.error)
+        pytest.skip(reason_text(outcome))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CheckFailed):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ..report import ROOT_ID
+from ..checks import ROOT_ID
 
 #: The bracketed suffixes that name a dtype, not a model (``parity::small_cnn[float16]``).
 _DTYPE_IDS = frozenset({"float32", "float16", "bfloat16", "fixed"})

@@ -1,4 +1,4 @@
-"""What a conformance check is: the `Check` record, its outcomes, and its stable id.
+"""What a conformance check is: the `Check` record, the exceptions it raises, and its stable id.
 
 The category modules in ``conformance/`` build `Check` records and raise
 `CheckFailed` or `Unsupported`; the pytest side (`suite._suite`) turns the records
@@ -40,7 +40,8 @@ class Batching:
     :param member: distinct within a batch (the ops category: the op's name, which its node keeps).
     :param item: what `run` needs to find the check's work (the ops category: the sample's number).
     :param run: ``run(ctx, checks)`` lowers the checks as one and returns ``{"decided": {id: outcome},
-        "alone": [id, …], "split": [id, …]}``: outcomes as the check run alone gives them, the checks
+        "alone": [id, …], "split": [id, …]}``: outcomes (`outcome_to_json` of the `CheckOutcome` the check
+        run alone gives), the checks
         that must run alone, and those to try again in smaller batches.
     """
 
@@ -57,7 +58,8 @@ class Check:
     :param category: one of `CATEGORIES`; also the pytest marker.
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
     :param run: called with the `SuiteContext`; raises `CheckFailed`
-        (or any exception) to fail, `Unsupported` to report "unsupported".
+        (or any exception) to fail, `Unsupported` to report "unsupported",
+        `NotNeeded` when there is nothing to check (counted apart from the score).
         It may return a JSON-compatible dict of details, kept in the report
         (``{"numerics": ...}`` of a comparison, passes included).
     :param stage: the part of the contract it exercises (``preprocess``,

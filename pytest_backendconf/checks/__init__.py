@@ -1,0 +1,42 @@
+"""The check vocabulary: what a conformance check is, what it can decide, and how that decision travels.
+
+Owns the `Check` record and its `Batching`, the categories and the stable id
+(`ROOT_ID`, `id_matches`), the exceptions a check raises (`CheckFailed`,
+`Unsupported`, `NotNeeded`) and its verdict, `CheckOutcome`, with its one
+pair of serializers (`outcome_to_json`, `outcome_from_json`). The categories
+(``conformance``), the pytest side (``suite``), the backend host and the
+report all speak it; it sits below them all.
+
+May import: the standard library only. Never torch, never pytest (the
+device side and ``backendconf report`` read outcomes without either).
+"""
+
+from ._check import CATEGORIES, LOWERING_STAGES, ROOT_ID, Batching, Check, CheckFailed, Unsupported, fail, id_matches
+from ._outcome import (
+    CHECK_OUTCOMES,
+    CheckOutcome,
+    NotNeeded,
+    Outcome,
+    outcome_from_json,
+    outcome_to_json,
+    reason_text,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "CHECK_OUTCOMES",
+    "LOWERING_STAGES",
+    "ROOT_ID",
+    "Batching",
+    "Check",
+    "CheckFailed",
+    "CheckOutcome",
+    "NotNeeded",
+    "Outcome",
+    "Unsupported",
+    "fail",
+    "id_matches",
+    "outcome_from_json",
+    "outcome_to_json",
+    "reason_text",
+]

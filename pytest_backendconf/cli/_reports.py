@@ -1,0 +1,173 @@
+"""``backendconf report merge|html|ops|known-failures``: work with --backendconf-report files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import BackendConfError
+from ..report import printable
+from ._options import file_errors, usage
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser("report", help="work with --backendconf-report files (merge, html)")
+    actions = report.add_subparsers(title="report commands", metavar="ACTION")
+    report.set_defaults(run=lambda args: usage(report))
+    merge = actions.add_parser(
+        "merge",
+        help="merge the reports of several environments into one matrix and list the flips",
+        description="Merge --backendconf-report files (one per environment of a tox or CI "
+        "matrix) into one matrix of backend x torch version x category (passed/total and "
+        "score), and list every check that passed in one environment and failed in another.",
+    )
+    merge.add_argument(
+        "reports",
+        metavar="REPORT",
+        nargs="+",
+        help="a JSON file written by --backendconf-report, or a directory: its *.json files",
+    )
+    merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
+    merge.add_argument(
+        "--fail-on-flips",
+        action="store_true",
+        help="exit with status 1 when a check passed in one environment and failed in another",
+    )
+    merge.set_defaults(run=_report_merge)
+    page = actions.add_parser(
+        "html",
+        help="build the HTML page of one report, or of several side by side with their flips",
+        description="Build the self-contained HTML page of --backendconf-report files (the page "
+        "--backendconf-html writes). Several reports (a tox matrix, several devices) are shown side "
+        "by side, with the checks that flip between them highlighted, then each in full.",
+    )
+    page.add_argument(
+        "reports",
+        metavar="REPORT",
+        nargs="+",
+        help="a JSON file written by --backendconf-report, or a directory: its *.json files",
+    )
+    page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
+    page.add_argument("--title", metavar="TEXT", help="the page's title (default: the backends' names)")
+    page.set_defaults(run=_report_html)
+    ops = actions.add_parser(
+        "ops",
+        help="the operator x dtype matrix of a report's ops checks, or a Capabilities declaration",
+        description="Print the ops category's operator x dtype matrix from a --backendconf-report file; "
+        "with --capabilities, a ready-to-paste Capabilities(supported_ops=...) of the overloads that passed.",
+    )
+    ops.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    ops.add_argument(
+        "--capabilities", action="store_true", help="print Capabilities(supported_ops=...) instead of the matrix"
+    )
+    ops.set_defaults(run=_report_ops)
+    known = actions.add_parser(
+        "known-failures",
+        help="write a known-failures file from a report, as --backendconf-write-known-failures does",
+        description="Write the known-failures file of a --backendconf-report file without running the suite "
+        "again: every failing check, with the first line of its failure as the reason; the entries of the "
+        "known-failures file the run applied, and of an existing -o file, kept where they still hold.",
+    )
+    known.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    known.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
+    )
+    known.set_defaults(run=_report_known_failures)
+
+
+@file_errors
+def _report_known_failures(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..archive import write_atomic
+    from ..report import known_failures_from_report
+
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"-o {args.output!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    text, entries, previous = known_failures_from_report(args.report, args.output)
+    try:
+        write_atomic(target, text)
+    except OSError as exc:
+        raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
+    before, after = {e.pattern for e in previous}, {e.pattern for e in entries}
+    print(
+        f"backendconf: wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {printable(args.output)} "
+        f"({len(after - before)} added, {len(before - after)} removed)"
+    )
+    return 0
+
+
+@file_errors
+def _report_ops(args: argparse.Namespace) -> int:
+    from ..report import capabilities_text, matrix_text, read_matrix
+
+    matrix = read_matrix(args.report)
+    print(printable(capabilities_text(matrix) if args.capabilities else matrix_text(matrix), keep_newlines=True))
+    return 0
+
+
+@file_errors
+def _report_merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..archive import write_atomic
+    from ..report import format_markdown, format_text, merge, read_report, report_files
+    from ..errors import BackendConfError
+
+    merged = merge([read_report(path) for path in report_files(args.reports)])
+    if args.markdown is not None:
+        target = Path(args.markdown)
+        if target.is_dir() or not target.parent.is_dir():
+            raise BackendConfError(
+                f"--markdown {args.markdown!r}: "
+                + (
+                    "that is a directory; give a file name in it"
+                    if target.is_dir()
+                    else f"the directory {str(target.parent)!r} does not exist; create it first"
+                )
+            )
+        try:
+            write_atomic(target, format_markdown(merged))
+        except OSError as exc:
+            raise BackendConfError(f"cannot write --markdown {args.markdown!r}: {exc.strerror or exc}") from None
+    sys.stdout.write(format_text(merged, shown=printable))
+    if args.markdown is not None:
+        print(f"backendconf: markdown written to {args.markdown}")
+    return 1 if args.fail_on_flips and merged.flips else 0
+
+
+def _report_html(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..archive import write_atomic
+    from ..report import render
+    from ..report import read_documents
+    from ..errors import BackendConfError
+
+    documents, labels = read_documents(args.reports)
+    target = Path(args.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"--output {args.output!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    try:
+        write_atomic(target, render(documents, labels if len(documents) > 1 else None, title=args.title))
+    except OSError as exc:
+        raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
+    print(
+        f"backendconf: HTML report of {len(documents)} report{'s' if len(documents) != 1 else ''} written to {args.output}"
+    )
+    return 0

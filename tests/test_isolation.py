@@ -346,10 +346,8 @@ def test_a_crash_blocks_a_model_only_when_it_repeats_the_same_way():
     # The same signal in the same backend call a second time: deterministic.
     memory.ended(model, "reliability::memory_stays_flat[small_cnn]", _child.Ended(returncode=-11, stderr=""), execute)
     failure = memory.blocked(model, runs_backend=True)
-    assert failure is not None and failure["error"]["type"] == NOT_RUN_AGAIN
-    assert (
-        "took down its process the same way twice (it was killed by signal 11 (SIGSEGV); also in " in failure["message"]
-    )
+    assert failure is not None and failure.error is not None and failure.error["type"] == NOT_RUN_AGAIN
+    assert "took down its process the same way twice (it was killed by signal 11 (SIGSEGV); also in " in failure.message
     # It crashed in execute: a check that only lowers the model still runs; another model runs.
     assert memory.blocked(model, runs_backend=False) is None
     assert memory.blocked(("model", "small_cnn", "float16"), runs_backend=True) is None
@@ -376,8 +374,8 @@ def test_a_hang_in_one_pytest_process_is_known_to_the_others_of_the_run(tmp_path
     )
     assert other.hung  # the other worker's next check gets the shorter timeout
     failure = other.blocked(model, runs_backend=True)
-    assert failure is not None and failure["error"]["type"] == NOT_RUN_AGAIN
-    assert "in ops::aten.tanh.default[float32], during execute() of method 'forward'" in failure["message"]
+    assert failure is not None and failure.error is not None and failure.error["type"] == NOT_RUN_AGAIN
+    assert "in ops::aten.tanh.default[float32], during execute() of method 'forward'" in failure.message
     assert other.blocked(("operator", "aten.sin.default", "float32"), runs_backend=True) is None
     # A damaged or foreign file in the folder is ignored, never trusted.
     (shared / "junk.json").write_text('{"model": 3}')

@@ -32,10 +32,10 @@ from pytest_backendconf.errors import (
     UnsupportedNodeError,
 )
 
-from ._extra_process import session
+from .extra_process import session
 from ._session_work import Lowering, Scenario, offer_at_hand
 from ._spec import section
-from ._stand_in import StandIn
+from .extra_process import StandIn
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

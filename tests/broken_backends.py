@@ -91,7 +91,7 @@ class PreprocessReturnsStr(ReferenceBackend):
         return super().preprocess(program, compile_spec, debug_handles).hex()
 
 
-# --- symbolication (conformance/symbolication.py) ----------------------------------
+# --- symbolication (conformance/symbolication/) ----------------------------------
 
 
 class AcceptsEverything(ReferenceBackend):

@@ -9,7 +9,7 @@ import torch
 from backendconf_reference import ReferenceBackend
 
 import pytest_backendconf as bc
-from pytest_backendconf.conformance.backend_versions import FUTURE_VERSION, with_backend_version
+from pytest_backendconf.conformance.serialization.backend_versions import FUTURE_VERSION, with_backend_version
 from pytest_backendconf.errors import ArchiveError, ArchiveVersionError, BackendContractError, BackendVersionError
 from pytest_backendconf.lowering import _saving
 

@@ -16,7 +16,7 @@ import torch
 import pytest_backendconf as bc
 from pytest_backendconf.archive import _archive
 from pytest_backendconf.lowering import _saving
-from pytest_backendconf.conformance.debug_apart import leaks, secrets
+from pytest_backendconf.conformance.symbolication.debug_apart import leaks, secrets
 from pytest_backendconf.errors import ArchiveError, DebugSidecarError
 
 from lowering_models import N

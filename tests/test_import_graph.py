@@ -263,26 +263,6 @@ def test_the_cycle_finder_finds_cycles() -> None:
 #: Each engine's backend package (backends/*/backendconf_*): a room of its own, held to the same rule.
 BACKENDS = {folder.name: folder for folder in sorted(ROOT.glob("backends/*/backendconf_*")) if folder.is_dir()}
 
-#: Reach-ins that wait for a step of the same issue which owns the importing files: ``cli/`` is being
-#: split by command family, and that split imports these through the public names listed. Each entry
-#: must still exist (the test below says when to delete it); nothing may be added.
-AWAITING_CLI_SPLIT = {
-    # conformance's ops family (build_program, op_call_class, InvalidIndices, long_samples, the
-    # discovery module) gets its public names when conformance/ becomes sub-packages.
-    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._ops_program"),
-    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._ties"),
-    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.conformance._ops_discovery"),
-    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.conformance._long_samples"),
-    # Public already: pytest_backendconf.conformance.load_zoo / section, pytest_backendconf.suite.FIXED.
-    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._zoo_loader"),
-    ("pytest_backendconf.cli._rerun", "pytest_backendconf.conformance._spec"),
-    ("pytest_backendconf.cli._rerun_file", "pytest_backendconf.suite._context"),
-    # `python -m pytest_backendconf.rerun` runs the rerun command's main: cli/ exports it after the split.
-    ("pytest_backendconf.rerun", "pytest_backendconf.cli._rerun"),
-    ("pytest_backendconf.rerun.__main__", "pytest_backendconf.cli._rerun"),
-}
-
-
 def checked_modules() -> dict[str, tuple[Path, bool]]:
     """Every module the reach-in rule covers -> (its file, whether it is a package's ``__init__``).
 
@@ -353,13 +333,9 @@ def reach_ins(imports: dict[str, set[str]], packages: set[str]) -> list[str]:
             # pytest_backendconf.conformance is installed inside pytest_backendconf but is a room of its own.
             if package == "pytest_backendconf" and module.startswith("pytest_backendconf.conformance"):
                 inside = name.split(".")[1] == "_compat"  # every private torch name lives there, for every room
-            if not inside and (module, ".".join(name.split(".")[: _first_private(name) + 1])) not in AWAITING_CLI_SPLIT:
+            if not inside:
                 found.append(f"{module} -> {name}")
     return found
-
-
-def _first_private(name: str) -> int:
-    return next(i for i, part in enumerate(name.split(".")) if _private(part))
 
 
 def private_imports() -> tuple[dict[str, set[str]], set[str]]:
@@ -380,18 +356,6 @@ def test_no_package_imports_another_packages_private_modules() -> None:
         "from the owning package's __init__ (with __all__) and import it from there (docs/design-notes.md, "
         '"Public names across rooms").'
     )
-
-
-def test_every_awaited_reach_in_still_exists() -> None:
-    # The list above only shrinks: an entry whose import is gone is deleted, not kept as a loophole.
-    imports, _ = private_imports()
-    reached = {
-        (module, ".".join(name.split(".")[: _first_private(name) + 1]))
-        for module, names in imports.items()
-        for name in names
-    }
-    gone = sorted(AWAITING_CLI_SPLIT - reached)
-    assert not gone, f"delete these from AWAITING_CLI_SPLIT, they no longer import a private module: {gone}"
 
 
 def test_the_reach_in_check_finds_a_reach_in() -> None:
@@ -456,3 +420,21 @@ def test_the_benchmarks_have_no_import_cycle() -> None:
     assert {"run", "bench_peers", "bench_timing"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between the benchmark scripts: " + " -> ".join(cycle)
+
+
+def test_every_package_folder_is_installed() -> None:
+    # A sub-package missing from pyproject's list works in an editable install and is absent from a wheel.
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    folders = {
+        name for name, path in package_modules().items() if path.name == "__init__.py" and "tests" not in path.parts
+    }
+    assert folders == listed, f"pyproject.toml's packages differ from the package folders: {sorted(folders ^ listed)}"
+
+
+def test_conformance_keeps_its_families_in_sub_packages() -> None:
+    # A family of modules (ops, torchscript, serialization, ...) is a sub-package, not a name prefix.
+    flat = sorted(path.name for path in (ROOT / "conformance").glob("*.py"))
+    assert len(flat) <= 16, f"conformance/ has {len(flat)} flat modules: {flat}"
+    assert not [name for name in flat if name.startswith(("_ops_", "_ts_"))], flat

@@ -16,9 +16,9 @@ import pathlib
 import pytest
 import torch
 
-from pytest_backendconf.conformance import _ops_discovery as discovery
-from pytest_backendconf.conformance._long_samples import long_samples
-from pytest_backendconf.conformance._ties import InvalidIndices, settle_ties
+from pytest_backendconf.conformance.ops import discovery
+from pytest_backendconf.conformance.ops import long_samples
+from pytest_backendconf.conformance.ops import InvalidIndices, settle_ties
 from pytest_backendconf.numerics import Tolerance, compare_outputs, summary_json
 
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())

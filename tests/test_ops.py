@@ -23,9 +23,9 @@ from pytest_backendconf.report._failure_groups import group_failures, template
 from pytest_backendconf.numerics._numerics import Tolerance, compare_outputs, resolve_tolerance, ulp_distance
 from pytest_backendconf.report._ops import capabilities_text, ops_matrix, parse_id, summary_line
 from pytest_backendconf.archive._tensorfile import TensorFileError, read_tensors, write_tensors
-from pytest_backendconf.conformance import _ops_discovery as discovery
+from pytest_backendconf.conformance.ops import discovery
 from pytest_backendconf.conformance import ops as ops_category
-from pytest_backendconf.conformance._ops_program import OpCall, build_program
+from pytest_backendconf.conformance.ops import OpCall, build_program
 
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())
 needs_data = pytest.mark.skipif(SHIPPED is None, reason=f"no ops data shipped for torch {torch.__version__}")

@@ -24,7 +24,7 @@ assert torchao_missing() is None
 reference_quantizer(SCHEMES[0])
 import broken_backends_quantized  # noqa: E402, F401
 
-from pytest_backendconf.conformance import _ops_quantized  # noqa: E402
+from pytest_backendconf.conformance.ops import _quantized as _ops_quantized  # noqa: E402
 from pytest_backendconf.checks import CheckFailed  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -550,7 +550,7 @@ def test_model_zoo_covers_every_op():
     # category's shipped data (of any torch release), which `-m ops` runs one by one
     # (tests/test_reference_ops.py checks that run against the declared ops).
     used = set().union(*(opcodes_of(compiled(case.name).blob) for case in CASES))
-    from pytest_backendconf.conformance import _ops_discovery as discovery
+    from pytest_backendconf.conformance.ops import discovery
 
     in_data = {
         sample["overload"]

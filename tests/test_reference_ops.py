@@ -22,7 +22,7 @@ from torch import nn
 
 import pytest_backendconf as bc
 from backendconf_reference import ReferenceBackend, bytecode, ops
-from pytest_backendconf.conformance import _ops_discovery as discovery
+from pytest_backendconf.conformance.ops import discovery
 
 DATA = pathlib.Path(__file__).parent / "data"
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())
@@ -76,7 +76,7 @@ def test_an_ops_run_passes_every_declared_overload_in_every_dtype(pytester):
     }
     assert SHIPPED is not None
     # The quantize/dequantize overloads' own samples (int8, uint8) pass too; they are the suite's, not OpInfo's.
-    from pytest_backendconf.conformance import _ops_quantized
+    from pytest_backendconf.conformance.ops import _quantized as _ops_quantized
 
     qdq = {(s.overload, s.dtype) for s in _ops_quantized.qdq_samples()}
     assert qdq <= passed

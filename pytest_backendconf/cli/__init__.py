@@ -6,5 +6,6 @@ May import: every layer; nothing in the package imports it.
 """
 
 from ._main import main
+from ._rerun import main as rerun_main
 
-__all__ = ["main"]
+__all__ = ["main", "rerun_main"]

@@ -91,8 +91,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
 
     from ..suite import SuiteContext
     from ..numerics import compare_outputs
-    from ..conformance._zoo_loader import load_zoo
-    from ..conformance._spec import section
+    from ..conformance import load_zoo, section
     from ..conformance.parity import tolerance_for, truth_for
     from ._rerun_file import checked_parity
 
@@ -130,9 +129,7 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
     from ..lowering import lower_programs
     from ..numerics import StructureMismatch
     from ..capabilities import capabilities_of
-    from ..conformance._ops_program import build_program, op_call_class
-    from ..conformance._ties import InvalidIndices
-    from ..conformance.ops import WritesInPlace, judge
+    from ..conformance.ops import InvalidIndices, WritesInPlace, build_program, judge, op_call_class
 
     from ._rerun_file import RerunFileError, check_output_sizes
 

@@ -58,7 +58,7 @@ def _depth(value: Any, limit: int) -> int:
 def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
     """The `OpSample` of an ops rerun file, every field checked (`RerunFileError` otherwise)."""
     from .. import _compat
-    from ..conformance import _ops_discovery as discovery
+    from ..conformance.ops import discovery
     from ..errors import OperatorRefusedError
 
     where = f"{path}: metadata field 'sample'"
@@ -135,10 +135,10 @@ def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
 
 def _check_against_recorded(path: Any, sample: Any) -> None:
     """The sample must be the one the ops data records (same call, same input shapes), where that data is here."""
-    from ..conformance import _ops_discovery as discovery
+    from ..conformance.ops import discovery
 
     if sample.kind == "long":
-        from ..conformance._long_samples import long_samples
+        from ..conformance.ops import long_samples
 
         data: Any = discovery.OpsData("", long_samples())
         source = "the suite's long-reduction samples"
@@ -226,7 +226,7 @@ def checked_parity(path: Any, metadata: dict, tensors: dict, ctx: Any) -> tuple[
 def _expected_tensors(case: Any, dtype: str, method: str, sizes: dict | None) -> list[tuple[str, tuple]]:
     """``(dtype name, shape)`` of each tensor the method's example has, computed without making any."""
     from ..cases import TensorInput
-    from ..suite._context import FIXED
+    from ..suite import FIXED
 
     from .. import _compat
 

@@ -1,5 +1,5 @@
 """``python -m pytest_backendconf.rerun FILE``."""
 
-from ..cli._rerun import main
+from ..cli import rerun_main as main
 
 raise SystemExit(main())

@@ -43,7 +43,7 @@ assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here 
 def generate_checks(ctx: SuiteContext) -> list[Check]:
     """Every check of every category for the context's backend, in a stable order.
 
-    A `TorchScriptBackend` gets the suite's TorchScript form (``conformance/torchscript.py``).
+    A `TorchScriptBackend` gets the suite's TorchScript form (``conformance/torchscript/``).
     """
     if isinstance(ctx.backend, TorchScriptBackend):
         from ..conformance import torchscript

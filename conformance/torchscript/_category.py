@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pytest
 import torch
 
-from ..checks import Check, CheckFailed
-from ..torchscript import LITE_DEBUG_INFO_MISSING, TORCHSCRIPT_UNAVAILABLE, backend_is_available, lite_round_trip
-from ..torchscript import lower
-from . import _ts_session as ts
-from ._ts_probe_models import probe_model
-from ._ts_reliability import reliability_checks
-from ._ts_serialization import serialization_checks
+from ...checks import Check, CheckFailed
+from ...torchscript import LITE_DEBUG_INFO_MISSING, TORCHSCRIPT_UNAVAILABLE, backend_is_available, lite_round_trip
+from ...torchscript import lower
+from . import _session as ts
+from ._probe_models import probe_model
+from ._reliability import reliability_checks
+from ._serialization import serialization_checks
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

@@ -4,7 +4,7 @@ Categories hand it their work (`_session_work` has the records: a `Scenario`
 to load and call on the target, a `Lowering` to redo in a fresh process),
 place it with `session(ctx, category).place` and read each item's result with
 `session(ctx, category).result`. What runs inside the process is
-`_extra_process_handler`; the child-process protocol is
+`handler`; the child-process protocol is
 `pytest_backendconf.target._child`.
 
 Each extra process costs a torch import, and the fresh lowering a torch
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_backendconf.target import blocked_modules, tail_text
 
-from ._session_work import Lowering, Scenario, items_at_hand
-from ._spec import section
+from .._session_work import Lowering, Scenario, items_at_hand
+from .._spec import section
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
@@ -80,7 +80,7 @@ class ExtraProcess:
         self._batches: list[list[str]] = [list(self.keys)]
         # A fresh lowering must not depend on the hash seed: a pinned one gets another one there.
         self._child = ChildProcess(
-            "pytest_backendconf.conformance._extra_process_handler:ExtraProcessHandler",
+            "pytest_backendconf.conformance.extra_process.handler:ExtraProcessHandler",
             {"backend": ctx.name, "backend_version": ctx.registered.source.version, "workdir": self.workdir},
             blocked=self.blocked,
             startup_timeout=timeout,

@@ -15,8 +15,8 @@ from pytest_backendconf import lowering as _lowering
 from pytest_backendconf.registry import BackendRegistry, Source, active_registry, lookup_backend, set_active_registry
 from pytest_backendconf.target import call_on_target, load_on_target, prepare_target
 
-from ._session_work import FreshLowerer
-from ._stand_in import StandIn
+from .._session_work import FreshLowerer
+from .stand_in import StandIn
 
 
 class ExtraProcessHandler:

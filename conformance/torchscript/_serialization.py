@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from .. import _compat
-from ..checks import Check, CheckFailed, Unsupported
-from ..target import pack_value, unpack_value
-from ..torchscript import lite_round_trip, run_torchscript_target, save_load
-from . import _ts_session as ts
+from ... import _compat
+from ...checks import Check, CheckFailed, Unsupported
+from ...target import pack_value, unpack_value
+from ...torchscript import lite_round_trip, run_torchscript_target, save_load
+from . import _session as ts
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

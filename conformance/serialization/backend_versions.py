@@ -23,8 +23,8 @@ from pytest_backendconf.checks import Check, fail
 from pytest_backendconf.archive import declared_version
 from pytest_backendconf.errors import ArchiveVersionError
 
-from ._session_work import same_outputs
-from ._spec import section
+from .._session_work import same_outputs
+from .._spec import section
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

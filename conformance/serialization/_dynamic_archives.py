@@ -17,9 +17,9 @@ import pytest_backendconf as bc
 from pytest_backendconf import lowering as _lowering
 from pytest_backendconf.checks import Check, CheckFailed, fail
 
-from ._extra_process import session
+from ..extra_process import session
 from ._saved_archives import SavedLowerings, serialization_check, target_scenario
-from ._session_work import Scenario
+from .._session_work import Scenario
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
@@ -40,7 +40,7 @@ class _Saved:
     """One case's dynamic lowering, its archive, the calls at each shape and the outputs."""
 
     def __init__(self, ctx: SuiteContext, case: str, dtype: str) -> None:
-        from .parity import lowered_or_unsupported
+        from ..parity import lowered_or_unsupported
 
         self.lowered = lowered_or_unsupported(ctx, case, dtype, dynamic=True)
         self.data = _lowering.to_bytes(self.lowered)
@@ -94,7 +94,7 @@ def _saved(ctx: SuiteContext, case: str, dtype: str) -> _Saved:
 
 
 def _compare(case: str, dtype: str, method: str, where: str, got: list, want: list, *, rtol=0.0, atol=0.0) -> None:
-    from ._session_work import same_outputs as _same
+    from .._session_work import same_outputs as _same
 
     for shape, actual, expected in zip(SHAPES, got, want):
         problem = _same(actual, expected, rtol=rtol, atol=atol)
@@ -150,7 +150,7 @@ def _scenario(ctx: SuiteContext, case: str, dtype: str) -> Scenario:
 
 
 def check_dynamic_target_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
-    from .parity import tolerance
+    from ..parity import tolerance
 
     saved = _saved(ctx, case, dtype)
     runs = session(ctx, "serialization")

@@ -37,7 +37,7 @@ from pytest_backendconf.lowering import export_method, run_preprocess
 from pytest_backendconf.backend import FAULT_KEY
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported, fail
 
-from ._spec import section
+from .._spec import section
 
 HERE = " <--- HERE"
 
@@ -144,7 +144,7 @@ def _probe_dtype(ctx: SuiteContext) -> torch.dtype:
 @functools.cache
 def _probe_program(model: str, dtype: torch.dtype, shape: tuple) -> tuple[torch.nn.Module, Any, torch.Tensor]:
     """The probe model, its exported forward, and an input (one export per session)."""
-    from . import _probe_models
+    from .. import _probe_models
 
     module = getattr(_probe_models, model)().eval().to(dtype)
     x = torch.rand(shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
@@ -152,7 +152,7 @@ def _probe_program(model: str, dtype: torch.dtype, shape: tuple) -> tuple[torch.
 
 
 def check_rejection(ctx: SuiteContext, *, entry: dict) -> None:
-    from . import _probe_models
+    from .. import _probe_models
 
     dtype = _probe_dtype(ctx)
     module, program, x = _probe_program(entry["model"], dtype, tuple(entry["input_shape"]))

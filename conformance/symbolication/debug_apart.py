@@ -27,7 +27,7 @@ from pytest_backendconf.checks import Check, Unsupported, fail
 from pytest_backendconf.debuginfo import SymbolTable
 from pytest_backendconf.errors import UnsupportedNodeError
 
-from ._spec import section
+from .._spec import section
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

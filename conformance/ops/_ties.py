@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._ops_discovery import OpSample, decode_arg, decode_arg_dict
+from .discovery import OpSample, decode_arg, decode_arg_dict
 
 
 @dataclasses.dataclass(frozen=True)

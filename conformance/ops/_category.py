@@ -28,10 +28,10 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import _compat
-from ..suite import SuiteContext
-from ..lowering import lower_programs
-from ..numerics import (
+from ... import _compat
+from ...suite import SuiteContext
+from ...lowering import lower_programs
+from ...numerics import (
     Closeness,
     StructureMismatch,
     Tolerance,
@@ -41,20 +41,20 @@ from ..numerics import (
     summary_json,
     worst,
 )
-from ..checks import Batching, Check, CheckFailed, CheckOutcome, Unsupported, outcome_to_json
-from ..archive import write_tensors
-from ..errors import UnsupportedNodeError
-from . import _ops_discovery as discovery
+from ...checks import Batching, Check, CheckFailed, CheckOutcome, Unsupported, outcome_to_json
+from ...archive import write_tensors
+from ...errors import UnsupportedNodeError
+from . import discovery
 from ._long_samples import long_samples
-from ._ops_program import OpCall, build_batch_program, build_program, op_call_class
-from ._spec import section
+from ._program import OpCall, build_batch_program, build_program, op_call_class
+from .._spec import section
 from ._ties import InvalidIndices, settle_ties
 
 LOW_PRECISION = ("float16", "bfloat16")
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
-    from . import _ops_quantized
+    from . import _quantized as _ops_quantized
 
     yield from _opinfo_checks(ctx)
     # The quantize/dequantize overloads and single-op quantized programs: the suite's own samples.
@@ -483,7 +483,7 @@ def rerun_command(ctx: SuiteContext, path: Path) -> str:
 
 def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
     """Lower ``checks`` (ops checks of one dtype, distinct op names) as one program; see the section text."""
-    from ..suite import run_check
+    from ...suite import run_check
 
     data = ops_data(ctx)
     assert data is not None

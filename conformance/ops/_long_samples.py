@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ._ops_discovery import OpSample
-from ._spec import section
+from .discovery import OpSample
+from .._spec import section
 
 #: The dtypes the long samples are made in (float32 accumulates well enough on every engine).
 LONG_DTYPES = ("float16", "bfloat16")

@@ -41,16 +41,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import _compat
-from ..errors import UnsupportedNodeError
-from ..lowering import export_method, lower_programs
-from ..numerics import StructureMismatch, compare_outputs, summary_json
-from ..quant import QuantizedRule, judge_quantized, output_steps
-from ..checks import Check, CheckFailed, Unsupported
-from ..suite import SuiteContext
-from ._ops_discovery import OpSample, decode_arg, resolve_overload
-from ._ops_program import build_program, op_call_class
-from ._spec import section
+from ... import _compat
+from ...errors import UnsupportedNodeError
+from ...lowering import export_method, lower_programs
+from ...numerics import StructureMismatch, compare_outputs, summary_json
+from ...quant import QuantizedRule, judge_quantized, output_steps
+from ...checks import Check, CheckFailed, Unsupported
+from ...suite import SuiteContext
+from .discovery import OpSample, decode_arg, resolve_overload
+from ._program import build_program, op_call_class
+from .._spec import section
 
 #: The integer dtypes of the Q/DQ samples (int8: every PT2E int8 scheme; uint8: asymmetric activations).
 INTEGER_DTYPES = ("int8", "uint8")
@@ -244,7 +244,7 @@ def _call_args(sample: OpSample) -> list[Any]:
 
 
 def _float32_tolerance(ctx: SuiteContext, overload: str) -> Any:
-    from ..numerics import resolve_tolerance
+    from ...numerics import resolve_tolerance
 
     return resolve_tolerance(
         torch.float32, [overload], ctx.capabilities.tolerances, section("ops").get("tolerances", {})

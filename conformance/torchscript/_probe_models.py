@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._probe_models import register_probe_op
+from .._probe_models import register_probe_op
 
 
 class TsMystery(nn.Module):

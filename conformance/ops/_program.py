@@ -29,7 +29,7 @@ from torch.export.graph_signature import (
 
 from pytest_backendconf import _compat
 
-from ._ops_discovery import OpSample, decode_arg, decode_arg_dict, resolve_overload
+from .discovery import OpSample, decode_arg, decode_arg_dict, resolve_overload
 
 
 class OpCall(torch.nn.Module):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from pytest_backendconf.checks import Check
 
-from ._session_work import Scenario, archive_directory
+from .._session_work import Scenario, archive_directory
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

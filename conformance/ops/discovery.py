@@ -9,7 +9,7 @@ replaced by input references) and the input tensors.
 
 Importing ``op_db`` and exporting thousands of calls takes minutes, so the
 result is data: ``conformance/ops_data/`` ships it for the torch versions the
-project tests, ``python -m pytest_backendconf.conformance._ops_discovery``
+project tests, ``python -m pytest_backendconf.conformance.ops.discovery``
 regenerates it, and the suite falls back to discovering once per torch
 version (into a user cache) when the installed torch has no data file.
 """
@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import _compat
-from .. import allowlist as _allowlist
-from ..archive import read_tensors, write_tensors
+from ... import _compat
+from ... import allowlist as _allowlist
+from ...archive import read_tensors, write_tensors
 
 #: Dtypes discovery looks at; the suite tests those the backend declares (or all of them).
 DISCOVERY_DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
@@ -42,7 +42,7 @@ DEFAULT_SAMPLES = 2
 DEFAULT_TRIES = 8
 FORMAT = "backendconf-ops-data"
 FORMAT_VERSION = 1
-DATA_DIR = Path(__file__).resolve().parent / "ops_data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "ops_data"
 
 
 @dataclasses.dataclass

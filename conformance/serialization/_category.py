@@ -22,11 +22,11 @@ from pytest_backendconf._compat import tree_map
 from pytest_backendconf.checks import Check, Unsupported, fail
 from pytest_backendconf.errors import UnsupportedNodeError
 
-from ._spec import section
-from ._session_work import Lowering, Scenario, offer_at_hand
+from .._spec import section
+from .._session_work import Lowering, Scenario, offer_at_hand
 from ._saved_archives import SavedLowerings, serialization_check, target_scenario
-from ._session_work import same_outputs as _same
-from ._extra_process import session
+from .._session_work import same_outputs as _same
+from ..extra_process import session
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
@@ -48,7 +48,8 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     for name, dtype in cases:
         if name in spec["deterministic_cases"]:
             yield serialization_check(check_deterministic_lowering, name, dtype, "preprocess")
-    from . import _dynamic_archives, backend_versions
+    from . import _dynamic_archives
+    from . import backend_versions
 
     yield from _dynamic_archives.checks(ctx)
     yield from backend_versions.checks(ctx, _saved, call_fresh)
@@ -331,7 +332,7 @@ def _lowerings(ctx: SuiteContext, *, also: str | None = None) -> list[Lowering]:
 
 
 def check_target_round_trip(ctx: SuiteContext, *, case: str, dtype: str) -> None:
-    from .parity import tolerance
+    from ..parity import tolerance
 
     saved = _saved(ctx, case, dtype)
     runs = session(ctx, "serialization")

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 import torch
 
-from .. import _compat
-from ..backend import TorchScriptBackend
-from ..checks import CheckFailed, Unsupported
-from ..torchscript import Scripted, backend_is_available, load_library, lower, script_case
-from ._spec import section
+from ... import _compat
+from ...backend import TorchScriptBackend
+from ...checks import CheckFailed, Unsupported
+from ...torchscript import Scripted, backend_is_available, load_library, lower, script_case
+from .._spec import section
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
@@ -161,7 +161,7 @@ def source_line(path: str, expression: str) -> tuple[int, str]:
 
 
 def probe_file() -> str:
-    from . import _ts_probe_models
+    from . import _probe_models as _ts_probe_models
 
     return os.path.abspath(_ts_probe_models.__file__)
 

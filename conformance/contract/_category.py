@@ -17,8 +17,8 @@ from pytest_backendconf.debuginfo import DebugHandleRecorder
 from pytest_backendconf.lowering import user_outputs
 from pytest_backendconf.checks import Check, Unsupported, fail
 
-from . import profiling
-from ._spec import section
+from . import _profiling as profiling
+from .._spec import section
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:

@@ -28,7 +28,7 @@ from pytest_backendconf.diagnostics import Call, check_events
 from pytest_backendconf.checks import Check, fail
 from pytest_backendconf.errors import BackendContractError
 
-from ._spec import section
+from .._spec import section
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

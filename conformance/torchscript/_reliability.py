@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Iterator
 import pytest
 import torch
 
-from ..checks import Check, CheckFailed
-from ..torchscript import lower, lower_in_fresh_process
-from . import _ts_session as ts
-from ._ts_probe_models import probe_model
+from ...checks import Check, CheckFailed
+from ...torchscript import lower, lower_in_fresh_process
+from . import _session as ts
+from ._probe_models import probe_model
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext

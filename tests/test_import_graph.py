@@ -263,6 +263,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 #: Each engine's backend package (backends/*/backendconf_*): a room of its own, held to the same rule.
 BACKENDS = {folder.name: folder for folder in sorted(ROOT.glob("backends/*/backendconf_*")) if folder.is_dir()}
 
+
 def checked_modules() -> dict[str, tuple[Path, bool]]:
     """Every module the reach-in rule covers -> (its file, whether it is a package's ``__init__``).
 

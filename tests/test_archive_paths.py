@@ -121,6 +121,16 @@ def test_a_module_replaced_under_the_same_name_is_followed(tmp_path, fresh_modul
     load_as(f"{name}.x", two)  # the same name, now another file: sys.modules' length is unchanged
     assert stored(two) == f"{name}/other.py"
     assert stored(one) == "code.py"
+    load_as(f"{name}.x", one)
+    three = write(tmp_path / "three" / "later.py")
+    after = fresh_modules("after")
+    load_as(f"{after}.y", three)  # imported later: name.x is no longer the last entry
+    assert stored(three) == f"{after}/later.py" and stored(one) == f"{name}/code.py"
+    load_as(f"{name}.x", two)  # replaced in the middle of sys.modules
+    assert stored(one) == "code.py"  # the module found for it is no longer loaded under its name
+    assert stored(two) == f"{name}/other.py"
+    sys.modules[f"{name}.x"] = sys.modules[f"{name}.x"]  # set again in place: nothing changed
+    assert stored(two) == f"{name}/other.py"
 
 
 def test_pseudo_files_and_relative_paths_are_stored_as_they_are():

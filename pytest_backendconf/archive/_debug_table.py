@@ -315,14 +315,15 @@ class _LoadedModules:
                 last = next(reversed(modules))
                 if len(modules) == len(seen) and last == self._last[0] and modules[last] is self._last[1]:
                     return
-                added = []
+                added: list[tuple[str, Any]] = []
                 for name in reversed(modules):  # what was added since is at the end: dicts keep order
                     module = modules[name]
                     if seen.get(name, _MISSING) is module:
                         break
                     added.append((name, module))
-            except (RuntimeError, KeyError, StopIteration):  # changed under us by another thread
-                added = [("", None)]
+            except (RuntimeError, KeyError, StopIteration):  # empty, or changed under us by another thread
+                self._rebuild()
+                return
             if len(modules) != len(seen) + len(added) or any(name in seen for name, _ in added):
                 self._rebuild()  # something was removed or imported again
                 return

@@ -31,6 +31,9 @@ os.environ.setdefault("BACKENDCONF_IN_PROCESS", "1")
 # Their deliberately failing runs test other things than the minimal reproductions, each of which
 # costs a child process: tests/test_minify.py turns it on (--backendconf-minify=on).
 os.environ.setdefault("BACKENDCONF_MINIFY", "off")
+# Their thousands of archives and reports are throwaway: written atomically, not synced to disk
+# (tests/test_archive_fsync.py tests the syncs).
+os.environ.setdefault("BACKENDCONF_FSYNC", "off")
 
 # The project's own property tests read these global profiles
 # (`pytest --hypothesis-profile=thorough`); Hypothesis registers `ci` itself.

@@ -315,7 +315,8 @@ def test_a_killed_save_leaves_a_temporary_file_the_next_save_removes(tmp_path, r
         "os.fsync = lambda fd: (print('writing', flush=True), time.sleep(600))\n"
         f"_files.write_atomic({str(target)!r}, b'x' * 1000)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, "BACKENDCONF_FSYNC": "on"}  # the fsync is where the child is stopped
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     assert child.stdout.readline() == "writing\n"
     leftovers = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     assert len(leftovers) == 1

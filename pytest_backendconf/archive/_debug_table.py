@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import threading
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ._checks import REWRITE as _REWRITE
@@ -262,6 +263,96 @@ def _values_of(document: Any, key: str) -> Iterator[str]:
             stack.extend(item)
 
 
+class _LoadedModules:
+    """The stored path of each loaded module's file, kept in step with ``sys.modules``.
+
+    Mapping a source file to its module used to walk every loaded module on
+    every save: about 2,300 once torch is imported, two path calls each,
+    most of a small archive's save time. This index reads each module once.
+    `sync` sees in O(1) whether ``sys.modules`` changed (its length, and its
+    last entry: a new entry always goes last), reads only the entries added
+    since, and starts over when one was removed or imported again; a lookup
+    checks that the module it found is still loaded under its name. The
+    result is what walking ``sys.modules`` in order gives, the first module
+    of a file winning, with one exception: a module put in place of another
+    under the same name (``sys.modules[name] = other``, nothing else
+    imported or removed) is seen when the other's file is next looked up,
+    not before.
+    """
+
+    def __init__(self) -> None:
+        #: ``{name: module}`` as indexed, in ``sys.modules`` order.
+        self._seen: dict[str, Any] = {}
+        self._last: tuple[Any, Any] = (None, None)
+        #: ``{absolute file: (stored path, module name, module)}``, by first appearance.
+        self._files: dict[str, tuple[str, str, Any]] = {}
+        #: ``{stored path: absolute file}``, the first file stored under that path.
+        self._stored: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    def stored_path(self, file: str) -> str | None:
+        """The stored path of the loaded module whose file is ``file`` (absolute), if any."""
+        with self._lock:
+            found = self._files.get(file)
+            if found is not None and sys.modules.get(found[1]) is not found[2]:
+                self._rebuild()  # replaced under its name since it was indexed
+                found = self._files.get(file)
+            return found[0] if found else None
+
+    def file_of(self, stored: str) -> str | None:
+        """The absolute file of the loaded module stored as ``stored``, if any."""
+        with self._lock:
+            file = self._stored.get(stored)
+            if file is not None and self.stored_path(file) != stored:
+                file = self._stored.get(stored)
+            return file
+
+    def sync(self) -> None:
+        """Bring the index up to date with ``sys.modules``."""
+        with self._lock:
+            modules, seen = sys.modules, self._seen
+            try:
+                last = next(reversed(modules))
+                if len(modules) == len(seen) and last == self._last[0] and modules[last] is self._last[1]:
+                    return
+                added: list[tuple[str, Any]] = []
+                for name in reversed(modules):  # what was added since is at the end: dicts keep order
+                    module = modules[name]
+                    if seen.get(name, _MISSING) is module:
+                        break
+                    added.append((name, module))
+            except (RuntimeError, KeyError, StopIteration):  # empty, or changed under us by another thread
+                self._rebuild()
+                return
+            if len(modules) != len(seen) + len(added) or any(name in seen for name, _ in added):
+                self._rebuild()  # something was removed or imported again
+                return
+            for name, module in reversed(added):
+                self._add(name, module)
+
+    def _rebuild(self) -> None:
+        self._seen, self._files, self._stored = {}, {}, {}
+        for name, module in list(sys.modules.items()):
+            self._add(name, module)
+
+    def _add(self, name: str, module: Any) -> None:
+        self._seen[name] = module
+        self._last = (name, module)
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py") and name != "__main__":
+            absolute = os.path.abspath(file)
+            if absolute not in self._files:
+                parts = name.split(".")
+                base = os.path.basename(file)
+                stored = "/".join(parts + [base] if base == "__init__.py" else parts[:-1] + [base])
+                self._files[absolute] = (stored, name, module)
+                self._stored.setdefault(stored, absolute)
+
+
+_MISSING = object()
+_LOADED = _LoadedModules()
+
+
 class PortablePaths:
     """Source paths as the archive stores them: relative to the import root, as a module path is.
 
@@ -278,7 +369,7 @@ class PortablePaths:
 
     def __init__(self) -> None:
         self._roots: list[str] | None = None
-        self._modules: dict[str, str] | None = None
+        self._synced = False
         self._cache: dict[str, str] = {}
 
     @property
@@ -292,27 +383,19 @@ class PortablePaths:
             self._roots = roots
         return self._roots
 
-    @property
-    def modules(self) -> dict[str, str]:
-        """``{absolute file: stored path}`` of the loaded modules."""
-        if self._modules is None:
-            found: dict[str, str] = {}
-            for name, module in list(sys.modules.items()):
-                file = getattr(module, "__file__", None)
-                if isinstance(file, str) and file.endswith(".py") and name != "__main__":
-                    parts = name.split(".")
-                    base = os.path.basename(file)
-                    stored = "/".join(parts + [base] if base == "__init__.py" else parts[:-1] + [base])
-                    found.setdefault(os.path.abspath(file), stored)
-            self._modules = found
-        return self._modules
+    def _loaded(self) -> _LoadedModules:
+        # sys.modules as at this writer's first use, as a walk of it then would give.
+        if not self._synced:
+            _LOADED.sync()
+            self._synced = True
+        return _LOADED
 
     def relative(self, file: str) -> str:
         found = self._cache.get(file)
         if found is None:
             found = file
             if os.path.isabs(file):
-                found = self.modules.get(file) or self._under_root(file) or os.path.basename(file)
+                found = self._loaded().stored_path(file) or self._under_root(file) or os.path.basename(file)
             self._cache[file] = found
         return found
 
@@ -324,9 +407,9 @@ class PortablePaths:
     def absolute(self, stored: str) -> str:
         if os.path.isabs(stored) or stored.startswith("<") or ".." in stored.split("/"):
             return stored
-        for file, path in self.modules.items():
-            if path == stored:
-                return file
+        found = self._loaded().file_of(stored)
+        if found is not None:
+            return found
         for root in self.roots:
             candidate = os.path.join(root, *stored.split("/"))
             if os.path.isfile(candidate) and self.relative(candidate) == stored:

@@ -5,6 +5,14 @@ A write goes to a temporary file next to the target, named
 written. A process killed mid-write leaves its temporary file behind,
 unlocked; the next write to that folder removes such leftovers, and never
 a file another process is still writing.
+
+The rename alone keeps a reader from ever seeing half a file. What the two
+``fsync`` calls add is durability across a power cut or kernel crash: the
+data is on disk before the rename, and the rename itself is on disk before
+the call returns; without them, a crash soon after a write can leave the
+old file, or on some file systems an empty one. They cost milliseconds a
+file (docs/archive-format.md, "Durability"), which a run writing thousands
+of throwaway files can skip with ``BACKENDCONF_FSYNC=off``.
 """
 
 from __future__ import annotations
@@ -26,9 +34,22 @@ _LEFTOVER = re.compile(r"\..+\.backendconf-[A-Za-z0-9_]+\.tmp\Z")
 _STALE_AFTER_S = 24 * 3600
 #: With flock, a file this young is left alone: its writer may not have locked it yet.
 _YOUNG_S = 10
+#: ``off`` skips the fsyncs of every write that does not choose (``sync=None``); ``on`` is the default.
+SYNC_ENV = "BACKENDCONF_FSYNC"
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool = True) -> None:
+def sync_default() -> bool:
+    """Whether a write syncs when its caller does not say: ``$BACKENDCONF_FSYNC``, ``on`` unless set."""
+    value = os.environ.get(SYNC_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(
+            f"{SYNC_ENV}={value!r}: use 'on' (the default: each file written is synced to disk before "
+            "and after its rename) or 'off' (skip the syncs, for throwaway files; writes stay atomic)"
+        )
+    return value == "on"
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool | None = None) -> None:
     """Replace ``path`` with ``data`` (``str`` is written as UTF-8 with ``\\n`` newlines).
 
     The data goes to a temporary file next to ``path``, is synced, then
@@ -38,7 +59,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool = Tru
 
     :param sync: ``False`` skips both syncs (the rename still never shows a
         half-written file): for many files synced together later (`sync_files`).
+        ``None`` (the default) syncs unless ``BACKENDCONF_FSYNC=off``.
     """
+    if sync is None:
+        sync = sync_default()
     path = os.fspath(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -71,7 +95,12 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool = Tru
 
 
 def sync_files(paths: list[str | os.PathLike], directory: str | os.PathLike) -> None:
-    """Make files written with ``write_atomic(..., sync=False)``, and their renames in ``directory``, durable."""
+    """Make files written with ``write_atomic(..., sync=False)``, and their renames in ``directory``, durable.
+
+    Nothing is synced with ``BACKENDCONF_FSYNC=off``.
+    """
+    if not sync_default():
+        return
     for path in paths:
         with contextlib.suppress(OSError):
             fd = os.open(path, os.O_RDONLY)

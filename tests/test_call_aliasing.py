@@ -108,7 +108,9 @@ def test_an_unannotated_alias_then_a_write_is_refused_at_the_call(archive_entrie
     segment = _segment(_dispatch("bcaliasing.same.default", Reg(0)), _write(1))
     module = bc.load(repack({**archive_entries, "fallback/forward.fallback0.bin": segment}))
     x = torch.full((2, 4), 3.0)
-    with pytest.raises(bc.BackendRuntimeError, match=r"shares memory with input 0 of the block \(the caller's tensor\)"):
+    with pytest.raises(
+        bc.BackendRuntimeError, match=r"shares memory with input 0 of the block \(the caller's tensor\)"
+    ):
         module(x)
     assert torch.equal(x, torch.full((2, 4), 3.0))
 

@@ -101,7 +101,7 @@ def test_the_set_holds_no_view_builder_nor_any_refused_family():
 
 
 def test_the_set_covers_the_op_table_the_ops_data_and_quantized_decomposed():
-    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+    import torch.ao.quantization.fx._decomposed
 
     table = {n for n in ops.BY_NAME if n.split(".")[0] in ("aten", "quantized_decomposed")}
     assert table - allowlist.ALLOWED == allowlist.TABLE_ONLY
@@ -117,7 +117,7 @@ def test_the_set_covers_the_op_table_the_ops_data_and_quantized_decomposed():
 
 
 def test_the_names_a_torch_release_lacks_are_recorded():
-    import torch.ao.quantization.fx._decomposed  # noqa: F401
+    import torch.ao.quantization.fx._decomposed
 
     release = ".".join(torch.__version__.split(".")[:2])
     lacking = sorted(n for n in allowlist.ALLOWED if allowlist.schema_named(n) is None)
@@ -167,9 +167,7 @@ VIEW_BUILDERS = {
     "inductor._alloc_from_pool.default": _dispatch(
         "inductor._alloc_from_pool.default", Reg(0), -64, torch.float32, [1024], [1]
     ),
-    "inductor._reinterpret_tensor.default": _dispatch(
-        "inductor._reinterpret_tensor.default", Reg(0), [1024], [1], -64
-    ),
+    "inductor._reinterpret_tensor.default": _dispatch("inductor._reinterpret_tensor.default", Reg(0), [1024], [1], -64),
     "debugprims.load_tensor.default": _dispatch(
         "debugprims.load_tensor.default", "t", [1024], [1], dtype=torch.float32, device="cpu"
     ),

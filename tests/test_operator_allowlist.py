@@ -187,3 +187,33 @@ def test_a_view_builder_in_a_fallback_segment_is_refused_at_load(partitioned, op
     assert "archive entry 'fallback/forward.fallback0.bin'" in text and "node 'n'" in text
     assert "not in the operator allowlist" in text
     assert ("torch._dynamo" in sys.modules) == dynamo  # nothing was imported on its behalf
+
+
+@pytest.mark.parametrize("command", ["run-target", "profile"])
+def test_the_cli_refuses_such_an_archive_without_dying_by_a_signal(tmp_path, partitioned, command):
+    """What the campaign ended with SIGSEGV (a 4 KiB fill_ past a 1-element tensor) is a refusal now."""
+    program = Program(
+        [],
+        [
+            Block(
+                1,
+                [
+                    VIEW_BUILDERS["aten._reshape_alias.default"],
+                    Instruction(ops.DISPATCH_OPCODE, ["aten.fill_.Scalar", Reg(1), -777.0], {}, 8, "fill"),
+                ],
+                [Reg(2)],
+            )
+        ],
+    )
+    path = tmp_path / "hostile.bcpt"
+    path.write_bytes(repack({**partitioned, "fallback/forward.fallback0.bin": bytecode.encode(program)}))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_backendconf.cli", command, str(path), "--example-inputs"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode > 0, (done.returncode, done.stderr[-2000:])  # an error exit, not a signal
+    assert "operator 'aten._reshape_alias.default'" in done.stderr and "is refused" in done.stderr
+    assert "target: ok" not in done.stdout

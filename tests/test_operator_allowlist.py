@@ -217,3 +217,37 @@ def test_the_cli_refuses_such_an_archive_without_dying_by_a_signal(tmp_path, par
     assert done.returncode > 0, (done.returncode, done.stderr[-2000:])  # an error exit, not a signal
     assert "operator 'aten._reshape_alias.default'" in done.stderr and "is refused" in done.stderr
     assert "target: ok" not in done.stdout
+
+
+# --- admitted operators whose kernels trust their index arguments -------------------------------
+
+
+@pytest.mark.parametrize("route", ["table", "dispatcher"])
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"offsets": torch.tensor([0, 64])}, "offsets must be non-decreasing and within"),
+        ({"lengths": torch.tensor([100000]), "unsafe": True}, "unsafe=True"),
+    ],
+)
+def test_segment_reduce_never_reads_past_its_data(route, kwargs, why):
+    """torch's kernel sums heap words for offsets past the data; the interpreter checks them per call."""
+    from pytest_backendconf.reference import interpreter
+    from pytest_backendconf.reference.bytecode import Const
+
+    tensors = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    names = {k: Const(i) for i, k in enumerate(tensors)}
+    constants = [kwargs[k] for k in tensors]
+    if route == "table":
+        opcode, args = ops.BY_NAME["aten.segment_reduce.default"].opcode, [Reg(0), "sum"]
+    else:
+        opcode, args = ops.DISPATCH_OPCODE, ["aten.segment_reduce.default", Reg(0), "sum"]
+    kw = {k: (v if isinstance(v, bool) else names[k]) for k, v in kwargs.items()}
+    program = Program(constants, [Block(1, [Instruction(opcode, args, kw, 3, "seg")], [Reg(1)])])
+    loaded = interpreter.load(bytecode.encode(program), dispatch=True)
+    with pytest.raises(bc.BackendError, match=why):
+        loaded.run([torch.zeros(4)])
+    # Offsets that stay inside the data run as before.
+    program.constants[0] = torch.tensor([0, 2, 4])
+    if route == "table" and "unsafe" not in kwargs:
+        assert torch.equal(interpreter.load(bytecode.encode(program)).run([torch.ones(4)])[0], torch.tensor([2.0, 2.0]))

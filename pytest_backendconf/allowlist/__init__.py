@@ -9,6 +9,7 @@ file and archive that names one goes through here.
 May import: the public surface only (``_compat`` for torch's private names).
 """
 
+from ._checks import ARGUMENT_CHECKS, argument_check
 from ._operators import ALLOWED, CLOSED_NAMESPACES, RECORDED_RELEASES, TABLE_ONLY, absent_in
 from ._names import (
     DTYPES,
@@ -26,6 +27,8 @@ from ._names import (
 )
 
 __all__ = [
+    "ARGUMENT_CHECKS",
+    "argument_check",
     "ALLOWED",
     "CLOSED_NAMESPACES",
     "RECORDED_RELEASES",

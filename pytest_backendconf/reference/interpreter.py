@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..allowlist import resolve_operator
+from ..allowlist import argument_check, resolve_operator
 from ..errors import BackendError, OperatorRefusedError
 
 from . import bytecode, ops
@@ -186,7 +186,7 @@ def _build_block(
         elif op.kernel is not None:  # no-op asserts are dropped; their register stays None
             args = [_resolve(a, constants, blocks) for a in ins.args]
             kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
-            step = _bind(op.kernel, args, kwargs)
+            step = _bind(_checked(op.kernel, op.name), args, kwargs)
             if written:
                 step = guard_writes(step, written, block.n_inputs, fixed, op.name)
             steps.append((step, block.n_inputs + i))
@@ -280,7 +280,20 @@ def _dispatch_step(
         return _fault_step(ins, None)
     args = [_resolve(a, constants, blocks) for a in ins.args[1:]]
     kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
-    return guard_writes(_bind(kernel, args, kwargs), written, writes.n_inputs, fixed, str(name))
+    return guard_writes(_bind(_checked(kernel, str(name)), args, kwargs), written, writes.n_inputs, fixed, str(name))
+
+
+def _checked(kernel: Callable, name: str) -> Callable:
+    """``kernel``, behind the allowlist's run-time argument check of ``name`` when it has one."""
+    check = argument_check(name)
+    if check is None:
+        return kernel
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return checked
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -90,7 +90,8 @@ def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], Any]) -
         try:
             handles[method] = load(blob)
         except OperatorRefusedError as exc:
-            exc.where = f"method {method!r}, {exc.where}"  # the same error: its kind says what to do
+            # The same error: its kind says what to do. An archive stores the blob as blobs/<method>.bin.
+            exc.where = f"method {method!r} (archive entry 'blobs/{method}.bin'), {exc.where}"
             raise
         except ValueError as exc:
             raise ValueError(f"method {method!r}: {exc}") from exc

@@ -273,13 +273,26 @@ class OperatorNotRegisteredError(BackendConfError, RuntimeError):
     """A partitioned module's CPU fallback calls an operator this process has not registered."""
 
 
-class OperatorRefusedError(BackendConfError, ValueError):
+class LoweringError(BackendConfError, ValueError):
+    """``to_backend`` was given something it cannot lower; the text names the fix."""
+
+
+# --- archives -------------------------------------------------------------------
+
+
+class ArchiveError(BackendConfError):
+    """An archive cannot be read or written; the text names the entry."""
+
+
+class OperatorRefusedError(ArchiveError, ValueError):
     """A file names an operator that is not run: not a registered operator, or one with side effects.
 
     ``operator`` is the name as the file gives it (cut short), ``where`` what named it (a blob, a
     fallback segment, a rerun file, with the node), ``reason`` why it is refused; ``unregistered``
     is true when no operator of that name is registered in this process (a custom op's module not
-    imported yet). The rules: docs/design-notes.md, "Operators named by files".
+    imported yet). An `ArchiveError` (a file named it; ``except ArchiveError`` catches it) and a
+    ``ValueError``. The rules: docs/design-notes.md, "Operators named by files"; the allowlist:
+    pytest_backendconf/allowlist/operators.txt.
     """
 
     def __init__(self, operator: object, where: str, reason: str, *, unregistered: bool = False) -> None:
@@ -292,17 +305,6 @@ class OperatorRefusedError(BackendConfError, ValueError):
 
     def __str__(self) -> str:
         return f"operator {self.operator!r} ({self.where}) is refused: {self.reason}"
-
-
-class LoweringError(BackendConfError, ValueError):
-    """``to_backend`` was given something it cannot lower; the text names the fix."""
-
-
-# --- archives -------------------------------------------------------------------
-
-
-class ArchiveError(BackendConfError):
-    """An archive cannot be read or written; the text names the entry."""
 
 
 class ArchiveFormatError(ArchiveError):

@@ -200,10 +200,12 @@ def test_the_allowlist_accepts_registered_functional_and_in_place_operators():
     assert _allowlist.resolve_operator("aten.add.Tensor", where="t") is torch.ops.aten.add.Tensor
     assert _allowlist.resolve_operator("aten.add_.Tensor", where="t") is torch.ops.aten.add_.Tensor
     for name, why in [
-        ("aten.set_.source_Storage", "rebinds"),
-        ("aten.set_.source_Storage_storage_offset", "rebinds"),
-        ("aten.record_stream.default", "Stream"),
-        ("aten._print.default", "output"),
+        ("aten.set_.source_Storage", "not in the operator allowlist"),
+        ("aten.set_.source_Storage_storage_offset", "not in the operator allowlist"),
+        ("aten.record_stream.default", "not in the operator allowlist"),
+        ("aten._print.default", "not in the operator allowlist"),
+        ("inductor._reinterpret_tensor.default", "not in the operator allowlist"),
+        ("prim.Print.default", "not in the operator allowlist"),
         ("aten.add.__call__", "'__'"),
         ("torch.ops.aten", "no operator schema"),
         ("a.b", "namespace.op.overload"),
@@ -211,6 +213,26 @@ def test_the_allowlist_accepts_registered_functional_and_in_place_operators():
     ]:
         with pytest.raises(bc.OperatorRefusedError, match=why):
             _allowlist.resolve_operator(name, where="t")
+
+
+def test_a_custom_operator_still_passes_the_schema_rules():
+    """Outside torch's namespaces (an operator the process registered itself) the rules still apply."""
+    from partition_models import scale  # noqa: F401  (registers bcpartition::scale)
+
+    assert _allowlist.resolve_operator("bcpartition.scale.default", where="t") is torch.ops.bcpartition.scale.default
+    for schema, why in [
+        ("set_thing(Tensor x) -> Tensor", "set_"),
+        ("zero_unsafe(Tensor x) -> Tensor", "_unsafe"),
+        ("read(str path) -> Tensor", "names a file"),
+    ]:
+        name = schema.split("(")[0]
+        if not torch._C._jit_get_schemas_for_operator(f"bcallowrules::{name}"):
+            _RULES_LIBRARY.define(schema)
+        with pytest.raises(bc.OperatorRefusedError, match=why):
+            _allowlist.resolve_operator(f"bcallowrules.{name}.default", where="t")
+
+
+_RULES_LIBRARY = torch.library.Library("bcallowrules", "DEF")
 
 
 def test_dtype_names_come_from_a_fixed_table():

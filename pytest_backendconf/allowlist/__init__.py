@@ -1,6 +1,7 @@
 """Names read from files, turned into torch objects only through allowlists: operators and dtypes.
 
-Owns `resolve_operator` (a registered, side-effect-free operator overload, or
+Owns `resolve_operator` (an operator overload of the explicit allowlist in
+``operators.txt``, or a custom operator the process registered; else
 `OperatorRefusedError` naming it and where it came from) and the fixed tables
 of dtypes, memory formats and layouts. Every blob, fallback segment, rerun
 file and archive that names one goes through here.
@@ -8,6 +9,8 @@ file and archive that names one goes through here.
 May import: the public surface only (``_compat`` for torch's private names).
 """
 
+from ._checks import ARGUMENT_CHECKS, argument_check
+from ._operators import ALLOWED, CLOSED_NAMESPACES, RECORDED_RELEASES, TABLE_ONLY, absent_in
 from ._names import (
     DTYPES,
     LAYOUTS,
@@ -24,6 +27,13 @@ from ._names import (
 )
 
 __all__ = [
+    "ARGUMENT_CHECKS",
+    "argument_check",
+    "ALLOWED",
+    "CLOSED_NAMESPACES",
+    "RECORDED_RELEASES",
+    "TABLE_ONLY",
+    "absent_in",
     "DTYPES",
     "LAYOUTS",
     "MAX_NAME",

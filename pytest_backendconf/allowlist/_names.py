@@ -4,10 +4,11 @@ A blob, a fallback segment, a rerun file or an archive may name an operator
 ("aten.add.Tensor", "mylib.scale.default") or a dtype ("float16"). Nothing
 read from a file is resolved with ``getattr`` on ``torch`` or ``torch.ops``
 (``torch.ops.import_module`` imports a module; ``torch.ops.load_library``
-loads native code): `resolve_operator` accepts only the name of a registered
-operator schema and refuses the side-effecting ones, and `dtype_named` reads
-a fixed table. docs/design-notes.md ("Operators named by files") gives the
-rules; `refusal_reason` is them in code.
+loads native code): `resolve_operator` accepts, in torch's own namespaces, only
+the names of the explicit allowlist (``operators.txt``, `ALLOWED`), and, in
+any other namespace (a custom operator the process registered), a registered
+schema the rules admit; `dtype_named` reads a fixed table. docs/design-notes.md
+("Operators named by files") gives the rules; `refusal_reason` is them in code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from .. import _compat
 from ..errors import OperatorRefusedError
+from ._operators import ALLOWED, CLOSED_NAMESPACES
 
 #: ``namespace.op.overload``: identifiers, none of them a dunder name.
 _OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
@@ -117,6 +119,13 @@ def resolve_operator(name: Any, *, where: str) -> Any:
             where,
             f"{namespace!r} is an attribute of torch.ops (a function of its own), not an operator namespace",
         )
+    if namespace in CLOSED_NAMESPACES and name not in ALLOWED:
+        raise OperatorRefusedError(
+            name,
+            where,
+            f"it is not in the operator allowlist: in torch's own namespace {namespace!r} only the operators "
+            "listed in pytest_backendconf/allowlist/operators.txt resolve (docs/security.md)",
+        )
     qualified = f"{namespace}::{op}"
     schema = _registered_schema(qualified, "" if overload == "default" else overload)
     if schema is None:
@@ -149,6 +158,9 @@ def refusal_reason(schema: Any) -> str | None:
     reason = REFUSED_OPERATORS.get(schema.name)
     if reason is not None:
         return reason
+    op = schema.name.split("::")[-1]
+    if op.startswith("set_") or "_unsafe" in op:
+        return "operators named set_* rebind tensors and *_unsafe* ones skip their checks: none is admitted"
     if "..." in str(schema):  # varargs or varrets: FunctionSchema has no accessor for them
         return "its schema takes or returns any number of values of any type"
     typed = [(f"argument {a.name!r}", a.type) for a in schema.arguments]

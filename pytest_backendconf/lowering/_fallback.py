@@ -163,7 +163,7 @@ def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
     from ..reference.interpreter import UnregisteredOperatorError, load
 
     try:
-        return load(blob, dispatch=True, where=f"fallback segment {key!r}")
+        return load(blob, dispatch=True, where=f"fallback segment {key!r} (archive entry 'fallback/{key}.bin')")
     except OperatorRefusedError:
         raise  # it names the segment, the node and the operator already
     except UnregisteredOperatorError as exc:

@@ -12,11 +12,21 @@ A register is "outside" when its value may share memory the program did not
 create: block inputs, constants, and results that alias an outside argument
 (by the schema's alias sets, ``Tensor(a) self -> Tensor(a)``; for ops without
 a schema, such as ``getitem`` or ``cond``, any outside argument counts).
+
+Annotations do not tell the whole story: ``type_as``, ``atleast_1d``, eval-mode
+``dropout`` and others return their argument itself although their schema says
+nothing. So the load-time check is only the early, named refusal; what decides is
+what happens: every instruction that writes is bound with `guard_writes`, which,
+before it runs, compares the storage byte ranges of the tensors it will write with
+those of the block's inputs and the program's constants, and refuses the write.
+Only writing instructions pay for it (exported programs are functional: few do).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from ..allowlist import UNANNOTATED_ALIASES, schema_named
 from ..errors import OperatorRefusedError
@@ -68,15 +78,19 @@ class WriteCheck:
         self.outside: list[bool] = []
         self.where = where
 
-    def instruction(self, name: str, args: list, kwargs: dict, node: str, handle: int, schema: Any = None) -> None:
-        """Check one instruction (``args`` without a DISPATCH's leading name) and record its result."""
+    def instruction(self, name: str, args: list, kwargs: dict, node: str, handle: int, schema: Any = None) -> tuple:
+        """Check one instruction (``args`` without a DISPATCH's leading name) and record its result.
+
+        :returns: the arguments it writes (registers, lists of them), for `guard_writes`."""
         plan = _PLANS.get(name)
         writes, sources = plan if plan is not None else plan_of(name, schema)
         if not writes and not sources and sources is not None:
             self.outside.append(False)  # most ops: a fresh result, no writes
-            return
+            return ()
+        written = []
         for position, arg_name in writes:
             value = _argument(args, kwargs, position, arg_name)
+            written.append(value)
             held = self._describe_outside(value)
             if held is not None:
                 raise OperatorRefusedError(
@@ -90,6 +104,7 @@ class WriteCheck:
         else:
             outside = any(self._is_outside(_argument(args, kwargs, p, n)) for p, n in sources)
         self.outside.append(outside)
+        return tuple(written)
 
     def fresh(self) -> None:
         """Record an instruction that writes nothing and returns a new tensor (an integer kernel)."""
@@ -125,3 +140,64 @@ def _argument(args: list, kwargs: dict, position: int | None, name: str) -> Any:
     if position is not None and position < len(args):
         return args[position]
     return kwargs.get(name)
+
+
+# --- at run time ----------------------------------------------------------------------
+
+
+def guard_writes(step: Callable[[list], Any], written: tuple, n_inputs: int, constants: tuple, name: str) -> Callable:
+    """``step``, refusing to run when a tensor it writes shares memory with a block input or a constant.
+
+    ``written`` are the registers (or lists of them) the instruction writes; ``constants`` the
+    program's constant tensors. Judged by storage byte ranges, so a view, the argument itself
+    returned by an unannotated op, or a tensor over the same memory all count."""
+    targets = tuple(_registers(written))
+    if not targets:
+        return step
+    fixed = tuple(span for c in constants for span in _spans(c))
+
+    def guarded(regs: list) -> Any:
+        for target in targets:
+            for start, end in _spans(regs[target]):
+                for i in range(n_inputs):
+                    for other in _spans(regs[i]):
+                        if start < other[1] and other[0] < end:
+                            raise RuntimeError(_refusal(name, target, f"input {i} of the block (the caller's tensor)"))
+                for other in fixed:
+                    if start < other[1] and other[0] < end:
+                        raise RuntimeError(_refusal(name, target, "a constant of the program (its weights)"))
+        return step(regs)
+
+    return guarded
+
+
+def _refusal(name: str, register: int, held: str) -> str:
+    return (
+        f"{name} would write register {register}, which shares memory with {held}; a call writes only to "
+        "tensors the program created, so the write was refused before it ran (the caller's tensor is unchanged)"
+    )
+
+
+def _registers(values: Any) -> list[int]:
+    found: list[int] = []
+    for value in values:
+        if isinstance(value, Reg):
+            found.append(value.index)
+        elif isinstance(value, list):
+            found += _registers(value)
+    return found
+
+
+def _spans(value: Any) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of the storages of the tensors in ``value`` (a tensor, a list
+    or tuple of them, anything else: none); an empty storage has none."""
+    if isinstance(value, (list, tuple)):
+        return [span for item in value for span in _spans(item)]
+    if not isinstance(value, torch.Tensor):
+        return []
+    storage = value.untyped_storage()
+    size = storage.nbytes()
+    if size == 0:
+        return []
+    start = storage.data_ptr()
+    return [(start, start + size)]

@@ -12,10 +12,11 @@ through the dispatcher (``DISPATCH``: partial delegation's fallback, for
 operators the op table lacks) is allowed only in a fallback segment
 (``load(blob, dispatch=True)``) and resolved once, at load, through
 `pytest_backendconf.allowlist.resolve_operator`: an operator not registered
-in this process is an `UnregisteredOperatorError` naming it, a refused one
-(torch.ops' own attributes, side effects) an `OperatorRefusedError`. Every
-instruction's writes are checked at load too (``_writes``): a blob writes only
-to tensors it created.
+in this process is an `UnregisteredOperatorError` naming it, one outside the
+allowlist an `OperatorRefusedError`. Every instruction's writes are checked at
+load (``_writes``: the named refusal) and, for the instructions that write,
+again at run time by storage byte ranges (``guard_writes``): a blob writes only
+to tensors it created, whatever an operator's schema says about aliasing.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from ..allowlist import resolve_operator
+import torch
+
+from ..allowlist import argument_check, resolve_operator
 from ..errors import BackendError, OperatorRefusedError
 
 from . import bytecode, ops
-from ._writes import WriteCheck
+from ._writes import WriteCheck, guard_writes
 from .bytecode import BlockRef, Const, Reg
 
 #: A bound instruction: reads its arguments from the registers, returns its result.
@@ -48,10 +51,11 @@ def load(blob: bytes, *, dispatch: bool = False, where: str = "reference-backend
         or writes to a tensor it did not create.
     """
     program = bytecode.decode(blob)
+    fixed = tuple(c for c in program.constants if isinstance(c, torch.Tensor))  # what no call may write
     blocks: list[CodeBlock | None] = [None] * len(program.blocks)
     # Nested blocks have higher indices than their users: build them first.
     for index in reversed(range(len(program.blocks))):
-        blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks, dispatch, where)
+        blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks, dispatch, where, fixed)
     return LoadedProgram(blocks[0])
 
 
@@ -157,13 +161,14 @@ def _event_handle(ins: bytecode.Instruction) -> Any:
 
 
 def _build_block(
-    index: int, block: bytecode.Block, constants: list, blocks: list, dispatch: bool, where: str
+    index: int, block: bytecode.Block, constants: list, blocks: list, dispatch: bool, where: str, fixed: tuple
 ) -> CodeBlock:
     steps = []
     writes = WriteCheck(block.n_inputs, f"{where}, block {index}")
     for i, ins in enumerate(block.instructions):
         if ins.opcode == ops.DISPATCH_OPCODE:
-            steps.append((_dispatch_step(ins, constants, blocks, dispatch, where, writes), block.n_inputs + i))
+            step = _dispatch_step(ins, constants, blocks, dispatch, where, writes, fixed)
+            steps.append((step, block.n_inputs + i))
             continue
         op = ops.BY_OPCODE.get(ins.opcode)
         if op is None:
@@ -171,16 +176,20 @@ def _build_block(
                 f"reference-backend blob: instruction {i} of block {index} (node {ins.node!r}) "
                 f"has unknown opcode {ins.opcode}; it was written by a newer backendconf-reference"
             )
+        written: tuple = ()
         if ins.opcode in ops.INTEGER_OPCODES:
             writes.fresh()  # reads its arguments, returns a new tensor
         else:
-            writes.instruction(op.name, ins.args, ins.kwargs, ins.node, ins.debug_handle)
+            written = writes.instruction(op.name, ins.args, ins.kwargs, ins.node, ins.debug_handle)
         if ins.fault:
             steps.append((_fault_step(ins, op), block.n_inputs + i))
         elif op.kernel is not None:  # no-op asserts are dropped; their register stays None
             args = [_resolve(a, constants, blocks) for a in ins.args]
             kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
-            steps.append((_bind(op.kernel, args, kwargs), block.n_inputs + i))
+            step = _bind(_checked(op.kernel, op.name), args, kwargs)
+            if written:
+                step = guard_writes(step, written, block.n_inputs, fixed, op.name)
+            steps.append((step, block.n_inputs + i))
 
     tail: list = [None] * len(block.instructions)
     outputs = []
@@ -239,7 +248,13 @@ def _qualified(overload: str) -> str:
 
 
 def _dispatch_step(
-    ins: bytecode.Instruction, constants: list, blocks: list, dispatch: bool, where: str, writes: WriteCheck
+    ins: bytecode.Instruction,
+    constants: list,
+    blocks: list,
+    dispatch: bool,
+    where: str,
+    writes: WriteCheck,
+    fixed: tuple,
 ) -> Step:
     """An operator the op table lacks, called through torch's dispatcher by overload name.
 
@@ -260,12 +275,25 @@ def _dispatch_step(
         if exc.unregistered:
             raise UnregisteredOperatorError(str(name), ins.node, ins.debug_handle) from None
         raise
-    writes.instruction(str(name), ins.args[1:], ins.kwargs, ins.node, ins.debug_handle)
+    written = writes.instruction(str(name), ins.args[1:], ins.kwargs, ins.node, ins.debug_handle)
     if ins.fault:
         return _fault_step(ins, None)
     args = [_resolve(a, constants, blocks) for a in ins.args[1:]]
     kwargs = {k: _resolve(v, constants, blocks) for k, v in ins.kwargs.items()}
-    return _bind(kernel, args, kwargs)
+    return guard_writes(_bind(_checked(kernel, str(name)), args, kwargs), written, writes.n_inputs, fixed, str(name))
+
+
+def _checked(kernel: Callable, name: str) -> Callable:
+    """``kernel``, behind the allowlist's run-time argument check of ``name`` when it has one."""
+    check = argument_check(name)
+    if check is None:
+        return kernel
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return checked
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -157,4 +157,11 @@ def test_an_archive_of_the_first_table_loads_and_runs():
     assert len(got) == len(lowered.fixture_expected) == 3
     for g, w in zip(got, lowered.fixture_expected):
         assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        if w.dtype.is_floating_point:
+            # The expected outputs were recorded on another CPU: torch's vectorised float kernels
+            # (AVX2 here, AVX512 there) may round the last bits differently. A few units in the last
+            # place of the largest output, never more; integer outputs stay exact.
+            eps = torch.finfo(w.dtype).eps
+            torch.testing.assert_close(g, w, rtol=4 * eps, atol=4 * eps * float(w.abs().max()))
+        else:
+            torch.testing.assert_close(g, w, rtol=0, atol=0)

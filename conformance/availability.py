@@ -266,8 +266,9 @@ def _match_eager(
 
 # --- target rows -------------------------------------------------------------------------------
 
-#: Per session: the cases whose archives could not be made, and why.
-_ARCHIVE_PROBLEMS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+#: Per session: the cases whose archives could not be made, and why: the backend's rejection
+#: (`Unsupported`: the case is left out of the target rows) or the text of a host failure.
+_ARCHIVE_PROBLEMS: "weakref.WeakKeyDictionary[Any, dict[str, Unsupported | str]]" = weakref.WeakKeyDictionary()
 
 
 def _scenario_key(row: dict, case: str) -> str:
@@ -295,7 +296,7 @@ def availability_scenarios(ctx: SuiteContext) -> list[Scenario]:
         try:
             made = _archives(ctx, case, dtype, directory)
         except UnsupportedNodeError as exc:
-            problems[case] = f"unsupported: {Unsupported.from_rejection(exc)}"
+            problems[case] = Unsupported.from_rejection(exc)
             continue
         except Exception as exc:
             problems[case] = f"preprocessing it on the host failed: {type(exc).__name__}: {exc}"
@@ -338,7 +339,7 @@ def _target_results(ctx: SuiteContext, row: dict) -> Iterator[tuple[str, str, st
     ran = False
     for case, dtype in subjects(ctx):
         problem = problems.get(case)
-        if problem is not None and not problem.startswith("unsupported"):
+        if isinstance(problem, str):
             fail(f"row {row['id']}, {case} ({dtype}): no archive for the target: {problem}")
         if problem is None:
             ran = True

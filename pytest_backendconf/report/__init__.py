@@ -21,6 +21,7 @@ from ._known_failures import (
     merge_known_failures,
 )
 from ._known_from_report import known_failures_from_report
+from ._machine import applies, describe_machine, machine_line
 from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
 from ._ops import capabilities_text, matrix_text
 from ._ops import parse_id as parse_ops_id
@@ -47,7 +48,9 @@ __all__ = [
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
     "TestResult",
+    "applies",
     "backend_entry",
+    "describe_machine",
     "capabilities_text",
     "format_known_failures",
     "format_markdown",
@@ -56,6 +59,7 @@ __all__ = [
     "known_failures_from_report",
     "load_json",
     "load_known_failures",
+    "machine_line",
     "matrix_text",
     "merge",
     "merge_known_failures",

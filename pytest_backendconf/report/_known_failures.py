@@ -11,10 +11,11 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 
 from ..checks import ROOT_ID, id_matches
+from ._machine import WHEN_KEYS, applies
 from ._report import FAILING, TestResult
 
 if sys.version_info >= (3, 11):
@@ -26,7 +27,7 @@ else:  # pragma: no cover
 #: grows with a pattern's brackets (a 20 KB ``[[[…`` pattern took 11 s to match once).
 MAX_PATTERN_LENGTH = 1000
 ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
-_ENTRY_KEYS = {"reason", "link"}
+_ENTRY_KEYS = {"reason", "link", "when"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +39,18 @@ class KnownFailure:
     link: str = ""
     #: Where the entry is in its file, for warnings (0 when unknown).
     line: int = dataclasses.field(default=0, compare=False)
+    #: Where it applies: ``(key, value)`` pairs of its ``when`` table (`WHEN_KEYS`); empty: everywhere.
+    when: tuple[tuple[str, Any], ...] = ()
 
-    def as_json(self) -> dict[str, str]:
-        return {"pattern": self.pattern, "reason": self.reason, "link": self.link}
+    def as_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"pattern": self.pattern, "reason": self.reason, "link": self.link}
+        if self.when:
+            found["when"] = {key: list(value) if isinstance(value, tuple) else value for key, value in self.when}
+        return found
+
+    def applies_to(self, machine: dict[str, Any]) -> bool:
+        """Whether this entry holds on ``machine`` (`describe_machine`): elsewhere its check must pass."""
+        return applies(dict(self.when), machine)
 
     def matches(self, test_id: str) -> bool:
         return id_matches(test_id, self.pattern)
@@ -95,7 +105,7 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
                 hint = ' (a test id with dots must be quoted whole: "parity::encoder_decoder.decode[float32]" = { … })'
             raise pytest.UsageError(
                 f"{entry} has unknown key(s) {', '.join(map(repr, unknown))}; an entry has only "
-                f"`reason` (required) and `link` (optional){hint}."
+                f"`reason` (required), `link` and `when` (optional){hint}."
             )
         if "reason" not in value:
             raise pytest.UsageError(f'{entry} has no reason; add reason = "why it fails" (and link = "issue URL").')
@@ -104,8 +114,40 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
             raise pytest.UsageError(f"{entry}: reason must be a non-empty string, not {reason!r}.")
         if not isinstance(link, str):
             raise pytest.UsageError(f'{entry}: link must be a string (an issue URL, or ""), not {link!r}.')
-        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0)))
+        when = _when(value.get("when", {}), entry)
+        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0), when))
     return entries
+
+
+def _when(value: Any, entry: str) -> tuple[tuple[str, Any], ...]:
+    """An entry's ``when`` table, checked: the machines it applies to (`WHEN_KEYS`)."""
+    import pytest
+
+    example = 'when = { machine = "x86_64", cpu_capability = "AVX512", cpu_flags = ["avx512_fp16"] }'
+    if not isinstance(value, dict):
+        raise pytest.UsageError(f"{entry}: when must be a table, e.g. {example}")
+    unknown = sorted(set(value) - set(WHEN_KEYS))
+    if unknown:
+        raise pytest.UsageError(
+            f"{entry}: when has unknown key(s) {', '.join(map(repr, unknown))}; it may have "
+            f"{', '.join(WHEN_KEYS)} (the report header's machine fields), e.g. {example}"
+        )
+    found: list[tuple[str, Any]] = []
+    for key in WHEN_KEYS:
+        if key not in value:
+            continue
+        wanted = value[key]
+        if key == "cpu_flags":
+            if not isinstance(wanted, list) or not wanted or not all(isinstance(f, str) and f for f in wanted):
+                raise pytest.UsageError(
+                    f"{entry}: when.cpu_flags must be a non-empty list of flag names, e.g. {example}"
+                )
+            found.append((key, tuple(sorted(wanted))))
+        elif not isinstance(wanted, str) or not wanted:
+            raise pytest.UsageError(f"{entry}: when.{key} must be a non-empty string, e.g. {example}")
+        else:
+            found.append((key, wanted))
+    return tuple(found)
 
 
 _KEY = re.compile(r"""\s*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*[=.]""")
@@ -179,7 +221,16 @@ def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
         reason, link = _toml_str(entry.reason), _toml_str(entry.link)
-        lines.append(f"{_toml_str(entry.pattern)} = {{ reason = {reason}, link = {link} }}")
+        when = ""
+        if entry.when:
+            parts = [
+                f"{key} = [{', '.join(map(_toml_str, value))}]"
+                if isinstance(value, tuple)
+                else f"{key} = {_toml_str(value)}"
+                for key, value in entry.when
+            ]
+            when = f", when = {{ {', '.join(parts)} }}"
+        lines.append(f"{_toml_str(entry.pattern)} = {{ reason = {reason}, link = {link}{when} }}")
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ..checks import CATEGORIES, CheckFailed, outcome_from_json
 from ._counts import OUTCOMES, category_counts, outcome_parts
+from ._machine import describe_machine
 
 if TYPE_CHECKING:
     import pytest
@@ -273,7 +274,7 @@ def report_document(
             "python": platform.python_version(),
             "python_implementation": platform.python_implementation(),
             "platform": platform.platform(),
-            "machine": platform.machine(),
+            **describe_machine(),
             "pytest": pytest_version,
             "pytest_backendconf": _version("pytest-backendconf"),
         },

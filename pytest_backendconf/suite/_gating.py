@@ -20,7 +20,7 @@ import pytest
 
 from ..checks import ROOT_ID
 from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice, report_entry
-from ..report import KnownFailureIndex
+from ..report import KnownFailureIndex, describe_machine, machine_line
 from ..report import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
 from ..report import (
     FAILING,
@@ -67,7 +67,10 @@ class GatingPlugin:
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
         known = config.getoption("backendconf_known_failures")
         self.known_path = Path(config.invocation_params.dir, known) if known else None
-        self.known = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
+        loaded = load_known_failures(self.known_path, "--backendconf-known-failures") if self.known_path else []
+        # An entry scoped to other machines (its `when`) is not applied here: its check must pass.
+        self.machine = describe_machine()
+        self.known, self.elsewhere = self._here(loaded)
         self._index: KnownFailureIndex | None = None
         report = config.getoption("backendconf_report")
         self.report_path = output_path(config, "--backendconf-report", report) if report else None
@@ -77,7 +80,9 @@ class GatingPlugin:
         self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
         self.previous: list[KnownFailure] = list(self.known)
         if self.write_path is not None and self.write_path.exists() and self.write_path != self.known_path:
-            self.previous += load_known_failures(self.write_path, "--backendconf-write-known-failures")
+            here, elsewhere = self._here(load_known_failures(self.write_path, "--backendconf-write-known-failures"))
+            self.previous += here
+            self.elsewhere += [e for e in elsewhere if e not in self.elsewhere]
         self.results: dict[str, TestResult] = {}
         self.order: dict[str, int] = {}
         #: Patterns (of either file) that match no check of the suite; None while unknown.
@@ -88,11 +93,20 @@ class GatingPlugin:
 
     # --- configuration, collection ------------------------------------------------
 
+    def _here(self, entries: list[KnownFailure]) -> tuple[list[KnownFailure], list[KnownFailure]]:
+        """(the entries that apply on this machine, those scoped to other machines)."""
+        here = [e for e in entries if e.applies_to(self.machine)]
+        return here, [e for e in entries if not e.applies_to(self.machine)]
+
     def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
+        lines = [f"backendconf: machine {machine_line(self.machine)}"]
         if self.known_path is None:
-            return None
+            return lines
         count = len(self.known)
-        return [f"backendconf: known failures from {self.known_path} ({count} entr{'y' if count == 1 else 'ies'})"]
+        text = f"backendconf: known failures from {self.known_path} ({count} entr{'y' if count == 1 else 'ies'}"
+        if self.elsewhere:
+            text += f"; {len(self.elsewhere)} scoped to other machines, not applied here: their checks must pass"
+        return [*lines, text + ")"]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -300,7 +314,10 @@ class GatingPlugin:
 
     def _write_known_failures(self, results: list[TestResult]) -> None:
         assert self.write_path is not None
-        entries = merge_known_failures(results, self.previous, self.stale)
+        # Entries for other machines are kept as written: this run cannot judge them.
+        entries = sorted(
+            merge_known_failures(results, self.previous, self.stale) + self.elsewhere, key=lambda e: e.pattern
+        )
         write_atomic(self.write_path, format_known_failures(entries, self.selected.name))
         before = {e.pattern for e in self.previous}
         after = {e.pattern for e in entries}

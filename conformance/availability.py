@@ -264,7 +264,8 @@ def _match_eager(
 # --- target rows -------------------------------------------------------------------------------
 
 #: Per session: the cases whose archives could not be made, and why.
-_ARCHIVE_PROBLEMS: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+#: Per context, per case: why it has no archive, and whether that is a rejection (unsupported) rather than an error.
+_ARCHIVE_PROBLEMS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[bool, str]]]" = weakref.WeakKeyDictionary()
 
 
 def _scenario_key(row: dict, case: str) -> str:
@@ -292,10 +293,10 @@ def availability_scenarios(ctx: Any) -> list[Scenario]:
         try:
             made = _archives(ctx, case, dtype, directory)
         except UnsupportedNodeError as exc:
-            problems[case] = f"unsupported: {Unsupported.from_rejection(exc)}"
+            problems[case] = (True, f"unsupported: {Unsupported.from_rejection(exc)}")
             continue
         except Exception as exc:
-            problems[case] = f"preprocessing it on the host failed: {type(exc).__name__}: {exc}"
+            problems[case] = (False, f"preprocessing it on the host failed: {type(exc).__name__}: {exc}")
             continue
         calls = calls_for(ctx, case, dtype)
         for row in table()["row"]:
@@ -335,8 +336,8 @@ def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]
     ran = False
     for case, dtype in subjects(ctx):
         problem = problems.get(case)
-        if problem is not None and not problem.startswith("unsupported"):
-            fail(f"row {row['id']}, {case} ({dtype}): no archive for the target: {problem}")
+        if problem is not None and not problem[0]:
+            fail(f"row {row['id']}, {case} ({dtype}): no archive for the target: {problem[1]}")
         if problem is None:
             ran = True
             yield (
@@ -346,7 +347,7 @@ def _target_results(ctx: Any, row: dict) -> Iterator[tuple[str, str, str, dict]]
                 found.result(_scenario_key(row, case)),
             )
     if not ran:
-        raise Unsupported("; ".join(problems.values()))
+        raise Unsupported("; ".join(text for _, text in problems.values()))
 
 
 def _error_text(result: dict) -> str:

@@ -425,6 +425,14 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "reproduce": f"pytest --backend=no_mul_wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
         "numerics": None,  # only comparisons (parity, ops) measure closeness
         "reproduction": None,  # only failures are shrunk (and the project's tests turn it off)
+        "check_outcome": "passed",
+    }
+    # The check's own verdict: a known failure failed, a rejection is unsupported.
+    assert {i: t["check_outcome"] for i, t in tests.items()} == {
+        AVAILABLE: "passed",
+        LINEAR: "failed",
+        ARITHMETIC: "unsupported",
+        MLP: "failed",
     }
     assert tests[LINEAR]["known_failure"] == {"pattern": LINEAR, "reason": "float64 outputs", "link": "https://b/7"}
     assert tests[LINEAR]["error"]["type"] == "OutputSpecError"

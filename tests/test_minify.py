@@ -24,7 +24,8 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf.diagnostics import Candidate, Outcome, same_failure
-from pytest_backendconf.report import render, same_program_groups, same_program_lines
+from pytest_backendconf.report import render
+from pytest_backendconf.report._failure_groups import same_program_groups, same_program_lines
 
 TESTS_DIR = Path(__file__).parent
 CONFTEST = """

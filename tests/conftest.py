@@ -104,11 +104,11 @@ def fake_distributions(monkeypatch):
 
 # Modules that must survive pytester's sys.modules restore. torch imports
 # submodules lazily during an export (torch._inductor.test_operators, and
-# triton on CUDA builds, for torch.cond ...);
-# dropped and imported again by the next in-process run, they register their
+# triton on CUDA builds, for torch.cond ...; torchao, for the quantized
+# category); dropped and imported again by the next in-process run, they register their
 # operator libraries twice and torch refuses. Our own modules hold
 # process-wide state (the debug-handle recorder) that must stay one object.
-_KEEP = ("torch", "functorch", "sympy", "triton", "pytest_backendconf", "backendconf_reference")
+_KEEP = ("torch", "functorch", "sympy", "triton", "torchao", "pytest_backendconf", "backendconf_reference")
 
 
 @pytest.fixture(autouse=True)

@@ -261,7 +261,7 @@ BAD_FILES = {
     "unknown key": (
         '"parity::linear[float32]" = { reason = "x", issue = "https://bugs/1" }\n',
         "*known.toml: entry 'parity::linear[float32]' has unknown key(s) 'issue'; an entry has only "
-        "`reason` (required) and `link` (optional).",
+        "`reason` (required), `link` and `when` (optional).",
     ),
     "dotted key": (
         'parity.linear = { reason = "x" }\n',

@@ -24,7 +24,7 @@ from pytest_backendconf.numerics._numerics import Tolerance, compare_outputs, re
 from pytest_backendconf.report._ops import capabilities_text, ops_matrix, parse_id, summary_line
 from pytest_backendconf.archive._tensorfile import TensorFileError, read_tensors, write_tensors
 from pytest_backendconf.conformance.ops import discovery
-from pytest_backendconf.conformance import ops as ops_category
+from pytest_backendconf.conformance.ops import _category as ops_category
 from pytest_backendconf.conformance.ops import OpCall, build_program
 
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())

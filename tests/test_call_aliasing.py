@@ -150,3 +150,16 @@ def test_writes_to_tensors_the_program_made_still_run():
     x = torch.full((2, 4), 3.0)
     out = interpreter.load(program, dispatch=True).run([x])[0]
     assert torch.equal(out, torch.full((2, 4), 6.0)) and torch.equal(x, torch.full((2, 4), 3.0))
+
+
+def test_a_constant_no_instruction_reads_stays_alive_so_fresh_tensors_never_take_its_memory():
+    """The guard's byte ranges come from load: were an unread constant freed, the allocator would
+    hand its memory to the next tensor of its size, whose in-place op would then be refused."""
+    unread = [torch.ones(64, 64) for _ in range(8)]
+    program = _segment(_dispatch("aten.clone.default", Reg(0)), _write(1), constants=unread)
+    del unread
+    loaded = interpreter.load(program, dispatch=True)
+    for _ in range(20):
+        x = torch.full((64, 64), 3.0)
+        out = loaded.run([x])[0]
+        assert torch.equal(out, torch.full((64, 64), 6.0)) and torch.equal(x, torch.full((64, 64), 3.0))

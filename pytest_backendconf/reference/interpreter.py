@@ -56,16 +56,20 @@ def load(blob: bytes, *, dispatch: bool = False, where: str = "reference-backend
     # Nested blocks have higher indices than their users: build them first.
     for index in reversed(range(len(program.blocks))):
         blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks, dispatch, where, fixed)
-    return LoadedProgram(blocks[0])
+    return LoadedProgram(blocks[0], fixed)
 
 
 class LoadedProgram:
     """A decoded blob, ready to run: what ``ReferenceBackend.compile`` returns."""
 
-    __slots__ = ("main",)
+    __slots__ = ("main", "_constants")
 
-    def __init__(self, main: "CodeBlock") -> None:
+    def __init__(self, main: "CodeBlock", constants: tuple = ()) -> None:
         self.main = main
+        # The program owns its constant tensors, those no instruction reads included: the write
+        # guard compares byte ranges taken at load, and a freed constant's range would be handed
+        # to the next tensor allocated, which the guard would then refuse to write.
+        self._constants = constants
 
     @property
     def n_inputs(self) -> int:

@@ -310,4 +310,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         lines.append(
             f"backendconf: hypothesis profile {profile!r}, seed {seed} (reproduce with --hypothesis-seed={seed})"
         )
+        import torch
+
+        # Set in the suite's pytest_configure; every process it starts (host, target) takes the same.
+        lines.append(f"backendconf: torch intra-op threads {torch.get_num_threads()} (in every process of the run)")
     return lines

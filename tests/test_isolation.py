@@ -311,6 +311,26 @@ def test_child_process_reports_exit_status_and_timeout():
     assert ended.describe() == "did not answer within 0.5 s and was killed"
 
 
+def test_a_child_runs_torch_on_its_parents_thread_count(monkeypatch):
+    # A kernel's float sums depend on how many threads split them: a child on
+    # torch's default count (OMP_NUM_THREADS says otherwise here) would differ
+    # from its parent in the last bits.
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        for threads in (3, 1):
+            torch.set_num_threads(threads)
+            child = _child.ChildProcess("pytest_backendconf.target._child:Echo", plugins=[])
+            try:
+                assert child.request({"threads": True}, timeout=120) == {"kind": "result", "threads": threads}
+            finally:
+                child.close()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_child_handlers_must_live_in_the_package():
     with pytest.raises(ValueError, match="a child handler must live in pytest_backendconf"):
         _child.ChildProcess("os:system")

@@ -43,7 +43,8 @@ class CandidateHandler:
         from ._divergence import eager_intermediates
         from ..numerics import Tolerance
 
-        torch.set_num_threads(1)
+        # Torch's thread count is the parent's (set by the child protocol): the failure being
+        # minimised was seen at that count.
         registry = active_registry() or BackendRegistry()
         registry.load_entry_points(select=options["backend"])
         set_active_registry(registry)

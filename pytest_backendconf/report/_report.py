@@ -269,6 +269,7 @@ def report_document(
         "backend": backend,
         "environment": {
             "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
             "python_implementation": platform.python_implementation(),
             "platform": platform.platform(),

@@ -7,7 +7,10 @@ always the same way: the parent's ``sys.path``, an import blocker for the
 given modules (installed before anything else is imported), the plugins that
 register backends in the parent, and a *handler* named as
 ``pytest_backendconf…:factory``. The factory builds the handler from the
-setup's options; every later line is a request the handler answers. While it
+setup's options; every later line is a request the handler answers. The
+child runs torch with its parent's intra-op thread count (`torch_threads`):
+a kernel splits its work by the thread count, and the order of a float sum
+changes its last bits, so host and target must agree to compare exactly. While it
 works it may stream records (`Channel.send`); its return value ends the
 request as the ``result`` record.
 
@@ -192,6 +195,7 @@ class ChildProcess:
                 "handler": handler,
                 "options": dict(options or {}),
                 "refuse_tracing": refuse_tracing,
+                "torch_threads": torch_threads(),
             }
         )
 
@@ -410,6 +414,12 @@ def active_plugins() -> list[str]:
     return found
 
 
+def torch_threads() -> int | None:
+    """This process's intra-op thread count, for its children; ``None`` if it has not imported torch."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None and hasattr(torch, "get_num_threads") else None
+
+
 def is_path(plugin: str) -> bool:
     return plugin.endswith(".py") or os.sep in plugin
 
@@ -581,7 +591,8 @@ class Channel:
 
 
 class Echo:
-    """A handler for the protocol's own tests: answers ``say``, sleeps ``sleep`` seconds, exits with ``exit``."""
+    """A handler for the protocol's own tests: answers ``say``, sleeps ``sleep`` seconds, exits with ``exit``,
+    and tells its torch thread count for ``threads``."""
 
     def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
         pass
@@ -590,6 +601,8 @@ class Echo:
         if "exit" in message:
             os._exit(int(message["exit"]))
         time.sleep(float(message.get("sleep", 0)))
+        if message.get("threads"):
+            return {"threads": torch_threads()}
         return {"said": message.get("say")}
 
 
@@ -617,6 +630,11 @@ def main() -> int:
             sys.path.append(entry)
     channel = Channel(out, install_blocker(setup.get("blocked", [])))
     try:
+        if setup.get("torch_threads"):
+            # Before the plugins: a backend may size its own pools from torch's count when it imports.
+            import torch
+
+            torch.set_num_threads(max(1, int(setup["torch_threads"])))
         if setup.get("refuse_tracing"):
             # Before the plugins: what they bind at import time is the guarded function.
             channel.tracing_guard = TracingCallGuard()

@@ -50,12 +50,17 @@ def load_zoo() -> list[ModelCase]:
 
 def load_torchscript_zoo() -> list[ModelCase]:
     """The seeds' own models (``torchscript_models.toml``), which the TorchScript form adds to the zoo."""
-    return list(_load_shipped(TORCHSCRIPT_MODELS_FILE))
+    return list(_load_torchscript_seeds())
 
 
 @functools.cache
-def _load_shipped(name: str = MODELS_FILE) -> tuple[ModelCase, ...]:
-    return tuple(parse_models(resources.files(__package__).joinpath(name)))
+def _load_shipped() -> tuple[ModelCase, ...]:
+    return tuple(parse_models(resources.files(__package__).joinpath(MODELS_FILE)))
+
+
+@functools.cache
+def _load_torchscript_seeds() -> tuple[ModelCase, ...]:
+    return tuple(parse_models(resources.files(__package__).joinpath(TORCHSCRIPT_MODELS_FILE)))
 
 
 def parse_models(source: str | os.PathLike[str] | Any) -> list[ModelCase]:

@@ -7,7 +7,6 @@ Which inputs each model takes, its dtypes, tags and ops are data, in
 from __future__ import annotations
 
 import zlib
-from typing import Final
 
 import torch
 import torch.nn.functional as F
@@ -627,7 +626,7 @@ class DropoutEval(nn.Module):
 class BasicModule(nn.Module):
     """The seeds' BasicModule: ``x + h`` with its alpha as a constant of the graph."""
 
-    alpha: Final[int]
+    __constants__ = ["alpha"]  # TorchScript inlines it: aten::add(x, h, 1)
 
     def __init__(self):
         super().__init__()

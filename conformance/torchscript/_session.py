@@ -89,7 +89,8 @@ def rejection_text(exc: BaseException) -> str | None:
     """The backend's rejection (``The node of X is not supported in this compiler. ...``), or None."""
     text = str(exc)
     if REJECTION_PREFIX in text and REJECTION_MIDDLE in text:
-        return text[text.index(REJECTION_PREFIX) :].splitlines()[0].removesuffix(" Source code:").rstrip()
+        # Its sentence, without the source it quotes (on the same line or the next ones).
+        return text[text.index(REJECTION_PREFIX) :].splitlines()[0].split(" Source code:")[0].rstrip()
     return None
 
 

@@ -107,3 +107,61 @@ def test_pytorchs_demo_backend_passes_the_seeds_models_and_fails_nothing(pyteste
     for name, reason in SKIPPED.items():
         assert reason in (tests[name]["reason"] or ""), tests[name]
     assert result.ret == 0
+
+
+def run_demo(pytester, *patterns: str) -> dict[str, dict]:
+    pytester.makeconftest(textwrap.dedent(CONFTEST))
+    report = pytester.path / "report.json"
+    pytester.runpytest(
+        f"--backend={NAME}",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::DeprecationWarning",
+        "--backendconf-in-process",  # the spec changed below is this process's
+        f"--backendconf-report={report}",
+        *[f"--backendconf-select={pattern}" for pattern in patterns],
+    )
+    return {t["id"].removeprefix("backendconf::"): t for t in json.loads(report.read_text())["tests"]}
+
+
+def test_where_no_probe_variant_lowers_the_checks_are_unsupported_with_the_backends_text(pytester, monkeypatch):
+    # Only the probe with a parameter, which the demo refuses at lowering (prim::GetAttr): the checks
+    # that run it say so as unsupported, never as a failure with the lowering's traceback.
+    from pytest_backendconf.conformance import section
+
+    spec = section("torchscript")
+    monkeypatch.setitem(spec, "runtime_error", [v for v in spec["runtime_error"] if v["model"] == "TsScale"])
+    tests = run_demo(
+        pytester,
+        "symbolication::runtime_error_lite",
+        "symbolication::runtime_error_without_debug_info",
+        "reliability::memory",
+    )
+    assert {name: (t["outcome"], t["reason"]) for name, t in tests.items()} == {
+        name: (
+            "unsupported",
+            "the backend rejects every variant of the probe: "
+            "TsScale: The node of prim::GetAttr is not supported in this compiler.",
+        )
+        for name in (
+            "symbolication::runtime_error_lite",
+            "symbolication::runtime_error_without_debug_info",
+            "reliability::memory",
+        )
+    }
+
+
+def test_the_rejection_probe_is_made_of_operators_the_backend_accepts(pytester, monkeypatch):
+    # relu first (the demo rejects it: the mystery op would never be reached), then x - h, which it
+    # compiles: the probe it gets is x - h and the mystery op, and the text names the mystery op's line.
+    from pytest_backendconf.conformance import section
+
+    spec = section("torchscript")
+    tests = run_demo(pytester, "symbolication::rejection_text")
+    assert tests["symbolication::rejection_text"]["outcome"] == "passed", tests
+    # With relu the only variant, the demo's text rightly names relu: the check cannot pass.
+    monkeypatch.setitem(spec["rejection"], "variants", ["TsMysteryAfterRelu"])
+    tests = run_demo(pytester, "symbolication::rejection_text")
+    error = tests["symbolication::rejection_text"]["error"]["message"]
+    assert "does not say 'The node of backendconf_probe::mystery" in error and "aten::relu" in error

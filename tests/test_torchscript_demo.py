@@ -99,7 +99,11 @@ def test_pytorchs_demo_backend_passes_the_seeds_models_and_fails_nothing(pyteste
     )
     tests = {t["id"].removeprefix("backendconf::"): t for t in json.loads(report.read_text())["tests"]}
     table = {name: t["outcome"] for name, t in tests.items()}
-    failed = {name: tests[name]["error"] for name, outcome in table.items() if outcome not in ("passed", "unsupported", "skipped")}
+    failed = {
+        name: tests[name]["error"]
+        for name, outcome in table.items()
+        if outcome not in ("passed", "unsupported", "skipped")
+    }
     assert failed == {}, result.stdout.str()[-4000:]
     assert {name for name, outcome in table.items() if outcome == "passed"} == PASSED
     assert {name: tests[name]["reason"] for name in table if table[name] == "unsupported"} == UNSUPPORTED

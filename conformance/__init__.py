@@ -5,6 +5,6 @@ else here is the categories' own. Both are cheap to import (no torch).
 """
 
 from ._spec import section
-from ._zoo_loader import load_zoo
+from ._zoo_loader import load_torchscript_zoo, load_zoo
 
-__all__ = ["load_zoo", "section"]
+__all__ = ["load_torchscript_zoo", "load_zoo", "section"]

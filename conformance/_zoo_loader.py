@@ -26,6 +26,8 @@ from pytest_backendconf.cases import FLOAT_DTYPES, ModelCase, TensorInput
 from pytest_backendconf.errors import BackendConfError
 
 MODELS_FILE = "models.toml"
+#: The seeds' own models, added to the zoo of the suite's TorchScript form only.
+TORCHSCRIPT_MODELS_FILE = "torchscript_models.toml"
 
 _REQUIRED = ("name", "class", "inputs")
 _OPTIONAL = ("description", "tags", "float_dtypes", "ops", "kwargs", "dims")
@@ -46,9 +48,19 @@ def load_zoo() -> list[ModelCase]:
     return list(_load_shipped())
 
 
+def load_torchscript_zoo() -> list[ModelCase]:
+    """The seeds' own models (``torchscript_models.toml``), which the TorchScript form adds to the zoo."""
+    return list(_load_torchscript_seeds())
+
+
 @functools.cache
 def _load_shipped() -> tuple[ModelCase, ...]:
     return tuple(parse_models(resources.files(__package__).joinpath(MODELS_FILE)))
+
+
+@functools.cache
+def _load_torchscript_seeds() -> tuple[ModelCase, ...]:
+    return tuple(parse_models(resources.files(__package__).joinpath(TORCHSCRIPT_MODELS_FILE)))
 
 
 def parse_models(source: str | os.PathLike[str] | Any) -> list[ModelCase]:

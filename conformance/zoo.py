@@ -615,3 +615,62 @@ class DropoutEval(nn.Module):
 
     def forward(self, x):
         return self.dropout(x * 2.0) + F.dropout(x, 0.25, training=self.training)
+
+
+# --- the seeds' own models (the TorchScript form's zoo, torchscript_models.toml) ----------------
+# Made of aten::add and aten::sub only, on one-element inputs, as the seeds'
+# tests lower them to PyTorch's demo compiler: a backend that compiles those
+# two operators runs the TorchScript form's checks on these.
+
+
+class BasicModule(nn.Module):
+    """The seeds' BasicModule: ``x + h`` with its alpha as a constant of the graph."""
+
+    __constants__ = ["alpha"]  # TorchScript inlines it: aten::add(x, h, 1)
+
+    def __init__(self):
+        super().__init__()
+        self.alpha = 1
+
+    def forward(self, x, h):
+        return torch.add(x, h, alpha=self.alpha)
+
+
+class SeedL(nn.Module):
+    """Innermost of the seeds' nested trio in add/sub form: ``x - h``."""
+
+    def forward(self, x, h):
+        return x - h
+
+
+class SeedM(nn.Module):
+    """Middle of the seeds' nested trio: calls SeedL."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = SeedL()
+
+    def forward(self, x, h):
+        return self.l(x, h)
+
+
+class SeedN(nn.Module):
+    """Outermost of the seeds' nested trio: calls SeedM (the module hierarchy top.m.l of seed 000)."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = SeedM()
+
+    def forward(self, x, h):
+        return self.m(x, h)
+
+
+class AccumSubAccum(nn.Module):
+    """The seeds' two methods: ``forward`` adds (``accum``), ``sub_accum`` subtracts."""
+
+    def forward(self, x, h):
+        return x + h
+
+    @torch.jit.export
+    def sub_accum(self, x, h):
+        return x - h

@@ -31,6 +31,13 @@ def test_with_verbose_the_header_has_one_hypothesis_profile_line(pytester):
     assert len(lines) == 1 and lines[0].startswith("backendconf: hypothesis profile "), lines
 
 
+def test_the_header_names_torchs_thread_count_of_every_process(pytester, monkeypatch):
+    # Without OMP_NUM_THREADS the suite runs torch on one thread, and its child processes take the same.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    result = pytester.runpytest_subprocess("--backend=reference", f"--backendconf-select={AVAILABLE}", "--co")
+    result.stdout.fnmatch_lines(["backendconf: torch intra-op threads 1 (in every process of the run)"])
+
+
 def test_torch_trace_records_stay_out_of_the_captured_logs(pytester, monkeypatch):
     # A vendor's test beside the suite exports a model (torch logs trace records
     # as it does: without the suite, each lands in the captured log), logs a

@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 
 import pytest_backendconf as bc
 from pytest_backendconf.conformance import _zoo_loader, zoo
-from pytest_backendconf.conformance._zoo_loader import ZooSpecError, load_zoo, parse_models
+from pytest_backendconf.conformance._zoo_loader import ZooSpecError, load_torchscript_zoo, load_zoo, parse_models
 
 CASES = load_zoo()
 BY_NAME = {case.name: case for case in CASES}
@@ -121,10 +121,30 @@ def test_every_zoo_class_is_used_and_documented():
         for name, cls in vars(zoo).items()
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls.__module__ == zoo.__name__
     }
-    used = {case.build.args[0].__name__ for case in CASES} | {"L", "M"}  # L and M are parts of N
+    seeds = load_torchscript_zoo()
+    used = {case.build.args[0].__name__ for case in CASES + seeds} | {"L", "M", "SeedL", "SeedM"}  # parts of N
     assert sorted(set(modules) - used) == []
     undocumented = [name for name, cls in modules.items() if not (cls.__doc__ or "").strip()]
     assert undocumented == []
+
+
+def test_the_seeds_models_are_adds_and_subs_on_one_element():
+    # PyTorch's demo compiler takes aten::add, aten::sub and constants, and computes one element:
+    # the TorchScript form's seed models are exactly that, scripted as the seeds script them.
+    seeds = {case.name: case for case in load_torchscript_zoo()}
+    assert sorted(seeds) == ["seed_basic_module", "seed_nested_nml", "seed_two_methods"]
+    assert seeds["seed_two_methods"].methods == ("forward", "sub_accum")
+    for case in seeds.values():
+        scripted = torch.jit.script(case.build())
+        for method in case.methods:
+            graph = getattr(scripted, method).graph
+            torch._C._jit_pass_inline(graph)
+            kinds = {n.kind() for n in graph.nodes()} - {"prim::Constant", "prim::GetAttr"}
+            assert kinds <= {"aten::add", "aten::sub"}, (case.name, method, kinds)
+            assert all(i.shape == (1,) for i in case.inputs[method])
+    x, h = torch.tensor([0.5]), torch.tensor([0.25])
+    assert seeds["seed_nested_nml"].build()(x, h).item() == 0.25
+    assert seeds["seed_basic_module"].build()(x, h).item() == 0.75
 
 
 def test_load_zoo_reads_the_file_once():

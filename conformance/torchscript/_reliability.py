@@ -18,9 +18,8 @@ import pytest
 import torch
 
 from ...checks import Check, CheckFailed
-from ...torchscript import lower, lower_in_fresh_process
+from ...torchscript import lower_in_fresh_process
 from . import _session as ts
-from ._probe_models import probe_model
 
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
@@ -161,16 +160,17 @@ def _memory(ctx: SuiteContext) -> None:
     first (a leak keeps growing; allocator caches settle)."""
     if not os.path.exists(f"/proc/{os.getpid()}/statm"):
         pytest.skip("not applicable: resident memory is read from /proc, which this system lacks")
-    record = ts.require_available(ctx)
+    ts.require_available(ctx)
     spec = ts.spec()
-    module = lower(torch.jit.script(probe_model("TsScale")), record, ("forward",))
-    x = torch.rand(65536, 4)  # 1 MiB: a backend keeping its inputs shows at once
+    data, module = ts.runtime_probe(ctx)
+    # 1 MiB per input: a backend keeping its inputs shows at once.
+    args = ts.probe_inputs(data["memory_shapes"], torch.rand)
 
     def window(calls: int) -> int:
         start = _rss()
         with torch.no_grad():
             for _ in range(calls):
-                module(x)
+                module(*args)
         return _rss() - start
 
     window(spec["memory_warmup_calls"])
@@ -182,5 +182,5 @@ def _memory(ctx: SuiteContext) -> None:
         if third > floor:
             raise CheckFailed(
                 f"memory keeps growing with calls: {first / 2**20:.1f} MiB, then {second / 2**20:.1f} MiB, then "
-                f"{third / 2**20:.1f} MiB over windows of {spec['memory_window_calls']} calls on a 1 MiB input"
+                f"{third / 2**20:.1f} MiB over windows of {spec['memory_window_calls']} calls on 1 MiB inputs"
             )

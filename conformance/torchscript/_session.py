@@ -85,6 +85,32 @@ def inputs(ctx: SuiteContext, case: str, dtype: str, method: str = "forward", se
     return list(ctx.flat_inputs(case, dtype, method, seed=seed))
 
 
+def rejection_text(exc: BaseException) -> str | None:
+    """The backend's rejection (``The node of X is not supported in this compiler. ...``), or None."""
+    text = str(exc)
+    if REJECTION_PREFIX in text and REJECTION_MIDDLE in text:
+        # Its sentence, without the source it quotes (on the same line or the next ones).
+        return text[text.index(REJECTION_PREFIX) :].splitlines()[0].split(" Source code:")[0].rstrip()
+    return None
+
+
+def lower_or_unsupported(module: Any, record: TorchScriptBackend, methods: tuple[str, ...], what: str) -> Any:
+    """``module`` lowered; `Unsupported` with the backend's text when preprocess rejects a node of it,
+    `CheckFailed` naming ``what`` for any other failure."""
+    try:
+        return lower(module, record, methods)
+    except Exception as exc:
+        raise lowering_failure(exc, record, what) from None
+
+
+def lowering_failure(exc: BaseException, record: TorchScriptBackend, what: str) -> Exception:
+    """What a failed lowering of ``what`` means to a check that is not about rejections."""
+    rejected = rejection_text(exc)
+    if rejected is not None:
+        return Unsupported(rejected)
+    return CheckFailed(f"torch._C._jit_to_backend({record.name!r}, {what}) failed: {type(exc).__name__}: {exc}")
+
+
 def lowered(ctx: SuiteContext, case: str, dtype: str, *, fresh: bool = False) -> tuple[Any, Scripted]:
     """The case lowered with ``torch._C._jit_to_backend`` (shared unless ``fresh``).
 
@@ -102,13 +128,43 @@ def lowered(ctx: SuiteContext, case: str, dtype: str, *, fresh: bool = False) ->
 
     made = make() if fresh else ctx.memo(("torchscript", "lowered", case, dtype), make)
     if isinstance(made, Exception):
-        text = str(made)
-        if REJECTION_PREFIX in text and REJECTION_MIDDLE in text:
-            raise Unsupported(text[text.index(REJECTION_PREFIX) :].splitlines()[0])
-        raise CheckFailed(
-            f"torch._C._jit_to_backend({record.name!r}, model {case} in {dtype}) failed: {type(made).__name__}: {text}"
-        )
+        raise lowering_failure(made, record, f"model {case} in {dtype}")
     return made, model
+
+
+def runtime_probe(ctx: SuiteContext) -> tuple[dict[str, Any], Any]:
+    """The first runtime-error probe (``suite.toml``) the backend lowers, and its lowered module.
+
+    Found by trying, once per session: a backend that compiles two operators
+    still gets a probe made of them. `Unsupported` with the backend's texts
+    when it rejects every variant; `CheckFailed` when a lowering fails
+    otherwise.
+    """
+    from ._probe_models import probe_model
+
+    record = loaded(ctx)
+
+    def pick() -> tuple[dict[str, Any], Any] | Exception:
+        refused: list[str] = []
+        for variant in spec()["runtime_error"]:
+            try:
+                return variant, lower_or_unsupported(
+                    torch.jit.script(probe_model(variant["model"])), record, ("forward",), f"probe {variant['model']}"
+                )
+            except Unsupported as exc:
+                refused.append(f"{variant['model']}: {exc}")
+            except CheckFailed as exc:
+                return exc
+        return Unsupported("the backend rejects every variant of the probe: " + "; ".join(refused))
+
+    made = ctx.memo(("torchscript", "runtime probe"), pick)
+    if isinstance(made, Exception):
+        raise made
+    return made
+
+
+def probe_inputs(shapes: list[list[int]], make: Callable[..., Any] = torch.ones) -> list[Any]:
+    return [make(shape) for shape in shapes]
 
 
 def call(module: Any, method: str, args: list[Any]) -> Any:
@@ -151,13 +207,16 @@ def differences(expected: Any, actual: Any, rtol: float = 0.0, atol: float = 0.0
     return None
 
 
-def source_line(path: str, expression: str) -> tuple[int, str]:
-    """The 1-based line of ``path`` holding ``expression``, and the line."""
+def source_line(path: str, expression: str, model: str) -> tuple[int, str]:
+    """The 1-based line of ``path`` holding ``expression`` in the class ``model``, and the line."""
     with open(path, encoding="utf-8") as f:
+        inside = False
         for number, line in enumerate(f, 1):
-            if expression in line:
+            if line.startswith("class "):
+                inside = line.startswith(f"class {model}(")
+            elif inside and expression in line and not line.lstrip().startswith(('"', "#")):  # code, not its doc
                 return number, line.rstrip("\n")
-    raise AssertionError(f"{expression!r} is not in {path}")
+    raise AssertionError(f"{expression!r} is not in class {model} of {path}")
 
 
 def probe_file() -> str:

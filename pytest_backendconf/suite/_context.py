@@ -224,15 +224,18 @@ def build_context(
     The pytest process and the backend host (`pytest_backendconf.suite._host`) both
     build it here, so that both generate the same checks.
     """
-    from ..conformance import load_zoo
+    from ..backend import TorchScriptBackend
+    from ..conformance import load_torchscript_zoo, load_zoo
 
+    # The seeds' own models (add and sub) are TorchScript's: the export form has its own zoo for those ops.
+    seeds = load_torchscript_zoo() if isinstance(selected.backend, TorchScriptBackend) else []
     real = []
     if zoo != "synthetic":
         from ..conformance.real_models import real_cases
 
         real = real_cases()
     # The synthetic zoo stays in the context under `real`: checks name some of its models.
-    ctx = SuiteContext(selected, load_zoo() + real + registry.cases(), tmp_dir=tmp_dir)
+    ctx = SuiteContext(selected, load_zoo() + seeds + real + registry.cases(), tmp_dir=tmp_dir)
     ctx.hypothesis_profile, ctx.hypothesis_seed = profile, seed
     return ctx
 

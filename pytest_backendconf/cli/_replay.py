@@ -178,6 +178,12 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
     """One ``<testcase>`` per bundle (classname ``backendconf.replay.<archive>``), failures with their text."""
     from xml.etree import ElementTree as ET
 
+    from .._quoting import xml_text
+
+    def text(value: str) -> str:
+        # ElementTree escapes the markup; what XML 1.0 cannot hold at all is shown escaped (`xml_text`).
+        return xml_text(str(value), markup=False)
+
     failures = sum(r.outcome == "failed" for r in results)
     errors = sum(r.outcome == "error" for r in results)
     suite = ET.Element(
@@ -193,8 +199,8 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"backendconf.replay.{_stem(r.archive)}",
-            name=f"{r.method}[{r.index}]",
+            classname=text(f"backendconf.replay.{_stem(r.archive)}"),
+            name=text(f"{r.method}[{r.index}]"),
             time=f"{r.duration:.3f}",
         )
         if r.outcome != "passed":
@@ -202,18 +208,13 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
             element = ET.SubElement(
                 case,
                 tag,
-                type=(r.error or {}).get("type", r.outcome),
-                message=_xml_text((r.message or "").split("\n")[0]),
+                type=text((r.error or {}).get("type", r.outcome)),
+                message=text((r.message or "").split("\n")[0]),
             )
-            element.text = _xml_text(r.message or "")
+            element.text = text(r.message or "")
     testsuites = ET.Element("testsuites")
     testsuites.append(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(testsuites, encoding="unicode") + "\n"
-
-
-def _xml_text(text: str) -> str:
-    # XML 1.0 has no place for most control characters, which a runtime error's text may hold.
-    return "".join(ch if ch in "\t\n\r" or ord(ch) >= 0x20 else repr(ch)[1:-1] for ch in text)
 
 
 def _write(path: str, text: str) -> None:

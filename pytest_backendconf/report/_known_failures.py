@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 
+from .._quoting import toml_comment, toml_string
 from ..checks import ROOT_ID, id_matches
 from ._report import FAILING, TestResult
 
@@ -173,19 +174,14 @@ class KnownFailureIndex:
 def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
     """A known-failures file: a comment header, then one sorted inline-table line per entry."""
     lines = [
-        f"# Known conformance failures of backend {backend!r}, for pytest --backendconf-known-failures.",
+        toml_comment(f"Known conformance failures of backend {backend!r}, for pytest --backendconf-known-failures."),
         "# Each key is a test id (fnmatch patterns allowed); a listed test that passes fails the run.",
         "# Written by --backendconf-write-known-failures; edit the reasons and links freely.",
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
-        reason, link = _toml_str(entry.reason), _toml_str(entry.link)
-        lines.append(f"{_toml_str(entry.pattern)} = {{ reason = {reason}, link = {link} }}")
+        reason, link = toml_string(entry.reason), toml_string(entry.link)
+        lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link} }}")
     return "\n".join(lines) + "\n"
-
-
-def _toml_str(text: str) -> str:
-    # A JSON string is a TOML basic string once DEL is escaped too.
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def merge_known_failures(

@@ -52,9 +52,8 @@ def visible(text: str) -> str:
 
 def python_literal(value: Any) -> str:
     """A Python expression evaluating to ``value`` (str, numbers, None, bools, and lists, tuples and
-    dicts of them): ``repr``, which escapes quotes, backslashes and every non-printable character."""
-    if isinstance(value, float) and value != value:
-        return "nan"  # repr(nan) is 'nan' too; the script imports it from math
+    dicts of them): ``repr``, which escapes quotes, backslashes and every non-printable character.
+    (``inf`` and ``nan`` are written as names: a script using them imports them from ``math``.)"""
     return repr(value)
 
 
@@ -104,6 +103,7 @@ def toml_comment(text: str) -> str:
 
 # --- XML ----------------------------------------------------------------------------------------
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: What XML 1.0 forbids even as a character reference: controls but tab, CR and LF; surrogates; FFFE/FFFF.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -145,5 +145,9 @@ def markdown_code(text: str) -> str:
 
 
 def html_text(value: Any) -> str:
-    """``value`` as HTML text or a quoted attribute value: ``& < > " '`` as entities (None is empty)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """``value`` as HTML text or a quoted attribute value: ``& < > " '`` as entities (None is empty).
+
+    A lone surrogate, which no encoding of the page can hold, is shown as its escape (``\\ud800``).
+    """
+    text = _SURROGATE.sub(lambda m: repr(m.group())[1:-1], "" if value is None else str(value))
+    return html.escape(text, quote=True)

@@ -73,13 +73,13 @@ def _toml_expected(text: str) -> str:
 @pytest.mark.parametrize("text", HOSTILE)
 def test_python_literal_and_comment_keep_the_text_data(text):
     assert ast.literal_eval(python_literal(text)) == text
-    assert ast.literal_eval(python_literal([text, (1.5, float("inf"))])) == [text, (1.5, float("inf"))]
+    assert ast.literal_eval(python_literal([text, (1.5, -2, None)])) == [text, (1.5, -2, None)]
     source = f'"""Doc."""\n{python_comment(text)}\nDONE = 1\n'
     tree = ast.parse(source)  # NUL, a stray quote or a coding line would break this or change the file
     assert ast.get_docstring(tree) == "Doc."
     assert [type(node).__name__ for node in tree.body] == ["Expr", "Assign"]
     comments = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
-    assert comments == [f"# {visible(line)}".rstrip() for line in (text.splitlines() or [""])]
+    assert comments == [f"# {visible(line)}" if line else "#" for line in (text.splitlines() or [""])]
 
 
 def test_a_comment_prefix_must_be_a_comment():
@@ -132,7 +132,7 @@ def test_html_text_adds_no_element(text):
     tags = _Tags()
     tags.feed(f'<p title="{html_text(text)}">{html_text(text)}</p>')
     tags.close()
-    assert tags.starts == ["p"] and tags.title == text
+    assert tags.starts == ["p"] and tags.title == re.sub("[\ud800-\udfff]", lambda m: repr(m.group())[1:-1], text)
 
 
 class _Tags(HTMLParser):

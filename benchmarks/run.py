@@ -684,7 +684,9 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
             progress("hostile-input bounds: a sparse report's page, a 16,000-entry known-failures file")
             figures += bounds_figures(settings)
         if "known-failures" in sections:
-            progress("known-failure lookup in a hostile file: 500 patterns of 1,000 characters matching every id's literals")
+            progress(
+                "known-failure lookup in a hostile file: 500 patterns of 1,000 characters matching every id's literals"
+            )
             figures += known_failures_figures(settings)
         if "suite" in sections:
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))

@@ -53,7 +53,7 @@ HOSTILE = [
     "`",
     "a | b || c \\| d \\",
     "]]> <![CDATA[ x ]]>",
-    '<script>alert(1)</script> & "quotes" \'single\'',
+    "<script>alert(1)</script> & \"quotes\" 'single'",
     "\x1b[2J\x1b[31mred\u202e",
     "lone \ud800 surrogate",
     "tab\there",
@@ -154,7 +154,7 @@ def test_a_known_failures_file_of_hostile_entries_reads_back_entry_for_entry(tmp
 
     entries = [KnownFailure(f"backendconf::parity::x{i}{text}", text or "r", text) for i, text in enumerate(HOSTILE)]
     path = tmp_path / "known.toml"
-    path.write_text(format_known_failures(entries, backend="be\nvil = 1 '\"\"\""), encoding="utf-8")
+    path.write_text(format_known_failures(entries, backend='be\nvil = 1 \'"""'), encoding="utf-8")
     loaded = load_known_failures(path, "--backendconf-known-failures")
     assert [(e.pattern, e.reason, e.link) for e in loaded] == sorted(
         (_toml_expected(e.pattern), _toml_expected(e.reason), _toml_expected(e.link)) for e in entries

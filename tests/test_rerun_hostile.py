@@ -177,7 +177,11 @@ SEGMENT = {
         ({"offsets": {"$input": 1}}, torch.tensor([0, 4096]), r"offsets must be non-decreasing and within \[0, 4\]"),
         ({"offsets": {"$input": 1}}, torch.tensor([-8, 2]), r"offsets must be non-decreasing and within \[0, 4\]"),
         ({"offsets": {"$input": 1}}, torch.tensor([3, 1]), r"offsets must be non-decreasing"),
-        ({"lengths": {"$input": 1}, "unsafe": True}, torch.tensor([4096]), r"unsafe=True skips its own argument checks"),
+        (
+            {"lengths": {"$input": 1}, "unsafe": True},
+            torch.tensor([4096]),
+            r"unsafe=True skips its own argument checks",
+        ),
         ({"lengths": {"$input": 1}, "evil": 1}, torch.tensor([4]), r"unexpected keyword argument 'evil'"),
     ],
 )

@@ -36,7 +36,14 @@ from ._checks import short as _short
 from ._zip import _STORED, DEBUG, MANIFEST, ZipReader, pack, read_input, stored_bytes
 from ..debuginfo import DebugInfo
 from ._debug_table import INT64_MAX, decode_debug
-from ..errors import ArchiveEntryError, ArchiveError, ArchiveFormatError, ArchiveManifestError, ArchiveSizeError, DebugSidecarError
+from ..errors import (
+    ArchiveEntryError,
+    ArchiveError,
+    ArchiveFormatError,
+    ArchiveManifestError,
+    ArchiveSizeError,
+    DebugSidecarError,
+)
 
 SIDECAR_FORMAT = "backendconf-debug"
 SIDECAR_SCHEMA = (1, 0)

@@ -110,9 +110,7 @@ def _index_files(index: str) -> list[str]:
         if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
             raise BackendConfError(f"{index!r} lists {name!r}, which is not a file name in its folder")
         if name in seen:
-            raise BackendConfError(
-                f"{index!r} lists {name!r} more than once; an index names each archive once. {fix}"
-            )
+            raise BackendConfError(f"{index!r} lists {name!r} more than once; an index names each archive once. {fix}")
         seen.add(name)
     return names
 

@@ -12,7 +12,16 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
-from ._info import MAX_TEXT_CHARS, DebugInfo, clip, format_missing, one_line, format_range, hierarchy_prefix, traceback_text
+from ._info import (
+    MAX_TEXT_CHARS,
+    DebugInfo,
+    clip,
+    format_missing,
+    one_line,
+    format_range,
+    hierarchy_prefix,
+    traceback_text,
+)
 
 
 INT64_MAX = 2**63 - 1

@@ -457,7 +457,9 @@ def format_markdown(merged: Merged) -> str:
                 "its scores cover the selected checks only"
             )
         if report.exit_status not in (0, None):
-            out.append(f"- {code(report.backend)}, {code(report.label)}: the run's exit status was {report.exit_status}")
+            out.append(
+                f"- {code(report.backend)}, {code(report.label)}: the run's exit status was {report.exit_status}"
+            )
     out.append("")
     flips = merged.flips
     out.append(f"## Flips ({len(flips)})")

@@ -217,7 +217,9 @@ class SuiteContext:
         from .._quoting import shell_command
 
         plugins = [part for module in self.plugin_modules for part in ("-p", module)]
-        return shell_command(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={self.name}", *plugins])
+        return shell_command(
+            ["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={self.name}", *plugins]
+        )
 
 
 def build_context(

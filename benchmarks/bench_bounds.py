@@ -122,3 +122,70 @@ def bounds_figures(settings: Settings) -> list[Figure]:
             )
         )
     return figures
+
+
+# --- known-failure matching against a hostile file -----------------------------------------------
+
+#: Characters of test ids, for the classes of `hostile_patterns`.
+_ID_CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-,= "
+
+
+def hostile_patterns(n: int) -> list[str]:
+    """``n`` distinct patterns of about 1,000 characters that every check id's literal filters let through.
+
+    Each shares the literal prefix (``backendconf::``) and suffix (``]``) of
+    every id, needs fewer characters than an id has, and spends the 16
+    wildcards a pattern may have (7 classes of ~130 characters, 8 ``*``), so
+    `KnownFailureIndex` must run each one's regex against each id: the worst
+    a file the reader admits can do. (The issue's file, 500 patterns with
+    hundreds of ``*`` each, is refused at load by the wildcard cap.)
+    """
+    patterns = []
+    width = len(_ID_CHARACTERS)
+    for i in range(n):  # distinct by the rotation and the length of their classes
+        rotated = _ID_CHARACTERS[i % width :] + _ID_CHARACTERS[: i % width]
+        klass = (rotated * 3)[: 133 - i // width]
+        patterns.append("backendconf::" + "".join(f"*[{klass}]" for _ in range(7)) + "*]")
+    return patterns
+
+
+def default_suite_ids(n: int) -> list[str]:
+    """``n`` check ids of the shapes the default suite has (ops, parity, serialization...)."""
+    shapes = (
+        "backendconf::ops::aten.{k}.default[float32-sample{i}]",
+        "backendconf::parity::model_{k}[float16]",
+        "backendconf::serialization::round_trip[model_{k}]",
+        "backendconf::contract::execute_profiled_events[model_{k}]",
+    )
+    return [shapes[i % len(shapes)].format(k=f"op{i}", i=i % 7) for i in range(n)]
+
+
+def known_failures_figures(settings: Settings) -> list[Figure]:
+    """Milliseconds per check id for the worst known-failures file the reader admits (`hostile_patterns`)."""
+    from pytest_backendconf.report._known_failures import KnownFailureIndex, load_known_failures
+
+    small = settings.name == "tiny"
+    ids = default_suite_ids(40 if small else 400)
+    with tempfile.TemporaryDirectory(prefix="backendconf-bench-known-") as folder:
+        known = Path(folder, "known.toml")
+        known.write_text("".join(f'"{p}" = {{ reason = "r" }}\n' for p in hostile_patterns(500)))
+        index = KnownFailureIndex(load_known_failures(known, "--backendconf-known-failures"))
+        size = known.stat().st_size
+
+        def look_up() -> None:
+            for test_id in ids:
+                index.entry_for(test_id, test_id)
+
+        per_id = cpu_seconds(look_up, 1 if small else 3) / len(ids) * 1e3
+    return [
+        Figure(
+            "known_failures.per_check_ms",
+            f"look a check up in {size / 1e3:,.0f} KB of known failures: 500 patterns of ~1,000 characters",
+            per_id,
+            "ms",
+            "≤ 10 ms",
+            judged(per_id <= 10),
+            f"{per_id / 10:.2f}× the target; every pattern shares the ids' prefix and suffix, so each runs its "
+            f"regex; {len(ids)} ids of the default suite's shapes",
+        )
+    ]

@@ -39,7 +39,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import bench_models as models  # noqa: E402  (the benchmark's own models, next to this file)
-from bench_bounds import bounds_figures  # noqa: E402
+from bench_bounds import bounds_figures, known_failures_figures  # noqa: E402
 from bench_markdown import check as check_markdown, rewrite, table as markdown_table  # noqa: E402
 
 from bench_timing import INFO, MET, MISSED, SKIPPED, Figure, Settings, best_of, interleaved, judged, machine  # noqa: E402
@@ -603,7 +603,7 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 # --- the run ------------------------------------------------------------------------------
 
 
-SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "peers")
+SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "known-failures", "peers")
 #: The last five-engine measurement of this process (``bench_peers.measure``), for its table.
 PEERS: dict[str, Any] = {}
 
@@ -683,6 +683,11 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
         if "bounds" in sections:
             progress("hostile-input bounds: a sparse report's page, a 16,000-entry known-failures file")
             figures += bounds_figures(settings)
+        if "known-failures" in sections:
+            progress(
+                "known-failure lookup in a hostile file: 500 patterns of 1,000 characters matching every id's literals"
+            )
+            figures += known_failures_figures(settings)
         if "suite" in sections:
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)

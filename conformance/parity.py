@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import shlex
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -411,5 +410,4 @@ def save_inputs(
 
 
 def rerun_command(ctx: SuiteContext, path: Path) -> str:
-    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
-    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])
+    return ctx.rerun_command(path)

@@ -36,7 +36,7 @@ def expected_keys(settings) -> set[str]:
     for n in settings.scaling_sizes:
         keys |= {f"scaling.lower.{n}", f"scaling.size.{n}"}
     keys |= {"symbolicate.cold", "symbolicate.distinct", "symbolicate.warm"}
-    keys |= {"bounds.report_html", "bounds.known_failures"}
+    keys |= {"bounds.report_html", "bounds.known_failures", "known_failures.per_check_ms"}
     return keys
 
 

@@ -10,6 +10,7 @@ tensors against the recorded shapes). Each runs in-process: any exception fails 
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -156,3 +157,40 @@ def test_the_recorded_sample_still_reruns(tmp_path, capsys):
     write_tensors(path, SCALARS, {**ops_file(), "low_precision_reference": "True"})
     assert _rerun.main([str(path), "--backend=reference"]) == 0
     assert "aten.add.Tensor[float32-sample0] on backend 'reference'" in capsys.readouterr().out
+
+
+SEGMENT = {
+    "overload": "aten.segment_reduce.default",
+    "dtype": "float32",
+    "index": 0,
+    "opinfo": "_segment_reduce.offsets",
+    "args": [{"$input": 0}, "sum"],
+    "kwargs": {"offsets": {"$input": 1}},
+    "outputs": None,
+    "inputs": 2,
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "second", "message"),
+    [
+        ({"offsets": {"$input": 1}}, torch.tensor([0, 4096]), r"offsets must be non-decreasing and within \[0, 4\]"),
+        ({"offsets": {"$input": 1}}, torch.tensor([-8, 2]), r"offsets must be non-decreasing and within \[0, 4\]"),
+        ({"offsets": {"$input": 1}}, torch.tensor([3, 1]), r"offsets must be non-decreasing"),
+        (
+            {"lengths": {"$input": 1}, "unsafe": True},
+            torch.tensor([4096]),
+            r"unsafe=True skips its own argument checks",
+        ),
+        ({"lengths": {"$input": 1}, "evil": 1}, torch.tensor([4]), r"unexpected keyword argument 'evil'"),
+    ],
+)
+def test_hostile_segment_reduce_arguments_never_reach_the_eager_kernel(tmp_path, capsys, kwargs, second, message):
+    # The rerun calls the operator eagerly for its reference: the allowlist's argument check runs first,
+    # whether or not the ops data of this torch records the sample.
+    path = tmp_path / "segment.safetensors"
+    sample = {**SEGMENT, "kwargs": kwargs}
+    write_tensors(path, {"input0": torch.ones(4), "input1": second}, {"kind": "ops", "sample": json.dumps(sample)})
+    assert _rerun.main([str(path), "--backend=reference"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and re.search(message, err), err

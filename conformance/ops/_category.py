@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -449,8 +448,7 @@ def save_inputs(ctx: SuiteContext, sample: discovery.OpSample, number: int) -> P
 
 
 def rerun_command(ctx: SuiteContext, path: Path) -> str:
-    plugins = [part for module in getattr(ctx, "plugin_modules", []) for part in ("-p", module)]
-    return shlex.join(["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={ctx.name}", *plugins])
+    return ctx.rerun_command(path)
 
 
 # --- several checks lowered as one (Capabilities(batch_ops=True)) ------------------------------

@@ -23,7 +23,7 @@ from ._manifest import Archive, SCHEMA_VERSION
 from ._method_spec import MethodSpec, params_of, value_spec
 from ._partitions import delegation
 from ._plan import Delegation, Plan, Step, format_delegation
-from ._sidecar import check_pair, debug_info_mode, default_sidecar_path, read_sidecar
+from ._sidecar import check_pair, check_sidecar_size, debug_info_mode, default_sidecar_path, read_sidecar
 from ._tensor_codec import ITEMSIZE, from_message, to_message
 from ._tensorfile import TensorFileError, read_tensors, write_tensors
 from ._versions import declared_version
@@ -48,6 +48,7 @@ __all__ = [
     "add_limit_options",
     "check_limits",
     "check_pair",
+    "check_sidecar_size",
     "debug_info_mode",
     "debug_source",
     "declared_version",

@@ -55,6 +55,7 @@ from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAUL
 from ._manifest import ATTRIBUTES, BLOB, FORMAT_NAME, SCHEMA_VERSION, Archive, ArchiveReader, EntryInfo
 from ..debuginfo import SymbolTable, cached_table, check_handles, join_texts
 from ._sidecar import (
+    check_sidecar_size,
     SEPARATE_SCHEMA,
     SIDECAR_FORMAT,
     Sidecar,
@@ -190,6 +191,10 @@ def debug_source(file: Any, *, limits: Limits | None = None) -> Archive | Sideca
     limits = check_limits(limits)
     if isinstance(file, (Archive, Sidecar)):
         return file
+    if isinstance(file, (str, os.PathLike)) and os.fspath(file).endswith(".debug"):
+        # Named as a debug file: its size is checked against a debug file's bound before anything is
+        # read (a file of junk under the archive limit would otherwise be read whole first).
+        check_sidecar_size(os.fspath(file), limits)
     if isinstance(file, (str, os.PathLike, bytes, bytearray, memoryview)):
         data, source = read_input(file, limits)
         if read_format(data, source, limits) == SIDECAR_FORMAT:

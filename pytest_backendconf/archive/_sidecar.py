@@ -25,9 +25,9 @@ import hashlib
 import json
 import os
 import re
-import shlex
 from typing import Any, Mapping
 
+from .._quoting import shell_command
 from ._checks import REWRITE as _REWRITE
 from ._checks import field as _field
 from ._checks import is_int as _is_int
@@ -36,7 +36,14 @@ from ._checks import short as _short
 from ._zip import _STORED, DEBUG, MANIFEST, ZipReader, pack, read_input, stored_bytes
 from ..debuginfo import DebugInfo
 from ._debug_table import INT64_MAX, decode_debug
-from ..errors import ArchiveEntryError, ArchiveFormatError, ArchiveManifestError, ArchiveSizeError, DebugSidecarError
+from ..errors import (
+    ArchiveEntryError,
+    ArchiveError,
+    ArchiveFormatError,
+    ArchiveManifestError,
+    ArchiveSizeError,
+    DebugSidecarError,
+)
 
 SIDECAR_FORMAT = "backendconf-debug"
 SIDECAR_SCHEMA = (1, 0)
@@ -157,16 +164,28 @@ def sidecar_cap(limits: Any) -> int:
     return min(limits.max_archive_bytes, limits.max_debug_bytes + _SIDECAR_OVERHEAD)
 
 
+def check_sidecar_size(path: str, limits: Any) -> None:
+    """Refuse the file at ``path`` if it is larger than any ``.debug`` file can be, before reading any of it.
+
+    A folder is an `ArchiveError` too (as `read_input` says), not a raw `IsADirectoryError`.
+    """
+    cap = sidecar_cap(limits)
+    size = os.stat(path).st_size
+    if os.path.isdir(path):
+        raise ArchiveError(f"{path!r} is a folder, not a .debug file; pass the file itself")
+    if size > cap:
+        raise ArchiveSizeError(
+            f"debug file {path!r} is {size} bytes, more than a debug file of at most {limits.max_debug_bytes} "
+            f"bytes of debug info can be ({cap}); pass limits=Limits(max_debug_bytes=...) if the file is trusted"
+        )
+
+
 def read_sidecar(file: Any, limits: Any) -> Sidecar:
     """Read and verify a ``.debug`` file; its size is checked before any of it is read."""
     cap = sidecar_cap(limits)
     name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else None
-    size = os.stat(name).st_size if name is not None else None
-    if size is not None and size > cap:
-        raise ArchiveSizeError(
-            f"debug file {name!r} is {size} bytes, more than a debug file of at most {limits.max_debug_bytes} "
-            f"bytes of debug info can be ({cap}); pass limits=Limits(max_debug_bytes=...) if the file is trusted"
-        )
+    if name is not None:
+        check_sidecar_size(name, limits)
     try:
         data, source = read_input(file, dataclasses.replace(limits, max_archive_bytes=cap))
     except ArchiveSizeError:
@@ -279,4 +298,4 @@ def symbolicate_hint(source: str) -> str:
     """``backendconf symbolicate model.bcpt.debug`` for an archive loaded from ``source``."""
     if source.startswith("<"):
         return "backendconf symbolicate ARCHIVE.debug"
-    return f"backendconf symbolicate {shlex.quote(default_sidecar_path(source))}"
+    return shell_command(["backendconf", "symbolicate", default_sidecar_path(source)])

@@ -380,6 +380,8 @@ def read_input(file: Any, limits: Any) -> tuple[bytes, str]:
         data, source = bytes(file), "<bytes>"
     elif isinstance(file, (str, os.PathLike)):
         source = os.fspath(file)
+        if os.path.isdir(source):
+            raise ArchiveError(f"{source!r} is a folder, not an archive; pass the archive file itself (a .bcpt file)")
         with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > cap:

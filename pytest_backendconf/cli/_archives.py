@@ -43,10 +43,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 @file_errors
 def inspect_command(args: argparse.Namespace) -> int:
-    from ..archive import SCHEMA_VERSION, read_archive
+    from ..archive import SCHEMA_VERSION, check_sidecar_size, read_archive
     from ..archive import limits_from_options
 
-    archive = read_archive(args.archive, limits=limits_from_options(args))
+    limits = limits_from_options(args)
+    if args.archive.endswith(".debug"):
+        check_sidecar_size(args.archive, limits)  # bounded before it is read, as a debug file
+    archive = read_archive(args.archive, limits=limits)
     major, minor = archive.schema_version
     handles = sorted(archive.debug) or list(archive.handles)
     span = f" ({handles[0]}..{handles[-1]})" if handles else ""

@@ -66,22 +66,52 @@ def archive_paths(paths: Sequence[str]) -> list[str]:
     return found
 
 
-def _index_files(index: str) -> list[str]:
-    from ..errors import BackendConfError
+#: Bounds of a golden folder's index, checked before it is parsed (docs/security.md): a suite run lists
+#: one entry per golden check (a few hundred, under 100 bytes each), so these leave room tenfold over.
+MAX_INDEX_BYTES = 4 * 1024 * 1024
+MAX_INDEX_ENTRIES = 20_000
 
+
+def _index_files(index: str) -> list[str]:
+    """The archive names ``index`` lists: bounded in size, depth and count, each a file of its folder, once."""
+    from ..errors import BackendConfError
+    from ..report import load_json
+
+    fix = "write the folder again with pytest --backendconf-golden=DIR, or delete the index to replay every *.bcpt file"
     try:
-        with open(index, encoding="utf-8") as f:
-            document = json.load(f)
-        names = [entry["archive"] for entry in document["archives"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        with open(index, "rb") as f:
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as exc:
+        raise BackendConfError(f"cannot read {index!r} ({exc.strerror or exc}); {fix}") from None
+    if len(data) > MAX_INDEX_BYTES:
         raise BackendConfError(
-            f"{index!r} is not a golden folder's index ({type(exc).__name__}: {exc}); write the folder again "
-            "with pytest --backendconf-golden=DIR, or delete the index to replay every *.bcpt file"
+            f"{index!r} is larger than {MAX_INDEX_BYTES // (1024 * 1024)} MiB, more than any golden folder's index "
+            f"(one short entry per golden check); {fix}"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BackendConfError(f"{index!r} is not UTF-8 text ({exc}); {fix}") from None
+    # Depth-checked before parsing (`report.load_json`): a deeply nested index is a clean error, not a RecursionError.
+    document = load_json(text, f"{index!r}", fix, error=BackendConfError)
+    try:
+        names = [entry["archive"] for entry in document["archives"]]
+    except (KeyError, TypeError) as exc:
+        raise BackendConfError(
+            f"{index!r} is not a golden folder's index ({type(exc).__name__}: {exc}); {fix}"
         ) from None
+    if len(names) > MAX_INDEX_ENTRIES:
+        raise BackendConfError(
+            f"{index!r} lists {len(names):,} archives; at most {MAX_INDEX_ENTRIES:,} are replayed from one index. {fix}"
+        )
+    seen: set[str] = set()
     for name in names:
         # A name from the file: a plain file name in the folder, never a path out of it.
         if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
             raise BackendConfError(f"{index!r} lists {name!r}, which is not a file name in its folder")
+        if name in seen:
+            raise BackendConfError(f"{index!r} lists {name!r} more than once; an index names each archive once. {fix}")
+        seen.add(name)
     return names
 
 
@@ -178,6 +208,12 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
     """One ``<testcase>`` per bundle (classname ``backendconf.replay.<archive>``), failures with their text."""
     from xml.etree import ElementTree as ET
 
+    from .._quoting import xml_text
+
+    def text(value: str) -> str:
+        # ElementTree escapes the markup; what XML 1.0 cannot hold at all is shown escaped (`xml_text`).
+        return xml_text(str(value), markup=False)
+
     failures = sum(r.outcome == "failed" for r in results)
     errors = sum(r.outcome == "error" for r in results)
     suite = ET.Element(
@@ -193,8 +229,8 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"backendconf.replay.{_stem(r.archive)}",
-            name=f"{r.method}[{r.index}]",
+            classname=text(f"backendconf.replay.{_stem(r.archive)}"),
+            name=text(f"{r.method}[{r.index}]"),
             time=f"{r.duration:.3f}",
         )
         if r.outcome != "passed":
@@ -202,18 +238,13 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
             element = ET.SubElement(
                 case,
                 tag,
-                type=(r.error or {}).get("type", r.outcome),
-                message=_xml_text((r.message or "").split("\n")[0]),
+                type=text((r.error or {}).get("type", r.outcome)),
+                message=text((r.message or "").split("\n")[0]),
             )
-            element.text = _xml_text(r.message or "")
+            element.text = text(r.message or "")
     testsuites = ET.Element("testsuites")
     testsuites.append(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(testsuites, encoding="unicode") + "\n"
-
-
-def _xml_text(text: str) -> str:
-    # XML 1.0 has no place for most control characters, which a runtime error's text may hold.
-    return "".join(ch if ch in "\t\n\r" or ord(ch) >= 0x20 else repr(ch)[1:-1] for ch in text)
 
 
 def _write(path: str, text: str) -> None:

@@ -58,6 +58,7 @@ def _depth(value: Any, limit: int) -> int:
 def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
     """The `OpSample` of an ops rerun file, every field checked (`RerunFileError` otherwise)."""
     from .. import _compat
+    from ..allowlist import argument_check
     from ..conformance.ops import discovery
     from ..errors import OperatorRefusedError
 
@@ -113,10 +114,19 @@ def checked_sample(path: Any, metadata: dict, tensors: dict) -> Any:
             raise RerunFileError(f"{path}: the sample takes {n_inputs} inputs, but tensor 'input{i}' is missing")
         inputs.append(tensor)
     try:
-        discovery.decode_arg(args, inputs)
-        discovery.decode_arg_dict(kwargs, inputs)
+        call_args = discovery.decode_arg(args, inputs)
+        call_kwargs = discovery.decode_arg_dict(kwargs, inputs)
     except ValueError as exc:
         raise RerunFileError(f"{where}: {exc}") from None
+    # An operator whose kernel trusts index-like arguments (segment_reduce's offsets) has them checked
+    # here, as the interpreter checks them per call: the rerun also calls the operator eagerly, for the
+    # reference, and that call must not read outside its tensors either.
+    check = argument_check(overload)
+    if check is not None:
+        try:
+            check(*call_args, **call_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise RerunFileError(f"{where}: {exc}") from None
     sample = discovery.OpSample(
         overload,
         dtype,

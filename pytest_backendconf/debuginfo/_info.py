@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, Iterable, Iterator, Sequence
 
+from .._quoting import visible
 from . import _exec_sources, _source
 
 HERE = " <--- HERE"
@@ -45,6 +46,17 @@ def clip(text: str, limit: int = MAX_NAME_CHARS) -> str:
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
+def one_line(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """A name or a source line from debug info, on one line and capped (`clip`).
+
+    Debug info travels in archives: a line break or a control character in
+    a file name, a node name or a source line is shown as its escape
+    (``\\n``), so that no such text starts a line of its own in a runtime
+    error, ``symbolicate`` or ``profile``, or passes for a line of theirs.
+    """
+    return clip(visible(text), limit)
+
+
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+?)\s*$')
 
 
@@ -61,10 +73,10 @@ class Frame:
 
     def render(self) -> str:
         """The frame as traceback lines, carets under the expression (whole line as fallback)."""
-        head = f'  File "{clip(self.file)}", line {self.line}, in {clip(self.name)}'
+        head = f'  File "{one_line(self.file)}", line {self.line}, in {one_line(self.name)}'
         if not self.source or not self.source.strip():
             return head
-        text = self.source.strip()
+        text = visible(self.source.strip())
         indent = len(self.source) - len(self.source.lstrip())
         if self.col is not None and self.end_col is not None and self.end_col > self.col >= indent:
             pad, width = self.col - indent, self.end_col - self.col
@@ -140,7 +152,7 @@ class DebugInfo:
     def hierarchy_text(self) -> str:
         """``top(N)::forward.m(M)::forward.l(L)::forward.aten::mul``."""
         prefix = hierarchy_prefix(self.module_hierarchy, self.method)
-        return f"{prefix}.{clip(self.op)}" if prefix else clip(self.op)
+        return f"{prefix}.{one_line(self.op)}" if prefix else one_line(self.op)
 
     def __str__(self) -> str:
         return clip(f"  Module hierarchy:{self.hierarchy_text()}\n{traceback_text(self.frames)}", MAX_TEXT_CHARS)
@@ -157,8 +169,8 @@ def hierarchy_prefix(module_hierarchy: tuple[tuple[str, str], ...], method: str)
     if cut > 0:
         pairs = pairs[:_HIERARCHY_HEAD] + pairs[_HIERARCHY_HEAD + cut :]
     for depth, (name, cls) in pairs:
-        called = clip(method or "forward") if depth == 0 else "forward"
-        parts.append(f"{clip(name)}({clip(cls)})::{called}")
+        called = one_line(method or "forward") if depth == 0 else "forward"
+        parts.append(f"{one_line(name)}({one_line(cls)})::{called}")
         if cut > 0 and depth == _HIERARCHY_HEAD - 1:
             parts.append(f"… ({cut} more)")
     return ".".join(parts)
@@ -188,12 +200,12 @@ def traceback_text(frames: tuple[Frame, ...]) -> str:
 
 def format_unsupported(info: DebugInfo, reason: str) -> str:
     """The text of `UnsupportedNodeError` (its first lines are pinned)."""
-    lines = [f"The node of {clip(info.op)} is not supported in this compiler. Source code:"]
+    lines = [f"The node of {one_line(info.op)} is not supported in this compiler. Source code:"]
     if info.frames:
         lines.append(info.frames[-1].render())
         if not info.frames[-1].source:
             # Code without a file (exec'd strings): keep the frame, say which op it is.
-            lines.append(f"    (no source text for this file; the node is {clip(info.op)})")
+            lines.append(f"    (no source text for this file; the node is {one_line(info.op)})")
     else:
         lines.append("  (no source recorded for this node)")
     if reason:
@@ -277,8 +289,8 @@ def format_missing(handles: Iterable[int | str]) -> str:
 
 
 def _locator(info: DebugInfo) -> str:
-    where = f"method {clip(info.method)!r}, " if info.method else ""
-    return f"({where}node {clip(info.node)!r}, debug handle {info.handle})"
+    where = f"method {one_line(info.method)!r}, " if info.method else ""
+    return f"({where}node {one_line(info.node)!r}, debug handle {info.handle})"
 
 
 # --- building debug info from torch.export metadata ---------------------------

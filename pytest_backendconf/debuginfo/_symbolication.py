@@ -12,7 +12,16 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
-from ._info import MAX_TEXT_CHARS, DebugInfo, clip, format_missing, format_range, hierarchy_prefix, traceback_text
+from ._info import (
+    MAX_TEXT_CHARS,
+    DebugInfo,
+    clip,
+    format_missing,
+    one_line,
+    format_range,
+    hierarchy_prefix,
+    traceback_text,
+)
 
 
 INT64_MAX = 2**63 - 1
@@ -87,7 +96,7 @@ class SymbolTable:
                     return format_missing([short_repr(handle)])
                 return format_missing([handle])
             found = clip(
-                f"debug handle {handle} (method {clip(info.method)!r}, node {clip(info.node)!r}, {clip(info.op)}):\n"
+                f"debug handle {handle} (method {one_line(info.method)!r}, node {one_line(info.node)!r}, {one_line(info.op)}):\n"
                 f"{self._body(info)}",
                 MAX_TEXT_CHARS,
             )
@@ -120,7 +129,7 @@ class SymbolTable:
                 self._tracebacks.clear()
             traceback = self._tracebacks[id(info.frames)] = (info.frames, traceback_text(info.frames))
             self.cached_chars += len(traceback[1])
-        op = clip(info.op)
+        op = one_line(info.op)
         hierarchy = f"{prefix[1]}.{op}" if prefix[1] else op
         return f"  Module hierarchy:{hierarchy}\n{traceback[1]}"
 

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from ..debuginfo import DebugInfo, clip, hierarchy_prefix
+from ..debuginfo import DebugInfo, hierarchy_prefix, one_line
 from ..errors import BackendContractError, BackendError
 
 #: One event: (debug handle, start, end), nanoseconds of time.perf_counter_ns.
@@ -197,8 +197,8 @@ class Profile:
         if info is None:
             return {"op": None, "file": None, "line": None, "hierarchy": None, "handle": handle}
         return {  # names from the debug info, capped as every text rendered from it is
-            "op": clip(info.op),
-            "file": clip(info.file) if info.file is not None else None,
+            "op": one_line(info.op),
+            "file": one_line(info.file) if info.file is not None else None,
             "line": info.line,
             "hierarchy": hierarchy_prefix(info.module_hierarchy, info.method),
         }
@@ -333,9 +333,9 @@ class Profile:
                 args: dict[str, Any] = {"debug_handle": handle, "call": i}
                 if info is not None:
                     args.update(
-                        node=clip(info.node),
-                        op=clip(info.op),
-                        source=f"{clip(info.file)}:{info.line}" if info.file else None,
+                        node=one_line(info.node),
+                        op=one_line(info.op),
+                        source=f"{one_line(info.file)}:{info.line}" if info.file else None,
                         hierarchy=hierarchy_prefix(info.module_hierarchy, info.method),
                         text=str(info),
                     )
@@ -343,7 +343,7 @@ class Profile:
                     args["symbolicate"] = f"{self.hint} {handle}"
                 trace.append(
                     {
-                        "name": clip(info.op) if info else f"debug handle {handle}",
+                        "name": one_line(info.op) if info else f"debug handle {handle}",
                         "cat": "node",
                         "ph": "X",
                         "pid": 1,

@@ -18,15 +18,12 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-_HEADER = '''\
-"""Minimal reproduction: {title}.
+from .._quoting import python_comment, python_literal
 
-{failure}
-{count} operator node{plural} ({ops}), cut by pytest-backendconf from the program of
-{subject}; the values flowing into them are inputs, read from {tensors}.
-{nodes}
-Run it from any folder:  python {script}
-"""
+_HEADER = '''\
+"""Minimal reproduction of a backend's failure, cut by pytest-backendconf: what fails is said below."""
+
+{about}
 
 import sys
 from math import inf, nan  # noqa: F401  (the graph's code may name them)
@@ -39,16 +36,16 @@ import pytest_backendconf as bc
 from pytest_backendconf.archive import read_tensors
 
 HERE = Path(__file__).resolve().parent
-BACKEND = {backend!r}
+BACKEND = {backend}
 #: How the run registered the backend: its -p plugin modules and conftest files (an installed backend's
 #: entry point needs nothing here), and the folders they were imported from.
-PLUGINS = {plugins!r}
-PLUGIN_PATHS = {paths!r}
+PLUGINS = {plugins}
+PLUGIN_PATHS = {paths}
 #: What to check after the call: "diverged" compares with eager PyTorch; otherwise the call itself fails.
-FAILURE = {kind!r}
+FAILURE = {kind}
 #: Per output: the operator it comes from, and the tolerance (rtol, atol) it is compared with.
-OUTPUT_OPS = {output_ops!r}
-TOLERANCES = {tolerances!r}
+OUTPUT_OPS = {output_ops}
+TOLERANCES = {tolerances}
 
 
 class Repro(torch.nn.Module):
@@ -64,7 +61,7 @@ def register_backend():
 
 def main():
     register_backend()
-    tensors, _ = read_tensors(HERE / {tensors!r})
+    tensors, _ = read_tensors(HERE / {tensors})
     inputs = tuple(tensors[f"input{{i}}"] for i in range(len(tensors)))
     model = Repro().eval()
     lowered = bc.to_backend(model, BACKEND, {{"forward": {{}}}}, example_inputs=inputs)
@@ -128,22 +125,23 @@ def write_script(
     candidate = repro.candidate
     assert candidate is not None
     count = len(candidate.nodes)
+    # Everything below but the graph's code comes from a model, a check id or an engine's error: prose
+    # goes into comment lines and values into literals (`_quoting`), so no text of theirs can run.
+    about = (
+        f"{title}.\n\n{_failure_line(candidate.outcome)}\n"
+        f"{count} operator node{'' if count == 1 else 's'} ({', '.join(candidate.ops)}), cut by "
+        f"pytest-backendconf from the program of\n{subject}; the values flowing into them are inputs, "
+        f"read from {tensors.name}.\n{_node_lines(repro)}\nRun it from any folder:  python {script.name}"
+    )
     text = _HEADER.format(
-        title=title,
-        failure=_failure_line(candidate.outcome),
-        count=count,
-        plural="" if count == 1 else "s",
-        ops=", ".join(candidate.ops),
-        subject=subject,
-        tensors=tensors.name,
-        nodes=_node_lines(repro),
-        script=script.name,
-        backend=backend,
-        plugins=list(plugins),
-        paths=_plugin_paths(plugins),
-        kind=candidate.outcome.kind,
-        output_ops=list(repro.output_ops),
-        tolerances=[tuple(t) for t in tolerances],
+        about=python_comment(about),
+        tensors=python_literal(tensors.name),
+        backend=python_literal(backend),
+        plugins=python_literal(list(plugins)),
+        paths=python_literal(_plugin_paths(plugins)),
+        kind=python_literal(candidate.outcome.kind),
+        output_ops=python_literal(list(repro.output_ops)),
+        tolerances=python_literal([tuple(t) for t in tolerances]),
         forward=textwrap.indent(code, "    "),
     )
     write_atomic(script, text)

@@ -12,11 +12,10 @@ imports torch.
 
 from __future__ import annotations
 
-import html
 import re
-import shlex
 from typing import Any, Iterable, Sequence
 
+from .._quoting import html_text, shell_command
 from ._merge import FAILING, PASSING
 from ._closeness import closeness_table
 
@@ -45,8 +44,8 @@ def _fits(rows: int, columns: int, entries: int) -> bool:
     return rows * columns <= max(MATRIX_CELLS, SPARSE * entries)
 
 
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+#: Every text of the page that is not this module's own markup goes through here (`_quoting.html_text`).
+_e = html_text
 
 
 def _anchor(prefix: str, test_id: str) -> str:
@@ -492,7 +491,7 @@ def _reproduction(record: Any) -> str:
     return (
         f'<p class="minimal">Minimal reproduction{ran_out}: {_e(nodes)} node{"" if nodes == 1 else "s"} ({_e(ops)}), '
         f'<a href="{_e(Path(str(script)).as_uri() if Path(str(script)).is_absolute() else script)}">{_e(script)}</a>'
-        f'</p><pre class="minimal-repro"><code>python {_e(shlex.quote(str(script)))}</code></pre>'
+        f'</p><pre class="minimal-repro"><code>python {_e(shell_command([str(script)]))}</code></pre>'
     )
 
 

@@ -7,13 +7,15 @@ Never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 
+from .._quoting import toml_comment, toml_string
 from ..checks import ROOT_ID, id_matches
 from ._machine import WHEN_KEYS, applies
 from ._report import FAILING, TestResult
@@ -26,6 +28,10 @@ else:  # pragma: no cover
 #: The longest test-id pattern an entry may have: ids are under 200 characters, and fnmatch's cost
 #: grows with a pattern's brackets (a 20 KB ``[[[…`` pattern took 11 s to match once).
 MAX_PATTERN_LENGTH = 1000
+#: The most wildcards (``*``, ``?``, ``[``) a pattern may have: a test-id pattern needs two or three, and
+#: each costs a scan of the id when a pattern is tried; with the literal-text filters of
+#: `KnownFailureIndex`, this keeps a lookup within milliseconds whatever the file (docs/benchmarks.md).
+MAX_PATTERN_WILDCARDS = 16
 ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
 _ENTRY_KEYS = {"reason", "link", "when"}
 
@@ -92,6 +98,11 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
             raise pytest.UsageError(
                 f"{entry}: the pattern is {len(pattern)} characters long; at most {MAX_PATTERN_LENGTH} are "
                 "read (a test id is under 200): write the id, or a shorter pattern with * in it."
+            )
+        if _is_pattern(pattern) and _wildcards(pattern) > MAX_PATTERN_WILDCARDS:
+            raise pytest.UsageError(
+                f"{entry}: the pattern has {_wildcards(pattern)} wildcards (*, ? and [); at most "
+                f"{MAX_PATTERN_WILDCARDS} are read: write the id, or a pattern with fewer wildcards."
             )
         if not isinstance(value, dict):
             raise pytest.UsageError(
@@ -171,25 +182,93 @@ def _key_lines(text: str) -> dict[str, int]:
     return found
 
 
+def _is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _wildcards(text: str) -> int:
+    return text.count("*") + text.count("?") + text.count("[")
+
+
+class _Pattern(NamedTuple):
+    """A wildcard entry, prepared once: cheap necessary conditions first, then its compiled regex."""
+
+    position: int
+    suffix: str  # the literal text after its last wildcard: an id it matches ends with it
+    shortest: int  # the fewest characters an id it matches has
+    chunks: tuple[str, ...]  # its literal runs: an id it matches holds each
+    regex: re.Pattern[str]
+
+    def matches(self, text: str) -> bool:
+        return (
+            len(text) >= self.shortest
+            and text.endswith(self.suffix)
+            and all(chunk in text for chunk in self.chunks)
+            and self.regex.match(text) is not None
+        )
+
+
+def _literal_runs(pattern: str) -> list[str | None]:
+    """``pattern`` as fnmatch reads it: literal runs, and None for each ``*``, ``?`` or ``[…]`` class.
+
+    Classes are found as `fnmatch.translate` finds them (``[!``, a ``]`` first
+    in the class, an unclosed ``[`` is a literal); a ``?`` and a class are
+    one character each, which ``shortest`` below counts.
+    """
+    parts: list[str | None] = []
+    literal = ""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "[":
+            j = i + (i < n and pattern[i] == "!")
+            j += j < n and pattern[j] == "]"
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                literal += c  # no closing bracket: fnmatch reads '[' as itself
+                continue
+            i = j + 1
+        elif c not in "*?":
+            literal += c
+            continue
+        parts += [literal, "" if c == "*" else None]
+        literal = ""
+    return parts + [literal]
+
+
+def _prepare(position: int, pattern: str) -> _Pattern:
+    parts = _literal_runs(pattern)
+    literals = [p for p in parts if p]
+    shortest = sum(map(len, literals)) + parts.count(None)  # '*' is "", each '?' or class None
+    chunks = tuple(sorted(set(literals), key=len, reverse=True))
+    return _Pattern(position, parts[-1] or "", shortest, chunks, re.compile(fnmatch.translate(pattern)))
+
+
 class KnownFailureIndex:
     """The entries of known-failures files, looked up by check id in time independent of their number.
 
     An entry whose pattern has no ``*``, ``?`` or ``[`` matches only its own
     id, so it is found in a dict; the others are filed under the literal
     text before their first wildcard, and a check id is tried only against
-    the patterns filed under one of its own prefixes. The first entry in
-    file order wins, as when every pattern is tried in turn.
+    the patterns filed under one of its own prefixes. Of those, a pattern is
+    matched (its regex compiled once, here) only when the id ends with its
+    literal suffix, is long enough and holds each of its literal runs: cheap
+    tests that leave, for a hostile file of long patterns sharing one
+    prefix, only the few wildcards `MAX_PATTERN_WILDCARDS` allows to scan.
+    The first entry in file order wins, as when every pattern is tried in turn.
     """
 
     def __init__(self, entries: Iterable[KnownFailure]) -> None:
         self.entries = list(entries)
         self._exact: dict[str, int] = {}
-        self._by_prefix: dict[str, list[int]] = {}
+        self._by_prefix: dict[str, list[_Pattern]] = {}
         for i, entry in enumerate(self.entries):
             self._exact.setdefault(entry.pattern, i)
-            if any(c in entry.pattern for c in "*?["):
+            if _is_pattern(entry.pattern):
                 prefix = re.split(r"[*?\[]", entry.pattern, maxsplit=1)[0]
-                self._by_prefix.setdefault(prefix, []).append(i)
+                self._by_prefix.setdefault(prefix, []).append(_prepare(i, entry.pattern))
 
     def matching(self, test_id: str) -> list[int]:
         """The positions of every entry matching ``test_id``, in file order."""
@@ -198,9 +277,9 @@ class KnownFailureIndex:
         found = {self._exact[k] for k in (full, name) if k in self._exact}
         for text in (full, name):
             for end in range(len(text) + 1):
-                for i in self._by_prefix.get(text[:end], ()):
-                    if i not in found and self.entries[i].matches(full):
-                        found.add(i)
+                for pattern in self._by_prefix.get(text[:end], ()):
+                    if pattern.position not in found and pattern.matches(text):
+                        found.add(pattern.position)
         return sorted(found)
 
     def entry_for(self, test_id: str, *exact: str) -> KnownFailure | None:
@@ -215,28 +294,23 @@ class KnownFailureIndex:
 def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
     """A known-failures file: a comment header, then one sorted inline-table line per entry."""
     lines = [
-        f"# Known conformance failures of backend {backend!r}, for pytest --backendconf-known-failures.",
+        toml_comment(f"Known conformance failures of backend {backend!r}, for pytest --backendconf-known-failures."),
         "# Each key is a test id (fnmatch patterns allowed); a listed test that passes fails the run.",
         "# Written by --backendconf-write-known-failures; edit the reasons and links freely.",
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
-        reason, link = _toml_str(entry.reason), _toml_str(entry.link)
+        reason, link = toml_string(entry.reason), toml_string(entry.link)
         when = ""
         if entry.when:
             parts = [
-                f"{key} = [{', '.join(map(_toml_str, value))}]"
+                f"{key} = [{', '.join(map(toml_string, value))}]"
                 if isinstance(value, tuple)
-                else f"{key} = {_toml_str(value)}"
+                else f"{key} = {toml_string(value)}"
                 for key, value in entry.when
             ]
             when = f", when = {{ {', '.join(parts)} }}"
-        lines.append(f"{_toml_str(entry.pattern)} = {{ reason = {reason}, link = {link}{when} }}")
+        lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when} }}")
     return "\n".join(lines) + "\n"
-
-
-def _toml_str(text: str) -> str:
-    # A JSON string is a TOML basic string once DEL is escaped too.
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def merge_known_failures(

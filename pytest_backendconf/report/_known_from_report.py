@@ -38,8 +38,9 @@ def known_failures_from_report(report: str, output: str) -> tuple[str, list[Know
         previous += _load(target, "-o")
     stale = _stale(document)
     entries = merge_known_failures(results, previous, stale)
-    backend = (document.get("backend") or {}).get("name", "?")
-    return format_known_failures(entries, str(backend)), entries, previous
+    backend = document.get("backend")
+    name = backend.get("name") if isinstance(backend, dict) else None  # only a comment: any value is shown
+    return format_known_failures(entries, str(name if name is not None else "?")), entries, previous
 
 
 def _read(path: str) -> dict[str, Any]:

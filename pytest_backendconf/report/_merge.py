@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from .._quoting import markdown_code
 from ..checks import CATEGORIES
 from ._reading import check_page_fields, load_json
 from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
@@ -433,14 +434,32 @@ def format_text(merged: Merged, shown: Callable[[str], str] = str) -> str:
 
 
 def format_markdown(merged: Merged) -> str:
-    """The same content as Markdown tables, for a CI job summary or a pull-request comment."""
+    """The same content as Markdown tables, for a CI job summary or a pull-request comment.
+
+    Every text read from a report (ids, names, labels, paths, error texts) is a
+    code span (`_quoting.markdown_code`): a backtick, ``|`` or line break in it
+    cannot end the span, split a cell or start a row.
+    """
+    code = markdown_code
     out = ["# Conformance across environments", ""]
-    rows = _matrix_rows(merged)
-    out += _md_table(rows[0], rows[1:])
+    header, *rows = _matrix_rows(merged)
+    out += _md_table(
+        [*header[:2], *map(code, header[2:-1]), header[-1]],
+        [[code(row[0]), code(row[1]), *row[2:]] for row in rows],
+    )
     out.append("")
     out.append("Each cell: passed/total and the score (passed / total, the denominator of the run's summary).")
-    for note in _notes(merged):
-        out.append(f"- {_md(note)}")
+    for report in merged.reports:
+        if report.select:
+            selection = ", ".join(code(s) for s in report.select)
+            out.append(
+                f"- {code(report.backend)}, {code(report.label)} ran a selection ({selection}): "
+                "its scores cover the selected checks only"
+            )
+        if report.exit_status not in (0, None):
+            out.append(
+                f"- {code(report.backend)}, {code(report.label)}: the run's exit status was {report.exit_status}"
+            )
     out.append("")
     flips = merged.flips
     out.append(f"## Flips ({len(flips)})")
@@ -460,12 +479,7 @@ def format_markdown(merged: Merged) -> str:
         ["backend", "environment", "file", "torch", "Python", "platform", "checks", "exit status"],
         [
             [
-                r.backend,
-                r.label,
-                r.path,
-                r.torch,
-                r.python,
-                r.platform,
+                *(code(str(v)) for v in (r.backend, r.label, r.path, r.torch, r.python, r.platform)),
                 str(len(r.tests)),
                 "?" if r.exit_status is None else str(r.exit_status),
             ]
@@ -476,6 +490,7 @@ def format_markdown(merged: Merged) -> str:
 
 
 def _differences_table(merged: Merged, differences: Iterable[Flip], with_errors: bool) -> list[str]:
+    code = markdown_code
     out = []
     by_backend: dict[str, list[Flip]] = {}
     for diff in differences:
@@ -483,31 +498,29 @@ def _differences_table(merged: Merged, differences: Iterable[Flip], with_errors:
     for backend, group in by_backend.items():
         labels = [r.label for r in merged.reports if r.backend == backend]
         if len(by_backend) > 1:
-            out += [f"Backend `{backend}`:", ""]
+            out += [f"Backend {code(backend)}:", ""]
         rows = []
         for diff in group:
-            cells = [f"`{diff.id}`"]
+            cells = [code(diff.id)]
             for label in labels:
                 if label not in diff.outcomes:
                     cells.append("—")
                     continue
                 outcome, error = diff.outcomes[label]
-                text = f"**{outcome}**" if outcome in FAILING else outcome
+                text = f"**{outcome}**" if outcome in FAILING else outcome  # one of OUTCOMES: the reader checked it
                 if with_errors and error:
-                    text += f" ({error})"
+                    text += f" ({code(error)})"
                 cells.append(text)
             rows.append(cells)
-        out += _md_table(["check", *labels], rows)
+        out += _md_table(["check", *map(code, labels)], rows)
         out.append("")
     return out[:-1] if out and out[-1] == "" else out
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table of cells that are Markdown already (foreign text in them quoted by the caller)."""
+
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(_md(cell) for cell in cells) + " |"
+        return "| " + " | ".join(cells) + " |"
 
     return [line(header), "|" + "|".join("---" for _ in header) + "|", *(line(row) for row in rows)]

@@ -174,7 +174,7 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     for ch in str(text):
         if keep_newlines and ch == "\n":
             out.append(ch)
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):  # Cs: a lone surrogate no terminal encodes
             out.append(repr(ch)[1:-1])
         else:
             out.append(ch)

@@ -208,6 +208,19 @@ class SuiteContext:
 
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.artifacts_root))
 
+    def rerun_command(self, path: Any) -> str:
+        """The shell command that reruns one saved comparison: ``python -m pytest_backendconf.rerun FILE``.
+
+        Every part is quoted for the shell (`_quoting.shell_command`): the
+        backend's name and the file's path come from outside this package.
+        """
+        from .._quoting import shell_command
+
+        plugins = [part for module in self.plugin_modules for part in ("-p", module)]
+        return shell_command(
+            ["python", "-m", "pytest_backendconf.rerun", str(path), f"--backend={self.name}", *plugins]
+        )
+
 
 def build_context(
     selected: RegisteredBackend,

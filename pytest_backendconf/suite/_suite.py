@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 
 from .. import conformance
+from .._quoting import shell_command
 from ..backend import TorchScriptBackend
 from ..checks import CATEGORIES, ROOT_ID, Check, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._hypothesis import hypothesis_choice
@@ -428,7 +428,7 @@ class SuitePlugin:
         parts.append(f"--backendconf-hypothesis={profile}")
         if profile != "ci" and draws_inputs:
             parts.append(f"--hypothesis-seed={seed}")
-        return shlex.join(parts)
+        return shell_command(parts)
 
 
 def _subject(check: Check, ctx: SuiteContext) -> str:

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# A device reached through ssh, on this machine: a loopback OpenSSH server and a
+# "target venv" (torch, the reference backend and the project's runtime; no
+# pytest, no Hypothesis, no compiler), for running the target half of the suite
+# through `--backendconf-target-command`. Debian, as root (the server runs as
+# root and logs in as root; it listens on 127.0.0.1 only).
+#
+#   devices/ssh-device.sh start DIR [PORT]   install openssh-server if missing, make per-session
+#                                            keys in DIR, start sshd on 127.0.0.1:PORT (default: a
+#                                            free port); prints the ssh command prefix, also kept in DIR/ssh-command
+#   devices/ssh-device.sh stop DIR           stop the sshd that `start DIR` started
+#   devices/ssh-device.sh venv DIR [PYTHON]  make the target venv in DIR (torch==$TORCH, default 2.13.0);
+#                                            prints its python
+#
+# A device on the other end of the link then runs, for example:
+#   $(cat DIR/ssh-command) /path/to/target-venv/bin/python -m pytest_backendconf.target._child
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+TORCH="${TORCH:-2.13.0}"
+
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start() {
+    local dir="$1" port="${2:-}"
+    [ -n "$dir" ] || usage
+    mkdir -p "$dir" && dir="$(cd "$dir" && pwd)"
+    if [ -f "$dir/sshd.pid" ] && kill -0 "$(cat "$dir/sshd.pid")" 2>/dev/null; then
+        echo "sshd already running from $dir (pid $(cat "$dir/sshd.pid")); stop it first: $0 stop $dir" >&2
+        exit 1
+    fi
+    if [ ! -x /usr/sbin/sshd ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+    fi
+    # Per-session keys: the server's host key and one client key, authorized for root.
+    rm -f "$dir/host_key" "$dir/host_key.pub" "$dir/client_key" "$dir/client_key.pub"
+    ssh-keygen -q -t ed25519 -N '' -C backendconf-host -f "$dir/host_key"
+    ssh-keygen -q -t ed25519 -N '' -C backendconf-client -f "$dir/client_key"
+    cp "$dir/client_key.pub" "$dir/authorized_keys"
+    port="${port:-$(free_port)}"
+    mkdir -p /run/sshd  # sshd's privilege-separation directory
+    # -f /dev/null: none of the machine's sshd_config; sshd daemonizes and writes its pid.
+    /usr/sbin/sshd -f /dev/null -p "$port" -h "$dir/host_key" -o ListenAddress=127.0.0.1 \
+        -o AuthorizedKeysFile="$dir/authorized_keys" -o StrictModes=no -o UsePAM=no \
+        -o PidFile="$dir/sshd.pid" -E "$dir/sshd.log"
+    for _ in $(seq 50); do [ -s "$dir/sshd.pid" ] && break; sleep 0.1; done
+    [ -s "$dir/sshd.pid" ] || { echo "sshd did not start; see $dir/sshd.log" >&2; cat "$dir/sshd.log" >&2; exit 1; }
+    local command="ssh -i $dir/client_key -p $port -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR root@127.0.0.1"
+    echo "$command" > "$dir/ssh-command"
+    echo "$port" > "$dir/port"
+    # Up when a login works, not when the pid file appears.
+    $command true || { echo "sshd runs but the login failed; see $dir/sshd.log" >&2; exit 1; }
+    echo "$command"
+}
+
+stop() {
+    local dir="$1"
+    [ -n "$dir" ] || usage
+    if [ -f "$dir/sshd.pid" ]; then
+        local pid
+        pid="$(cat "$dir/sshd.pid")"
+        # Only our sshd: the pid file's process, if it is still an sshd.
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]; then
+            kill "$pid"
+        fi
+        rm -f "$dir/sshd.pid"
+    fi
+}
+
+venv() {
+    local dir="$1" python="${2:-python3}"
+    [ -n "$dir" ] || usage
+    if [ ! -x "$dir/bin/python" ]; then
+        "$python" -m venv "$dir"
+    fi
+    local pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check)
+    "${pip[@]}" "torch==$TORCH"
+    # The project and its reference backend without their dependencies (pytest,
+    # Hypothesis, ...): the runtime needs torch and pluggy only.
+    "${pip[@]}" --no-deps "$repo" "$repo/backends/reference"
+    "${pip[@]}" pluggy
+    if "$dir/bin/python" -c 'import pytest' 2>/dev/null || "$dir/bin/python" -c 'import hypothesis' 2>/dev/null; then
+        echo "the target venv $dir has pytest or Hypothesis; it must not" >&2
+        exit 1
+    fi
+    echo "$dir/bin/python"
+}
+
+case "${1:-}" in
+    start) start "${2:-}" "${3:-}" ;;
+    stop) stop "${2:-}" ;;
+    venv) venv "${2:-}" "${3:-}" ;;
+    *) usage ;;
+esac

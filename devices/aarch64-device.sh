@@ -91,7 +91,7 @@ unpack_debs() {
 
 # pip for the device: wheels for manylinux aarch64, CPython 3.11, no dependency resolution.
 device_pip() {
-    python3 -m pip install --quiet --disable-pip-version-check --target "$site" --no-deps --only-binary=:all: \
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$site" --no-deps --only-binary=:all: \
         --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
         --python-version 3.11 --implementation cp --abi cp311 "$@"
 }

@@ -8,9 +8,14 @@
 #   devices/ssh-device.sh start DIR [PORT]   install openssh-server if missing, make per-session
 #                                            keys in DIR, start sshd on 127.0.0.1:PORT (default: a
 #                                            free port); prints the ssh command prefix, also kept in DIR/ssh-command
-#   devices/ssh-device.sh stop DIR           stop the sshd that `start DIR` started
+#   devices/ssh-device.sh drop DIR           cut every open connection (a disconnect: the clients' ssh
+#                                            exits 255); the server goes on accepting new ones
+#   devices/ssh-device.sh stop DIR           stop the sshd that `start DIR` started, and its connections
 #   devices/ssh-device.sh venv DIR [PYTHON]  make the target venv in DIR (torch==$TORCH, default 2.13.0);
 #                                            prints its python
+#
+# Killing only the listening sshd leaves open connections running: each has
+# its own sshd process, a child of the listener. `drop` and `stop` end those too.
 #
 # A device on the other end of the link then runs, for example:
 #   $(cat DIR/ssh-command) /path/to/target-venv/bin/python -m pytest_backendconf.target._child
@@ -20,7 +25,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 TORCH="${TORCH:-2.13.0}"
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -59,18 +64,30 @@ start() {
     echo "$command"
 }
 
-stop() {
-    local dir="$1"
+# The pid of the sshd that `start DIR` started, if it still runs (else nothing).
+listener() {
+    local pid
+    pid="$(cat "$1/sshd.pid" 2>/dev/null)" || return 0
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]; then echo "$pid"; fi
+}
+
+drop() {
+    local dir="$1" pid
     [ -n "$dir" ] || usage
-    if [ -f "$dir/sshd.pid" ]; then
-        local pid
-        pid="$(cat "$dir/sshd.pid")"
-        # Only our sshd: the pid file's process, if it is still an sshd.
-        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]; then
-            kill "$pid"
-        fi
-        rm -f "$dir/sshd.pid"
+    pid="$(listener "$dir")"
+    [ -n "$pid" ] || { echo "no sshd runs from $dir" >&2; exit 1; }
+    pkill -KILL -P "$pid" || true  # its children: one sshd per open connection
+}
+
+stop() {
+    local dir="$1" pid
+    [ -n "$dir" ] || usage
+    pid="$(listener "$dir")"
+    if [ -n "$pid" ]; then
+        kill "$pid"
+        pkill -KILL -P "$pid" || true
     fi
+    rm -f "$dir/sshd.pid"
 }
 
 venv() {
@@ -94,6 +111,7 @@ venv() {
 
 case "${1:-}" in
     start) start "${2:-}" "${3:-}" ;;
+    drop) drop "${2:-}" ;;
     stop) stop "${2:-}" ;;
     venv) venv "${2:-}" "${3:-}" ;;
     *) usage ;;

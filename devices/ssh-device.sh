@@ -11,21 +11,28 @@
 #   devices/ssh-device.sh drop DIR           cut every open connection (a disconnect: the clients' ssh
 #                                            exits 255); the server goes on accepting new ones
 #   devices/ssh-device.sh stop DIR           stop the sshd that `start DIR` started, and its connections
-#   devices/ssh-device.sh venv DIR [PYTHON]  make the target venv in DIR (torch==$TORCH, default 2.13.0);
-#                                            prints its python
+#   devices/ssh-device.sh venv DIR [PYTHON]  make the target venv in DIR (torch==$TORCH, default 2.13.0) and
+#                                            DIR/bin/device-python; prints the latter
+#
+# DIR/bin/device-python is the Python to name after the ssh prefix. It appends a
+# line to DIR/started.log (proof that a runner started on the "device") and runs
+# the venv's python in a private mount namespace where $HIDE (default: /tmp and
+# this checkout) are empty folders, so the device cannot read the host's files:
+# loopback ssh shares them, and a path that leaked into a message would still
+# work. DIR must lie outside $HIDE (e.g. ~/.cache/backendconf/target-venv).
 #
 # Killing only the listening sshd leaves open connections running: each has
 # its own sshd process, a child of the listener. `drop` and `stop` end those too.
 #
 # A device on the other end of the link then runs, for example:
-#   $(cat DIR/ssh-command) /path/to/target-venv/bin/python -m pytest_backendconf.target._child
+#   $(cat DIR/ssh-command) /path/to/target-venv/bin/device-python -m pytest_backendconf.target._child
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 TORCH="${TORCH:-2.13.0}"
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -91,8 +98,15 @@ stop() {
 }
 
 venv() {
-    local dir="$1" python="${2:-python3}"
+    local dir="$1" python="${2:-python3}" hide="${HIDE:-/tmp $repo}" folder
     [ -n "$dir" ] || usage
+    mkdir -p "$dir" && dir="$(cd "$dir" && pwd)"
+    for folder in $hide; do
+        case "$dir/" in "$folder"/*)
+            echo "the target venv $dir lies in $folder, which device-python hides; put it elsewhere (or set HIDE)" >&2
+            exit 2 ;;
+        esac
+    done
     if [ ! -x "$dir/bin/python" ]; then
         "$python" -m venv "$dir"
     fi
@@ -106,7 +120,17 @@ venv() {
         echo "the target venv $dir has pytest or Hypothesis; it must not" >&2
         exit 1
     fi
-    echo "$dir/bin/python"
+    # The wrapper: placeholders filled in below (paths without single quotes).
+    cat > "$dir/bin/device-python" <<'EOF'
+#!/bin/sh
+# The target venv's python as a device runs it: logged, and blind to the host's @HIDE@.
+echo "$(date +%s) $$ $*" >> '@DIR@/started.log'
+exec unshare --mount sh -c 'for f in @HIDE@; do mount -t tmpfs backendconf-hidden "$f" || exit 1; done; exec "$0" "$@"' \
+    '@DIR@/bin/python' "$@"
+EOF
+    sed -i -e "s|@DIR@|$dir|g" -e "s|@HIDE@|$hide|g" "$dir/bin/device-python"
+    chmod +x "$dir/bin/device-python"
+    echo "$dir/bin/device-python"
 }
 
 case "${1:-}" in

@@ -387,7 +387,7 @@ class DeviceChild(ChildProcess):
 
     def _wait_ready(self) -> bool:
         # The runner's own start (its import torch, once per connection) is not this worker's startup time.
-        if self.link is not None and not self.link.wait_started():
+        if self.link is not None and not self._gone.is_set() and not self.link.wait_started():
             self._lost(self.link.lost or "the link ended")
         return super()._wait_ready()
 

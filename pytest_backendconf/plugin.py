@@ -260,7 +260,7 @@ TARGET_KEY = pytest.StashKey[dict]()
 
 def target_command_of(config: pytest.Config) -> str | None:
     """``--backendconf-target-command``, else the ini option, else ``$BACKENDCONF_TARGET_COMMAND``."""
-    from .target._link import COMMAND_ENV
+    from .target import TARGET_COMMAND_ENV as COMMAND_ENV
 
     return (
         config.getoption("backendconf_target_command", None)

@@ -124,5 +124,3 @@ def test_replay_with_an_unreachable_device_is_exit_4(tmp_path, capsys):
     archive.write_bytes(b"")
     assert main(["replay", str(archive), "--target-command", "false"]) == 4
     assert capsys.readouterr().err.count("cannot be reached") == 1
-
-

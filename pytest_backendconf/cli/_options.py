@@ -53,7 +53,7 @@ def connect_target(args: argparse.Namespace) -> dict | None:
 
     from ..report import printable
     from ..target import probe, use_target_command
-    from ..target._link import COMMAND_ENV
+    from ..target import TARGET_COMMAND_ENV as COMMAND_ENV
 
     command = args.target_command or os.environ.get(COMMAND_ENV) or None
     if command is None:

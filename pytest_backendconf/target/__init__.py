@@ -18,6 +18,7 @@ from ._child import (
     unpack_value,
 )
 from ._device import versions
+from ._link import COMMAND_ENV as TARGET_COMMAND_ENV
 from ._link import (
     DeviceChild,
     TargetLink,
@@ -40,6 +41,7 @@ __all__ = [
     "probe",
     "target_command",
     "TargetLink",
+    "TARGET_COMMAND_ENV",
     "use_target_command",
     "versions",
     "BundleResult",

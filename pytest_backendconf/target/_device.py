@@ -217,7 +217,7 @@ class Runner:
                 os.dup2(err_w, 1)  # whatever the backend prints goes to stderr
                 os.closerange(4, 1 << 16)
                 code = _worker(setup)
-            except BaseException:  # noqa: BLE001  (a worker never returns into the runner's loop)
+            except BaseException:  # a worker never returns into the runner's loop
                 import traceback
 
                 traceback.print_exc()
@@ -333,5 +333,7 @@ def main() -> int:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     runner = Runner(out)
-    runner.send({"kind": "hello", "protocol": PROTOCOL, "machine": platform.machine(), "pid": os.getpid(), **versions()})
+    runner.send(
+        {"kind": "hello", "protocol": PROTOCOL, "machine": platform.machine(), "pid": os.getpid(), **versions()}
+    )
     return runner.run()

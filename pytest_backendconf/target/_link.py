@@ -253,7 +253,7 @@ class TargetLink:
             if not isinstance(frame, dict):
                 continue
             if "r" in frame:
-                worker = self._workers.get(frame.get("w"))
+                worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
                     worker._records.put(frame["r"])
                 continue
@@ -267,11 +267,11 @@ class TargetLink:
             elif kind == "pong":
                 self._pongs.put(frame)
             elif kind == "stderr":
-                worker = self._workers.get(frame.get("w"))
+                worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
                     worker._add_stderr(frame.get("data", "").encode("utf-8"))
             elif kind == "ended":
-                worker = self._workers.get(frame.get("w"))
+                worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
                     worker._ended_on_device(frame.get("returncode"))
         code = self._process.wait()
@@ -284,7 +284,8 @@ class TargetLink:
 
     def _read_stderr(self) -> None:
         assert self._process is not None and self._process.stderr is not None
-        while chunk := self._process.stderr.read1(65536):
+        stream: Any = self._process.stderr
+        while chunk := stream.read1(65536):
             with self._lock:
                 self._stderr += chunk
                 del self._stderr[:-STDERR_KEPT]
@@ -402,7 +403,9 @@ class DeviceChild(ChildProcess):
         if not self._gone.is_set() and self.link is not None:
             self.link._frame({"kind": "kill", "w": self.wid, "dump": timed_out is not None})
             if not self._gone.wait(KILL_ANSWER):
-                self.link.drop(f"the device runner did not answer a request to kill its worker within {KILL_ANSWER:g} s")
+                self.link.drop(
+                    f"the device runner did not answer a request to kill its worker within {KILL_ANSWER:g} s"
+                )
         ended = self._finish()
         if not ended.unreachable:
             ended.timed_out, ended.killed_because = timed_out, killed_because
@@ -486,7 +489,9 @@ def current_link() -> TargetLink:
         return _LINK
 
 
-def open_child(handler: str, options: Mapping[str, Any] | None = None, *, on_target: bool = False, **kwargs: Any) -> Any:
+def open_child(
+    handler: str, options: Mapping[str, Any] | None = None, *, on_target: bool = False, **kwargs: Any
+) -> Any:
     """A child for ``handler``: on the device when ``on_target`` and a target command is set, else local."""
     if not on_target or _COMMAND is None:
         return ChildProcess(handler, options, **kwargs)

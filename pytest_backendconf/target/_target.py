@@ -116,7 +116,10 @@ def run_on_target(
     if isinstance(reply, Ended):
         result["returncode"] = reply.returncode
         if reply.unreachable:
-            result["error"] = {"type": "TargetUnreachable", "message": f"{reply.unreachable} (loading {archive_path!r})"}
+            result["error"] = {
+                "type": "TargetUnreachable",
+                "message": f"{reply.unreachable} (loading {archive_path!r})",
+            }
         elif reply.setup_error is not None:
             result["error"] = {"type": reply.setup_error["type"], "message": reply.setup_error["message"]}
         elif reply.timed_out is not None:

@@ -153,7 +153,7 @@ replay-aarch64: $(VENV)/.installed
 	devices/aarch64-device.sh $(AARCH64_ROOT)
 	rm -rf .golden-aarch64 && mkdir .golden-aarch64
 	cd "$$(mktemp -d)" && BACKENDCONF_IN_PROCESS=1 $(abspath $(BIN))/python -m pytest --backend=reference -q \
-	    --backendconf-select='parity::*[float32]' --backendconf-golden=$(abspath .golden-aarch64) >/dev/null
+	    --backendconf-select='parity::*[[]float32]' --backendconf-golden=$(abspath .golden-aarch64) >/dev/null
 	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
 	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -79,7 +80,7 @@ def test_replay_of_a_golden_folder_on_the_device(device, pytester, tmp_path):
     )
     assert made.ret == 0 and list(golden.glob("*.bcpt")), made.stdout.str()[-2000:]
     replay = subprocess.run(
-        [shutil.which("backendconf") or "backendconf", "replay", str(golden), "--target-command", device["command"]],
+        [sys.executable, "-m", "pytest_backendconf.cli", "replay", str(golden), "--target-command", device["command"]],
         capture_output=True,
         text=True,
         timeout=900,

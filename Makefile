@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: suite suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv replay-aarch64 suite suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -137,7 +137,27 @@ test: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript
 	$(BIN)/python -m pytest -n 2 tests -m "not slow"
 
 # The proofs that take minutes (the eager backend through the whole default suite).
-test-slow: $(VENV)/.installed-onnxruntime
+# The ssh device of tests/test_device_ssh.py (docs/vendor-ci.md): a venv outside /tmp and the checkout
+# with torch, the reference backend and this checkout installed with --no-deps (no pytest, no Hypothesis).
+# Re-installs the project when its sources changed (the tests skip, naming this target, when stale).
+TARGET_VENV ?= $(HOME)/.cache/backendconf/target-venv
+target-venv:
+	TORCH=$(TORCH) devices/ssh-device.sh venv $(TARGET_VENV) >/dev/null
+	$(BIN)/python -c 'from tests.device_source import source_hash; print(source_hash())' > $(TARGET_VENV)/source-hash
+
+# The golden replay on the emulated aarch64 device (devices/aarch64-device.sh builds it once into
+# ~/.cache/backendconf/aarch64-device): a golden folder written here (x86, this torch) replayed there
+# (aarch64, torch 2.10.0). Its time is in docs/vendor-ci.md; not in .ci/run.
+AARCH64_ROOT ?= $(HOME)/.cache/backendconf/aarch64-device
+replay-aarch64: $(VENV)/.installed
+	devices/aarch64-device.sh $(AARCH64_ROOT)
+	rm -rf .golden-aarch64 && mkdir .golden-aarch64
+	cd "$$(mktemp -d)" && BACKENDCONF_IN_PROCESS=1 $(abspath $(BIN))/python -m pytest --backend=reference -q \
+	    --backendconf-select='parity::*[[]float32]' --backendconf-golden=$(abspath .golden-aarch64) >/dev/null
+	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
+	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
+
+test-slow: $(VENV)/.installed-onnxruntime target-venv
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:

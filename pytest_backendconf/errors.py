@@ -351,3 +351,19 @@ class BackendVersionError(ArchiveVersionError):
 
 class DebugSidecarError(ArchiveError):
     """A ``.debug`` file does not belong to the archive, or a handles-only archive's debug info is needed but absent."""
+
+
+class TargetUnreachable(BackendConfError):
+    """The link to a device, or the device runner itself, failed: not the backend's failure.
+
+    Raised (or reported as a check's error type) when a target command's
+    transport ends without the runner saying how its worker ended (ssh exit
+    255, adb "device offline", the runner killed), when the runner does not
+    answer a kill request, or when a device cannot be reached at all. A
+    backend that crashes or hangs on the device is the backend's failure
+    (``TargetCrashError``/``TargetTimeoutError``), like ``BackendHostDied`` on the host.
+    """
+
+
+class TargetVersionError(BackendConfError):
+    """The device runs another pytest-backendconf or backend version than the host (both named)."""

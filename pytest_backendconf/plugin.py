@@ -170,6 +170,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "when the backend declares Capabilities(batch_ops=True)), on or off; every check keeps the outcome "
         "it has alone (docs/conformance-suite.md, 'Batched operator checks')",
     )
+    group.addoption(
+        "--backendconf-target-command",
+        dest="backendconf_target_command",
+        metavar="CMD",
+        default=None,
+        help="a command prefix that starts a Python on a device (e.g. 'ssh ci@board /opt/venv/bin/python'); "
+        "the target-stage checks run there through `CMD -m pytest_backendconf.target` (docs/vendor-ci.md); "
+        "also the backendconf_target_command ini option or $BACKENDCONF_TARGET_COMMAND",
+    )
+    parser.addini(
+        "backendconf_target_command",
+        "command prefix that starts a Python on a device for the target-stage checks (--backendconf-target-command)",
+        default="",
+    )
     parser.addini(
         "backendconf_batch",
         "auto, on or off: whether the ops category lowers several checks as one program (--backendconf-batch)",
@@ -217,6 +231,7 @@ def pytest_configure(config: pytest.Config) -> None:
             )
     config.stash[REGISTRY_KEY] = registry
     config.stash[BACKEND_KEY] = selected
+    _connect_target(config)
     from .suite import GOLDEN_KEY, golden_dir
 
     config.stash[GOLDEN_KEY] = golden_dir(config, config.getoption("backendconf_golden", None))
@@ -237,6 +252,47 @@ def pytest_configure(config: pytest.Config) -> None:
             from .suite import GatingPlugin
 
             config.pluginmanager.register(GatingPlugin(config, selected), "backendconf_gating")
+
+
+#: The device's `target.probe` record when a target command is set (header, summary, report).
+TARGET_KEY = pytest.StashKey[dict]()
+
+
+def target_command_of(config: pytest.Config) -> str | None:
+    """``--backendconf-target-command``, else the ini option, else ``$BACKENDCONF_TARGET_COMMAND``."""
+    from .target import TARGET_COMMAND_ENV as COMMAND_ENV
+
+    return (
+        config.getoption("backendconf_target_command", None)
+        or config.getini("backendconf_target_command")
+        or os.environ.get(COMMAND_ENV)
+        or None
+    )
+
+
+def _connect_target(config: pytest.Config) -> None:
+    """Reach the device once at start: one usage error if it cannot be reached, else its versions for the header."""
+    command = target_command_of(config)
+    if command is None:
+        return
+    from .errors import TargetUnreachable, TargetVersionError
+    from .target import probe, use_target_command
+
+    try:
+        config.stash[TARGET_KEY] = probe(command)
+    except (TargetUnreachable, TargetVersionError) as exc:
+        raise pytest.UsageError(f"--backendconf-target-command: {exc}") from None
+    use_target_command(command)
+
+
+def target_lines(info: dict) -> list[str]:
+    """The device in the header: where it is, what it runs, and the command that reaches it (secrets masked)."""
+    backends = ", ".join(f"{name} {entry.get('version')}" for name, entry in sorted(info["backends"].items()))
+    return [
+        f"backendconf: target device {info['machine']} (Python {info['python']}, torch {info['torch']}, "
+        f"pytest-backendconf {info['pytest_backendconf']}; backends: {backends or 'none'})",
+        f"backendconf: target command {info['command']}",
+    ]
 
 
 def _make_context(config: pytest.Config, registry: BackendRegistry, selected: RegisteredBackend) -> Any:
@@ -268,9 +324,25 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     return ctx
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    info = config.stash.get(TARGET_KEY, None)
+    if info is None:
+        return
+    rtt = info.get("round_trip_ms")
+    terminalreporter.write_line(
+        f"backendconf: target link: connected in {info['connect_seconds']:.2f} s; each request to the device costs "
+        f"{'?' if rtt is None else f'{rtt:.1f}'} ms of link round trip (median of 5), plus its archive's bytes once "
+        "per connection"
+    )
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if REGISTRY_KEY in config.stash:
         set_active_registry(None)
+    if TARGET_KEY in config.stash:
+        from .target import use_target_command
+
+        use_target_command(None)
 
 
 def registry_for(config: pytest.Config, select: str | None) -> BackendRegistry:
@@ -303,6 +375,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
     kind = f" [{selected.backend.describe()}]" if isinstance(selected.backend, TorchScriptBackend) else ""
     lines = [f"backendconf: backend {selected.name!r} from {selected.source}{kind}, {state}"]
+    if TARGET_KEY in config.stash:
+        lines += target_lines(config.stash[TARGET_KEY])
     if config.pluginmanager.has_plugin(SUITE_PLUGIN):
         from .suite import hypothesis_choice
 

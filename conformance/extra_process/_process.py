@@ -27,7 +27,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pytest_backendconf.target import blocked_modules, tail_text
+from pytest_backendconf.target import blocked_modules, tail_text, target_command
 
 from .._session_work import Lowering, Scenario, items_at_hand
 from .._spec import section
@@ -59,7 +59,7 @@ class ExtraProcess:
     def __init__(
         self, ctx: SuiteContext, scenarios: list[Scenario], lowerings: list[Lowering], *, timeout: float
     ) -> None:
-        from pytest_backendconf.target import ChildProcess
+        from pytest_backendconf.target import open_child, target_command
 
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
         self.lowerings = sorted(lowerings, key=lambda item: item.start)
@@ -78,18 +78,21 @@ class ExtraProcess:
         self.reusable = not any(s.last for s in self.scenarios)
         #: The keys of each request not answered yet, in order.
         self._batches: list[list[str]] = [list(self.keys)]
+        #: With a target command, scenarios run on the device and lowerings here (`Session.place` splits them).
+        self.on_device = target_command() is not None and not self.lowerings
         # A fresh lowering must not depend on the hash seed: a pinned one gets another one there.
-        self._child = ChildProcess(
+        self._child = open_child(
             "pytest_backendconf.conformance.extra_process.handler:ExtraProcessHandler",
             {"backend": ctx.name, "backend_version": ctx.registered.source.version, "workdir": self.workdir},
             blocked=self.blocked,
             startup_timeout=timeout,
             vary_hash_seed=True,
             refuse_tracing=True,
+            on_target=self.on_device,
         )
         self._child.send(
             {
-                "scenarios": [_scenario_message(s) for s in self.scenarios],
+                "scenarios": [_scenario_message(s, self._child) for s in self.scenarios],
                 "lowerings": [dataclasses.asdict(item) for item in self.lowerings],
             }
         )
@@ -104,11 +107,13 @@ class ExtraProcess:
                 return False
             if scenarios and self.phase == "host":
                 return False
+            if (lowerings and self.on_device) or (scenarios and not self.on_device and target_command() is not None):
+                return False
             lowerings = sorted(lowerings, key=lambda item: item.start)
             keys = [s.key for s in scenarios] + [item.key for item in lowerings]
             self._child.send(
                 {
-                    "scenarios": [_scenario_message(s) for s in scenarios],
+                    "scenarios": [_scenario_message(s, self._child) for s in scenarios],
                     "lowerings": [dataclasses.asdict(item) for item in lowerings],
                 }
             )
@@ -190,7 +195,9 @@ class ExtraProcess:
         for key in self.keys:
             if key in self._records:
                 continue
-            if ended is not None and ended.setup_error is not None:
+            if ended is not None and ended.unreachable and key == self._running:
+                error = {"type": "TargetUnreachable", "message": f"while on {key}: {ended.describe()}"}
+            elif ended is not None and ended.setup_error is not None:
                 error = {"type": ended.setup_error["type"], "message": ended.setup_error["message"]}
             elif key == self._running:
                 how = (
@@ -250,6 +257,11 @@ class Session:
             lowerings = [item for item in lowerings if item.key not in self.placed]
             if not scenarios and not lowerings:
                 return
+            if scenarios and lowerings and target_command() is not None:
+                # The device loads archives; lowering afresh needs the compiler, which stays here.
+                self.place(scenarios, [])
+                self.place([], lowerings)
+                return
             # Lowerings alone go to a process already in the host phase if there is one, so that a
             # process still on the target stays there for the next scenarios.
             wanted = "host" if not scenarios else "target"
@@ -286,12 +298,12 @@ class Session:
         return result
 
 
-def _scenario_message(s: Scenario) -> dict:
+def _scenario_message(s: Scenario, child: Any) -> dict:
     from pytest_backendconf.target import pack_value
 
     return {
         "key": s.key,
-        "archive": s.archive,
+        "archive": child.file(s.archive),
         "stand_in": s.stand_in,
         "row": s.row,
         "calls": pack_value(s.calls, f"inputs of {s.key}"),

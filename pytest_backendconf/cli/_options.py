@@ -32,6 +32,58 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="another module to block on the target (repeatable)",
     )
+    parser.add_argument(
+        "--target-command",
+        metavar="CMD",
+        default=None,
+        help="a command prefix that starts a Python on a device (e.g. 'ssh ci@board /opt/venv/bin/python'): "
+        "the target runs there, through `CMD -m pytest_backendconf.target` (docs/vendor-ci.md); default "
+        "$BACKENDCONF_TARGET_COMMAND",
+    )
+
+
+#: The exit status of a command whose device cannot be reached (pytest's usage error has the same).
+UNREACHABLE_STATUS = 4
+
+
+def connect_target(args: argparse.Namespace) -> dict | None:
+    """Reach the device of ``--target-command`` once (raises `TargetUnreachable`/`TargetVersionError`);
+    its machine and versions are printed, and returned for the report. None without a target command."""
+    import os
+
+    from ..report import printable
+    from ..target import probe, use_target_command
+    from ..target import TARGET_COMMAND_ENV as COMMAND_ENV
+
+    command = args.target_command or os.environ.get(COMMAND_ENV) or None
+    if command is None:
+        return None
+    info = probe(command)
+    use_target_command(command)
+    print(
+        printable(
+            f"target: device {info['machine']} (Python {info['python']}, torch {info['torch']}, "
+            f"pytest-backendconf {info['pytest_backendconf']}) through {info['command']}"
+        )
+    )
+    return info
+
+
+def unreachable(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A device that cannot be reached (or runs other versions) is one error line and exit status 4."""
+
+    def wrapped(args: argparse.Namespace) -> int:
+        from ..errors import TargetUnreachable, TargetVersionError
+        from ..report import printable
+
+        try:
+            return run(args)
+        except (TargetUnreachable, TargetVersionError) as exc:
+            print(f"backendconf: error: --target-command: {printable(exc)}", file=sys.stderr)
+            return UNREACHABLE_STATUS
+
+    wrapped.__name__ = run.__name__
+    return wrapped
 
 
 def file_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ._options import add_target_options, file_errors
+from ._options import add_target_options, connect_target, file_errors, unreachable
 
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
@@ -115,6 +115,7 @@ def _index_files(index: str) -> list[str]:
     return names
 
 
+@unreachable
 @file_errors
 def run(args: argparse.Namespace) -> int:
     """The command; what comes from the files is escaped (`printable`) before it reaches the terminal."""
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             from ..errors import BackendConfError
 
             raise BackendConfError(f"--{option}={target}: that is a directory; give a file name in it")
+    device = connect_target(args)
     results = replay_archives(paths, plugins=args.plugins, blocked_modules=args.blocked, timeout=args.timeout)
     for result in results:
         label = f"{result.outcome.upper():6} {test_id(result)}"
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"replay: {passed}/{len(results)} bundles match their expected outputs ({len(paths)} archives)")
     status = 0 if results and passed == len(results) else 1
     if args.report is not None:
-        document = report_document(results, status, started)
+        document = report_document(results, status, started, device)
         _write(args.report, json.dumps(document, indent=2) + "\n")
         print(f"replay: report written to {args.report}")
     if args.junitxml is not None:
@@ -159,7 +161,7 @@ def _stem(path: str) -> str:
     return name[: -len(".bcpt")] if name.endswith(".bcpt") else name
 
 
-def report_document(results: Sequence[Any], status: int, started: float) -> dict[str, Any]:
+def report_document(results: Sequence[Any], status: int, started: float, device: dict | None = None) -> dict[str, Any]:
     """The results in the suite's report document (`report.report_document`, its one writer), category
     ``replay``: one test per bundle."""
     from ..report import TestResult, report_document as write, run_entry
@@ -198,7 +200,7 @@ def report_document(results: Sequence[Any], status: int, started: float) -> dict
     return write(
         tests,
         backend=backend,
-        run=run_entry(started, status),
+        run={**run_entry(started, status), **({"target": device} if device else {})},
         pytest_version=None,  # the device side runs without pytest
         categories=(CATEGORY,),
     )

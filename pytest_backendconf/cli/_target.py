@@ -7,7 +7,7 @@ import sys
 
 from ..report import printable
 from ._inputs import calls_from_file, describe, example_calls
-from ._options import add_target_options, file_errors, indented
+from ._options import add_target_options, connect_target, file_errors, indented, unreachable
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -39,6 +39,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     target.set_defaults(run=run)
 
 
+@unreachable
 @file_errors
 def run(args: argparse.Namespace) -> int:
     from ..archive import read_archive
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         calls = calls_from_file(archive, args.inputs)
     elif args.example_inputs:
         calls = example_calls(archive, limits)
+    connect_target(args)
     result = run_on_target(
         args.archive, calls, blocked_modules=args.blocked, plugins=args.plugins, timeout=args.timeout
     )

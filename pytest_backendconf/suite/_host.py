@@ -82,6 +82,8 @@ class HostOptions:
     artifacts_root: str | None = None
     #: ``--backendconf-golden``: where passing parity checks write their bundled archives.
     golden_dir: str | None = None
+    #: ``--backendconf-target-command``: the host's target-stage children run on the device.
+    target_command: str | None = None
 
 
 class BackendHost:
@@ -523,6 +525,10 @@ class HostHandler:
         self.ctx.plugin_modules = list(opts.plugin_modules)
         self.ctx.artifacts_root = opts.artifacts_root
         self.ctx.golden_dir = opts.golden_dir
+        if opts.target_command:
+            from ..target import use_target_command
+
+            use_target_command(opts.target_command)
         self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
         install_breadcrumbs(self.ctx.backend, channel)

@@ -211,6 +211,7 @@ class SuitePlugin:
         if self._host is None:
             import torch
 
+            from ..target import target_command
             from ._host import DEFAULT_MAX_RSS_MIB, DEFAULT_TIMEOUT, BackendHost, HostOptions
 
             profile, seed = hypothesis_choice(self.config)
@@ -230,6 +231,7 @@ class SuitePlugin:
                 plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
                 artifacts_root=getattr(self.ctx, "artifacts_root", None),
                 golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
+                target_command=target_command(),
             )
             self._host = BackendHost(
                 options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None, shared=self._shared_folder()

@@ -17,11 +17,33 @@ from ._child import (
     tail_text,
     unpack_value,
 )
+from ._device import versions
+from ._link import COMMAND_ENV as TARGET_COMMAND_ENV
+from ._link import (
+    DeviceChild,
+    TargetLink,
+    current_link,
+    mask_command,
+    open_child,
+    probe,
+    target_command,
+    use_target_command,
+)
 from ._replay import BundleResult, replay_archives
 from ._target import blocked_modules, call_on_target, load_on_target, prepare_target, run_on_target
 
 __all__ = [
     "blocked_modules",
+    "current_link",
+    "DeviceChild",
+    "mask_command",
+    "open_child",
+    "probe",
+    "target_command",
+    "TargetLink",
+    "TARGET_COMMAND_ENV",
+    "use_target_command",
+    "versions",
     "BundleResult",
     "ChildProcess",
     "Ended",

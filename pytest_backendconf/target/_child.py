@@ -106,13 +106,17 @@ class Ended:
     timed_out: float | None = None
     killed_because: str = ""
     setup_error: dict[str, str] | None = None
+    #: A device's link or runner failed (`_link`): not the work's own end (reported as ``TargetUnreachable``).
+    unreachable: str = ""
 
     @property
     def crashed(self) -> bool:
-        return self.timed_out is None and not self.killed_because and self.setup_error is None
+        return self.timed_out is None and not self.killed_because and self.setup_error is None and not self.unreachable
 
     def describe(self) -> str:
         """``exited with exit code 3``, ``was killed by signal 11 (SIGSEGV)``, ``did not answer within 5 s``."""
+        if self.unreachable:
+            return f"lost the device: {self.unreachable}"
         if self.setup_error is not None:
             return f"could not set up: {self.setup_error['type']}: {self.setup_error['message']}"
         if self.timed_out is not None:
@@ -198,6 +202,13 @@ class ChildProcess:
                 "torch_threads": torch_threads(),
             }
         )
+
+    #: Whether the interpreter is on a device (`_link.DeviceChild`), not on this machine.
+    on_device = False
+
+    def file(self, path: Any) -> Any:
+        """How a message names the file at ``path`` for this child: here, by its absolute path."""
+        return os.path.abspath(os.fspath(path))
 
     # -- talking ---------------------------------------------------------------------------
 
@@ -628,6 +639,14 @@ def main() -> int:
     for entry in setup.get("sys_path", []):
         if entry not in sys.path:
             sys.path.append(entry)
+    return serve(setup, (json.loads(line) for line in lines), out)
+
+
+def serve(setup: Mapping[str, Any], messages: Any, out: Any) -> int:
+    """Set up as ``setup`` says, then answer each message; records go to ``out``.
+
+    Shared by the local child (`main`) and the device runner's workers (`_device`).
+    """
     channel = Channel(out, install_blocker(setup.get("blocked", [])))
     try:
         if setup.get("torch_threads"):
@@ -645,8 +664,7 @@ def main() -> int:
         channel.send({"kind": "setup_error", "error": error_record(exc)})
         return 0
     channel.send({"kind": "ready", "pid": os.getpid()})
-    for line in lines:
-        message = json.loads(line)
+    for message in messages:
         try:
             result = handler(message, channel) or {}
         except Exception as exc:

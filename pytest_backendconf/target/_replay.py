@@ -24,6 +24,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ._child import ChildProcess, Ended, error_record, tail_text
+from ._link import open_child
 from ._target import _blocked_for, call_on_target, load_on_target, prepare_target
 
 
@@ -91,14 +92,15 @@ def replay_archives(
             backend = archive.backend_name
             child = children.get(backend)
             if child is None or child.ended is not None:
-                child = children[backend] = ChildProcess(
+                child = children[backend] = open_child(
                     "pytest_backendconf.target._replay:ReplayHandler",
                     blocked=_blocked_for(os.path.abspath(path), blocked_modules),
                     plugins=plugins,
                     startup_timeout=timeout,
                     refuse_tracing=True,
+                    on_target=True,
                 )
-            reply = child.request({"archive": os.path.abspath(path)}, timeout=timeout)
+            reply = child.request({"archive": child.file(path)}, timeout=timeout)
             expected = [(m, i, r["check"]) for m, records in bundles.records.items() for i, r in enumerate(records)]
             if isinstance(reply, Ended):
                 error = {
@@ -107,7 +109,9 @@ def replay_archives(
                     "message": f"the target process {reply.describe()} while replaying {path!r}; "
                     f"stderr: {tail_text(reply.stderr)}",
                 }
-                if reply.setup_error is not None:
+                if reply.unreachable:
+                    error = {"type": "TargetUnreachable", "module": __name__, "message": reply.describe()}
+                elif reply.setup_error is not None:
                     error = dict(reply.setup_error)
                 for method, index, check in expected:
                     results.append(

@@ -31,7 +31,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from ._child import ChildProcess, Ended, error_record, tail_text
+from ._child import Ended, error_record, tail_text
+from ._link import open_child
 from ._child import ImportBlocker, active_plugins, import_plugins, install_blocker, is_path  # noqa: F401  (public names)
 
 # torch's tracing modules, not needed to load or run an archive: one list, beside target_runtime_modules.
@@ -98,21 +99,28 @@ def run_on_target(
         "returncode": None,
         "stderr": "",
     }
-    child = ChildProcess(
+    child = open_child(
         "pytest_backendconf.target._target:TargetHandler",
         blocked=blocked,
         plugins=plugins,
         startup_timeout=timeout,
         refuse_tracing=True,
+        on_target=True,
     )
     try:
-        reply = child.request({"archive": archive_path, "calls": pack_value(calls, "target inputs")}, timeout=timeout)
+        archive = child.file(archive_path)
+        reply = child.request({"archive": archive, "calls": pack_value(calls, "target inputs")}, timeout=timeout)
     finally:
         child.close()
     result["stderr"] = child.stderr()
     if isinstance(reply, Ended):
         result["returncode"] = reply.returncode
-        if reply.setup_error is not None:
+        if reply.unreachable:
+            result["error"] = {
+                "type": "TargetUnreachable",
+                "message": f"{reply.unreachable} (loading {archive_path!r})",
+            }
+        elif reply.setup_error is not None:
             result["error"] = {"type": reply.setup_error["type"], "message": reply.setup_error["message"]}
         elif reply.timed_out is not None:
             result["error"] = {

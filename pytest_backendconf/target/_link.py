@@ -1,0 +1,527 @@
+"""The host's side of a target command: one link to a device runner, and the children it runs there.
+
+``--backendconf-target-command="CMD"`` (or ``--target-command`` of the
+commands) names a prefix that starts a Python on a device; the link runs
+``CMD -m pytest_backendconf.target`` (`_device`) and speaks to it over the
+command's stdin and stdout. One link per process lives as long as the
+process (`current_link`), so the handshake and the device's ``import torch``
+are paid once; a lost link is replaced by a fresh connection on next use.
+
+`open_child` is where callers choose: a target-stage child runs on the
+device when a target command is set (`DeviceChild`, the same interface as
+`ChildProcess`), else locally. Files travel as bytes (`DeviceChild.file`).
+
+How an end is classified (docs/vendor-ci.md, "When the link breaks"):
+
+- the runner reports a worker's end (``ended``): the backend crashed or hung
+  on the device (`Ended` as for a local child: the check's failure);
+- the transport ends without that report (ssh exit 255, adb offline, the
+  runner killed), the device does not answer within the connect budget, or
+  the runner does not answer a kill request: `Ended.unreachable`, reported as
+  ``TargetUnreachable``, never as the backend's failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+from ._child import STDERR_KEPT, ChildProcess, Ended, active_plugins, exit_status, is_path, tail_text
+from ._device import PROTOCOL, versions
+
+#: Seconds a device may take to answer ``hello`` (a Python started, before ``import torch``).
+CONNECT_TIMEOUT = 10.0
+#: Seconds a device may take from ``hello`` to ``ready`` (its ``import torch``; minutes under QEMU).
+START_TIMEOUT = float(os.environ.get("BACKENDCONF_TARGET_START_TIMEOUT", "900"))
+#: Seconds the runner has to report a worker it was asked to kill.
+KILL_ANSWER = 10.0
+#: The environment variable that sets the target command (like the option and ini value).
+COMMAND_ENV = "BACKENDCONF_TARGET_COMMAND"
+
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASS)", re.IGNORECASE)
+
+
+def mask_command(command: str) -> str:
+    """``command`` for reports: passwords, ``user:pass@`` and secret-looking ``NAME=value`` masked."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return "***"
+    masked, hide_next = [], False
+    for word in words:
+        if hide_next:
+            masked.append("***")
+            hide_next = False
+            continue
+        if word in ("-p", "--password", "--passwd", "--pass") and masked and "sshpass" in masked[0]:
+            masked.append(word)
+            hide_next = True
+            continue
+        name, eq, _ = word.partition("=")
+        if eq and _SECRET_NAME.search(name) and not name.startswith("-"):
+            word = f"{name}=***"
+        word = re.sub(r"(://[^/:@\s]+):[^@/\s]+@", r"\1:***@", word)
+        masked.append(word)
+    return shlex.join(masked)
+
+
+class TargetLink:
+    """One connection to a device runner: frames in both directions, workers multiplexed by id."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.hello: dict[str, Any] | None = None
+        self.device_torch: str | None = None
+        self.lost: str | None = None
+        self.connect_seconds: float | None = None
+        self.blob_bytes = 0
+        self.rtts: list[float] = []
+        self._started = threading.Event()
+        self._hello = threading.Event()
+        self._workers: dict[int, DeviceChild] = {}
+        self._next_id = 0
+        self._sent_blobs: set[str] = set()
+        self._lock = threading.Lock()
+        self._outbox: queue.Queue = queue.Queue()
+        self._pongs: queue.Queue = queue.Queue()
+        self._stderr = bytearray()
+        self._process: subprocess.Popen | None = None
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    def connect(self, timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+        """Start the command and wait for the runner's ``hello``; raise `TargetUnreachable` or `TargetVersionError`."""
+        from ..errors import TargetUnreachable
+
+        started = time.monotonic()
+        try:
+            argv = shlex.split(self.command) + ["-m", "pytest_backendconf.target"]
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=os.name == "posix",
+            )
+        except (OSError, ValueError) as exc:
+            raise TargetUnreachable(f"the target command {mask_command(self.command)!r} cannot start: {exc}") from None
+        for target in (self._read, self._read_stderr, self._write):
+            threading.Thread(target=target, daemon=True).start()
+        if not self._hello.wait(timeout) or self.hello is None:
+            self.drop("no hello")
+            time.sleep(0.1)
+            how = "ended" if self._process.poll() is not None else f"did not answer within {timeout:g} s"
+            raise TargetUnreachable(
+                f"the device cannot be reached: the target command {mask_command(self.command)!r} {how} "
+                f"({exit_status(self._process.poll())}) without starting pytest_backendconf.target; its stderr: "
+                f"{tail_text(self.stderr(), 600).strip() or '(empty)'}"
+            )
+        self.connect_seconds = time.monotonic() - started
+        self._check(self.hello)
+        return self.hello
+
+    def _check(self, hello: Mapping[str, Any]) -> None:
+        from ..errors import TargetVersionError
+
+        where = f"the device (target command {mask_command(self.command)!r})"
+        if hello.get("protocol") != PROTOCOL:
+            self.close()
+            raise TargetVersionError(
+                f"{where} speaks runner protocol {hello.get('protocol')}, this host {PROTOCOL}: "
+                "install the same pytest-backendconf on both"
+            )
+        mine = versions()
+        wrong = []
+        if hello.get("pytest_backendconf") != mine["pytest_backendconf"]:
+            wrong.append(
+                f"pytest-backendconf {mine['pytest_backendconf']} here, {hello.get('pytest_backendconf')} on the device"
+            )
+        theirs = hello.get("backends") or {}
+        for name, entry in mine["backends"].items():
+            other = theirs.get(name)
+            if other is not None and other.get("version") != entry.get("version"):
+                wrong.append(
+                    f"backend {name!r} ({entry.get('distribution')}) {entry.get('version')} here, "
+                    f"{other.get('version')} on the device"
+                )
+        if wrong:
+            self.close()
+            raise TargetVersionError(
+                f"{where} runs other versions than this host: {'; '.join(wrong)}. Install the same versions on "
+                "both (torch may differ: archives carry their own compatibility rules)"
+            )
+
+    def ping(self, count: int = 5, timeout: float = 10.0) -> list[float]:
+        """Round trips of an empty frame, in seconds (the link's own cost per request)."""
+        times = []
+        for i in range(count):
+            started = time.monotonic()
+            self._frame({"kind": "ping", "id": i})
+            try:
+                self._pongs.get(timeout=timeout)
+            except queue.Empty:
+                break
+            times.append(time.monotonic() - started)
+        self.rtts += times
+        return times
+
+    def wait_started(self) -> bool:
+        """Wait for the runner's ``ready`` (its ``import torch``); ``False`` if the link is lost instead."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self._started.wait(0.2):
+            if self.lost is not None:
+                return False
+            if time.monotonic() >= deadline:
+                self.drop(f"the device answered but did not finish starting (import torch) within {START_TIMEOUT:g} s")
+                return False
+        return True
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def child(self, handler: str, options: Mapping[str, Any] | None = None, **kwargs: Any) -> "DeviceChild":
+        with self._lock:
+            self._next_id += 1
+            wid = self._next_id
+        return DeviceChild(self, wid, handler, options, **kwargs)
+
+    def blob(self, data: bytes) -> str:
+        """Send ``data`` unless this connection has it already; its sha256."""
+        sha = hashlib.sha256(data).hexdigest()
+        with self._lock:
+            if sha in self._sent_blobs:
+                return sha
+            self._sent_blobs.add(sha)
+        self.blob_bytes += len(data)
+        self._outbox.put(json.dumps({"kind": "blob", "sha256": sha, "size": len(data)}).encode() + b"\n" + data)
+        return sha
+
+    def _frame(self, frame: Mapping[str, Any]) -> None:
+        self._outbox.put(json.dumps(frame).encode("utf-8") + b"\n")
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def drop(self, reason: str) -> None:
+        """Give the link up: the transport is killed, every worker on it is unreachable."""
+        if self.lost is None:
+            self.lost = reason
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._lose_workers()
+
+    def close(self) -> None:
+        """End the connection: the runner sees its stdin end, kills its workers and exits."""
+        if self.lost is None:
+            self.lost = "closed"
+        self._outbox.put(None)
+        if self._process is not None:
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.drop("closed")
+
+    def stderr(self) -> str:
+        with self._lock:
+            return bytes(self._stderr).decode("utf-8", "replace")
+
+    def _lose_workers(self) -> None:
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            worker._lost(self.lost or "the link ended")
+
+    # -- threads ------------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                continue  # a login banner, or half a line from a link that broke
+            if not isinstance(frame, dict):
+                continue
+            if "r" in frame:
+                worker = self._workers.get(int(frame.get("w") or 0))
+                if worker is not None:
+                    worker._records.put(frame["r"])
+                continue
+            kind = frame.get("kind")
+            if kind == "hello":
+                self.hello = frame
+                self._hello.set()
+            elif kind == "ready":
+                self.device_torch = frame.get("torch")
+                self._started.set()
+            elif kind == "pong":
+                self._pongs.put(frame)
+            elif kind == "stderr":
+                worker = self._workers.get(int(frame.get("w") or 0))
+                if worker is not None:
+                    worker._add_stderr(frame.get("data", "").encode("utf-8"))
+            elif kind == "ended":
+                worker = self._workers.get(int(frame.get("w") or 0))
+                if worker is not None:
+                    worker._ended_on_device(frame.get("returncode"))
+        code = self._process.wait()
+        time.sleep(0.05)  # the last of the transport's stderr
+        self.drop(
+            f"the link to the device ended ({exit_status(code)}) without the runner reporting how its work ended; "
+            f"transport stderr: {tail_text(self.stderr(), 600).strip() or '(empty)'}"
+        )
+        self._hello.set()
+
+    def _read_stderr(self) -> None:
+        assert self._process is not None and self._process.stderr is not None
+        stream: Any = self._process.stderr
+        while chunk := stream.read1(65536):
+            with self._lock:
+                self._stderr += chunk
+                del self._stderr[:-STDERR_KEPT]
+
+    def _write(self) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        stream = self._process.stdin
+        while True:
+            data = self._outbox.get()
+            try:
+                if data is None:
+                    stream.close()
+                    return
+                stream.write(data)
+                stream.flush()
+            except (OSError, ValueError):
+                return  # the reader reports the end
+
+
+class DeviceChild(ChildProcess):
+    """A `ChildProcess` whose interpreter is a worker of the device runner behind a `TargetLink`.
+
+    The device's memory is not watched (`rss` is ``None``); plugins travel
+    by module name only: a backend on a device is an installed distribution.
+    """
+
+    on_device = True
+
+    def __init__(
+        self,
+        link: TargetLink | None,
+        wid: int,
+        handler: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        blocked: Sequence[str] = (),
+        plugins: Sequence[str] | None = None,
+        startup_timeout: float = 120.0,
+        vary_hash_seed: bool = False,
+        refuse_tracing: bool = False,
+        unreachable: str = "",
+    ) -> None:
+        self.link, self.wid = link, wid
+        self.startup_timeout = startup_timeout
+        self.ended: Ended | None = None
+        self.pid: int | None = None
+        self._ready = False
+        self._setup_error: dict[str, str] | None = None
+        self._stderr = bytearray()
+        self._stderr_total = 0
+        self._stderr_lock = threading.Lock()
+        self._records: queue.Queue = queue.Queue()
+        self._gone = threading.Event()
+        self._returncode: int | None = None
+        self._unreachable = ""
+        self._pending_blobs: list[str] = []
+        if link is None or unreachable:
+            self._lost(unreachable or "no link")
+            return
+        specs = active_plugins() if plugins is None else list(plugins)
+        files = [p for p in specs if is_path(p)]
+        if files:
+            self._setup_error = {
+                "type": "UsageError",
+                "module": "pytest_backendconf.target",
+                "message": f"{', '.join(files)} registers a backend from a file, which a device cannot import: "
+                "install the backend on the device as a distribution with a 'backendconf' entry point",
+            }
+            self._ended_on_device(None)
+            return
+        with link._lock:
+            link._workers[wid] = self
+        if link.lost is not None:
+            self._lost(link.lost)
+            return
+        setup = {
+            "blocked": list(blocked),
+            "plugins": specs,
+            "handler": handler,
+            "options": dict(options or {}),
+            "refuse_tracing": refuse_tracing,
+        }
+        link._frame({"kind": "open", "w": wid, "setup": setup})
+
+    def file(self, path: Any) -> Any:
+        """``path``'s bytes, sent over the link once per connection; the next message carries them."""
+        with open(os.fspath(path), "rb") as f:
+            data = f.read()
+        if self.link is None or self.ended is not None:
+            return {"$blob": hashlib.sha256(data).hexdigest()}
+        sha = self.link.blob(data)
+        self._pending_blobs.append(sha)
+        return {"$blob": sha}
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        if self.link is None or self.ended is not None or self._gone.is_set():
+            return
+        blobs, self._pending_blobs = self._pending_blobs, []
+        self.link._frame({"kind": "to", "w": self.wid, "blobs": blobs, "message": message})
+
+    def _wait_ready(self) -> bool:
+        # The runner's own start (its import torch, once per connection) is not this worker's startup time.
+        if self.link is not None and not self._gone.is_set() and not self.link.wait_started():
+            self._lost(self.link.lost or "the link ended")
+        return super()._wait_ready()
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None and not self._gone.is_set()
+
+    def rss(self) -> int | None:
+        return None
+
+    def kill(self, *, timed_out: float | None = None, killed_because: str = "") -> Ended:
+        if not self._gone.is_set() and self.link is not None:
+            self.link._frame({"kind": "kill", "w": self.wid, "dump": timed_out is not None})
+            if not self._gone.wait(KILL_ANSWER):
+                self.link.drop(
+                    f"the device runner did not answer a request to kill its worker within {KILL_ANSWER:g} s"
+                )
+        ended = self._finish()
+        if not ended.unreachable:
+            ended.timed_out, ended.killed_because = timed_out, killed_because
+        return ended
+
+    def close(self, timeout: float = 10.0) -> None:
+        if not self._gone.is_set() and self.link is not None:
+            self.link._frame({"kind": "close", "w": self.wid})
+            if not self._gone.wait(timeout):
+                self.kill()
+        self._finish()
+
+    def _finish(self) -> Ended:
+        if self.ended is None:
+            self._gone.wait()
+            self.ended = Ended(
+                returncode=self._returncode,
+                stderr=self.stderr(),
+                setup_error=self._setup_error,
+                unreachable=self._unreachable,
+            )
+            if self.link is not None:
+                with self.link._lock:
+                    self.link._workers.pop(self.wid, None)
+        return self.ended
+
+    # -- from the link's reader -----------------------------------------------------------------
+
+    def _add_stderr(self, chunk: bytes) -> None:
+        with self._stderr_lock:
+            self._stderr += chunk
+            self._stderr_total += len(chunk)
+            del self._stderr[:-STDERR_KEPT]
+
+    def _ended_on_device(self, returncode: int | None) -> None:
+        if not self._gone.is_set():
+            self._returncode = returncode
+            self._gone.set()
+            self._records.put(None)
+
+    def _lost(self, reason: str) -> None:
+        if not self._gone.is_set():
+            self._unreachable = reason
+            self._gone.set()
+            self._records.put(None)
+
+
+# --- the process's link ---------------------------------------------------------------------------
+
+_COMMAND: str | None = None
+_LINK: TargetLink | None = None
+_LINK_LOCK = threading.Lock()
+
+
+def use_target_command(command: str | None) -> None:
+    """Run target-stage children of this process through ``command`` (``None``: locally)."""
+    global _COMMAND, _LINK
+    with _LINK_LOCK:
+        if command != _COMMAND and _LINK is not None:
+            _LINK.close()
+            _LINK = None
+        _COMMAND = command or None
+
+
+def target_command() -> str | None:
+    return _COMMAND
+
+
+def current_link() -> TargetLink:
+    """This process's link to the device, connected (again, after a loss) on first use."""
+    global _LINK
+    from ..errors import BackendConfError
+
+    if _COMMAND is None:
+        raise BackendConfError("no target command is set")
+    with _LINK_LOCK:
+        if _LINK is None or _LINK.lost is not None:
+            link = TargetLink(_COMMAND)
+            link.connect()
+            _LINK = link
+        return _LINK
+
+
+def open_child(
+    handler: str, options: Mapping[str, Any] | None = None, *, on_target: bool = False, **kwargs: Any
+) -> Any:
+    """A child for ``handler``: on the device when ``on_target`` and a target command is set, else local."""
+    if not on_target or _COMMAND is None:
+        return ChildProcess(handler, options, **kwargs)
+    from ..errors import TargetUnreachable, TargetVersionError
+
+    try:
+        link = current_link()
+    except (TargetUnreachable, TargetVersionError) as exc:
+        return DeviceChild(None, 0, handler, options, unreachable=str(exc))
+    return link.child(handler, options, **kwargs)
+
+
+def probe(command: str, timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+    """Reach the device once: its ``hello`` (machine and versions), the connect time and the link's round trip.
+
+    Raises `TargetUnreachable` (nothing answered within ``timeout``) or `TargetVersionError`.
+    """
+    link = TargetLink(command)
+    try:
+        hello = link.connect(timeout)
+        rtts = sorted(link.ping(5))
+    finally:
+        link.close()
+    return {
+        "command": mask_command(command),
+        "machine": hello.get("machine"),
+        "python": hello.get("python"),
+        "torch": hello.get("torch"),
+        "pytest_backendconf": hello.get("pytest_backendconf"),
+        "backends": hello.get("backends") or {},
+        "connect_seconds": link.connect_seconds,
+        "round_trip_ms": 1000 * rtts[len(rtts) // 2] if rtts else None,
+    }

@@ -1,0 +1,123 @@
+"""The target half on a device reached by a real OpenSSH server on 127.0.0.1 (devices/ssh-device.sh).
+
+The device is the target venv `make target-venv` builds (torch, the reference backend and this
+checkout with --no-deps: no pytest, no Hypothesis), run by its ``device-python`` wrapper, which logs
+each start to ``started.log`` and hides /tmp and the checkout from the device, so a path that leaked
+into a message fails instead of working by accident. Slow (each connection imports torch on the
+device): `make test-slow` builds the venv first; elsewhere these tests skip, saying what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from device_source import ROOT, source_hash
+
+pytestmark = pytest.mark.slow
+
+TARGET_VENV = Path(os.environ.get("TARGET_VENV", Path.home() / ".cache/backendconf/target-venv"))
+SCRIPT = ROOT / "devices" / "ssh-device.sh"
+
+
+def _missing() -> str | None:
+    if not os.path.exists("/usr/sbin/sshd") or shutil.which("ssh") is None:
+        return "openssh-server is not installed (.ci/run installs it: apt-get install -y openssh-server)"
+    if not shutil.which("unshare"):
+        return "unshare (util-linux) is missing: the device wrapper needs it"
+    stamp = TARGET_VENV / "source-hash"
+    if not (TARGET_VENV / "bin" / "device-python").exists() or not stamp.exists():
+        return f"no target venv at {TARGET_VENV}: run `make target-venv`"
+    if stamp.read_text().strip() != source_hash():
+        return f"the target venv at {TARGET_VENV} runs older sources than this checkout: run `make target-venv`"
+    return None
+
+
+@pytest.fixture(scope="session")
+def device(tmp_path_factory):
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("sshd")
+    started = subprocess.run([str(SCRIPT), "start", str(folder)], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    ssh = (folder / "ssh-command").read_text().strip()
+    yield {"folder": folder, "command": f"{ssh} -o ConnectTimeout=5 {TARGET_VENV}/bin/device-python", "ssh": ssh}
+    subprocess.run([str(SCRIPT), "stop", str(folder)], timeout=60)
+
+
+def _starts() -> list[str]:
+    log = TARGET_VENV / "started.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_serialization_and_availability_pass_on_the_device(device, pytester):
+    before = len(_starts())
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "-m",
+        "serialization or availability",
+        f"--backendconf-target-command={device['command']}",
+        timeout=900,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*backendconf: target device x86_64 (Python *, torch 2.13.0*", "*target link: *"])
+    runners = [line for line in _starts()[before:] if "-m pytest_backendconf.target" in line]
+    assert runners, "the device's wrapper did not log a runner start"
+
+
+def test_replay_of_a_golden_folder_on_the_device(device, pytester, tmp_path):
+    golden = tmp_path / "golden"
+    made = pytester.runpytest_subprocess(
+        "--backend=reference", "--backendconf-select=parity::mlp[[]float32]", f"--backendconf-golden={golden}"
+    )
+    assert made.ret == 0 and list(golden.glob("*.bcpt")), made.stdout.str()[-2000:]
+    replay = subprocess.run(
+        [sys.executable, "-m", "pytest_backendconf.cli", "replay", str(golden), "--target-command", device["command"]],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "target: device x86_64" in replay.stdout and "bundles match" in replay.stdout
+
+
+def test_a_dropped_connection_is_target_unreachable_and_the_next_request_reconnects(device):
+    from pytest_backendconf.target import Ended, current_link, use_target_command
+
+    use_target_command(device["command"])
+    try:
+        link = current_link()
+        child = link.child("pytest_backendconf.target._child:Echo", plugins=[])
+        assert child.request({"say": "hi"}, timeout=300)["said"] == "hi"
+        answer: list = []
+        waiting = threading.Thread(target=lambda: answer.append(child.request({"sleep": 60}, timeout=120)))
+        waiting.start()
+        time.sleep(1)
+        subprocess.run([str(SCRIPT), "drop", str(device["folder"])], check=True, timeout=30)
+        waiting.join(60)
+        ended = answer[0]
+        assert isinstance(ended, Ended) and ended.unreachable and not ended.crashed, ended
+        fresh = current_link()
+        assert fresh is not link
+        again = fresh.child("pytest_backendconf.target._child:Echo", plugins=[])
+        assert again.request({"say": "back"}, timeout=300)["said"] == "back"
+        again.close()
+    finally:
+        use_target_command(None)
+
+
+def test_an_unreachable_ssh_device_at_start_is_one_usage_error(device, pytester):
+    closed = device["ssh"].replace(f"-p {(device['folder'] / 'port').read_text().strip()}", "-p 1")
+    result = pytester.runpytest_subprocess(
+        "--backend=reference", "-m", "availability", f"--backendconf-target-command={closed} python3"
+    )
+    assert result.ret == 4
+    assert len([line for line in result.stderr.lines if "cannot be reached" in line]) == 1, result.stderr.str()

@@ -14,6 +14,7 @@ device side and ``backendconf report`` read outcomes without either).
 from ._check import CATEGORIES, LOWERING_STAGES, ROOT_ID, Batching, Check, CheckFailed, Unsupported, fail, id_matches
 from ._outcome import (
     CHECK_OUTCOMES,
+    NOT_RUN_AGAIN,
     CheckOutcome,
     NotNeeded,
     Outcome,
@@ -26,6 +27,7 @@ __all__ = [
     "CATEGORIES",
     "CHECK_OUTCOMES",
     "LOWERING_STAGES",
+    "NOT_RUN_AGAIN",
     "ROOT_ID",
     "Batching",
     "Check",

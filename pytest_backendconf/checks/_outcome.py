@@ -17,6 +17,9 @@ from typing import Any, Literal, Mapping, get_args
 Outcome = Literal["passed", "failed", "unsupported", "not_needed", "skipped"]
 #: Every `Outcome`, in the order of its ``Literal``.
 CHECK_OUTCOMES: tuple[str, ...] = get_args(Outcome)
+#: The error type of a check failed at once, not run again, because its model hung or crashed in an
+#: earlier check (the backend host says so; the summary counts them).
+NOT_RUN_AGAIN = "BackendHostModelHung"
 #: How the terminal and the report's ``reason`` show the outcomes that are skips with a meaning of their own.
 _SHOWN = {"unsupported": "unsupported: ", "not_needed": "not needed: "}
 

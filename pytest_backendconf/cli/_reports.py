@@ -1,4 +1,4 @@
-"""``backendconf report merge|html|ops|known-failures``: work with --backendconf-report files."""
+"""``backendconf report merge|html|ops|known-failures|gate``: work with --backendconf-report files."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
     )
     known.set_defaults(run=_report_known_failures)
+    gate = actions.add_parser(
+        "gate",
+        help="gate an existing report: exit as the gated run would have, without running again",
+        description="Judge a --backendconf-report file as a run with --backendconf-known-failures=FILE would "
+        "have judged it: the same exit status (0: green; 1: a failure, an error or an unexpected pass; 5: no "
+        "conformance tests) and the same summary. Entries scoped with `when` are judged against the machine "
+        "the report names. Without --known-failures, the outcomes the run recorded are judged as they are. "
+        "A file that cannot be read exits with 4, as pytest's usage errors do.",
+    )
+    gate.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    gate.add_argument(
+        "--known-failures",
+        metavar="FILE",
+        default=None,
+        help="the known-failures file to apply (e.g. the one `backendconf report known-failures` wrote from REPORT)",
+    )
+    gate.set_defaults(run=_report_gate)
 
 
 @file_errors
@@ -93,16 +110,36 @@ def _report_known_failures(args: argparse.Namespace) -> int:
             )
         )
     text, entries, previous = known_failures_from_report(args.report, args.output)
+    # A pipe, /dev/stdout or another device is written as a stream; a file is replaced whole, never torn.
+    stream = target.exists() and not target.is_file()
     try:
-        write_atomic(target, text)
+        if stream:
+            with open(target, "w", encoding="utf-8") as file:
+                file.write(text)
+        else:
+            write_atomic(target, text)
     except OSError as exc:
         raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
     before, after = {e.pattern for e in previous}, {e.pattern for e in entries}
     print(
         f"backendconf: wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {printable(args.output)} "
-        f"({len(after - before)} added, {len(before - after)} removed)"
+        f"({len(after - before)} added, {len(before - after)} removed)",
+        file=sys.stderr if stream else sys.stdout,  # not into the file itself when it is stdout
     )
     return 0
+
+
+@file_errors
+def _report_gate(args: argparse.Namespace) -> int:
+    from ..report import USAGE_ERROR, gate_report
+
+    try:
+        status, lines = gate_report(args.report, args.known_failures)
+    except BackendConfError as exc:
+        print(f"backendconf: error: {printable(exc, keep_newlines=True)}", file=sys.stderr)
+        return USAGE_ERROR
+    print("\n".join(lines))
+    return status
 
 
 @file_errors

@@ -1,6 +1,7 @@
 """The conformance report: the JSON document, merge, HTML, the ops matrix and known failures.
 
-Owns the ``backendconf-report`` document and its one writer (`report_document`, for the suite and for
+Owns what a run's outcomes mean for CI (`gated_outcome`, `exit_status`: the suite's gating plugin and
+``backendconf report gate`` decide with them), the ``backendconf-report`` document and its one writer (`report_document`, for the suite and for
 ``backendconf replay``), the counts of every category (one function for the terminal, the JSON and the
 HTML), the summary lines, failure groups, merging the reports of several environments, the HTML page,
 and known-failures files (also from a report). What a check is and what it decided (`CheckOutcome`) is
@@ -20,6 +21,17 @@ from ._known_failures import (
     load_known_failures,
     merge_known_failures,
 )
+from ._gate import gate_report
+from ._gating import (
+    USAGE_ERROR,
+    entries_here,
+    entry_for,
+    exit_status,
+    gated_outcome,
+    known_failures_line,
+    unexpected_pass_text,
+    unlisted_verdict,
+)
 from ._known_from_report import known_failures_from_report
 from ._machine import applies, describe_machine, machine_line
 from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
@@ -38,7 +50,7 @@ from ._report import (
     report_document,
     run_entry,
 )
-from ._summary import summary_lines
+from ._summary import declared_scope, end_lines, summary_lines
 
 __all__ = [
     "FAILING",
@@ -48,15 +60,24 @@ __all__ = [
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
     "TestResult",
+    "USAGE_ERROR",
     "applies",
     "backend_entry",
+    "declared_scope",
     "describe_machine",
     "capabilities_text",
+    "end_lines",
+    "entries_here",
+    "entry_for",
+    "exit_status",
     "format_known_failures",
     "format_markdown",
     "format_text",
+    "gate_report",
+    "gated_outcome",
     "known_failures_entry",
     "known_failures_from_report",
+    "known_failures_line",
     "load_json",
     "load_known_failures",
     "machine_line",
@@ -74,6 +95,8 @@ __all__ = [
     "report_files",
     "run_entry",
     "summary_lines",
+    "unexpected_pass_text",
+    "unlisted_verdict",
 ]
 
 #: Names this room exported before the check vocabulary got its own (`pytest_backendconf.checks`).

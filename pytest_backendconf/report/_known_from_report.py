@@ -23,7 +23,7 @@ def known_failures_from_report(report: str, output: str) -> tuple[str, list[Know
 
     The entries the run applied (the report's ``known_failures.file``, when
     it is still there, else those the report's tests name) come first, then
-    those of ``output`` when it exists: as in a run with
+    those of ``output`` when it is a regular file (not a pipe, nor ``/dev/stdout``): as in a run with
     ``--backendconf-known-failures=K --backendconf-write-known-failures=OUTPUT``.
     """
     document = _read(report)
@@ -34,7 +34,8 @@ def known_failures_from_report(report: str, output: str) -> tuple[str, list[Know
     applied = _applied(report, document, tests)
     previous = list(applied)
     target = Path(output)
-    if target.exists() and target.resolve() != _applied_path(document):
+    # Only a regular file holds old entries: a pipe or /dev/stdout would block the read (or eat its input).
+    if target.is_file() and target.resolve() != _applied_path(document):
         previous += _load(target, "-o")
     stale = _stale(document)
     entries = merge_known_failures(results, previous, stale)
@@ -59,6 +60,11 @@ def _result(path: str, index: int, test: Any) -> TestResult:
     error = test.get("error")
     if error is not None and not (isinstance(error, dict) and {"type", "message"} <= set(error)):
         raise ReportError(f"report {path!r}: tests[{index}].error must be {{type, module, message}} or null")
+    details = test.get("details") if isinstance(test.get("details"), dict) else {}
+    if isinstance(test.get("numerics"), dict):
+        details = {**details, "numerics": test["numerics"]}
+    duration = test.get("duration")
+    check_outcome = test.get("check_outcome")
     return TestResult(
         test["id"],
         str(test.get("category", "")),
@@ -66,9 +72,13 @@ def _result(path: str, index: int, test: Any) -> TestResult:
         str(test.get("stage", "")),
         str(test.get("reproduce", "")),
         outcome=test["outcome"],
+        duration=float(duration) if isinstance(duration, (int, float)) else 0.0,
         error=error,
         reason=test.get("reason"),
         known_failure=test.get("known_failure"),
+        details=details or None,
+        reproduction=test.get("reproduction") if isinstance(test.get("reproduction"), dict) else None,
+        check_outcome=check_outcome if isinstance(check_outcome, str) else None,
     )
 
 

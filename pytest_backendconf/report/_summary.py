@@ -1,29 +1,38 @@
 """The conformance summary's lines for the terminal, from the counts the JSON report and the HTML page use.
 
-One function, so that the suite's terminal summary needs one name of this room, and so that every line
-is drawn from `summarize` (`category_counts`), as the documents are.
+One function for the suite's terminal summary and ``backendconf report gate``, so that a gate over a
+report prints what the end of the run printed, and every line is drawn from `summarize`
+(`category_counts`), as the documents are.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
+from ..checks import NOT_RUN_AGAIN
 from ._delegation_summary import delegation_line
 from ._failure_groups import group_failures, same_program_groups, same_program_lines
 from ._failure_groups import summary_lines as group_lines
-from ._ops import flagged_lines, summary_line
-from ._report import TestResult, not_under_test, ops_matrix_of, score_line, summarize
+from ._ops import flagged_lines, ops_matrix, summary_line
+from ._report import TestResult, not_under_test, score_line, summarize
 
 if TYPE_CHECKING:
     from ..registry import RegisteredBackend
 
 
-def summary_lines(selected: RegisteredBackend, results: list[TestResult]) -> list[str]:
-    """The score of each category, the ops matrix's line, what was not under test and the failures grouped."""
+def declared_scope(selected: RegisteredBackend) -> tuple[list[str] | None, list[str]]:
+    """(the backend's declared ``supported_ops``, what its declaration left out of the suite, in words)."""
     from ..capabilities import capabilities_of
 
+    capabilities = capabilities_of(selected.backend)
+    supported = getattr(getattr(selected.backend, "capabilities", None), "supported_ops", None)
+    return (None if supported is None else sorted(supported)), not_under_test(capabilities)
+
+
+def summary_lines(results: list[TestResult], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
+    """The score of each category, the ops matrix's line, what was not under test and the failures grouped."""
     lines: list[str] = []
-    matrix = ops_matrix_of(selected, results)
+    matrix = ops_matrix((r.as_json() for r in results), supported_ops)
     for category, counts in summarize(results).items():
         if counts["total"] and not (category == "ops" and matrix is not None):
             # delegation counts nodes, and "not needed" apart from passes.
@@ -32,7 +41,6 @@ def summary_lines(selected: RegisteredBackend, results: list[TestResult]) -> lis
             )
     if matrix is not None:
         lines += [summary_line(matrix), *flagged_lines(matrix)]
-    left_out = not_under_test(capabilities_of(selected.backend))
     if left_out:
         lines.append(f"not under test (as declared): {'; '.join(left_out)}")
     broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
@@ -42,4 +50,42 @@ def summary_lines(selected: RegisteredBackend, results: list[TestResult]) -> lis
         same = same_program_lines(same_program_groups(r.as_json() for r in broken))
         if same:
             lines += ["", "failures with the same minimal reproduction (operator sequence):", *same]
+    return lines
+
+
+def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
+    """Everything the end of a gated run prints under its ``backendconf: conformance of backend`` line.
+
+    The summary, the failures whose minimisation ran out of time, each
+    failure's command to reproduce it and its minimal reproduction, and the
+    checks not run again after their model hung.
+    """
+    lines = summary_lines(results, supported_ops, left_out)
+    broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+    ran_out = [r for r in broken if (r.reproduction or {}).get("budget_ran_out")]
+    if ran_out:
+        budget = (ran_out[0].reproduction or {}).get("budget")
+        figure = f"{budget:g} s, " if isinstance(budget, (int, float)) else ""
+        ids = [r.id for r in ran_out]
+        lines.append("")
+        lines.append(
+            f"the minimisation budget ({figure}--backendconf-minify-budget) "
+            f"ran out for {len(ids)} failure{'' if len(ids) == 1 else 's'}: {', '.join(ids[:5])}"
+            + (", …" if len(ids) > 5 else "")
+        )
+    if broken:
+        lines.append("")
+        lines.append("to reproduce a failure, run its command:")
+        for result in broken:
+            lines.append(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+            script = (result.reproduction or {}).get("script")
+            if script:
+                lines.append(f"    minimal reproduction: python {script}")
+    saved = [r for r in results if r.error is not None and r.error.get("type") == NOT_RUN_AGAIN]
+    if saved:
+        lines.append(
+            f"backendconf: {len(saved)} check{'s' if len(saved) != 1 else ''} failed at once, not run again on "
+            "a lowered model that hung (or crashed the same way twice) in an earlier check; each would have "
+            "waited for --backendconf-timeout or crashed again (docs/isolation.md)"
+        )
     return lines

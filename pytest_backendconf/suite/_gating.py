@@ -26,11 +26,16 @@ from ..report import (
     FAILING,
     TestResult,
     backend_entry,
+    declared_scope,
+    end_lines,
+    entries_here,
+    entry_for,
     known_failures_entry,
+    known_failures_line,
     ops_matrix_of,
     report_document,
     run_entry,
-    summary_lines,
+    unexpected_pass_text,
 )
 from ._phases import REPORT_ATTR, error_of, phase_outcome, report_reason, skip_reason
 from ..archive import write_atomic
@@ -39,7 +44,6 @@ from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
 from ._outcome import OUTCOME_KEY
 from ..checks import outcome_to_json
-from ._host import NOT_RUN_AGAIN
 from ..errors import StaleKnownFailureWarning
 
 if TYPE_CHECKING:
@@ -79,7 +83,7 @@ class GatingPlugin:
         write = config.getoption("backendconf_write_known_failures")
         self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
         self.previous: list[KnownFailure] = list(self.known)
-        if self.write_path is not None and self.write_path.exists() and self.write_path != self.known_path:
+        if self.write_path is not None and self.write_path.is_file() and self.write_path != self.known_path:
             here, elsewhere = self._here(load_known_failures(self.write_path, "--backendconf-write-known-failures"))
             self.previous += here
             self.elsewhere += [e for e in elsewhere if e not in self.elsewhere]
@@ -95,18 +99,13 @@ class GatingPlugin:
 
     def _here(self, entries: list[KnownFailure]) -> tuple[list[KnownFailure], list[KnownFailure]]:
         """(the entries that apply on this machine, those scoped to other machines)."""
-        here = [e for e in entries if e.applies_to(self.machine)]
-        return here, [e for e in entries if not e.applies_to(self.machine)]
+        return entries_here(entries, self.machine)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
         lines = [f"backendconf: machine {machine_line(self.machine)}"]
         if self.known_path is None:
             return lines
-        count = len(self.known)
-        text = f"backendconf: known failures from {self.known_path} ({count} entr{'y' if count == 1 else 'ies'}"
-        if self.elsewhere:
-            text += f"; {len(self.elsewhere)} scoped to other machines, not applied here: their checks must pass"
-        return [*lines, text + ")"]
+        return [*lines, known_failures_line(self.known_path, self.known, self.elsewhere)]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -154,7 +153,7 @@ class GatingPlugin:
         """The entry naming ``item``: one with its exact id first, else the first pattern matching it."""
         if self._index is None:
             self._index = KnownFailureIndex(self.known)
-        return self._index.entry_for(item.nodeid, item.nodeid, item.name)
+        return entry_for(self._index, item.nodeid)
 
     def _stale(self, suite: list[ConformanceItem]) -> set[str] | None:
         patterns = {e.pattern for e in self.previous}
@@ -202,12 +201,8 @@ class GatingPlugin:
         elif outcome in ("unsupported", "skipped"):
             reason = report_reason(check) if check is not None else skip_reason(report)
         elif outcome == "unexpected_pass" and entry is not None and report.failed:
-            fix = "remove the entry" if entry.pattern in (item.nodeid, item.name) else "narrow the entry's pattern"
-            report.longrepr = (
-                f"{item.nodeid} passed, but it is listed as a known failure: entry {entry.pattern!r} in "
-                f"{self.known_path} (reason: {entry.reason}). Backend {self.selected.name!r} passes it now: "
-                f"{fix}, or rewrite the file with --backendconf-write-known-failures={self.known_path}.\n"
-                f"reproduce: {item.reproduce}"
+            report.longrepr = unexpected_pass_text(
+                item.nodeid, entry, self.known_path, self.selected.name, item.reproduce
             )
         setattr(
             report,
@@ -334,34 +329,7 @@ class GatingPlugin:
             return
         tr = terminalreporter
         tr.write_sep("=", f"backendconf: conformance of backend {self.selected.name!r}")
-        for line in summary_lines(self.selected, results):
+        for line in end_lines(results, *declared_scope(self.selected)):
             tr.write_line(line)
-        broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
-        ran_out = [r.id for r in broken if (r.reproduction or {}).get("budget_ran_out")]
-        if ran_out:
-            from ..diagnostics import DEFAULT_BUDGET
-
-            budget = self.config.getoption("backendconf_minify_budget", None)
-            tr.write_line("")
-            tr.write_line(
-                f"the minimisation budget ({DEFAULT_BUDGET if budget is None else budget:g} s, --backendconf-minify-budget) "
-                f"ran out for {len(ran_out)} failure{'' if len(ran_out) == 1 else 's'}: {', '.join(ran_out[:5])}"
-                + (", …" if len(ran_out) > 5 else "")
-            )
-        if broken:
-            tr.write_line("")
-            tr.write_line("to reproduce a failure, run its command:")
-            for result in broken:
-                tr.write_line(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
-                script = (result.reproduction or {}).get("script")
-                if script:
-                    tr.write_line(f"    minimal reproduction: python {script}")
-        saved = [r for r in results if r.error is not None and r.error.get("type") == NOT_RUN_AGAIN]
-        if saved:
-            tr.write_line(
-                f"backendconf: {len(saved)} check{'s' if len(saved) != 1 else ''} failed at once, not run again on "
-                "a lowered model that hung (or crashed the same way twice) in an earlier check; each would have "
-                "waited for --backendconf-timeout or crashed again (docs/isolation.md)"
-            )
         for note in self.notes:
             tr.write_line(f"backendconf: {note}")

@@ -48,7 +48,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from ..checks import CheckOutcome, outcome_from_json, outcome_to_json
+from ..checks import NOT_RUN_AGAIN, CheckOutcome, outcome_from_json, outcome_to_json
 from ._outcome import run_check
 
 #: Per-check seconds before the host is killed and the check fails (``--backendconf-timeout``).
@@ -329,10 +329,6 @@ class BackendHost:
         for child in children:
             if child is not None:
                 child.close()
-
-
-#: The error type of a check failed at once because its model hung or crashed before (the summary counts them).
-NOT_RUN_AGAIN = "BackendHostModelHung"
 
 
 class ModelMemory:

@@ -139,6 +139,7 @@ class Minimiser:
             "ops": list(found.ops),
             "original_nodes": found.original_nodes,
             "budget_ran_out": found.budget_ran_out,
+            "budget": self.budget,  # the summary names it, also when it is read back from the report
             "seconds": round(found.seconds, 1),
         }
         if found.program is None:

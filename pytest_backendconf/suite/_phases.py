@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ..checks import CheckOutcome, reason_text
+from ..report import gated_outcome
 
 #: The report attribute that carries a conformance test's data (xdist serializes it).
 REPORT_ATTR = "backendconf"
@@ -20,20 +21,24 @@ MESSAGE_LINES = 5
 def phase_outcome(report: pytest.TestReport, listed: bool, check: CheckOutcome | None = None) -> str | None:
     """What one phase's report means for the suite; None for a setup or teardown that passed.
 
+    pytest's xfail marker has already turned a listed failure into a skip with ``wasxfail`` and a
+    listed pass into a strict XPASS failure: the verdict under them is read back, and the outcome
+    decided by `gated_outcome`, as ``backendconf report gate`` decides it from a report.
+
     :param check: the check's own outcome (the call phase's), which tells a rejection from a skip.
     """
-    if report.skipped:
-        if hasattr(report, "wasxfail"):
-            return "known_failure"
+    xfailed = hasattr(report, "wasxfail")
+    if report.skipped and not xfailed:
         return "unsupported" if check is not None and check.outcome == "unsupported" else "skipped"
+    failing = "failed" if report.when == "call" else "error"
+    if report.skipped:  # a listed check that failed (or a setup or teardown that raised)
+        return gated_outcome(failing, listed=True)
     if report.failed:
-        if report.when != "call":
-            return "error"
-        if listed and str(report.longrepr).startswith("[XPASS(strict)]"):
-            return "unexpected_pass"
-        return "failed"
+        # Listed, but the marker did not apply (``--runxfail``): the failure stands.
+        xpassed = listed and str(report.longrepr).startswith("[XPASS(strict)]")
+        return gated_outcome("passed", listed=True) if xpassed else failing
     if report.when == "call":
-        return "unexpected_pass" if hasattr(report, "wasxfail") else "passed"
+        return gated_outcome("passed", listed=xfailed)
     return None
 
 

@@ -1,0 +1,97 @@
+"""What a run's outcomes mean for CI: known failures applied to a check's verdict, the exit status, the texts.
+
+One decision for the suite's gating plugin (``suite._gating``, which sees
+each test as pytest reports it) and for ``backendconf report gate`` (which
+judges the tests of an existing report): which entries apply on a machine,
+which entry names a test, what a listed or unlisted verdict becomes, and the
+exit status of the whole. Never imports pytest or torch: the exit statuses
+are pytest's own numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..checks import ROOT_ID
+from ._known_failures import KnownFailure, KnownFailureIndex
+
+#: pytest's exit statuses (`pytest.ExitCode`) that a gate can end with.
+OK, TESTS_FAILED, USAGE_ERROR, NO_TESTS_COLLECTED = 0, 1, 4, 5
+#: The outcomes that fail a gated run.
+BREAKING = ("failed", "error", "unexpected_pass")
+
+
+def entries_here(entries: Iterable[KnownFailure], machine: dict[str, Any]) -> tuple[list, list]:
+    """(the entries that apply on ``machine``, those scoped by their ``when`` to other machines).
+
+    An entry scoped elsewhere is not applied: its check must pass on ``machine``.
+    """
+    entries = list(entries)
+    return [e for e in entries if e.applies_to(machine)], [e for e in entries if not e.applies_to(machine)]
+
+
+def entry_for(index: KnownFailureIndex, test_id: str) -> KnownFailure | None:
+    """The entry naming a conformance test (id ``backendconf::category::name``): its exact id first."""
+    return index.entry_for(test_id, test_id, test_id.removeprefix(f"{ROOT_ID}::"))
+
+
+def gated_outcome(verdict: str, listed: bool) -> str:
+    """What a test whose check ended ``verdict`` (passed, failed, error, skipped, unsupported) is in a gated run.
+
+    Listed in the known failures, a failure is a ``known_failure`` and a pass
+    an ``unexpected_pass`` (which fails the run: the entry is out of date); a
+    skip is a skip either way.
+    """
+    if not listed or verdict in ("skipped", "unsupported"):
+        return verdict
+    return "known_failure" if verdict in ("failed", "error") else "unexpected_pass"
+
+
+def unlisted_verdict(outcome: str, check_outcome: str | None) -> str:
+    """A report test's verdict before known failures applied (the inverse of `gated_outcome`).
+
+    A known failure failed in its check (``check_outcome`` says so) or, with
+    no check verdict, outside it (an error); an unexpected pass passed.
+    """
+    if outcome == "known_failure":
+        return "error" if check_outcome is None else "failed"
+    if outcome == "unexpected_pass":
+        return "passed"
+    return outcome
+
+
+def exit_status(outcomes: Iterable[str | None]) -> int:
+    """The gated run's exit status, as pytest decides it: a failure, an error or an unexpected pass fails it."""
+    outcomes = list(outcomes)
+    if not outcomes:
+        return NO_TESTS_COLLECTED
+    return TESTS_FAILED if any(o in BREAKING for o in outcomes) else OK
+
+
+def unexpected_pass_text(
+    test_id: str, entry: KnownFailure, known_path: Path | str | None, backend: str, reproduce: str
+) -> str:
+    """The failure text of a listed check that passed: the entry, its file, and what to do."""
+    exact = entry.pattern in (test_id, test_id.removeprefix(f"{ROOT_ID}::"))
+    fix = "remove the entry" if exact else "narrow the entry's pattern"
+    return (
+        f"{test_id} passed, but it is listed as a known failure: entry {entry.pattern!r} in "
+        f"{known_path} (reason: {entry.reason}). Backend {backend!r} passes it now: "
+        f"{fix}, or rewrite the file with --backendconf-write-known-failures={known_path}.\n"
+        f"reproduce: {reproduce}"
+    )
+
+
+def known_failures_line(
+    path: Path | str, here: list[KnownFailure], elsewhere: list[KnownFailure], where: str = "here"
+) -> str:
+    """``backendconf: known failures from FILE (N entries; M scoped to other machines, …)``.
+
+    :param where: the machine judged, in words: ``here`` in a run, ``there`` for a report's.
+    """
+    count = len(here)
+    text = f"backendconf: known failures from {path} ({count} entr{'y' if count == 1 else 'ies'}"
+    if elsewhere:
+        text += f"; {len(elsewhere)} scoped to other machines, not applied {where}: their checks must pass"
+    return text + ")"

@@ -329,12 +329,15 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
             outcomes = {t["outcome"] for t in group}
             rows.setdefault(op, {})[dtype] = (
                 "failed"
-                if outcomes & set(DETAILED)
+                if outcomes & {"failed", "error", "unexpected_pass"}
+                else "known failure"
+                if "known_failure" in outcomes
                 else "unsupported"
                 if outcomes & {"unsupported", "skipped"}
                 else "passed"
             )
-    states = {"passed": "passed", "failed": "failed", "unsupported": "unsupported"}
+    # A cell's state (the report's words) → its outcome's class and symbol.
+    states = {"passed": "passed", "failed": "failed", "known failure": "known_failure", "unsupported": "unsupported"}
     entries = len(tests) + sum(len(row) for row in rows.values())
     if not _fits(len(rows), len(columns), entries):
         listed = [(op, dtype, state) for op, row in sorted(rows.items()) for dtype, state in row.items()]
@@ -355,8 +358,10 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
         for dtype in columns:
             state = row.get(dtype, "not under test")
             group = by_cell.get((op, dtype), [])
-            failing = next((t for t in group if t["outcome"] in DETAILED), None)
-            if state in states and failing is not None and state == "failed":
+            # The cell links to a failure of its own kind: a known failure's cell to a listed one.
+            wanted = ("known_failure",) if state == "known failure" else ("failed", "error", "unexpected_pass")
+            failing = next((t for t in group if t["outcome"] in wanted), None)
+            if state in ("failed", "known failure") and failing is not None:
                 cells.append(_cell(failing, prefix))
             elif state in states:
                 symbol, words = SYMBOLS[states[state]]

@@ -49,8 +49,11 @@ from .errors import (
     UnsupportedNodeError,
 )
 from .hookspecs import hookimpl
+from ._moved import install as _install_moved
 
 __version__ = "0.1.0"
+
+_install_moved()  # the old import paths of moved names still work, with a DeprecationWarning (CHANGELOG.md)
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {

@@ -39,7 +39,19 @@ LAYERS: list[tuple[str, ...]] = [
     ("debuginfo", "reference", "registry", "allowlist", "numerics", "quant"),
     # The check vocabulary: every room that runs, decides or reports a check speaks it; it imports nothing.
     ("checks",),
-    ("backend", "blobs", "capabilities", "cases", "errors", "hookspecs", "provenance", "vendor", "_compat", "_quoting"),
+    (
+        "backend",
+        "blobs",
+        "capabilities",
+        "cases",
+        "errors",
+        "hookspecs",
+        "provenance",
+        "vendor",
+        "_compat",
+        "_quoting",
+        "_moved",
+    ),
 ]
 #: Above every layer: the pytest entry module and the facade (its names load lazily, each from its layer).
 ENTRIES = ("plugin", "")

@@ -68,3 +68,14 @@ def check_blob_version(backend: Any, archive_version: str | None, where: str) ->
         archive_version=archive_version,
         backend_version=ours,
     )
+
+
+def __getattr__(name: str) -> Any:
+    """``same_major_not_newer``, which lived here, still imports, with a `DeprecationWarning` naming its home."""
+    if name == "same_major_not_newer":
+        from .._moved import warn_moved
+        from ..backend import same_major_not_newer
+
+        warn_moved(f"{__name__}.{name}", f"pytest_backendconf.backend.{name}", skip=1)
+        return same_major_not_newer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,9 +60,10 @@ def _result(path: str, index: int, test: Any) -> TestResult:
     error = test.get("error")
     if error is not None and not (isinstance(error, dict) and {"type", "message"} <= set(error)):
         raise ReportError(f"report {path!r}: tests[{index}].error must be {{type, module, message}} or null")
-    details = test.get("details") if isinstance(test.get("details"), dict) else {}
+    # The report keeps the numerics beside the other details; the result holds them together.
+    details: dict[str, Any] = dict(test["details"]) if isinstance(test.get("details"), dict) else {}
     if isinstance(test.get("numerics"), dict):
-        details = {**details, "numerics": test["numerics"]}
+        details["numerics"] = test["numerics"]
     duration = test.get("duration")
     check_outcome = test.get("check_outcome")
     return TestResult(

@@ -202,6 +202,8 @@ def test_mutated_reports_end_in_a_report_error_or_a_page(tmp_path, capsys):
             ["report", "merge", str(good), str(path), "--markdown", str(tmp_path / "m.md")],
             ["report", "known-failures", str(path), "-o", str(tmp_path / "known.toml")],
             ["report", "ops", str(path)],
+            ["report", "gate", str(path)],
+            ["report", "gate", str(path), f"--known-failures={tmp_path / 'known.toml'}"],
         ):
             # main turns every documented error into an exit status; anything else escapes as an exception.
             expect_only((), f"{what}: {' '.join(command[:2])}", lambda: main(command))

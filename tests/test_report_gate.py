@@ -193,6 +193,13 @@ def test_what_cannot_be_gated_says_why(tmp_path, capsys):
         "backendconf: gate failed (exit status 5): no conformance tests"
     )
 
+    document["tests"] = [{"id": "backendconf::parity::linear[float32]", "outcome": "fine, honestly"}]
+    report.write_text(json.dumps(document))
+    assert main(["report", "gate", str(report)]) == 4  # an outcome nobody wrote would pass as nothing
+    assert "tests[0].outcome is 'fine, honestly', not one of passed, skipped" in capsys.readouterr().err
+
+    document["tests"] = []
+    report.write_text(json.dumps(document))
     known = write_known(tmp_path / "known.toml", '"parity::x" = "no table"')
     assert main(["report", "gate", str(report), f"--known-failures={known}"]) == 4
     assert "entry 'parity::x' is a str, not a table" in capsys.readouterr().err

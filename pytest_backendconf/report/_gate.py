@@ -50,10 +50,16 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     if not isinstance(tests, list):
         raise ReportError(f'report {report!r}: "tests" must be a list; pass the file --backendconf-report wrote')
     results = [_result(report, i, t) for i, t in enumerate(tests)]
+    for i, result in enumerate(results):
+        if result.outcome not in OUTCOMES:  # judged as nothing, it would pass the gate
+            raise ReportError(
+                f"report {report!r}: tests[{i}].outcome is {printable(repr(result.outcome))}, not one of "
+                f"{', '.join(OUTCOMES)}; pass the file --backendconf-report wrote"
+            )
     backend = _mapping(document.get("backend"))
     name = str(backend.get("name", "?"))
     environment = _mapping(document.get("environment"))
-    machine = {key: environment.get(key) for key in _MACHINE_KEYS}
+    machine = _machine_of(environment)
     lines = [f"backendconf: gate of report {report}: backend {name!r}, machine {machine_line(machine)}"]
 
     run = _mapping(document.get("run"))
@@ -93,13 +99,22 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     capabilities = _mapping(backend.get("capabilities"))
     supported = capabilities.get("supported_ops")
     supported_ops = [str(op) for op in supported] if isinstance(supported, list) else None
-    left_out = [str(w) for w in backend.get("not_under_test") or [] if isinstance(w, str)]
+    listed = backend.get("not_under_test")
+    left_out = [w for w in listed if isinstance(w, str)] if isinstance(listed, list) else []
     for text in unexpected:
         lines += ["", *text.splitlines()]
     lines.append(_separator(f"backendconf: conformance of backend {name!r}"))
     lines += end_lines(results, supported_ops, left_out)
     lines.append(_verdict(status, [str(r.outcome) for r in results]))
     return status, [printable(line) for line in lines]
+
+
+def _machine_of(environment: dict[str, Any]) -> dict[str, Any]:
+    """The machine fields of a report's ``environment``, as `describe_machine` gives them (strings, a list)."""
+    machine: dict[str, Any] = {k: v if isinstance(v := environment.get(k), str) else "" for k in _MACHINE_KEYS}
+    flags = environment.get("cpu_flags")
+    machine["cpu_flags"] = [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else []
+    return machine
 
 
 def _mapping(value: Any) -> dict[str, Any]:

@@ -286,7 +286,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _register_shard(config: pytest.Config) -> None:
     """Keep one shard of the checks when ``--backendconf-shard`` (or its ini option, or variable) asks."""
-    from .suite._shards import ShardPlugin, shard_choice
+    from .suite import ShardPlugin, shard_choice
 
     shard = shard_choice(config)
     if shard is None:

@@ -114,7 +114,7 @@ def test_three_shards_run_exactly_the_unsharded_checks_with_their_outcomes(pytes
     code = main(["report", "merge", "--output", str(joined), *(str(tmp_path / f"shard{k}.json") for k in (1, 2, 3))])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert f"joined 3 of 3 shards of backend reference" in out
+    assert "joined 3 of 3 shards of backend reference" in out
     document = json.loads(joined.read_text())
     assert outcomes(joined) == expected
     assert document["summary"] == json.loads(whole.read_text())["summary"]

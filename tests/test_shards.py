@@ -120,6 +120,9 @@ def test_three_shards_run_exactly_the_unsharded_checks_with_their_outcomes(pytes
     assert document["summary"] == json.loads(whole.read_text())["summary"]
     assert [s["index"] for s in document["run"]["shards"]] == [1, 2, 3]
     assert document["run"]["exit_status"] == 0 and document["run"]["shard"] is None
+    # The joined report is a report like any other: the HTML page reads it.
+    assert main(["report", "html", str(joined), "-o", str(tmp_path / "joined.html")]) == 0
+    assert "small_cnn" in (tmp_path / "joined.html").read_text()
 
 
 def test_durations_of_an_earlier_report_balance_the_shards(pytester, tmp_path):
@@ -288,6 +291,20 @@ def test_a_check_in_two_shards_is_refused(capsys, tmp_path):
     assert not (tmp_path / "joined.json").exists()
 
 
+def test_shards_that_drew_different_seeds_keep_each_seed(capsys, tmp_path):
+    documents = shard_reports(tmp_path)
+    for k, document in enumerate(documents, 1):
+        document["hypothesis"] = {"profile": "dev", "seed": 100 + k, "derandomized": False}
+    join(capsys, tmp_path, documents)
+    joined = json.loads((tmp_path / "joined.json").read_text())
+    assert joined["hypothesis"] == {
+        "profile": "dev",
+        "seed": None,
+        "derandomized": False,
+        "shard_seeds": [101, 102, 103],
+    }
+
+
 def test_one_shard_twice_is_refused(capsys, tmp_path):
     documents = shard_reports(tmp_path)
     code, out, err = join(capsys, tmp_path, [documents[0], documents[0]])
@@ -301,6 +318,7 @@ def test_one_shard_twice_is_refused(capsys, tmp_path):
         (("backend", "name"), "otherbackend", "are of different backends (mybackend 1.4.0 and otherbackend 1.4.0)"),
         (("environment", "torch"), "2.14.1", "are of different torch builds (2.13.0+cpu and 2.14.1)"),
         (("run", "shard", "count"), 4, "are shards of different runs (3 shards of 6 checks"),
+        (("hypothesis", "profile"), "thorough", "ran different Hypothesis profiles (ci and thorough)"),
     ],
 )
 def test_shards_of_other_runs_are_refused(capsys, tmp_path, where, value, says):

@@ -139,7 +139,7 @@ def join_shards(documents: list[tuple[dict[str, Any], str]]) -> Joined:
     if not reports:
         raise ReportError("no shard reports to join: pass the --backendconf-report files of the shards")
     first, _, lead = reports[0]
-    for report, _, shard in reports[1:]:
+    for report, report_document, shard in reports[1:]:
         for what, ours, theirs in (
             ("backend", (first.backend, first.backend_version), (report.backend, report.backend_version)),
             ("torch build", first.torch, report.torch),
@@ -150,6 +150,12 @@ def join_shards(documents: list[tuple[dict[str, Any], str]]) -> Joined:
                     f"{_text(theirs)}): join the shards of one backend under one torch; compare runs with "
                     "`backendconf report merge` without --output"
                 )
+        profiles = [(d.get("hypothesis") or {}).get("profile") for d in (documents[0][0], report_document)]
+        if profiles[0] != profiles[1]:
+            raise ReportError(
+                f"reports {first.path!r} and {report.path!r} ran different Hypothesis profiles ({profiles[0]} and "
+                f"{profiles[1]}): run every shard with the same --backendconf-hypothesis"
+            )
         if (shard.count, shard.suite_checks, shard.suite_digest) != (lead.count, lead.suite_checks, lead.suite_digest):
             raise ReportError(
                 f"reports {first.path!r} and {report.path!r} are shards of different runs ({lead.count} shards of "
@@ -225,12 +231,21 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
                 for report, document, shard in reports
             ],
         },
+        "hypothesis": _joined_hypothesis([d.get("hypothesis") for d in documents]),
         "known_failures": known,
         "summary": category_counts(tests, categories),
         "errors": error_counts(tests),
         "ops": ops_matrix(tests, supported if isinstance(supported, list) else None),
         "tests": tests,
     }
+
+
+def _joined_hypothesis(entries: list[Any]) -> Any:
+    """The shards' profile; their seeds, in shard order, when they drew different ones (no one seed is the run's)."""
+    first = entries[0]
+    if not isinstance(first, dict) or all(e == first for e in entries):
+        return first
+    return {**first, "seed": None, "shard_seeds": [e.get("seed") if isinstance(e, dict) else None for e in entries]}
 
 
 def _joined_known_failures(entries: list[Any]) -> dict[str, Any] | None:

@@ -145,6 +145,20 @@ def test_durations_of_an_earlier_report_balance_the_shards(pytester, tmp_path):
     assert set.union(*seen.values()) == {shard_group(t["id"]) for t in document["tests"]}
 
 
+@pytest.mark.slow  # two workers, each importing torch: a minute on two busy cores (`make test-slow`)
+def test_under_xdist_the_workers_shard_alike_and_the_report_says_which_shard(pytester, tmp_path):
+    pytest.importorskip("xdist")
+    pytest.importorskip("backendconf_reference")
+    serial, spread = tmp_path / "serial.json", tmp_path / "spread.json"
+    assert run(pytester, "--backendconf-shard=3/3", f"--backendconf-report={serial}", "-p", "no:xdist").ret == 0
+    done = run(pytester, "--backendconf-shard=3/3", f"--backendconf-report={spread}", "-n", "2", "-p", "no:randomly")
+    assert done.ret == 0, done.stdout.str()[-3000:]
+    assert outcomes(spread) == outcomes(serial)  # -n does not change the shard
+    entry = json.loads(spread.read_text())["run"]["shard"]  # the controller, which collects nothing, has it
+    assert entry == json.loads(serial.read_text())["run"]["shard"]
+    done.stdout.fnmatch_lines([f"backendconf: shard 3/3: {len(entry['checks'])} of {entry['suite_checks']} checks *"])
+
+
 def test_a_shard_left_empty_is_not_a_failed_job(pytester):
     pytest.importorskip("backendconf_reference")
     done = pytester.runpytest(

@@ -159,6 +159,25 @@ def test_under_xdist_the_workers_shard_alike_and_the_report_says_which_shard(pyt
     done.stdout.fnmatch_lines([f"backendconf: shard 3/3: {len(entry['checks'])} of {entry['suite_checks']} checks *"])
 
 
+def test_a_vendors_own_tests_are_sharded_by_file(pytester):
+    pytest.importorskip("backendconf_reference")
+    for name in ("test_one", "test_two", "test_three"):
+        pytester.makepyfile(**{name: "def test_a(): pass\ndef test_b(): pass\n"})
+    ran = []
+    for k in (1, 2):
+        done = pytester.runpytest(
+            "--backend=reference", "-p", "no:cacheprovider", "--co", "-q", ".",
+            "--backendconf-select=contract::is_available_is_a_stable_bool", f"--backendconf-shard={k}/2",
+        )  # fmt: skip
+        assert done.ret == 0, done.stdout.str()
+        ran.append({line for line in done.stdout.lines if "::" in line and not line.startswith("backendconf: ")})
+    assert not ran[0] & ran[1] and len(ran[0] | ran[1]) == 7
+    for shard in ran:
+        files = {line.split("::")[0] for line in shard}
+        for name in files - {"backendconf"}:
+            assert {f"{name}::test_a", f"{name}::test_b"} <= shard  # a file's tests stay together
+
+
 def test_a_shard_left_empty_is_not_a_failed_job(pytester):
     pytest.importorskip("backendconf_reference")
     done = pytester.runpytest(

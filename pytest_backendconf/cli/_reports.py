@@ -20,7 +20,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="merge the reports of several environments into one matrix and list the flips",
         description="Merge --backendconf-report files (one per environment of a tox or CI "
         "matrix) into one matrix of backend x torch version x category (passed/total and "
-        "score), and list every check that passed in one environment and failed in another.",
+        "score), and list every check that passed in one environment and failed in another. With --output, "
+        "join instead the reports of the shards of one run (--backendconf-shard=K/N) into one report.",
     )
     merge.add_argument(
         "reports",

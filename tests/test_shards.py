@@ -246,16 +246,17 @@ def test_a_bad_durations_file_is_a_usage_error_naming_it(pytester, tmp_path, con
     assert "leave the option out to balance the shards by check counts" in err
 
 
-def test_a_durations_file_with_a_bad_duration_is_refused(pytester, tmp_path):
+@pytest.mark.parametrize("duration, shown", [('"slow"', "'slow'"), ("-1", "-1"), ("NaN", "nan"), ("Infinity", "inf")])
+def test_a_durations_file_with_a_bad_duration_is_refused(pytester, tmp_path, duration, shown):
     from test_report_merge import make_report
 
     document = make_report()
-    document["tests"][0]["duration"] = "slow"
+    document["tests"][0]["duration"] = "DURATION"
     path = tmp_path / "durations.json"
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(document).replace('"DURATION"', duration))
     done = pytester.runpytest("--backend=reference", "--backendconf-shard=1/2", f"--backendconf-durations={path}")
     assert done.ret == pytest.ExitCode.USAGE_ERROR
-    assert "tests[0].duration must be a number of seconds >= 0, got 'slow'" in done.stderr.str()
+    assert f"tests[0].duration must be a number of seconds >= 0, got {shown}" in done.stderr.str()
 
 
 def test_durations_without_a_shard_is_a_usage_error(pytester, tmp_path):
@@ -312,6 +313,16 @@ def test_joined_shards_with_a_failure_gate_the_run(capsys, tmp_path):
     joined = json.loads((tmp_path / "joined.json").read_text())
     assert len(joined["tests"]) == 6 and joined["run"]["exit_status"] == 1
     assert joined["summary"]["serialization"]["failed"] == 1
+
+
+def test_the_joined_run_took_as_long_as_its_longest_shard(capsys, tmp_path):
+    documents = shard_reports(tmp_path)
+    for document, seconds in zip(documents, (3.0, "slow", 7.5)):
+        document["run"]["duration"] = seconds  # a report passed around CI is data from outside: no traceback
+    join(capsys, tmp_path, documents)
+    joined = json.loads((tmp_path / "joined.json").read_text())
+    assert joined["run"]["duration"] == 7.5
+    assert [s["checks"] for s in joined["run"]["shards"]] == [len(d["run"]["shard"]["checks"]) for d in documents]
 
 
 def test_a_check_in_two_shards_is_refused(capsys, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -60,7 +61,7 @@ def read_durations(path: str | Path) -> dict[str, float]:
     durations = {}
     for i, entry in enumerate(document["tests"]):
         seconds = entry.get("duration")
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
+        if not _seconds(seconds):
             raise ReportError(
                 f"report {name!r}: tests[{i}].duration must be a number of seconds >= 0, got {seconds!r}; "
                 "pass the file --backendconf-report wrote"
@@ -217,7 +218,7 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
             **runs[0],
             "started": min(str(r.get("started")) for r in runs),
             # The shards ran side by side: the run took as long as the longest.
-            "duration": max(float(r.get("duration") or 0) for r in runs),
+            "duration": max((r["duration"] for r in runs if _seconds(r.get("duration"))), default=None),
             "shard": None,
             "shards": [
                 {
@@ -226,7 +227,7 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
                     "report": report.path,
                     "checks": len(shard.checks),
                     "exit_status": report.exit_status,
-                    "duration": document["run"].get("duration"),
+                    "duration": d if _seconds(d := document["run"].get("duration")) else None,
                 }
                 for report, document, shard in reports
             ],
@@ -255,6 +256,11 @@ def _joined_known_failures(entries: list[Any]) -> dict[str, Any] | None:
         return None
     stale = set.intersection(*(set(e.get("stale") or []) for e in given))
     return {**given[0], "stale": sorted(stale)}
+
+
+def _seconds(value: Any) -> bool:
+    """A number of seconds as a report writes one: finite, >= 0 (JSON's parser admits NaN and Infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _text(value: Any) -> str:

@@ -159,6 +159,37 @@ def test_under_xdist_the_workers_shard_alike_and_the_report_says_which_shard(pyt
     done.stdout.fnmatch_lines([f"backendconf: shard 3/3: {len(entry['checks'])} of {entry['suite_checks']} checks *"])
 
 
+def test_the_order_of_the_collection_does_not_change_the_shards(pytester, tmp_path):
+    pytest.importorskip("backendconf_reference")
+    from test_report_merge import make_report
+
+    # Uneven durations whose sums in float depend on the order they are added in.
+    durations = make_report(outcomes={})
+    done = run(pytester, "--co")
+    ids = [line for line in done.stdout.lines if line.startswith("backendconf::")]
+    durations["tests"] = [
+        {**make_report(outcomes={i: "passed"})["tests"][0], "duration": 0.1 * (n % 7)} for n, i in enumerate(ids)
+    ]
+    path = tmp_path / "durations.json"
+    path.write_text(json.dumps(durations))
+
+    def shards() -> list[set[str]]:
+        found = []
+        for k in (1, 2, 3):
+            done = run(pytester, f"--backendconf-shard={k}/3", f"--backendconf-durations={path}", "--co")
+            assert done.ret == 0, done.stdout.str()[-2000:]
+            found.append({line for line in done.stdout.lines if line.startswith("backendconf::")})
+        return found
+
+    before = shards()
+    # Another plugin reorders the items before the shard is cut (as pytest-randomly does).
+    pytester.makeconftest(
+        "def pytest_collection_modifyitems(items):\n    items.reverse()\n    items[:] = items[1::2] + items[::2]\n"
+    )
+    assert shards() == before
+    assert set.union(*before) == set(ids)
+
+
 def test_a_vendors_own_tests_are_sharded_by_file(pytester):
     pytest.importorskip("backendconf_reference")
     for name in ("test_one", "test_two", "test_three"):

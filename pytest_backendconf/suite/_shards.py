@@ -20,6 +20,7 @@ alike; the controller learns the shard's record from them for the report.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -147,11 +148,11 @@ class ShardPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         # Last: after -k, -m and every plugin's own selection, so every shard splits the same set.
-        weights: dict[str, float] = {}
+        parts: dict[str, list[float]] = {}
         for item in items:
-            group = shard_group(item.nodeid)
-            weights[group] = weights.get(group, 0.0) + self.weight(item.nodeid)
-        placed = assign(weights, self.count)
+            parts.setdefault(shard_group(item.nodeid), []).append(self.weight(item.nodeid))
+        # fsum is exact, so a group's weight does not depend on the order its checks were collected in.
+        placed = assign({group: math.fsum(p) for group, p in parts.items()}, self.count)
         kept = [item for item in items if placed[shard_group(item.nodeid)] == self.index - 1]
         dropped = [item for item in items if placed[shard_group(item.nodeid)] != self.index - 1]
         self.kept, self.total = len(kept), len(items)

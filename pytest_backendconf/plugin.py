@@ -17,7 +17,7 @@ from .errors import RegistryError
 
 # The report's schema version for --help, without importing the report package at every start;
 # tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
-_REPORT_SCHEMA_VERSION = "1.4"
+_REPORT_SCHEMA_VERSION = "1.5"
 
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()
@@ -179,6 +179,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the target-stage checks run there through `CMD -m pytest_backendconf.target` (docs/vendor-ci.md); "
         "also the backendconf_target_command ini option or $BACKENDCONF_TARGET_COMMAND",
     )
+    group.addoption(
+        "--backendconf-shard",
+        dest="backendconf_shard",
+        metavar="K/N",
+        default=None,
+        help="run only the K-th of N shards of the conformance checks (1-based), one per CI job: the same "
+        "collection gives the same shards on every machine, a model's checks stay in one shard; join the shards' "
+        "reports with `backendconf report merge --output` (docs/vendor-ci.md); also the backendconf_shard ini "
+        "option or $BACKENDCONF_SHARD",
+    )
+    group.addoption(
+        "--backendconf-durations",
+        dest="backendconf_durations",
+        metavar="REPORT",
+        default=None,
+        help="balance the shards of --backendconf-shard by the checks' durations in an earlier run's "
+        "--backendconf-report file (a check it does not list counts the median) instead of by check counts; "
+        "also the backendconf_durations ini option or $BACKENDCONF_DURATIONS",
+    )
+    parser.addini(
+        "backendconf_shard",
+        "K/N: run only the K-th of N shards of the conformance checks (--backendconf-shard)",
+        default="",
+    )
+    parser.addini(
+        "backendconf_durations",
+        "an earlier --backendconf-report file whose durations balance the shards (--backendconf-durations)",
+        default="",
+    )
     parser.addini(
         "backendconf_target_command",
         "command prefix that starts a Python on a device for the target-stage checks (--backendconf-target-command)",
@@ -248,10 +277,26 @@ def pytest_configure(config: pytest.Config) -> None:
             from .suite import ModelGrouping
 
             config.pluginmanager.register(ModelGrouping(), "backendconf_xdist")  # one worker per model
+        _register_shard(config)
         if not config.pluginmanager.is_blocked("backendconf_gating"):
             from .suite import GatingPlugin
 
             config.pluginmanager.register(GatingPlugin(config, selected), "backendconf_gating")
+
+
+def _register_shard(config: pytest.Config) -> None:
+    """Keep one shard of the checks when ``--backendconf-shard`` (or its ini option, or variable) asks."""
+    from .suite import ShardPlugin, shard_choice
+
+    shard = shard_choice(config)
+    if shard is None:
+        if config.getoption("backendconf_durations", None):
+            raise pytest.UsageError(
+                "--backendconf-durations balances the shards of --backendconf-shard=K/N, which is not given: "
+                "add --backendconf-shard or leave --backendconf-durations out"
+            )
+        return
+    config.pluginmanager.register(ShardPlugin(config, *shard), "backendconf_shard")
 
 
 #: The device's `target.probe` record when a target command is set (header, summary, report).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..errors import BackendConfError
 from ..report import printable
@@ -19,7 +20,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="merge the reports of several environments into one matrix and list the flips",
         description="Merge --backendconf-report files (one per environment of a tox or CI "
         "matrix) into one matrix of backend x torch version x category (passed/total and "
-        "score), and list every check that passed in one environment and failed in another.",
+        "score), and list every check that passed in one environment and failed in another. With --output, "
+        "join instead the reports of the shards of one run (--backendconf-shard=K/N) into one report.",
     )
     merge.add_argument(
         "reports",
@@ -28,6 +30,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="a JSON file written by --backendconf-report, or a directory: its *.json files",
     )
     merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
+    merge.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="join the reports of the shards of one run (--backendconf-shard=K/N: one backend, one torch) into the "
+        "one report FILE an unsharded run would have written; refuses a check run by two shards, names the checks "
+        "no shard ran, and exits with status 1 when one is missing or a check failed (known failures apart)",
+    )
     merge.add_argument(
         "--fail-on-flips",
         action="store_true",
@@ -159,6 +169,13 @@ def _report_merge(args: argparse.Namespace) -> int:
     from ..report import format_markdown, format_text, merge, read_report, report_files
     from ..errors import BackendConfError
 
+    if args.output is not None:
+        if args.markdown is not None or args.fail_on_flips:
+            raise BackendConfError(
+                "--output joins the shards of one run; --markdown and --fail-on-flips compare whole runs: "
+                "join each run's shards first, then merge the joined reports"
+            )
+        return _join_shards(args)
     merged = merge([read_report(path) for path in report_files(args.reports)])
     if args.markdown is not None:
         target = Path(args.markdown)
@@ -179,6 +196,57 @@ def _report_merge(args: argparse.Namespace) -> int:
     if args.markdown is not None:
         print(f"backendconf: markdown written to {args.markdown}")
     return 1 if args.fail_on_flips and merged.flips else 0
+
+
+def _join_shards(args: argparse.Namespace) -> int:
+    import json
+
+    from ..archive import write_atomic
+    from ..report import join_shards, joined_score_lines, read_document, report_files
+
+    target = _output_file("--output", args.output)
+    joined = join_shards([read_document(path) for path in report_files(args.reports)])
+    document = joined.document
+    try:
+        write_atomic(target, json.dumps(document, indent=2) + "\n")
+    except OSError as exc:
+        raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
+    shards = document["run"]["shards"]
+    count = shards[0]["count"]
+    print(
+        printable(
+            f"backendconf: joined {len(shards)} of {count} shards of backend {document['backend']['name']} "
+            f"(torch {document['environment']['torch']}): {len(document['tests'])} checks, written to {args.output}"
+        )
+    )
+    for line in joined_score_lines(document):
+        print(printable(line))
+    for index in joined.missing_shards:
+        print(f"backendconf: shard {index}/{count}: no report given; its checks ran in no shard")
+    if joined.missing_checks:
+        print(f"backendconf: {joined.missing_checks} checks of the collection were in no shard given")
+    if joined.not_run:
+        print(f"backendconf: {len(joined.not_run)} checks given to a shard were not run (the shard stopped early?):")
+        for check in joined.not_run:
+            print(printable(f"  {check}"))
+    broken = [t for t in document["tests"] if t["outcome"] in ("failed", "error", "unexpected_pass")]
+    for test in broken:
+        print(printable(f"{test['outcome'].upper().replace('_', ' ')} {test['id']}"))
+    return document["run"]["exit_status"]
+
+
+def _output_file(option: str, value: str) -> Path:
+    target = Path(value)
+    if target.is_dir() or not target.parent.is_dir():
+        raise BackendConfError(
+            f"{option} {value!r}: "
+            + (
+                "that is a directory; give a file name in it"
+                if target.is_dir()
+                else f"the directory {str(target.parent)!r} does not exist; create it first"
+            )
+        )
+    return target
 
 
 def _report_html(args: argparse.Namespace) -> int:

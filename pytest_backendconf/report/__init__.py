@@ -34,7 +34,16 @@ from ._gating import (
 )
 from ._known_from_report import known_failures_from_report
 from ._machine import applies, describe_machine, machine_line
-from ._merge import format_markdown, format_text, merge, read_documents, read_matrix, read_report, report_files
+from ._merge import (
+    format_markdown,
+    format_text,
+    merge,
+    read_document,
+    read_documents,
+    read_matrix,
+    read_report,
+    report_files,
+)
 from ._ops import capabilities_text, matrix_text
 from ._ops import parse_id as parse_ops_id
 from ._reading import load_json, printable
@@ -50,9 +59,17 @@ from ._report import (
     report_document,
     run_entry,
 )
+from ._shards import join_shards, joined_score_lines, median_duration, read_durations, shard_entry, suite_digest
 from ._summary import declared_scope, end_lines, summary_lines
 
 __all__ = [
+    "suite_digest",
+    "shard_entry",
+    "read_document",
+    "read_durations",
+    "median_duration",
+    "joined_score_lines",
+    "join_shards",
     "FAILING",
     "KnownFailure",
     "KnownFailureIndex",

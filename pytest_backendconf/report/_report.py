@@ -13,7 +13,7 @@ import datetime
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ..checks import CATEGORIES, CheckFailed, outcome_from_json
 from ._counts import OUTCOMES, category_counts, outcome_parts
@@ -30,8 +30,9 @@ REPORT_SCHEMA = "backendconf-report"
 # 1.1: "ops" and tests[].numerics; 1.2: backend.capabilities, backend.not_under_test;
 # 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops;
 # tests[].reproduction (a failure's minimal reproduction); 1.4: tests[].check_outcome (the check's own
-# verdict: not_needed counts from it, not from the reason's words)
-REPORT_SCHEMA_VERSION = (1, 4)
+# verdict: not_needed counts from it, not from the reason's words); 1.5: run.shard (a --backendconf-shard
+# run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards
+REPORT_SCHEMA_VERSION = (1, 5)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
 #: The outcomes in which a check worked (a change between these and `FAILING` is a flip).
@@ -114,15 +115,22 @@ def summarize(results: Iterable[TestResult], categories: Iterable[str] = CATEGOR
 
 def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
     """How many tests that did not work failed with each exception type, and in each stage."""
+    return error_counts(r.as_json() for r in results)
+
+
+def error_counts(tests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """`error_statistics` of report test entries (``outcome``, ``stage``, ``error``): a joined report's too."""
     by_type: dict[str, int] = {}
     by_stage: dict[str, int] = {}
     total = 0
-    for result in results:
-        if result.outcome not in FAILING:
+    for test in tests:
+        if test.get("outcome") not in FAILING:
             continue
         total += 1
-        by_stage[result.stage] = by_stage.get(result.stage, 0) + 1
-        kind = result.error["type"] if result.error else "unknown"
+        stage = str(test.get("stage"))
+        by_stage[stage] = by_stage.get(stage, 0) + 1
+        error = test.get("error")
+        kind = str(error.get("type")) if isinstance(error, Mapping) else "unknown"
         by_type[kind] = by_type.get(kind, 0) + 1
     return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
 
@@ -219,14 +227,25 @@ def backend_entry(selected: RegisteredBackend) -> dict[str, Any]:
     }
 
 
-def run_entry(started: float, exitstatus: int, *, select: Iterable[str] = (), workers: int = 0) -> dict[str, Any]:
-    """The report's ``run``: when it started, how long it took, how it ended, what it selected."""
+def run_entry(
+    started: float,
+    exitstatus: int,
+    *,
+    select: Iterable[str] = (),
+    workers: int = 0,
+    shard: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report's ``run``: when it started, how long it took, how it ended, what it selected.
+
+    :param shard: a ``--backendconf-shard`` run's `report._shards.shard_entry`; None for a whole run.
+    """
     return {
         "started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(),
         "duration": round(time.time() - started, 3),
         "exit_status": exitstatus,
         "select": list(select),
         "xdist_workers": workers,
+        "shard": shard,
     }
 
 

@@ -2,7 +2,8 @@
 
 Owns turning the categories' checks into pytest items, the per-session `SuiteContext`, the backend
 host that runs checks in a child process, CI gating (known failures, reports), the Hypothesis
-profiles and the xdist grouping. The categories themselves are ``pytest_backendconf.conformance``.
+profiles, the xdist grouping and the shards of a run across machines. The categories themselves
+are ``pytest_backendconf.conformance``.
 
 May import: `report`, `target`, `diagnostics` and every layer below them.
 """
@@ -21,12 +22,17 @@ if TYPE_CHECKING:
     from ._gating import GatingPlugin
     from ._suite import SuitePlugin, suite_only
     from ._xdist import ModelGrouping
+    from ._shards import SHARD_KEY, ShardPlugin, shard_choice, shard_group
 
 # The pytest plugins load on first use: they import the categories (``conformance``), and the
 # categories import the names above, so an eager import here would be a cycle.
 _LAZY = {
     "GatingPlugin": "._gating",
     "ModelGrouping": "._xdist",
+    "SHARD_KEY": "._shards",
+    "ShardPlugin": "._shards",
+    "shard_choice": "._shards",
+    "shard_group": "._shards",
     "SuitePlugin": "._suite",
     "suite_only": "._suite",
 }
@@ -39,6 +45,8 @@ __all__ = [
     "INPUT_MODES",
     "ModelGrouping",
     "PROFILES",
+    "SHARD_KEY",
+    "ShardPlugin",
     "SuiteContext",
     "SuitePlugin",
     "artifacts_root",
@@ -47,6 +55,8 @@ __all__ = [
     "golden_dir",
     "hypothesis_choice",
     "run_check",
+    "shard_choice",
+    "shard_group",
     "suite_only",
 ]
 

@@ -43,6 +43,7 @@ from ._categories import generate_checks
 from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
 from ._outcome import OUTCOME_KEY
+from ._shards import SHARD_KEY
 from ..checks import outcome_to_json
 from ..errors import StaleKnownFailureWarning
 
@@ -272,6 +273,7 @@ class GatingPlugin:
                     int(exitstatus),
                     select=self.config.getoption("backendconf_select") or [],
                     workers=self.workers,
+                    shard=self.config.stash.get(SHARD_KEY, None),
                 ),
                 pytest_version=pytest.__version__,
                 hypothesis=report_entry(self.config),

@@ -484,18 +484,20 @@ def discover(
     confirmed: dict[str, bool] = {}
     #: (entry number, dtype) -> the entry's samples in that dtype and what `sample_to_op` made of each.
     tried: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
+    #: overload -> the sample that awaits `confirm_batch`, in this round of selection.
+    pending: dict[str, tuple[Callable[..., Any], Any, Any]] = {}
+
+    def verdict(name: str, fn: Callable[..., Any], sample: Any, overload: Any) -> bool:
+        if name not in confirmed and name not in pending:
+            answer = _export_one(fn, sample, overload, decompositions)
+            if answer is _DECOMPOSE:
+                pending[name] = (fn, sample, overload)
+            else:
+                confirmed[name] = answer
+        return confirmed.get(name, True)  # pending: assumed until its batch answers
+
     while True:
-        pending: dict[str, tuple[Callable[..., Any], Any, Any]] = {}
-
-        def verdict(name: str, fn: Callable[..., Any], sample: Any, overload: Any) -> bool:
-            if name not in confirmed and name not in pending:
-                answer = _export_one(fn, sample, overload, decompositions)
-                if answer is _DECOMPOSE:
-                    pending[name] = (fn, sample, overload)
-                else:
-                    confirmed[name] = answer
-            return confirmed.get(name, True)  # pending: assumed until its batch answers
-
+        pending.clear()
         kept, entries_kept = _select(op_db, verdict, tried, max_samples, tries, progress)
         if not pending:
             break

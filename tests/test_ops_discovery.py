@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from pytest_backendconf.conformance import _ops_discovery as discovery
+from pytest_backendconf.conformance.ops import discovery
 
 aten = torch.ops.aten
 

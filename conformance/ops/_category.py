@@ -2,7 +2,7 @@
 
 Ids name the aten overload: ``backendconf::ops::aten.add.Tensor[float16-sample0]``.
 The samples come from PyTorch's OpInfo database through data files
-(``_ops_discovery``), the programs are rebuilt from that data once per
+(``ops.discovery``), the programs are rebuilt from that data once per
 session (``_ops_program``) and shared through the session memo, and the
 reference for float16 and bfloat16 is eager PyTorch in float64 cast back
 (see ``[ops]`` in suite.toml), so a backend more accurate than PyTorch's own

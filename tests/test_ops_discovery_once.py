@@ -67,8 +67,7 @@ def test_two_runs_at_once_discover_once(pytester, tiny):
     command = [sys.executable, "-m", "pytest", "--backend=reference", "-p", "tiny_opinfo", "-p", "no:cacheprovider"]
     command += ["--backendconf-select=ops::aten.*", "--backendconf-in-process", "-q"]
     runs = [
-        subprocess.Popen(command, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for _ in range(2)
+        subprocess.Popen(command, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)
     ]
     outputs = [run.communicate(timeout=600)[0].decode() for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs

@@ -8,7 +8,7 @@ samples) and the quantized-op checks. The ``quantized`` category and the
 """
 
 from . import discovery
-from ._category import WritesInPlace, checks, judge, notice
+from ._category import WritesInPlace, checks, judge, notice, prepare_samples, samples_needed
 from ._long_samples import long_samples
 from ._program import OpCall, build_program, op_call_class
 from ._ties import InvalidIndices, settle_ties
@@ -24,5 +24,7 @@ __all__ = [
     "long_samples",
     "notice",
     "op_call_class",
+    "prepare_samples",
+    "samples_needed",
     "settle_ties",
 ]

@@ -2,7 +2,7 @@
 
 Ids name the aten overload: ``backendconf::ops::aten.add.Tensor[float16-sample0]``.
 The samples come from PyTorch's OpInfo database through data files
-(``_ops_discovery``), the programs are rebuilt from that data once per
+(``ops.discovery``), the programs are rebuilt from that data once per
 session (``_ops_program``) and shared through the session memo, and the
 reference for float16 and bfloat16 is eager PyTorch in float64 cast back
 (see ``[ops]`` in suite.toml), so a backend more accurate than PyTorch's own
@@ -17,6 +17,7 @@ long-reduction samples (``_long_samples``) join OpInfo's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -117,7 +118,7 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
         data = discovery.load(discovery.DATA_DIR, version)
         if data is not None:
             return data
-    cache = cache_dir()
+    cache = build_cache_dir()
     data = discovery.load(cache, version, mode)
     if data is not None:
         return data
@@ -125,22 +126,54 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
     if op_db is None:
         notice(ctx, f"ops category skipped: no ops data for torch {version} and {reason}")
         return None
-    notice(
-        ctx,
-        f"ops: discovering single-op samples of PyTorch's OpInfo database for torch {version} "
-        f"(once; cached in {cache})",
-    )
-    all_samples = mode == "all"
-    data = discovery.discover(
-        op_db,
-        max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
-        tries=None if all_samples else discovery.DEFAULT_TRIES,
-    )
-    try:
-        discovery.save(data, cache, mode)
-    except OSError as exc:
-        notice(ctx, f"ops: could not cache the discovered samples in {cache}: {exc}")
+    # Once per machine: the first process discovers under the lock (the xdist controller before any
+    # worker starts, see `prepare_samples`); a worker, the backend host or another run waits for it,
+    # then reads the cache.
+    with _discovery_lock(cache) as locked:
+        data = discovery.load(cache, version, mode)
+        if data is not None:
+            return data
+        notice(
+            ctx,
+            f"ops: discovered single-op samples of PyTorch's OpInfo database for torch {torch.__version__} "
+            f"(once per torch build; cached in {cache})",
+        )
+        progress = ctx.discovery_progress
+        if progress is not None:
+            progress(
+                f"torch {torch.__version__} has no shipped samples: sampling {len(op_db)} OpInfo entries "
+                f"(once per torch build; cached in {cache})"
+            )
+        all_samples = mode == "all"
+        data = discovery.discover(
+            op_db,
+            max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
+            tries=None if all_samples else discovery.DEFAULT_TRIES,
+            progress=ctx.discovery_progress,
+        )
+        if progress is not None:
+            progress(f"{len(data.samples)} samples of {len({s.overload for s in data.samples})} overloads")
+        if locked:
+            try:
+                discovery.save(data, cache, mode)
+            except OSError as exc:
+                notice(ctx, f"ops: could not cache the discovered samples in {cache}: {exc}")
     return data
+
+
+def samples_needed(ctx: SuiteContext) -> bool:
+    """Whether this run would discover samples: no shipped data and no cache for this torch build."""
+    mode = "all" if _mode(ctx) == "all" else "default"
+    version = discovery.release()
+    if mode == "default" and discovery.data_paths(discovery.DATA_DIR, version, mode)[0].is_file():
+        return False
+    return not discovery.data_paths(build_cache_dir(), version, mode)[0].is_file()
+
+
+def prepare_samples(ctx: SuiteContext) -> None:
+    """Discover (or read) the session's samples now: what the xdist controller does before any
+    worker starts, so that one process discovers and every other reads the cache."""
+    ops_data(ctx)
 
 
 def cache_dir() -> Path:
@@ -148,6 +181,35 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytest-backendconf"
     )
     return Path(base) / "ops"
+
+
+def build_cache_dir() -> Path:
+    """The cache folder of this exact torch build: two builds of one release (a CPU and a CUDA
+    wheel, a nightly) may differ in OpInfo's samples and in what export makes of them."""
+    build = f"{torch.__version__}-{(torch.version.git_version or 'unknown')[:12]}"
+    return cache_dir() / re.sub(r"[^A-Za-z0-9._+-]", "_", build)
+
+
+@contextlib.contextmanager
+def _discovery_lock(cache: Path) -> Iterator[bool]:
+    """An exclusive lock on the cache folder while one process discovers (POSIX ``flock``).
+
+    Yields whether the lock is held: without a writable cache (a read-only home) or ``fcntl``
+    (Windows), the process discovers for itself and caches nothing."""
+    try:
+        import fcntl
+
+        cache.mkdir(parents=True, exist_ok=True)
+        handle = open(cache / ".discovery.lock", "a+b")
+    except (ImportError, OSError):
+        yield False
+        return
+    with handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def notice(ctx: SuiteContext, text: str) -> None:

@@ -1,6 +1,6 @@
 """The single-op program of one ops sample, rebuilt from data without tracing.
 
-Discovery (``_ops_discovery``) exported every sample once, with
+Discovery (``ops.discovery``) exported every sample once, with
 ``torch.export`` and the default decompositions, and recorded the one node
 the program came down to. Tracing again costs about 50 ms per sample, a
 thousand samples per run; rebuilding that program costs about 1 ms: the same

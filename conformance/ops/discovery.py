@@ -327,19 +327,129 @@ def sample_to_op(
 
 def confirm(fn: Callable[..., Any], sample: Any, expected: Any, decompositions: Any) -> bool:
     """Whether ``torch.export`` (and the default decomposition) makes the sample the ``expected`` op."""
-    leaves, spec = _compat.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
-    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    module = _Call(fn, leaves, spec, positions)
+    verdict = _export_one(fn, sample, expected, decompositions)
+    if verdict is _DECOMPOSE:
+        return confirm_batch([(fn, sample, expected)])[0]
+    return verdict
+
+
+#: `_export_one`'s answer when the op has a default decomposition: only `confirm_batch` can tell.
+_DECOMPOSE = object()
+
+
+def _export_one(fn: Callable[..., Any], sample: Any, expected: Any, decompositions: Any) -> Any:
+    """``torch.export`` of one sample: ``False``, ``True``, or `_DECOMPOSE` when the single op it makes
+    has a default decomposition, which `confirm_batch` runs for many samples at once."""
+    module, tensors = _call_module(fn, sample)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            program = _compat.export(module, tuple(leaves[i] for i in positions))
-            node = _single_op(program)
-            if node is not None and node.target in decompositions:
-                node = _single_op(program.run_decompositions())
+            node = _single_op(_compat.export(module, tensors))
         except Exception:
             return False
-    return node is not None and node.target == expected
+    if node is None:
+        return False
+    # An op with a default decomposition is judged after it (aten.softmax.int becomes aten._softmax.default).
+    return _DECOMPOSE if node.target in decompositions else node.target == expected
+
+
+def _call_module(fn: Callable[..., Any], sample: Any) -> tuple[_Call, tuple[torch.Tensor, ...]]:
+    leaves, spec = _compat.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    return _Call(fn, leaves, spec, positions), tuple(leaves[i] for i in positions)
+
+
+class _Batch(torch.nn.Module):
+    """Many `_Call` modules side by side: one export and one decomposition for all of them."""
+
+    def __init__(self, calls: list[_Call], counts: list[int]) -> None:
+        super().__init__()
+        self.calls, self.counts = torch.nn.ModuleList(calls), counts
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        results, start = [], 0
+        for call, count in zip(self.calls, self.counts):
+            results.append(call(*tensors[start : start + count]))
+            start += count
+        return tuple(results)
+
+
+def confirm_batch(items: list[tuple[Callable[..., Any], Any, Any]]) -> list[bool]:
+    """`confirm` for many ``(fn, sample, expected)`` whose single op has a default decomposition.
+
+    ``run_decompositions`` costs seconds however small the program (torch
+    walks every CompositeImplicitAutograd op of every namespace each time),
+    so the samples are exported side by side in one program and decomposed
+    once. A sample is confirmed when its outputs come from one node, the
+    ``expected`` op, reading program inputs only. Samples are independent,
+    so each one's nodes are those its outputs depend on; a node no sample's
+    outputs reach (or a lifted constant, or an export error) could belong to
+    any of them, and the batch is halved until it is unambiguous. One
+    sample alone is `confirm`'s own export and decomposition.
+    """
+    if not items:
+        return []
+    pairs = [_call_module(fn, sample) for fn, sample, _ in items]
+    module = _Batch([call for call, _ in pairs], [len(tensors) for _, tensors in pairs])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = _compat.export(module, tuple(t for _, tensors in pairs for t in tensors))
+            program = program.run_decompositions()
+            verdicts = _batch_verdicts(program, items)
+        except Exception:
+            verdicts = None
+    if verdicts is not None:
+        return verdicts
+    if len(items) == 1:
+        return [False]
+    half = len(items) // 2
+    return confirm_batch(items[:half]) + confirm_batch(items[half:])
+
+
+def _batch_verdicts(program: Any, items: list[tuple[Any, Any, Any]]) -> list[bool] | None:
+    """Per item of a decomposed batch program, whether its outputs are one ``expected`` node on inputs;
+    ``None`` when the program cannot be split into the items' own nodes."""
+    # The program returns a tuple with one result per item: its spec says how many leaves each has.
+    counts = [child.num_leaves for child in _compat.spec_children(program.call_spec.out_spec)]
+    if len(counts) != len(items):
+        return None
+    signature = program.graph_signature
+    if any(s.kind.name != "USER_INPUT" for s in signature.input_specs):
+        return None
+    if any(s.kind.name != "USER_OUTPUT" for s in signature.output_specs):
+        return None
+    graph = program.graph_module.graph
+    if any(n.op == "get_attr" for n in graph.nodes):
+        return None
+    outputs = list(graph.output_node().args[0])
+    if len(outputs) != sum(counts):
+        return None
+    ops = {n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem}
+    reached: set[Any] = set()
+    verdicts, start = [], 0
+    for count, (_, _, expected) in zip(counts, items):
+        cone = _op_cone(outputs[start : start + count])
+        start += count
+        reached |= cone
+        verdicts.append(len(cone) == 1 and next(iter(cone)).target == expected)
+    return verdicts if reached == ops else None
+
+
+def _op_cone(outputs: list[Any]) -> set[Any]:
+    """The op nodes (``getitem`` aside) the given output nodes depend on."""
+    cone: set[Any] = set()
+    stack = [o for o in outputs if isinstance(o, torch.fx.Node)]
+    seen: set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "call_function" and node.target is not operator.getitem:
+            cone.add(node)
+        stack.extend(node.all_input_nodes)
+    return cone
 
 
 def decode_arg_dict(kwargs: dict[str, Any], inputs: list[Any]) -> dict[str, Any]:
@@ -360,11 +470,61 @@ def discover(
     tries: int | None = DEFAULT_TRIES,
     progress: Callable[[str], None] | None = None,
 ) -> OpsData:
-    """Every single-op (overload, dtype, sample) of ``op_db``; ``None`` limits mean every sample."""
+    """Every single-op (overload, dtype, sample) of ``op_db``; ``None`` limits mean every sample.
+
+    Each overload is confirmed with ``torch.export`` on its first sample. When
+    that op has a default decomposition, whether it survives decomposition is
+    decided later, for all such overloads in one batch (`confirm_batch`), and
+    the selection assumes it does meanwhile; an overload the batch refutes
+    makes the selection run again (from the samples already run, no new
+    eager call), as it would have gone had it been refuted at once.
+    """
     decompositions = torch.export.default_decompositions()
-    kept: dict[tuple[str, str], list[OpSample]] = {}
     #: overload -> whether torch.export confirmed it (checked on its first sample).
     confirmed: dict[str, bool] = {}
+    #: (entry number, dtype) -> the entry's samples in that dtype and what `sample_to_op` made of each.
+    tried: dict[tuple[int, str], list[tuple[Any, Any]]] = {}
+    #: overload -> the sample that awaits `confirm_batch`, in this round of selection.
+    pending: dict[str, tuple[Callable[..., Any], Any, Any]] = {}
+
+    def verdict(name: str, fn: Callable[..., Any], sample: Any, overload: Any) -> bool:
+        if name not in confirmed and name not in pending:
+            answer = _export_one(fn, sample, overload, decompositions)
+            if answer is _DECOMPOSE:
+                pending[name] = (fn, sample, overload)
+            else:
+                confirmed[name] = answer
+        return confirmed.get(name, True)  # pending: assumed until its batch answers
+
+    while True:
+        pending.clear()
+        kept, entries_kept = _select(op_db, verdict, tried, max_samples, tries, progress)
+        if not pending:
+            break
+        if progress:
+            progress(f"confirming {len(pending)} overloads through the default decompositions, in one batch")
+        answers = confirm_batch(list(pending.values()))
+        confirmed.update(zip(pending, answers))
+        if all(answers):
+            break
+        if progress:
+            progress(f"{answers.count(False)} of them do not stay one op: selecting again without them")
+    samples = [s for bucket in kept.values() for s in bucket]
+    samples.sort(key=lambda s: (s.overload, DISCOVERY_DTYPES.index(s.dtype), s.index))
+    tolerances = opinfo_tolerances(op_db, {s.opinfo for s in samples})
+    return OpsData(release(), samples, entries_seen=len(op_db), entries_kept=entries_kept, tolerances=tolerances)
+
+
+def _select(
+    op_db: list[Any],
+    verdict: Callable[[str, Callable[..., Any], Any, Any], bool],
+    tried: dict[tuple[int, str], list[tuple[Any, Any]]],
+    max_samples: int | None,
+    tries: int | None,
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[tuple[str, str], list[OpSample]], int]:
+    """The samples kept per (overload, dtype), and how many entries gave any; ``verdict`` confirms overloads."""
+    kept: dict[tuple[str, str], list[OpSample]] = {}
     entries_kept = 0
     for number, info in enumerate(op_db):
         entry = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
@@ -378,17 +538,19 @@ def discover(
         for dtype in DISCOVERY_DTYPES:
             if getattr(torch, dtype) not in supported:
                 continue
+            if (number, dtype) not in tried:
+                # Every try at once: sample functions draw from the global generator, reseeded per
+                # (entry, dtype), so a later selection must reuse these samples, not draw again.
+                tried[number, dtype] = list(_samples_of(info, dtype, tries))
             accepted = 0
-            for sample, found in _samples_of(info, dtype, tries):
+            for sample, found in tried[number, dtype]:
                 if max_samples is not None and accepted >= max_samples:
                     break
                 if not found:
                     continue
                 overload, args, kwargs, outputs, inputs = found
                 name = overload_name(overload)
-                if name not in confirmed:
-                    confirmed[name] = confirm(info.op, sample, overload, decompositions)
-                if not confirmed[name]:
+                if not verdict(name, info.op, sample, overload):
                     continue
                 bucket = kept.setdefault((name, dtype), [])
                 if max_samples is not None and len(bucket) >= max_samples:
@@ -397,10 +559,7 @@ def discover(
                 took_any = True
                 accepted += 1
         entries_kept += took_any
-    samples = [s for bucket in kept.values() for s in bucket]
-    samples.sort(key=lambda s: (s.overload, DISCOVERY_DTYPES.index(s.dtype), s.index))
-    tolerances = opinfo_tolerances(op_db, {s.opinfo for s in samples})
-    return OpsData(release(), samples, entries_seen=len(op_db), entries_kept=entries_kept, tolerances=tolerances)
+    return kept, entries_kept
 
 
 #: Test classes whose ``toleranceOverride`` says nothing of a CPU forward result (gradients,

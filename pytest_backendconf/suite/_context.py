@@ -54,6 +54,8 @@ class SuiteContext:
         self.hypothesis_seed = 0
         #: ``--backendconf-ops``: which operator samples the ops category runs.
         self.ops_mode = "default"
+        #: Where the ops category's sample discovery reports progress (the terminal; None: nowhere).
+        self.discovery_progress: Callable[[str], None] | None = None
         #: The ``-p`` plugins of the run, for commands that rerun one comparison outside pytest.
         self.plugin_modules: list[str] = []
         #: ``--backendconf-golden``: the folder passing parity checks write their bundled archives to.

@@ -11,6 +11,8 @@ suite runs beside the tests found there (a vendor's own regression tests).
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import logging
 import os
 import sys
@@ -37,6 +39,17 @@ TORCH_TRACE_LOGGER = "torch.__trace"
 #: ``1`` runs the checks in the pytest process, as ``--backendconf-in-process`` does (the project's
 #: own tests set it for the many small runs that do not test isolation: each host costs a torch import).
 IN_PROCESS_ENV = "BACKENDCONF_IN_PROCESS"
+
+
+def _may_select(patterns: list[str], category: str) -> bool:
+    """Whether ``--backendconf-select`` patterns may keep checks of ``category`` (no patterns: all)."""
+    if not patterns:
+        return True
+    for pattern in patterns:
+        head = pattern.removeprefix(f"{ROOT_ID}::")
+        if "::" not in head or fnmatch.fnmatchcase(category, head.split("::", 1)[0]):
+            return True
+    return False
 
 
 class _DropRecords(logging.Filter):
@@ -377,11 +390,36 @@ class SuitePlugin:
         lines += [f"backendconf: {text}" for text in getattr(self.ctx, "notices", None) or []]
         return "\n".join(lines)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Any) -> None:
+        # pytest-xdist's controller collects nothing. Where this torch build has no shipped ops samples
+        # and none cached, it discovers them here, once, before any worker starts: the workers and
+        # the backend host then read the cache instead of each discovering for minutes.
+        if not _may_select(self.config.getoption("backendconf_select") or [], "ops"):
+            return
+        from ..conformance import ops
+
+        ctx = self._ctx_factory()
+        if not isinstance(ctx.backend, TorchScriptBackend) and ops.samples_needed(ctx):
+            ctx.discovery_progress = self._progress_line
+            ops.prepare_samples(ctx)
+
+    def _progress_line(self, text: str) -> None:
+        """A line on the terminal while collection runs (pytest captures the output meanwhile)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            reporter.write_line(f"backendconf: ops discovery: {text}")
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         ctx = self.ctx = self._ctx_factory()  # kept for tools (benchmarks) that inspect the session
+        if not hasattr(config, "workerinput"):
+            ctx.discovery_progress = self._progress_line  # a worker's output would go nowhere
         available, why = ctx.registered.availability()
         if not available:
             self._unavailable = (

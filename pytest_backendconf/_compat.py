@@ -79,6 +79,17 @@ TreeSpec = _pytree.TreeSpec
 EXPORT_FRAME_NAME = "forward"
 
 
+def spec_children(spec: Any) -> list[Any]:
+    """The child specs of a pytree ``TreeSpec`` (ops discovery splits a batch program's outputs by them).
+
+    torch 2.10 added ``TreeSpec.children()`` and deprecated the
+    ``children_specs`` field that 2.4-2.9 have (it still exists on 2.13 and
+    2.14, with a warning).
+    """
+    children = getattr(spec, "children", None)
+    return list(children() if callable(children) else spec.children_specs)
+
+
 def op_schema(target: Any) -> Any:
     """The ``torch.FunctionSchema`` of an op overload (``aten.mul.Tensor``), or None for anything else.
 

@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: target-venv replay-aarch64 suite suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv replay-aarch64 suite suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,7 @@ $(VENV)/.installed-onnxruntime: $(VENV)/.installed backends/onnxruntime/pyprojec
 # lowering per check.
 ENGINE_OPS ?= default
 suite-onnxruntime: $(VENV)/.installed-onnxruntime
-	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=onnxruntime \
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=onnxruntime -n 2 \
 	    --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/onnxruntime/known-failures.toml) $(SUITE_ARGS)
 
@@ -120,6 +120,27 @@ suite-openvino: $(VENV)/.installed-openvino
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=openvino -n 2 \
 	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/openvino/known-failures.toml) $(SUITE_ARGS)
+
+# The suite against the reference backend under older torch releases, each in its own environment
+# outside the repository (PyPI's builds, as a vendor installs them: `pip install torch==X`, the
+# project with its [test] extra, which never moves torch, triton removed as tox.ini does).
+# `make suite-releases` runs the oldest supported release and one in the middle; `make suite`
+# is the third (2.13.0). Each environment is made once and kept (4 to 6 GB each).
+RELEASES ?= 2.10.0 2.12.1
+RELEASE_ENVS ?= $(HOME)/.cache/backendconf/torch-envs
+suite-releases:
+	@for release in $(RELEASES); do \
+	    env="$(RELEASE_ENVS)/$$release"; \
+	    if ! "$$env/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$$release')" 2>/dev/null; then \
+	        rm -rf "$$env" && $(PYTHON) -m venv "$$env" && \
+	        "$$env/bin/python" -m pip install --quiet --disable-pip-version-check torch==$$release || exit 1; \
+	    fi; \
+	    "$$env/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' -e backends/reference || exit 1; \
+	    "$$env/bin/python" -m pip uninstall --yes --quiet triton 2>/dev/null; \
+	    "$$env/bin/python" -c "import sys, torch; sys.exit(0 if torch.__version__.split('+')[0] == '$$release' else 'installing the project moved torch to ' + torch.__version__)" || exit 1; \
+	    echo "== the suite under torch $$release"; \
+	    (cd "$$(mktemp -d)" && "$$env/bin/python" -m pytest --backend=reference -n 2 -q --backendconf-hypothesis=ci) || exit 1; \
+	done
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py

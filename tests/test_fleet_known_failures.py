@@ -164,7 +164,8 @@ def test_reports_of_two_machines_give_one_file_scoped_to_where_checks_fail_green
     # It fails on b only, whose flags a has too: torch's CPU capability tells them apart.
     assert entries[AVAILABLE]["when"] == {"cpu_capability": "AVX2"}
     assert f"backendconf: {LINEAR}: fails on a.json (x86_64, Intel Sapphire Rapids" in out
-    assert 'scoped to where it fails, when = { cpu_flags = [\'avx512_fp16\'] }' in out
+    assert 'scoped to where it fails, when = { cpu_flags = ["avx512_fp16"] }' in out
+    assert "scoped to where it fails, when = { cpu_capability = \"AVX2\" }" in out
 
     # The one file gates both machines' reports green.
     for report in (a, b):

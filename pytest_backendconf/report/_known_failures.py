@@ -321,18 +321,19 @@ def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
         reason, link = toml_string(entry.reason), toml_string(entry.link)
-        when = ""
-        if entry.when:
-            parts = [
-                f"{key} = [{', '.join(map(toml_string, value))}]"
-                if isinstance(value, tuple)
-                else f"{key} = {toml_string(value)}"
-                for key, value in entry.when
-            ]
-            when = f", when = {{ {', '.join(parts)} }}"
+        when = f", when = {when_toml(entry.when)}" if entry.when else ""
         strict = "" if entry.strict else ", strict = false"
         lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when}{strict} }}")
     return "\n".join(lines) + "\n"
+
+
+def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
+    """An entry's ``when`` as TOML: ``{ cpu_flags = ["avx512_fp16"] }``."""
+    parts = [
+        f"{key} = [{', '.join(map(toml_string, value))}]" if isinstance(value, tuple) else f"{key} = {toml_string(value)}"
+        for key, value in when
+    ]
+    return f"{{ {', '.join(parts)} }}"
 
 
 def merge_known_failures(

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ReportError
 from ._gate import _machine_of
 from ._gating import unlisted_verdict
-from ._known_failures import KnownFailure, KnownFailureIndex, format_known_failures, merge_known_failures
+from ._known_failures import KnownFailure, KnownFailureIndex, format_known_failures, merge_known_failures, when_toml
 from ._known_from_report import _applied, _load, _read, _result
 from ._machine import machine_line
 from ._report import TestResult
@@ -99,8 +99,7 @@ def known_failures_from_fleet(
         names = f"fails on {', '.join(m.label for m in failing)}; passes on {', '.join(m.label for m in passing)}"
         if when is not None:
             entries[test_id] = KnownFailure(test_id, reason, link, when=when)
-            shown = ", ".join(f"{k} = {list(v) if isinstance(v, tuple) else v!r}" for k, v in when)
-            said.append(f"{test_id}: {names}: scoped to where it fails, when = {{ {shown} }}")
+            said.append(f"{test_id}: {names}: scoped to where it fails, when = {when_toml(when)}")
         else:
             entries[test_id] = KnownFailure(test_id, f"{reason}{_VARIES}{names})", link, strict=False)
             said.append(f"{test_id}: {names}: no machine field separates them, written with strict = false")

@@ -32,7 +32,7 @@ REPORT_SCHEMA = "backendconf-report"
 # tests[].reproduction (a failure's minimal reproduction); 1.4: tests[].check_outcome (the check's own
 # verdict: not_needed counts from it, not from the reason's words); 1.5: run.shard (a --backendconf-shard
 # run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards
-REPORT_SCHEMA_VERSION = (1, 5)
+REPORT_SCHEMA_VERSION = (1, 6)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
 #: The outcomes in which a check worked (a change between these and `FAILING` is a flip).

@@ -75,7 +75,9 @@ def test_a_non_strict_pass_is_a_pass_and_its_failure_a_known_failure():
 
 
 def test_a_non_strict_entry_may_pass_or_fail_and_is_counted_apart_in_the_run_the_report_and_the_gate(
-    suite, pytester, capsys  # noqa: F811
+    suite,  # noqa: F811
+    pytester,
+    capsys,
 ):
     known = write_known(
         pytester.path / "known.toml",
@@ -106,7 +108,9 @@ def test_a_non_strict_entry_may_pass_or_fail_and_is_counted_apart_in_the_run_the
     # Files written from the run and from its report keep the non-strict entries as written.
     rewritten = pytester.path / "rewritten.toml"
     suite(f"--backendconf-known-failures={known}", f"--backendconf-write-known-failures={rewritten}")
-    assert main(["report", "known-failures", str(pytester.path / "report.json"), "-o", str(pytester.path / "r.toml")]) == 0
+    assert (
+        main(["report", "known-failures", str(pytester.path / "report.json"), "-o", str(pytester.path / "r.toml")]) == 0
+    )
     for path in (rewritten, pytester.path / "r.toml"):
         entries = tomllib.loads(path.read_text())
         assert entries[AVAILABLE] == {"reason": "flaky on some CPUs", "link": "", "strict": False}, path
@@ -165,7 +169,7 @@ def test_reports_of_two_machines_give_one_file_scoped_to_where_checks_fail_green
     assert entries[AVAILABLE]["when"] == {"cpu_capability": "AVX2"}
     assert f"backendconf: {LINEAR}: fails on a.json (x86_64, Intel Sapphire Rapids" in out
     assert 'scoped to where it fails, when = { cpu_flags = ["avx512_fp16"] }' in out
-    assert "scoped to where it fails, when = { cpu_capability = \"AVX2\" }" in out
+    assert 'scoped to where it fails, when = { cpu_capability = "AVX2" }' in out
 
     # The one file gates both machines' reports green.
     for report in (a, b):

@@ -126,7 +126,7 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
         if not isinstance(strict, bool):
             raise pytest.UsageError(
                 f"{entry}{_at(lines, pattern)}: strict must be true or false (without quotes), not {strict!r}; "
-                'write strict = false, with a reason saying why the outcome varies, or leave it out.'
+                "write strict = false, with a reason saying why the outcome varies, or leave it out."
             )
         if not strict and not (isinstance(value.get("reason"), str) and value["reason"].strip()):
             raise pytest.UsageError(
@@ -330,7 +330,9 @@ def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
 def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
     """An entry's ``when`` as TOML: ``{ cpu_flags = ["avx512_fp16"] }``."""
     parts = [
-        f"{key} = [{', '.join(map(toml_string, value))}]" if isinstance(value, tuple) else f"{key} = {toml_string(value)}"
+        f"{key} = [{', '.join(map(toml_string, value))}]"
+        if isinstance(value, tuple)
+        else f"{key} = {toml_string(value)}"
         for key, value in when
     ]
     return f"{{ {', '.join(parts)} }}"

@@ -196,9 +196,7 @@ class GatingPlugin:
         entry = item.stash.get(_ENTRY_KEY, None)
         # The check's own verdict, kept by the item (`OUTCOME_KEY`); it belongs to the call phase.
         check = item.stash.get(OUTCOME_KEY, None) if report.when == "call" else None
-        outcome = phase_outcome(
-            report, listed=entry is not None, check=check, strict=entry is None or entry.strict
-        )
+        outcome = phase_outcome(report, listed=entry is not None, check=check, strict=entry is None or entry.strict)
         error = reason = None
         if outcome in FAILING:
             error = error_of(call.excinfo)

@@ -7,6 +7,7 @@ by editing a real report's machine header and flipping an outcome, as a run on a
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backendconf.cli._main import main
-from pytest_backendconf.report import gated_outcome, separating_when
+from pytest_backendconf.report import gated_outcome, render, separating_when
 from pytest_backendconf.report._known_failures import KnownFailure, format_known_failures, load_known_failures
 
 if sys.version_info >= (3, 11):
@@ -95,6 +96,7 @@ def test_a_non_strict_entry_may_pass_or_fail_and_is_counted_apart_in_the_run_the
     assert document["known_failures"]["non_strict_passed"] == 1
     [available] = [t for t in document["tests"] if t["id"] == AVAILABLE]
     assert available["outcome"] == "passed" and available["known_failure"]["strict"] is False
+    assert f"{known} (3 entries; 2 checks non-strict, 1 passed)" in html.unescape(render([document]))
 
     # `report gate` decides the same with the same file, and prints the same summary.
     status, lines = gate(capsys, pytester.path / "report.json", known)

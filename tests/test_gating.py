@@ -261,7 +261,7 @@ BAD_FILES = {
     "unknown key": (
         '"parity::linear[float32]" = { reason = "x", issue = "https://bugs/1" }\n',
         "*known.toml: entry 'parity::linear[float32]' has unknown key(s) 'issue'; an entry has only "
-        "`reason` (required), `link` and `when` (optional).",
+        "`reason` (required), `link`, `when` and `strict` (optional).",
     ),
     "dotted key": (
         'parity.linear = { reason = "x" }\n',
@@ -380,7 +380,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 5]
+    assert report["schema_version"] == [1, 6]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -402,7 +402,13 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     assert isinstance(report["hypothesis"]["seed"], int)
     assert report["run"]["exit_status"] == 1 and report["run"]["xdist_workers"] == 0
     assert report["run"]["duration"] > 0
-    assert report["known_failures"] == {"file": str(known), "entries": 1, "stale": []}
+    assert report["known_failures"] == {
+        "file": str(known),
+        "entries": 1,
+        "stale": [],
+        "non_strict": 0,
+        "non_strict_passed": 0,
+    }
 
     tests = {t["id"]: t for t in report["tests"]}
     assert list(tests) == [AVAILABLE, ARITHMETIC, LINEAR, MLP]  # collection order

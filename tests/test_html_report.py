@@ -487,3 +487,21 @@ def test_no_script_from_a_forged_report_runs_in_a_browser(run, tmp_path):
             assert page.locator("img").count() == 0 and dialogs == []
         finally:
             browser.close()
+
+
+def test_the_page_names_the_machine_features_that_change_kernels_escaped(run):
+    report = json.loads((run / "r.json").read_text())
+    env = report["environment"]
+    page = parse(render([report]))
+    text = html.unescape(render([report]))
+    assert f"<dt>torch CPU capability</dt><dd>{html.escape(env['cpu_capability'] or 'unknown')}</dd>" in render(
+        [report]
+    )
+    assert f"<dt>CPU</dt><dd>{html.escape(env['cpu_model'] or 'unknown')}</dd>" in render([report])
+    assert " ".join(env["cpu_flags"]) in text and env["machine"] in text
+    # A report from another machine, with markup in its fields: shown as text, never as markup.
+    env.update(cpu_model=f"AMD EPYC {PAYLOAD}", cpu_capability="AVX512", cpu_flags=["avx512_fp16", PAYLOAD])
+    forged = render([report])
+    assert _injected(parse(forged)) == [] and page.tags.count("script") == 1
+    assert f"<dt>CPU flags (kernel-relevant)</dt><dd>avx512_fp16 {html.escape(PAYLOAD)}</dd>" in forged
+    assert f"AMD EPYC {PAYLOAD}" in html.unescape(forged)

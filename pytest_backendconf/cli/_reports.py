@@ -73,12 +73,20 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     ops.set_defaults(run=_report_ops)
     known = actions.add_parser(
         "known-failures",
-        help="write a known-failures file from a report, as --backendconf-write-known-failures does",
+        help="write a known-failures file from a report (or one per machine), as --backendconf-write-known-failures does",
         description="Write the known-failures file of a --backendconf-report file without running the suite "
         "again: every failing check, with the first line of its failure as the reason; the entries of the "
-        "known-failures file the run applied, and of an existing -o file, kept where they still hold.",
+        "known-failures file the run applied, and of an existing -o file, kept where they still hold. "
+        "Given the reports of one backend on several machines, a check whose outcome differs between them "
+        "gets an entry scoped with `when` to the machines where it fails (or, when no machine field "
+        "separates them, strict = false with a reason naming the machines), and each such check is listed.",
     )
-    known.add_argument("report", metavar="REPORT", help="a JSON file written by --backendconf-report")
+    known.add_argument(
+        "reports",
+        metavar="REPORT",
+        nargs="+",
+        help="a JSON file written by --backendconf-report; several: one per machine, of one backend",
+    )
     known.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
     )
@@ -107,7 +115,7 @@ def _report_known_failures(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..archive import write_atomic
-    from ..report import known_failures_from_report
+    from ..report import known_failures_from_fleet, known_failures_from_report
 
     target = Path(args.output)
     if target.is_dir() or not target.parent.is_dir():
@@ -119,7 +127,11 @@ def _report_known_failures(args: argparse.Namespace) -> int:
                 else f"the directory {str(target.parent)!r} does not exist; create it first"
             )
         )
-    text, entries, previous = known_failures_from_report(args.report, args.output)
+    said: list[str] = []
+    if len(args.reports) == 1:
+        text, entries, previous = known_failures_from_report(args.reports[0], args.output)
+    else:
+        text, entries, previous, said = known_failures_from_fleet(args.reports, args.output)
     # A pipe, /dev/stdout or another device is written as a stream; a file is replaced whole, never torn.
     stream = target.exists() and not target.is_file()
     try:
@@ -136,6 +148,8 @@ def _report_known_failures(args: argparse.Namespace) -> int:
         f"({len(after - before)} added, {len(before - after)} removed)",
         file=sys.stderr if stream else sys.stdout,  # not into the file itself when it is stdout
     )
+    for line in said:
+        print(printable(f"backendconf: {line}"), file=sys.stderr if stream else sys.stdout)
     return 0
 
 

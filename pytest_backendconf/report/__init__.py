@@ -33,6 +33,7 @@ from ._gating import (
     unlisted_verdict,
 )
 from ._known_from_report import known_failures_from_report
+from ._known_from_fleet import known_failures_from_fleet, separating_when
 from ._machine import applies, describe_machine, machine_line
 from ._merge import (
     format_markdown,
@@ -92,6 +93,8 @@ __all__ = [
     "format_text",
     "gate_report",
     "gated_outcome",
+    "known_failures_from_fleet",
+    "separating_when",
     "known_failures_entry",
     "known_failures_from_report",
     "known_failures_line",

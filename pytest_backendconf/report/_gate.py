@@ -80,7 +80,9 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
         for result in results:
             entry = entry_for(index, result.id)
             result.outcome = gated_outcome(
-                unlisted_verdict(str(result.outcome), result.check_outcome), entry is not None
+                unlisted_verdict(str(result.outcome), result.check_outcome),
+                entry is not None,
+                strict=entry is None or entry.strict,
             )
             result.known_failure = entry.as_json() if entry is not None else None
             if result.outcome == "unexpected_pass" and entry is not None:

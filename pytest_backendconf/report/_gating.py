@@ -36,16 +36,48 @@ def entry_for(index: KnownFailureIndex, test_id: str) -> KnownFailure | None:
     return index.entry_for(test_id, test_id, test_id.removeprefix(f"{ROOT_ID}::"))
 
 
-def gated_outcome(verdict: str, listed: bool) -> str:
+def gated_outcome(verdict: str, listed: bool, strict: bool = True) -> str:
     """What a test whose check ended ``verdict`` (passed, failed, error, skipped, unsupported) is in a gated run.
 
     Listed in the known failures, a failure is a ``known_failure`` and a pass
-    an ``unexpected_pass`` (which fails the run: the entry is out of date); a
-    skip is a skip either way.
+    an ``unexpected_pass`` (which fails the run: the entry is out of date),
+    unless the entry is non-strict (``strict = false``: its outcome varies by
+    its reason's account), when a pass is a pass; a skip is a skip either way.
     """
     if not listed or verdict in ("skipped", "unsupported"):
         return verdict
-    return "known_failure" if verdict in ("failed", "error") else "unexpected_pass"
+    if verdict in ("failed", "error"):
+        return "known_failure"
+    return "unexpected_pass" if strict else "passed"
+
+
+def non_strict_line(tests: Iterable[Any]) -> str | None:
+    """``backendconf: 5 known failures, 2 of them non-strict (1 passed here)``, or None without non-strict entries.
+
+    ``tests`` are `TestResult`s or report test entries: a test listed by a
+    non-strict entry carries it (``known_failure.strict`` false) whether it
+    failed (a ``known_failure``) or passed, so the passes are counted apart,
+    never silently.
+    """
+    listed = non_strict = passed = 0
+    for test in tests:
+        outcome, entry = (
+            (test.get("outcome"), test.get("known_failure"))
+            if isinstance(test, dict)
+            else (test.outcome, test.known_failure)
+        )
+        if not isinstance(entry, dict) or outcome not in ("known_failure", "passed", "unexpected_pass"):
+            continue
+        listed += 1
+        if entry.get("strict") is False:
+            non_strict += 1
+            passed += outcome == "passed"
+    if not non_strict:
+        return None
+    return (
+        f"backendconf: {listed} known failure{'' if listed == 1 else 's'}, {non_strict} of them non-strict "
+        f"({passed} passed here, which does not fail the run)"
+    )
 
 
 def unlisted_verdict(outcome: str, check_outcome: str | None) -> str:

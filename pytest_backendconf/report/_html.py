@@ -184,6 +184,10 @@ def _header(report: dict[str, Any]) -> str:
         ("torch", env.get("torch")),
         ("Python", f"{env.get('python', '?')} ({env.get('python_implementation', '?')})"),
         ("Machine", f"{env.get('machine', '?')}, {env.get('platform', '?')}"),
+        # What changes the kernels a backend runs: a check can fail on one CPU and pass on another.
+        ("CPU", env.get("cpu_model") or "unknown"),
+        ("torch CPU capability", env.get("cpu_capability") or "unknown"),
+        ("CPU flags (kernel-relevant)", _flags(env.get("cpu_flags"))),
         ("Hypothesis", f"profile {hyp.get('profile', '?')}, seed {hyp.get('seed', '?')}" if hyp else "not used"),
         (
             "Run",
@@ -194,9 +198,18 @@ def _header(report: dict[str, Any]) -> str:
     if run.get("select"):
         rows.append(("Selection", ", ".join(map(str, run["select"])) + " (scores cover the selected checks only)"))
     if known:
-        rows.append(("Known failures", f"{known.get('file')} ({known.get('entries')} entries)"))
+        non_strict = known.get("non_strict")
+        apart = f"; {non_strict} checks non-strict, {known.get('non_strict_passed')} passed" if non_strict else ""
+        rows.append(("Known failures", f"{known.get('file')} ({known.get('entries')} entries{apart})"))
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows)
     return f'<dl class="meta">{items}</dl>'
+
+
+def _flags(flags: Any) -> str:
+    """The report's ``cpu_flags`` in words (a report from before they were recorded has none)."""
+    if not isinstance(flags, list):
+        return "not recorded"
+    return " ".join(str(f) for f in flags) or "none of those that change kernels"
 
 
 def _cards(report: dict[str, Any]) -> str:

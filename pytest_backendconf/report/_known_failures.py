@@ -33,7 +33,7 @@ MAX_PATTERN_LENGTH = 1000
 #: `KnownFailureIndex`, this keeps a lookup within milliseconds whatever the file (docs/benchmarks.md).
 MAX_PATTERN_WILDCARDS = 16
 ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
-_ENTRY_KEYS = {"reason", "link", "when"}
+_ENTRY_KEYS = {"reason", "link", "when", "strict"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +47,13 @@ class KnownFailure:
     line: int = dataclasses.field(default=0, compare=False)
     #: Where it applies: ``(key, value)`` pairs of its ``when`` table (`WHEN_KEYS`); empty: everywhere.
     when: tuple[tuple[str, Any], ...] = ()
+    #: False: its check may pass or fail without failing the run (its reason says why the outcome varies).
+    strict: bool = True
 
     def as_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {"pattern": self.pattern, "reason": self.reason, "link": self.link}
+        if not self.strict:
+            found["strict"] = False
         if self.when:
             found["when"] = {key: list(value) if isinstance(value, tuple) else value for key, value in self.when}
         return found
@@ -116,7 +120,19 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
                 hint = ' (a test id with dots must be quoted whole: "parity::encoder_decoder.decode[float32]" = { … })'
             raise pytest.UsageError(
                 f"{entry} has unknown key(s) {', '.join(map(repr, unknown))}; an entry has only "
-                f"`reason` (required), `link` and `when` (optional){hint}."
+                f"`reason` (required), `link`, `when` and `strict` (optional){hint}."
+            )
+        strict = value.get("strict", True)
+        if not isinstance(strict, bool):
+            raise pytest.UsageError(
+                f"{entry}{_at(lines, pattern)}: strict must be true or false (without quotes), not {strict!r}; "
+                "write strict = false, with a reason saying why the outcome varies, or leave it out."
+            )
+        if not strict and not (isinstance(value.get("reason"), str) and value["reason"].strip()):
+            raise pytest.UsageError(
+                f"{entry}{_at(lines, pattern)}: strict = false lets its check pass or fail without failing the "
+                'run, so it needs a reason saying why the outcome varies: add reason = "fails on …, passes on …" '
+                "(or scope the entry to the machines where it fails with when = { … })."
             )
         if "reason" not in value:
             raise pytest.UsageError(f'{entry} has no reason; add reason = "why it fails" (and link = "issue URL").')
@@ -126,8 +142,13 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
         if not isinstance(link, str):
             raise pytest.UsageError(f'{entry}: link must be a string (an issue URL, or ""), not {link!r}.')
         when = _when(value.get("when", {}), entry)
-        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0), when))
+        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0), when, strict))
     return entries
+
+
+def _at(lines: dict[str, int], pattern: str) -> str:
+    """`` (line N)`` where the entry starts, when known."""
+    return f" (line {lines[pattern]})" if pattern in lines else ""
 
 
 def _when(value: Any, entry: str) -> tuple[tuple[str, Any], ...]:
@@ -300,17 +321,21 @@ def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
         reason, link = toml_string(entry.reason), toml_string(entry.link)
-        when = ""
-        if entry.when:
-            parts = [
-                f"{key} = [{', '.join(map(toml_string, value))}]"
-                if isinstance(value, tuple)
-                else f"{key} = {toml_string(value)}"
-                for key, value in entry.when
-            ]
-            when = f", when = {{ {', '.join(parts)} }}"
-        lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when} }}")
+        when = f", when = {when_toml(entry.when)}" if entry.when else ""
+        strict = "" if entry.strict else ", strict = false"
+        lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when}{strict} }}")
     return "\n".join(lines) + "\n"
+
+
+def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
+    """An entry's ``when`` as TOML: ``{ cpu_flags = ["avx512_fp16"] }``."""
+    parts = [
+        f"{key} = [{', '.join(map(toml_string, value))}]"
+        if isinstance(value, tuple)
+        else f"{key} = {toml_string(value)}"
+        for key, value in when
+    ]
+    return f"{{ {', '.join(parts)} }}"
 
 
 def merge_known_failures(
@@ -322,7 +347,8 @@ def merge_known_failures(
     run include a failure and no pass, or when it matched no test of this run
     but still names a check of the suite (it is outside the selection);
     otherwise it is dropped and its still-failing tests are listed one by
-    one with its reason and link. A failing test no entry covers gets the
+    one with its reason and link. A non-strict entry (``strict = false``) is
+    kept as written whenever it matched a test. A failing test no entry covers gets the
     first line of its failure as the reason.
     """
     results = list(results)
@@ -345,6 +371,10 @@ def merge_known_failures(
                 kept[entry.pattern] = entry
             continue
         failing = [i for i in matched if outcome[i] in FAILING]
+        if not entry.strict:  # its outcome varies by its own account: a pass here does not make it stale
+            kept[entry.pattern] = entry
+            covered.update(failing)
+            continue
         if failing and not any(outcome[i] in ("passed", "unexpected_pass") for i in matched):
             kept[entry.pattern] = entry
             covered.update(failing)

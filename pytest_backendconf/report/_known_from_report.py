@@ -101,7 +101,12 @@ def _applied(report: str, document: dict[str, Any], tests: list[Any]) -> list[Kn
         if isinstance(entry, dict) and isinstance(entry.get("pattern"), str):
             entries.setdefault(
                 entry["pattern"],
-                KnownFailure(entry["pattern"], str(entry.get("reason", "")), str(entry.get("link", ""))),
+                KnownFailure(
+                    entry["pattern"],
+                    str(entry.get("reason", "")),
+                    str(entry.get("link", "")),
+                    strict=entry.get("strict") is not False,
+                ),
             )
     return list(entries.values())
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ..checks import NOT_RUN_AGAIN
 from ._delegation_summary import delegation_line
+from ._gating import non_strict_line
 from ._failure_groups import group_failures, same_program_groups, same_program_lines
 from ._failure_groups import summary_lines as group_lines
 from ._ops import flagged_lines, ops_matrix, summary_line
@@ -43,6 +44,9 @@ def summary_lines(results: list[TestResult], supported_ops: Iterable[str] | None
         lines += [summary_line(matrix), *flagged_lines(matrix)]
     if left_out:
         lines.append(f"not under test (as declared): {'; '.join(left_out)}")
+    non_strict = non_strict_line(results)
+    if non_strict is not None:
+        lines.append(non_strict)
     broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
     if len(broken) > 1:
         lines += ["", "failures grouped by message (numbers and names masked):"]

@@ -132,7 +132,8 @@ class GatingPlugin:
                 item.stash[_ENTRY_KEY] = entry
                 item.user_properties.append(("known_failure", entry.pattern))
                 reason = f"known failure: {entry.reason}" + (f" ({entry.link})" if entry.link else "")
-                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+                # A non-strict entry's pass is an XPASS that does not fail the run; the summary counts it apart.
+                item.add_marker(pytest.mark.xfail(strict=entry.strict, reason=reason))
         self.stale = self._stale(suite)
         if self.stale is not None:
             for entry in self.known:
@@ -195,7 +196,7 @@ class GatingPlugin:
         entry = item.stash.get(_ENTRY_KEY, None)
         # The check's own verdict, kept by the item (`OUTCOME_KEY`); it belongs to the call phase.
         check = item.stash.get(OUTCOME_KEY, None) if report.when == "call" else None
-        outcome = phase_outcome(report, listed=entry is not None, check=check)
+        outcome = phase_outcome(report, listed=entry is not None, check=check, strict=entry is None or entry.strict)
         error = reason = None
         if outcome in FAILING:
             error = error_of(call.excinfo)

@@ -18,7 +18,9 @@ REPORT_ATTR = "backendconf"
 MESSAGE_LINES = 5
 
 
-def phase_outcome(report: pytest.TestReport, listed: bool, check: CheckOutcome | None = None) -> str | None:
+def phase_outcome(
+    report: pytest.TestReport, listed: bool, check: CheckOutcome | None = None, strict: bool = True
+) -> str | None:
     """What one phase's report means for the suite; None for a setup or teardown that passed.
 
     pytest's xfail marker has already turned a listed failure into a skip with ``wasxfail`` and a
@@ -26,6 +28,7 @@ def phase_outcome(report: pytest.TestReport, listed: bool, check: CheckOutcome |
     decided by `gated_outcome`, as ``backendconf report gate`` decides it from a report.
 
     :param check: the check's own outcome (the call phase's), which tells a rejection from a skip.
+    :param strict: False for a non-strict entry, whose pass (a non-strict XPASS) is a pass.
     """
     xfailed = hasattr(report, "wasxfail")
     if report.skipped and not xfailed:
@@ -38,7 +41,7 @@ def phase_outcome(report: pytest.TestReport, listed: bool, check: CheckOutcome |
         xpassed = listed and str(report.longrepr).startswith("[XPASS(strict)]")
         return gated_outcome("passed", listed=True) if xpassed else failing
     if report.when == "call":
-        return gated_outcome("passed", listed=xfailed)
+        return gated_outcome("passed", listed=xfailed, strict=strict)
     return None
 
 

@@ -124,3 +124,40 @@ def test_replay_with_an_unreachable_device_is_exit_4(tmp_path, capsys):
     archive.write_bytes(b"")
     assert main(["replay", str(archive), "--target-command", "false"]) == 4
     assert capsys.readouterr().err.count("cannot be reached") == 1
+
+
+def test_profile_runs_its_calls_on_the_device_and_names_it(tmp_path):
+    import json
+    import platform
+    import subprocess
+
+    import torch
+
+    import pytest_backendconf as bc
+
+    from lowering_models import SmallCNN
+
+    x = torch.randn(2, 3, 8, 8)
+    path = tmp_path / "cnn.bcpt"
+    # Handles-only: the device gets the archive's bytes alone; the rows' source lines come from the host's .debug.
+    bc.save(
+        bc.to_backend(SmallCNN().eval(), "reference", {"forward": {}}, example_inputs=(x,)), path, debug_info="separate"
+    )
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"forward": [[x.tolist()]]}))
+    trace = tmp_path / "trace.json"
+    cli = [sys.executable, "-m", "pytest_backendconf.cli", "profile", str(path), "--inputs", str(inputs)]
+    done = subprocess.run(
+        [*cli, "--repeat", "3", "--chrome-trace", str(trace), "--target-command", f"{HERE} -X dev"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"target: device {platform.machine()} (Python " in done.stdout and "-X dev" in done.stdout
+    assert f"== forward on the device {platform.machine()}" in done.stdout
+    assert "profile of 'forward' on backend 'reference': 3 call(s)" in done.stdout
+    assert "aten::conv2d" in done.stdout and "conv(Conv2d)" in done.stdout
+    assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "node"]) == 3 * 6
+    unreachable = subprocess.run([*cli, "--target-command", "false"], capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 4 and unreachable.stderr.count("cannot be reached") == 1, unreachable.stderr

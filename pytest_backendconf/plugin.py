@@ -281,7 +281,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if not config.pluginmanager.is_blocked("backendconf_gating"):
             from .suite import GatingPlugin
 
-            config.pluginmanager.register(GatingPlugin(config, selected), "backendconf_gating")
+            config.pluginmanager.register(
+                GatingPlugin(config, selected, config.stash.get(TARGET_KEY, None)), "backendconf_gating"
+            )
 
 
 def _register_shard(config: pytest.Config) -> None:

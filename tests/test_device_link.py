@@ -161,3 +161,23 @@ def test_profile_runs_its_calls_on_the_device_and_names_it(tmp_path):
     assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "node"]) == 3 * 6
     unreachable = subprocess.run([*cli, "--target-command", "false"], capture_output=True, text=True, timeout=120)
     assert unreachable.returncode == 4 and unreachable.stderr.count("cannot be reached") == 1, unreachable.stderr
+
+
+def test_the_runs_report_and_page_name_the_device(pytester):
+    import json
+
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "--backendconf-select=availability::target-compile_yes-execute_yes",
+        f"--backendconf-target-command={HERE} -X dev",
+        "--backendconf-report=r.json",
+        "--backendconf-html=r.html",
+        timeout=600,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    target = json.loads((pytester.path / "r.json").read_text())["run"]["target"]
+    assert target["command"].endswith("-X dev") and target["machine"] == __import__("platform").machine()
+    assert target["backends"]["reference"]["distribution"] == "backendconf-reference"
+    assert target["connect_seconds"] > 0 and target["round_trip_ms"] > 0
+    page = (pytester.path / "r.html").read_text()
+    assert "<dt>Target device</dt>" in page and "-X dev</dd>" in page

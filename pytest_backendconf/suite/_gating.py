@@ -66,9 +66,11 @@ def output_path(config: pytest.Config, option: str, value: str) -> Path:
 class GatingPlugin:
     """Known failures, ``--backendconf-report``, the score summary and JUnit properties."""
 
-    def __init__(self, config: pytest.Config, selected: RegisteredBackend) -> None:
+    def __init__(self, config: pytest.Config, selected: RegisteredBackend, target: dict | None = None) -> None:
         self.config = config
         self.selected = selected
+        #: The device of a target command (`target.probe`), recorded as the report's ``run.target``.
+        self.target = target
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
         known = config.getoption("backendconf_known_failures")
         self.known_path = Path(config.invocation_params.dir, known) if known else None
@@ -274,7 +276,8 @@ class GatingPlugin:
                     select=self.config.getoption("backendconf_select") or [],
                     workers=self.workers,
                     shard=self.config.stash.get(SHARD_KEY, None),
-                ),
+                )
+                | ({"target": self.target} if self.target is not None else {}),
                 pytest_version=pytest.__version__,
                 hypothesis=report_entry(self.config),
                 known_failures=known_failures_entry(self.known_path, self.known, self.stale),

@@ -181,3 +181,56 @@ def test_the_runs_report_and_page_name_the_device(pytester):
     assert target["connect_seconds"] > 0 and target["round_trip_ms"] > 0
     page = (pytester.path / "r.html").read_text()
     assert "<dt>Target device</dt>" in page and "-X dev</dd>" in page
+
+
+def test_the_golden_archives_replay_on_the_device_in_the_same_run(pytester):
+    import json
+
+    args = [
+        "--backend=reference",
+        "--backendconf-select=parity::mlp[[]float32]",
+        "--backendconf-golden=gold",
+        f"--backendconf-target-command={HERE} -X dev",
+        "--backendconf-replay-on-target",
+        "--backendconf-report=r.json",
+        "-p",
+        "no:cacheprovider",
+    ]
+    result = pytester.runpytest_subprocess(*args, timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(
+        ["*replay on the target device *: 3/3 bundles of 1 golden archives match their expected outputs*"]
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    replayed = [t for t in report["tests"] if t["category"] == "replay"]
+    assert [t["id"] for t in replayed] == [f"backendconf::replay::parity.mlp.float32.forward[{i}]" for i in range(3)]
+    assert all(t["outcome"] == "passed" for t in replayed) and report["summary"]["replay"]["passed"] == 3
+    assert report["tests"][0]["category"] == "parity" and report["tests"][0]["outcome"] == "passed"
+
+    # An archive spoiled after the run wrote it (a conftest, before the replay): the run fails on the replay.
+    pytester.makeconftest(
+        """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    path = session.config.rootpath / "gold" / "parity.mlp.float32.bcpt"
+    path.write_bytes(path.read_bytes()[:100])
+"""
+    )
+    spoiled = pytester.runpytest_subprocess(*args, timeout=600)
+    assert spoiled.ret == 1, spoiled.stdout.str()[-3000:]
+    spoiled.stdout.fnmatch_lines(["*replay on the target device *: 0/1 bundles of 1 golden archives match*"])
+    tests = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert [t["outcome"] for t in tests] == ["passed", "error"] and tests[1]["category"] == "replay"
+
+
+def test_replay_on_target_needs_a_golden_folder_and_a_device(pytester):
+    alone = pytester.runpytest_subprocess("--backend=reference", "--backendconf-replay-on-target")
+    assert alone.ret == 4
+    alone.stderr.fnmatch_lines(
+        [
+            "*--backendconf-replay-on-target needs --backendconf-golden=DIR (the archives to replay) and "
+            "--backendconf-target-command=CMD (the device): add it*"
+        ]
+    )

@@ -89,6 +89,25 @@ def test_replay_of_a_golden_folder_on_the_device(device, pytester, tmp_path):
     assert "target: device x86_64" in replay.stdout and "bundles match" in replay.stdout
 
 
+def test_the_runs_golden_archives_replay_on_the_device_in_the_same_run(device, pytester):
+    import json
+
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "--backendconf-select=parity::mlp[[]float32]",
+        "--backendconf-golden=gold",
+        f"--backendconf-target-command={device['command']}",
+        "--backendconf-replay-on-target",
+        "--backendconf-report=r.json",
+        timeout=900,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    # The device sees neither /tmp nor the checkout (device-python): the archives went there as bytes.
+    result.stdout.fnmatch_lines(["*replay on the target device x86_64: 3/3 bundles of 1 golden archives match*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["summary"]["replay"]["passed"] == 3 and report["run"]["target"]["machine"] == "x86_64"
+
+
 def test_a_dropped_connection_is_target_unreachable_and_the_next_request_reconnects(device):
     from pytest_backendconf.target import Ended, current_link, use_target_command
 

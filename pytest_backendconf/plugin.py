@@ -76,6 +76,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "and eager's outputs into DIR (plus DIR/index.json), for `backendconf replay DIR` on a device",
     )
     group.addoption(
+        "--backendconf-replay-on-target",
+        dest="backendconf_replay_on_target",
+        action="store_true",
+        default=False,
+        help="after the checks, replay the golden archives this run wrote (--backendconf-golden=DIR) on the "
+        "device of --backendconf-target-command, in the same run: one check per bundle, category replay",
+    )
+    group.addoption(
         "--backendconf-report",
         dest="backendconf_report",
         metavar="FILE",
@@ -264,6 +272,17 @@ def pytest_configure(config: pytest.Config) -> None:
     from .suite import GOLDEN_KEY, golden_dir
 
     config.stash[GOLDEN_KEY] = golden_dir(config, config.getoption("backendconf_golden", None))
+    if config.getoption("backendconf_replay_on_target", False):
+        missing = [
+            what
+            for what, given in (
+                ("--backendconf-golden=DIR (the archives to replay)", config.stash[GOLDEN_KEY] is not None),
+                ("--backendconf-target-command=CMD (the device)", TARGET_KEY in config.stash),
+            )
+            if not given
+        ]
+        if missing:
+            raise pytest.UsageError(f"--backendconf-replay-on-target needs {' and '.join(missing)}: add it")
     set_active_registry(registry)
     if not config.pluginmanager.is_blocked(SUITE_PLUGIN):
         from .suite import SuitePlugin, suite_only
@@ -281,7 +300,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if not config.pluginmanager.is_blocked("backendconf_gating"):
             from .suite import GatingPlugin
 
-            config.pluginmanager.register(GatingPlugin(config, selected), "backendconf_gating")
+            config.pluginmanager.register(
+                GatingPlugin(config, selected, config.stash.get(TARGET_KEY, None)), "backendconf_gating"
+            )
 
 
 def _register_shard(config: pytest.Config) -> None:

@@ -124,3 +124,113 @@ def test_replay_with_an_unreachable_device_is_exit_4(tmp_path, capsys):
     archive.write_bytes(b"")
     assert main(["replay", str(archive), "--target-command", "false"]) == 4
     assert capsys.readouterr().err.count("cannot be reached") == 1
+
+
+def test_profile_runs_its_calls_on_the_device_and_names_it(tmp_path):
+    import json
+    import platform
+    import subprocess
+
+    import torch
+
+    import pytest_backendconf as bc
+
+    from lowering_models import SmallCNN
+
+    x = torch.randn(2, 3, 8, 8)
+    path = tmp_path / "cnn.bcpt"
+    # Handles-only: the device gets the archive's bytes alone; the rows' source lines come from the host's .debug.
+    bc.save(
+        bc.to_backend(SmallCNN().eval(), "reference", {"forward": {}}, example_inputs=(x,)), path, debug_info="separate"
+    )
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"forward": [[x.tolist()]]}))
+    trace = tmp_path / "trace.json"
+    cli = [sys.executable, "-m", "pytest_backendconf.cli", "profile", str(path), "--inputs", str(inputs)]
+    done = subprocess.run(
+        [*cli, "--repeat", "3", "--chrome-trace", str(trace), "--target-command", f"{HERE} -X dev"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"target: device {platform.machine()} (Python " in done.stdout and "-X dev" in done.stdout
+    assert f"== forward on the device {platform.machine()}" in done.stdout
+    assert "profile of 'forward' on backend 'reference': 3 call(s)" in done.stdout
+    assert "aten::conv2d" in done.stdout and "conv(Conv2d)" in done.stdout
+    assert len([e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "node"]) == 3 * 6
+    unreachable = subprocess.run([*cli, "--target-command", "false"], capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 4 and unreachable.stderr.count("cannot be reached") == 1, unreachable.stderr
+
+
+def test_the_runs_report_and_page_name_the_device(pytester):
+    import json
+
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "--backendconf-select=availability::target-compile_yes-execute_yes",
+        f"--backendconf-target-command={HERE} -X dev",
+        "--backendconf-report=r.json",
+        "--backendconf-html=r.html",
+        timeout=600,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    target = json.loads((pytester.path / "r.json").read_text())["run"]["target"]
+    assert target["command"].endswith("-X dev") and target["machine"] == __import__("platform").machine()
+    assert target["backends"]["reference"]["distribution"] == "backendconf-reference"
+    assert target["connect_seconds"] > 0 and target["round_trip_ms"] > 0
+    page = (pytester.path / "r.html").read_text()
+    assert "<dt>Target device</dt>" in page and "-X dev</dd>" in page
+
+
+def test_the_golden_archives_replay_on_the_device_in_the_same_run(pytester):
+    import json
+
+    args = [
+        "--backend=reference",
+        "--backendconf-select=parity::mlp[[]float32]",
+        "--backendconf-golden=gold",
+        f"--backendconf-target-command={HERE} -X dev",
+        "--backendconf-replay-on-target",
+        "--backendconf-report=r.json",
+        "-p",
+        "no:cacheprovider",
+    ]
+    result = pytester.runpytest_subprocess(*args, timeout=600)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(
+        ["*replay on the target device *: 3/3 bundles of 1 golden archives match their expected outputs*"]
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    replayed = [t for t in report["tests"] if t["category"] == "replay"]
+    assert [t["id"] for t in replayed] == [f"backendconf::replay::parity.mlp.float32.forward[{i}]" for i in range(3)]
+    assert all(t["outcome"] == "passed" for t in replayed) and report["summary"]["replay"]["passed"] == 3
+    assert report["tests"][0]["category"] == "parity" and report["tests"][0]["outcome"] == "passed"
+
+    # An archive spoiled after the run wrote it (a conftest, before the replay): the run fails on the replay.
+    pytester.makeconftest(
+        """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    path = session.config.rootpath / "gold" / "parity.mlp.float32.bcpt"
+    path.write_bytes(path.read_bytes()[:100])
+"""
+    )
+    spoiled = pytester.runpytest_subprocess(*args, timeout=600)
+    assert spoiled.ret == 1, spoiled.stdout.str()[-3000:]
+    spoiled.stdout.fnmatch_lines(["*replay on the target device *: 0/1 bundles of 1 golden archives match*"])
+    tests = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert [t["outcome"] for t in tests] == ["passed", "error"] and tests[1]["category"] == "replay"
+
+
+def test_replay_on_target_needs_a_golden_folder_and_a_device(pytester):
+    alone = pytester.runpytest_subprocess("--backend=reference", "--backendconf-replay-on-target")
+    assert alone.ret == 4
+    alone.stderr.fnmatch_lines(
+        [
+            "*--backendconf-replay-on-target needs --backendconf-golden=DIR (the archives to replay) and "
+            "--backendconf-target-command=CMD (the device): add it*"
+        ]
+    )

@@ -89,6 +89,25 @@ def test_replay_of_a_golden_folder_on_the_device(device, pytester, tmp_path):
     assert "target: device x86_64" in replay.stdout and "bundles match" in replay.stdout
 
 
+def test_the_runs_golden_archives_replay_on_the_device_in_the_same_run(device, pytester):
+    import json
+
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "--backendconf-select=parity::mlp[[]float32]",
+        "--backendconf-golden=gold",
+        f"--backendconf-target-command={device['command']}",
+        "--backendconf-replay-on-target",
+        "--backendconf-report=r.json",
+        timeout=900,
+    )
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    # The device sees neither /tmp nor the checkout (device-python): the archives went there as bytes.
+    result.stdout.fnmatch_lines(["*replay on the target device x86_64: 3/3 bundles of 1 golden archives match*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["summary"]["replay"]["passed"] == 3 and report["run"]["target"]["machine"] == "x86_64"
+
+
 def test_a_dropped_connection_is_target_unreachable_and_the_next_request_reconnects(device):
     from pytest_backendconf.target import Ended, current_link, use_target_command
 
@@ -121,3 +140,91 @@ def test_an_unreachable_ssh_device_at_start_is_one_usage_error(device, pytester)
     )
     assert result.ret == 4
     assert len([line for line in result.stderr.lines if "cannot be reached" in line]) == 1, result.stderr.str()
+
+
+#: A plugin (-p: a conftest's runtest hooks would not see the suite's checks, which live in the package)
+#: for the run below. From the first target-stage check on, it watches the device's processes; once a
+#: worker (a fork of the runner) has been busy for BUSY seconds of CPU, i.e. in the middle of its
+#: requests, every ssh connection is dropped (devices/ssh-device.sh drop), once. The check that was
+#: running there gets the link's failure; the worker's other work is retried on a fresh connection.
+#: drops.txt gets the id of the check during which the drop happened.
+DROP_PLUGIN = """
+import os, subprocess, threading, time
+
+SCRIPT, FOLDER, PYTHON = {script!r}, {folder!r}, {python!r}
+BUSY = 0.5
+state = {{"watching": False, "check": None}}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _processes():
+    found = {{}}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                argv = f.read().split(b"\\0")
+            with open(f"/proc/{{pid}}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if argv[0] == PYTHON.encode() and b"pytest_backendconf.target" in argv:
+            found[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK)
+    return found
+
+
+def _watch():
+    while True:
+        time.sleep(0.01)
+        found = _processes()
+        busy = [cpu for ppid, cpu in found.values() if ppid in found and cpu >= BUSY]  # workers only
+        if busy:
+            subprocess.run([SCRIPT, "drop", FOLDER], check=True, timeout=30)
+            with open("drops.txt", "a") as f:
+                f.write(state["check"] + "\\n")
+            return
+
+
+def pytest_runtest_call(item):
+    if "target" in item.nodeid:
+        state["check"] = item.nodeid
+        if not state["watching"]:
+            state["watching"] = True
+            threading.Thread(target=_watch, daemon=True).start()
+"""
+
+
+def test_sshd_dropping_its_connections_mid_run_is_target_unreachable_and_the_run_goes_on(device, pytester):
+    import json
+
+    pytester.makepyfile(
+        backendconf_dropper=DROP_PLUGIN.format(
+            script=str(SCRIPT), folder=str(device["folder"]), python=f"{TARGET_VENV}/bin/python"
+        )
+    )
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "--backend=reference",
+        "-m",
+        "serialization or availability",
+        f"--backendconf-target-command={device['command']}",
+        "--backendconf-report=r.json",
+        "-p",
+        "backendconf_dropper",
+        "-p",
+        "no:cacheprovider",
+        timeout=1800,
+    )
+    print(f"the run took {time.monotonic() - started:.0f} s")
+    dropped = (pytester.path / "drops.txt").read_text().split()
+    assert len(dropped) == 1, result.stdout.str()[-3000:]
+    tests = json.loads((pytester.path / "r.json").read_text())["tests"]
+    failed = [t for t in tests if t["outcome"] != "passed"]
+    assert failed, "the drop cost no check: " + result.stdout.str()[-2000:]
+    for test in failed:  # the link's failure, never the backend's
+        assert (
+            test["error"]["type"] == "TargetUnreachable" and "without the runner reporting" in test["error"]["message"]
+        )
+    assert result.ret == 1  # the run finished: failures, not an internal error or an interrupt
+    at = next(i for i, t in enumerate(tests) if t["id"] == dropped[0])
+    later = [t for t in tests[at + 1 :] if "target" in t["id"] and t not in failed]
+    assert later and all(t["outcome"] == "passed" for t in later)  # the rest ran on a fresh connection

@@ -330,6 +330,35 @@ def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
     assert "77.8%" in text and "7/9 nodes" in text
 
 
+#: A report's ``run.target``, as a run with a target command records it (`target.probe`).
+DEVICE = {
+    "command": "ssh -i /k ci@board /opt/venv/bin/python",
+    "machine": "aarch64",
+    "python": "3.11.2",
+    "torch": "2.10.0",
+    "pytest_backendconf": "0.1.0",
+    "backends": {"reference": {"distribution": "backendconf-reference", "version": "0.1.0"}},
+    "connect_seconds": 1.234,
+    "round_trip_ms": 2.51,
+}
+
+
+def test_the_page_shows_the_target_device_and_nothing_without_one(run):
+    report = json.loads((run / "r.json").read_text())
+    assert "Target device" not in render([report])  # a run without a target command
+    report["run"]["target"] = DEVICE
+    page = parse(render([report]))
+    text = " ".join(page.text)
+    assert "aarch64, Python 3.11.2, torch 2.10.0, pytest-backendconf 0.1.0; backends: reference 0.1.0" in text
+    assert "ssh -i /k ci@board /opt/venv/bin/python" in text
+    assert "connected in 1.23 s; 2.5 ms round trip per request" in text
+    forged = copy.deepcopy(report)
+    forged["run"]["target"] = {k: v + PAYLOAD if isinstance(v, str) else v for k, v in DEVICE.items()}
+    forged["run"]["target"]["backends"] = {PAYLOAD: {"version": PAYLOAD}}
+    shown = render([forged])
+    assert _injected(parse(shown)) == [] and html.unescape(shown).count("window.__pwned=1") >= 6
+
+
 # --- hostile reports --------------------------------------------------------------------------
 
 #: Markup that would run if a field reached the page unescaped: each sets a global the browser test reads.
@@ -376,8 +405,12 @@ def test_report_html_checks_that_numbers_are_numbers(run, tmp_path, capsys):
         (("run", "duration"), "1<img>", "run.duration must be a finite number or null"),
         (("summary", "parity", "failed"), "2", "summary.parity.failed must be a count"),
         (("known_failures",), "x", "known_failures must be an object or null"),
+        (("run", "target"), "ssh board", "run.target must be an object or null"),
+        (("run", "target", "connect_seconds"), "1.2", "run.target.connect_seconds must be a finite number"),
+        (("run", "target", "backends", "reference"), "1.0", "run.target.backends.reference must be an object"),
     ]:
         forged = copy.deepcopy(report)
+        forged["run"]["target"] = copy.deepcopy(DEVICE)
         target = forged
         for key in field[:-1]:
             target = target[key]

@@ -295,6 +295,11 @@ class Session:
                     for scenario in (s for s in lost if s.last):
                         self.place([scenario], [])
             return self.result(key)
+        if result.get("error") and result["error"]["type"] == "TargetUnreachable":
+            # The link to the device broke while this key ran there: the check's error, never its verdict.
+            from pytest_backendconf.errors import TargetUnreachable
+
+            raise TargetUnreachable(result["error"]["message"])
         return result
 
 

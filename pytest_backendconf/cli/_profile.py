@@ -1,9 +1,11 @@
-"""``backendconf profile ARCHIVE``: load an archive here and profile its methods (`profile`)."""
+"""``backendconf profile ARCHIVE``: load an archive here (or on a device) and profile its methods (`profile`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ._options import connect_target, unreachable
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -49,17 +51,26 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="the .debug file of a handles-only archive (default: ARCHIVE.debug if present)",
     )
     add_plugin_option(parser)
+    parser.add_argument(
+        "--target-command",
+        metavar="CMD",
+        default=None,
+        help="profile on a device instead of here: a command prefix that starts a Python there (e.g. "
+        "'ssh ci@board /opt/venv/bin/python'), reached as run-target reaches it (docs/vendor-ci.md); "
+        "default $BACKENDCONF_TARGET_COMMAND",
+    )
     add_limit_options(parser)
     parser.set_defaults(run=run)
 
 
+@unreachable
 def run(args: argparse.Namespace) -> int:
     """The command; its inputs are read as ``run-target`` reads them (`_inputs`)."""
     import os
 
     from ..archive import read_archive, with_sidecar
     from ..archive import limits_from_options
-    from ..diagnostics import profile
+    from ..diagnostics import profile, profile_on_target
     from ..lowering import instantiate
     from ..errors import BackendConfError
     from ..report import printable
@@ -70,10 +81,6 @@ def run(args: argparse.Namespace) -> int:
     limits = limits_from_options(args)
     try:
         archive = read_archive(args.archive, limits=limits)
-        if args.plugins:
-            from ..target import import_plugins
-
-            import_plugins(args.plugins)
         if args.inputs is not None:
             calls = calls_from_file(archive, args.inputs)
         else:
@@ -84,24 +91,39 @@ def run(args: argparse.Namespace) -> int:
                     f"--method {name!r}: the archive's methods with inputs are {', '.join(calls) or 'none'}"
                 )
         archive = with_sidecar(archive, args.archive, args.debug_file, limits)
-        loaded = instantiate(archive)
+        methods = [m for m in calls if args.method is None or m in args.method]
+        device = connect_target(args)  # the device's machine and versions, printed; None: profile here
+        if device is None:
+            if args.plugins:
+                from ..target import import_plugins
+
+                import_plugins(args.plugins)
+            loaded = instantiate(archive)
+            profiles = [
+                (method, i, profile(loaded, *call_args, repeat=args.repeat, method=method))
+                for method in methods
+                for i, call_args in enumerate(calls[method])
+            ]
+        else:
+            # The calls run on the device, through the link run-target uses; the rows are drawn here.
+            profiles = profile_on_target(
+                args.archive, archive, {m: calls[m] for m in methods}, repeat=args.repeat, plugins=args.plugins
+            )
     except OSError as exc:
         name = exc.filename if exc.filename is not None else args.archive
         print(f"backendconf: error: cannot read {name!r}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    methods = [m for m in calls if args.method is None or m in args.method]
-    for method in methods:
-        for i, call_args in enumerate(calls[method]):
-            result = profile(loaded, *call_args, repeat=args.repeat, method=method)
-            label = f"{method}" + (f" (input list {i})" if len(calls[method]) > 1 else "")
-            # The table shows the archive's source lines and names: escaped, so that none drives the terminal.
-            print(printable(f"== {label}"))
-            print(printable(result, keep_newlines=True))
-            if args.chrome_trace:
-                path = args.chrome_trace
-                if len(methods) > 1 or len(calls[method]) > 1:
-                    stem, suffix = os.path.splitext(path)
-                    path = f"{stem}.{method}{'' if len(calls[method]) == 1 else f'.{i}'}{suffix}"
-                result.to_chrome_trace(path)
-                print(f"chrome trace: {path}")
+    where = "" if device is None else f" on the device {device['machine']}"
+    for method, i, result in profiles:
+        label = f"{method}" + (f" (input list {i})" if len(calls[method]) > 1 else "") + where
+        # The table shows the archive's source lines and names: escaped, so that none drives the terminal.
+        print(printable(f"== {label}"))
+        print(printable(result, keep_newlines=True))
+        if args.chrome_trace:
+            path = args.chrome_trace
+            if len(methods) > 1 or len(calls[method]) > 1:
+                stem, suffix = os.path.splitext(path)
+                path = f"{stem}.{method}{'' if len(calls[method]) == 1 else f'.{i}'}{suffix}"
+            result.to_chrome_trace(path)
+            print(f"chrome trace: {path}")
     return 0

@@ -152,43 +152,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def test_id(result: Any) -> str:
-    """``backendconf::replay::<archive stem>.<method>[<n>]``."""
-    return f"backendconf::{CATEGORY}::{_stem(result.archive)}.{result.method}[{result.index}]"
+    """``backendconf::replay::<archive stem>.<method>[<n>]`` (`report.replay_test_id`)."""
+    from ..report import replay_test_id
+
+    return replay_test_id(result)
 
 
 def _stem(path: str) -> str:
-    name = os.path.basename(path)
-    return name[: -len(".bcpt")] if name.endswith(".bcpt") else name
+    from ..report import archive_stem
+
+    return archive_stem(path)
 
 
 def report_document(results: Sequence[Any], status: int, started: float, device: dict | None = None) -> dict[str, Any]:
     """The results in the suite's report document (`report.report_document`, its one writer), category
     ``replay``: one test per bundle."""
-    from ..report import TestResult, report_document as write, run_entry
+    from ..report import replay_test_results, report_document as write, run_entry
 
     backends = sorted({r.backend for r in results if r.backend})
-    tests = [
-        TestResult(
-            id=test_id(r),
-            category=CATEGORY,
-            case=_stem(r.archive),
-            stage="execute",
-            reproduce=f"backendconf replay {r.archive}",
-            outcome=r.outcome,
-            duration=r.duration,
-            error=r.error,
-            details={
-                "archive": r.archive,
-                "method": r.method,
-                "bundle": r.index,
-                "check": r.check,
-                **({"numerics": r.numerics} if r.numerics is not None else {}),
-            },
-            # A bundle's comparison is its check: it passed or failed (an error is the archive's, not the check's).
-            check_outcome=r.outcome if r.outcome in ("passed", "failed") else None,
-        )
-        for r in results
-    ]
+    tests = replay_test_results(results)
     backend = {
         "name": ",".join(backends) or "?",
         "source": "archives replayed by backendconf replay",

@@ -14,6 +14,7 @@ from ._failing_nodes import failing_nodes
 from ._layers import Layer, LayerVerdict, judge_layers
 from ._minify import DEFAULT_BUDGET, Candidate, Outcome, Reproduction, minify, same_failure
 from ._profile import Call, Profile, check_events, profile
+from ._profile_target import profile_on_target
 from ._repro_script import script_stem, write_script
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Outcome",
     "Reproduction",
     "Profile",
+    "profile_on_target",
     "check_events",
     "failing_nodes",
     "judge_layers",

@@ -34,6 +34,7 @@ from ._gating import (
 )
 from ._known_from_report import known_failures_from_report
 from ._known_from_fleet import known_failures_from_fleet, separating_when
+from ._replay_results import archive_stem, replay_test_id, replay_test_results
 from ._machine import applies, describe_machine, machine_line
 from ._merge import (
     format_markdown,
@@ -114,6 +115,9 @@ __all__ = [
     "report_document",
     "report_files",
     "run_entry",
+    "archive_stem",
+    "replay_test_id",
+    "replay_test_results",
     "summary_lines",
     "unexpected_pass_text",
     "unlisted_verdict",

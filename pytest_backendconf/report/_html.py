@@ -197,6 +197,7 @@ def _header(report: dict[str, Any]) -> str:
     ]
     if run.get("select"):
         rows.append(("Selection", ", ".join(map(str, run["select"])) + " (scores cover the selected checks only)"))
+    rows += _target_rows(run.get("target"))
     if known:
         non_strict = known.get("non_strict")
         apart = f"; {non_strict} checks non-strict, {known.get('non_strict_passed')} passed" if non_strict else ""
@@ -210,6 +211,28 @@ def _flags(flags: Any) -> str:
     if not isinstance(flags, list):
         return "not recorded"
     return " ".join(str(f) for f in flags) or "none of those that change kernels"
+
+
+def _target_rows(target: Any) -> list[tuple[str, str]]:
+    """The device a target command reached (the report's ``run.target``); none without one."""
+    if not isinstance(target, dict):
+        return []
+    backends = target.get("backends") or {}
+    names = ", ".join(f"{name} {(entry or {}).get('version') or '?'}" for name, entry in sorted(backends.items()))
+    connect, rtt = target.get("connect_seconds"), target.get("round_trip_ms")
+    return [
+        (
+            "Target device",
+            f"{target.get('machine') or '?'}, Python {target.get('python') or '?'}, torch {target.get('torch') or '?'}, "
+            f"pytest-backendconf {target.get('pytest_backendconf') or '?'}; backends: {names or 'none'}",
+        ),
+        ("Target command", target.get("command") or "?"),
+        (
+            "Target link",
+            f"connected in {'?' if connect is None else f'{connect:.2f}'} s; "
+            f"{'?' if rtt is None else f'{rtt:.1f}'} ms round trip per request",
+        ),
+    ]
 
 
 def _cards(report: dict[str, Any]) -> str:

@@ -76,6 +76,7 @@ _SECTIONS: dict[str, dict[str, str]] = {
         "exit_status": "integer",
         "xdist_workers": "count",
         "select": "list",
+        "target": "object",
     },
     "known_failures": {"file": "string", "entries": "count", "stale": "list"},
     "errors": {"total": "count", "by_type": "object", "by_stage": "object"},
@@ -93,6 +94,17 @@ _TEST_FIELDS = {
     "details": "object",
 }
 _ERROR_FIELDS = {"type": "string", "module": "string", "message": "string"}
+#: ``run.target``: the device a target command reached (`target.probe`).
+_TARGET_FIELDS = {
+    "command": "string",
+    "machine": "string",
+    "python": "string",
+    "torch": "string",
+    "pytest_backendconf": "string",
+    "backends": "object",
+    "connect_seconds": "number",
+    "round_trip_ms": "number",
+}
 _KNOWN_FIELDS = {"pattern": "string", "reason": "string", "link": "string"}
 
 
@@ -109,6 +121,14 @@ def check_page_fields(document: dict[str, Any], name: str) -> None:
             continue
         _expect(value, "object", name, section)
         _check_fields(value, fields, name, section)
+    target = (document.get("run") or {}).get("target")
+    if target is not None:
+        _check_fields(target, _TARGET_FIELDS, name, "run.target")
+        for backend, entry in (target.get("backends") or {}).items():
+            _expect(entry, "object", name, f"run.target.backends.{backend}")
+            _check_fields(
+                entry, {"distribution": "string", "version": "string"}, name, f"run.target.backends.{backend}"
+            )
     for key in ("by_type", "by_stage"):
         for label, count in ((document.get("errors") or {}).get(key) or {}).items():
             _expect(count, "count", name, f"errors.{key}.{label}")

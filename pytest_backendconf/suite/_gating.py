@@ -66,9 +66,11 @@ def output_path(config: pytest.Config, option: str, value: str) -> Path:
 class GatingPlugin:
     """Known failures, ``--backendconf-report``, the score summary and JUnit properties."""
 
-    def __init__(self, config: pytest.Config, selected: RegisteredBackend) -> None:
+    def __init__(self, config: pytest.Config, selected: RegisteredBackend, target: dict | None = None) -> None:
         self.config = config
         self.selected = selected
+        #: The device of a target command (`target.probe`), recorded as the report's ``run.target``.
+        self.target = target
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
         known = config.getoption("backendconf_known_failures")
         self.known_path = Path(config.invocation_params.dir, known) if known else None
@@ -264,6 +266,11 @@ class GatingPlugin:
         if self.workerinput is not None:
             return
         results = self.finished()
+        golden = self.config.stash.get(GOLDEN_KEY, None)
+        if golden is not None:
+            self._write_golden_index(results)
+            if self.config.getoption("backendconf_replay_on_target", False) and self.target is not None:
+                results = self._replay_on_target(session, golden, results)
         document = None
         if self.report_path is not None or self.html_path is not None:
             document = report_document(
@@ -271,11 +278,12 @@ class GatingPlugin:
                 backend=backend_entry(self.selected),
                 run=run_entry(
                     self.started,
-                    int(exitstatus),
+                    int(session.exitstatus),  # a replay on the target may have failed the run
                     select=self.config.getoption("backendconf_select") or [],
                     workers=self.workers,
                     shard=self.config.stash.get(SHARD_KEY, None),
-                ),
+                )
+                | ({"target": self.target} if self.target is not None else {}),
                 pytest_version=pytest.__version__,
                 hypothesis=report_entry(self.config),
                 known_failures=known_failures_entry(self.known_path, self.known, self.stale),
@@ -289,8 +297,6 @@ class GatingPlugin:
 
             write_atomic(self.html_path, render([document]))  # the page is drawn from the report alone
             self.notes.append(f"HTML report written to {self.html_path}")
-        if self.config.stash.get(GOLDEN_KEY, None) is not None:
-            self._write_golden_index(results)
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
                 self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")
@@ -309,6 +315,31 @@ class GatingPlugin:
             f"golden folder {folder}: {listed} archive{'' if listed == 1 else 's'} with bundled inputs "
             f"(replay them with: backendconf replay {folder}){dropped}"
         )
+
+    def _replay_on_target(self, session: pytest.Session, folder: Path, results: list[TestResult]) -> list[TestResult]:
+        """Replay the golden archives just indexed on the device (`target.replay_archives`, as ``backendconf
+        replay`` does): one ``replay`` test per bundle beside the checks; a bundle that does not pass fails the run."""
+        from ..report import replay_test_results
+        from ..target import replay_archives
+        from ._golden import INDEX
+
+        index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+        paths = [str(folder / entry["archive"]) for entry in index["archives"]]
+        if not paths:
+            self.notes.append("replay on the target device: no golden archives to replay (no parity check passed)")
+            return results
+        # plugins=None: the modules that registered the backend here, by name, as for every target-stage check.
+        replayed = replay_test_results(replay_archives(paths, plugins=None))
+        for test in replayed:
+            self.results[test.id] = test
+        passed = sum(t.outcome == "passed" for t in replayed)
+        self.notes.append(
+            f"replay on the target device {(self.target or {}).get('machine')}: {passed}/{len(replayed)} bundles of "
+            f"{len(paths)} golden archives match their expected outputs"
+        )
+        if passed < len(replayed) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return results + replayed
 
     def _write_known_failures(self, results: list[TestResult]) -> None:
         assert self.write_path is not None

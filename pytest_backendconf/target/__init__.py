@@ -30,7 +30,14 @@ from ._link import (
     use_target_command,
 )
 from ._replay import BundleResult, replay_archives
-from ._target import blocked_modules, call_on_target, load_on_target, prepare_target, run_on_target
+from ._target import (
+    blocked_modules,
+    call_on_target,
+    load_on_target,
+    prepare_target,
+    run_on_target,
+    target_capabilities,
+)
 
 __all__ = [
     "blocked_modules",
@@ -57,6 +64,7 @@ __all__ = [
     "prepare_target",
     "replay_archives",
     "run_on_target",
+    "target_capabilities",
     "tail_text",
     "unpack_value",
 ]

@@ -19,7 +19,9 @@
 # the venv's python in a private mount namespace where $HIDE (default: /tmp and
 # this checkout) are empty folders, so the device cannot read the host's files:
 # loopback ssh shares them, and a path that leaked into a message would still
-# work. DIR must lie outside $HIDE (e.g. ~/.cache/backendconf/target-venv).
+# work. DIR must lie outside $HIDE (e.g. ~/.cache/backendconf/target-venv). A
+# checkout under /tmp is hidden with /tmp: its own mount is skipped (the folder
+# is gone once /tmp is empty).
 #
 # Killing only the listening sshd leaves open connections running: each has
 # its own sshd process, a child of the listener. `drop` and `stop` end those too.
@@ -125,7 +127,7 @@ venv() {
 #!/bin/sh
 # The target venv's python as a device runs it: logged, and blind to the host's @HIDE@.
 echo "$(date +%s) $$ $*" >> '@DIR@/started.log'
-exec unshare --mount sh -c 'for f in @HIDE@; do mount -t tmpfs backendconf-hidden "$f" || exit 1; done; exec "$0" "$@"' \
+exec unshare --mount sh -c 'for f in @HIDE@; do [ -d "$f" ] || continue; mount -t tmpfs backendconf-hidden "$f" || exit 1; done; exec "$0" "$@"' \
     '@DIR@/bin/python' "$@"
 EOF
     sed -i -e "s|@DIR@|$dir|g" -e "s|@HIDE@|$hide|g" "$dir/bin/device-python"

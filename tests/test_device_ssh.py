@@ -201,25 +201,33 @@ def test_sshd_dropping_its_connections_mid_run_is_target_unreachable_and_the_run
             script=str(SCRIPT), folder=str(device["folder"]), python=f"{TARGET_VENV}/bin/python"
         )
     )
-    started = time.monotonic()
-    result = pytester.runpytest_subprocess(
-        "--backend=reference",
-        "-m",
-        "serialization or availability",
-        f"--backendconf-target-command={device['command']}",
-        "--backendconf-report=r.json",
-        "-p",
-        "backendconf_dropper",
-        "-p",
-        "no:cacheprovider",
-        timeout=1800,
-    )
-    print(f"the run took {time.monotonic() - started:.0f} s")
-    dropped = (pytester.path / "drops.txt").read_text().split()
-    assert len(dropped) == 1, result.stdout.str()[-3000:]
-    tests = json.loads((pytester.path / "r.json").read_text())["tests"]
-    failed = [t for t in tests if t["outcome"] != "passed"]
-    assert failed, "the drop cost no check: " + result.stdout.str()[-2000:]
+    # The drop is triggered from outside while a device worker is busy; on a loaded machine it can
+    # land between two requests, which costs no check (the next request reconnects): then the run
+    # must be green, and the scenario is tried again, up to three times, until a drop costs one.
+    for attempt in range(3):
+        (pytester.path / "drops.txt").unlink(missing_ok=True)
+        started = time.monotonic()
+        result = pytester.runpytest_subprocess(
+            "--backend=reference",
+            "-m",
+            "serialization or availability",
+            f"--backendconf-target-command={device['command']}",
+            "--backendconf-report=r.json",
+            "-p",
+            "backendconf_dropper",
+            "-p",
+            "no:cacheprovider",
+            timeout=1800,
+        )
+        print(f"attempt {attempt + 1}: the run took {time.monotonic() - started:.0f} s")
+        dropped = (pytester.path / "drops.txt").read_text().split()
+        assert len(dropped) == 1, result.stdout.str()[-3000:]
+        tests = json.loads((pytester.path / "r.json").read_text())["tests"]
+        failed = [t for t in tests if t["outcome"] != "passed"]
+        if failed:
+            break
+        assert result.ret == 0, result.stdout.str()[-2000:]  # a drop between requests: nothing lost
+    assert failed, "in three runs the drop never cost a check: " + result.stdout.str()[-2000:]
     for test in failed:  # the link's failure, never the backend's
         assert (
             test["error"]["type"] == "TargetUnreachable" and "without the runner reporting" in test["error"]["message"]

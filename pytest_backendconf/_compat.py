@@ -12,7 +12,7 @@ what breaks below 2.4, and what was and was not tried are in docs/vendor-ci.md
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -140,9 +140,9 @@ def is_higher_order_op(target: Any) -> bool:
     return isinstance(target, torch._ops.HigherOrderOperator)
 
 
-def tracing_state() -> Any:
-    """Whether ``torch.jit.trace`` is tracing right now (``torch._C._get_tracing_state()``, private on 2.4-2.14)."""
-    return torch._C._get_tracing_state()
+#: Whether ``torch.jit.trace`` is tracing right now (``torch._C._get_tracing_state()``, private on
+#: 2.10-2.14): the function itself, not a wrapper, as every call of a lowered module asks it.
+tracing_state: Callable[[], Any] = torch._C._get_tracing_state
 
 
 def import_export_tracer() -> None:

@@ -44,6 +44,10 @@ def visible(text: str) -> str:
     The building block of comments and code spans: what it returns holds no
     line break of any language (``\\n``, ``\\r``, U+2028, NEL, form feed).
     """
+    if text.isprintable():
+        # The common case, in C: `str.isprintable` is false for every character of the hidden
+        # categories (and for tabs and separators other than the space, which the walk keeps).
+        return text
     return "".join(repr(ch)[1:-1] if ch != "\t" and unicodedata.category(ch) in _HIDDEN else ch for ch in text)
 
 

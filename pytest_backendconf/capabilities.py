@@ -1,4 +1,4 @@
-"""`Capabilities`: what a backend declares the suite may expect of it (§3.1)."""
+"""`Capabilities`: what a backend declares the suite may expect of it (docs/writing-a-backend.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Capabilities:
     host_only_modules: tuple[str, ...] = ()
     #: ``execute`` may be called from several threads at once.
     thread_safe: bool = False
-    #: Honours the ``"__backendconf_fault__"`` compile-spec key (§3.5).
+    #: Honours the ``"__backendconf_fault__"`` compile-spec key (docs/backend-contract.md).
     fault_injection: bool = False
     #: Runs programs exported with ``dynamic_shapes`` (sizes that vary per call,
     #: within ``program.range_constraints``). ``False``: the suite reports its

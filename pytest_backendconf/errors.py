@@ -32,7 +32,7 @@ class DuplicateBackendError(RegistryError):
 
 
 class InvalidBackendError(RegistryError, TypeError):
-    """A registered object does not have the shape of a backend (§3.1)."""
+    """A registered object does not have the shape of a backend (docs/backend-contract.md)."""
 
 
 class PluginLoadError(RegistryError, ImportError):
@@ -246,7 +246,7 @@ class BackendRuntimeError(BackendConfError, RuntimeError):
 
 
 class BackendUnavailableError(BackendConfError, RuntimeError):
-    """The backend's ``is_available()`` is false where it must run (§3.4)."""
+    """The backend's ``is_available()`` is false where it must run (docs/backend-contract.md, availability)."""
 
 
 class StaleKnownFailureWarning(UserWarning):

@@ -307,3 +307,20 @@ def test_the_writers_use_the_quoting_functions():
         for name in names:
             assert name in text, f"{module} does not use {name}"
         assert "shlex" not in text and "json.dumps(text" not in text and "html.escape" not in text, module
+
+
+def test_visible_escapes_exactly_the_hidden_categories_on_its_fast_path_too():
+    # visible() returns a printable text as it is (str.isprintable, in C) and walks the rest: every
+    # character of the first planes, alone and inside printable text, gets the per-character answer.
+    import unicodedata
+
+    hidden = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+    def one_by_one(text: str) -> str:
+        return "".join(repr(c)[1:-1] if c != "\t" and unicodedata.category(c) in hidden else c for c in text)
+
+    for code in [*range(0x3000), 0xFEFF, 0x202E, 0x2028, 0x2029, 0xD800, 0xE000, 0x10FFFF, 0xE0001]:
+        ch = chr(code)
+        assert visible(ch) == one_by_one(ch), hex(code)
+        assert visible(f"a {ch} b") == one_by_one(f"a {ch} b"), hex(code)
+    assert visible("tab\tand\nline") == "tab\tand\\nline"

@@ -83,7 +83,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
 
 
 def expected_frames(module: Any, frames: list, *, whole_line: bool = False) -> list[list[str]]:
-    """Per frame, the accepted renderings (§3.5): carets under the expression, or also the whole line."""
+    """Per frame, the accepted renderings (docs/backend-contract.md): carets under the expression, or also the whole line."""
     out = []
     for qualname, expression in frames:
         function = functools.reduce(getattr, qualname.split("."), module)

@@ -100,7 +100,7 @@ def _source_window(text: str, pad: int, width: int) -> tuple[str, int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class DebugInfo:
-    """What a debug handle stands for; ``str()`` is the §3.5 runtime text block."""
+    """What a debug handle stands for; ``str()`` is the runtime text block of docs/backend-contract.md."""
 
     handle: int
     op: str

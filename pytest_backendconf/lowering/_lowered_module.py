@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.modules.module as _module_hooks
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
 
 from .. import _compat
 from ..debuginfo import MAX_RANGE_NODES, DebugInfo, format_missing, format_range, format_runtime
@@ -25,6 +30,9 @@ from ..errors import (
     LoweringError,
     OperatorRefusedError,
 )
+
+
+_tracing_state = _compat.tracing_state
 
 
 def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
@@ -165,7 +173,7 @@ class LoweredModule(torch.nn.Module):
             )
         backend = self.backend
         if backend.is_available() is not True:
-            # Never call execute on an unavailable backend (§3.4).
+            # Never call execute on an unavailable backend (the contract's availability rule).
             raise BackendUnavailableError(self._unavailable_text(f"cannot run method {method!r}"))
         handles = self.handles
         if handles is None:
@@ -281,11 +289,11 @@ class WrapperModule(torch.nn.Module):
             or self._forward_pre_hooks
             or self._backward_hooks
             or self._backward_pre_hooks
-            or _module_hooks._global_forward_hooks
-            or _module_hooks._global_forward_pre_hooks
-            or _module_hooks._global_backward_hooks
-            or _module_hooks._global_backward_pre_hooks
-            or _compat.tracing_state()
+            or _global_forward_hooks  # torch registers global hooks into these dicts in place
+            or _global_forward_pre_hooks
+            or _global_backward_hooks
+            or _global_backward_pre_hooks
+            or _tracing_state()
         ):
             return super().__call__(*args, **kwargs)
         return self._core.run("forward", args, kwargs)

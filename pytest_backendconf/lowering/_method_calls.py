@@ -17,6 +17,8 @@ from ..archive import structure
 from ..archive import MethodSpec
 from ..errors import InputSpecError, LoweringError, OutputSpecError
 
+_Tensor = torch.Tensor
+
 
 class MethodRunner:
     """Turns a call into the flat input list and the flat outputs back into the structure.
@@ -48,10 +50,27 @@ class MethodRunner:
             for v in spec.outputs
         ]
         self.rebuild = structure.rebuilder(spec.out_structure)
+        # The common call, worked out here once: positional tensors in, tensors out. Its checks
+        # run as one loop of identity and C comparisons over these pairs (`call_checks`).
+        all_tensors = not self.constants and len(self.tensor_checks) == n
+        self.fast_inputs = tuple((d, s) for _, d, s, _ in self.tensor_checks) if all_tensors else None
+        self.fast_outputs = tuple(self.output_checks) if all(v.kind == "tensor" for v in spec.outputs) else None
         self.dynamic = spec.dynamic_shapes
         self.input_names = [v.name for v in spec.inputs]
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
+        checks = self.fast_inputs
+        if checks is not None and not kwargs and len(args) == self.fast_arity:
+            for value, (dtype, shape) in zip(args, checks):
+                # type() first: a plain tensor passes in one identity test; a subclass goes on to isinstance.
+                if (
+                    (type(value) is not _Tensor and not isinstance(value, _Tensor))
+                    or value.dtype is not dtype
+                    or (value.shape != shape and not _shape_matches(value.shape, shape))
+                ):
+                    break
+            else:
+                return list(args)
         if not kwargs and len(args) == self.fast_arity:
             flat = list(args)
         else:
@@ -99,6 +118,17 @@ class MethodRunner:
                 )
 
     def unflatten(self, outputs: Any, backend_name: str) -> Any:
+        checks = self.fast_outputs
+        if checks is not None and type(outputs) is list and len(outputs) == self.n_outputs:
+            for value, (dtype, shape) in zip(outputs, checks):
+                if (
+                    (type(value) is not _Tensor and not isinstance(value, _Tensor))
+                    or value.dtype is not dtype
+                    or (value.shape != shape and not _shape_matches(value.shape, shape))
+                ):
+                    break
+            else:
+                return self.rebuild(outputs)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != self.n_outputs:
             got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise OutputSpecError(

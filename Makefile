@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: target-venv replay-aarch64 suite suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv replay-aarch64 suite release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -128,13 +128,20 @@ suite-openvino: $(VENV)/.installed-openvino
 # is the third (2.13.0). Each environment is made once and kept (4 to 6 GB each).
 RELEASES ?= 2.10.0 2.12.1
 RELEASE_ENVS ?= $(HOME)/.cache/backendconf/torch-envs
-suite-releases:
+# `make release-torch` makes the environments and installs torch alone (minutes of download, no
+# file of the checkout touched), so that .ci/run can start it early beside the CPU-bound steps.
+release-torch:
 	@for release in $(RELEASES); do \
 	    env="$(RELEASE_ENVS)/$$release"; \
 	    if ! "$$env/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$$release')" 2>/dev/null; then \
 	        rm -rf "$$env" && $(PYTHON) -m venv "$$env" && \
 	        "$$env/bin/python" -m pip install --quiet --disable-pip-version-check torch==$$release || exit 1; \
 	    fi; \
+	done
+
+suite-releases: release-torch
+	@for release in $(RELEASES); do \
+	    env="$(RELEASE_ENVS)/$$release"; \
 	    "$$env/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' -e backends/reference || exit 1; \
 	    "$$env/bin/python" -m pip uninstall --yes --quiet triton 2>/dev/null; \
 	    "$$env/bin/python" -c "import sys, torch; sys.exit(0 if torch.__version__.split('+')[0] == '$$release' else 'installing the project moved torch to ' + torch.__version__)" || exit 1; \

@@ -116,12 +116,17 @@ def test_parity_passes_other_ties_and_fails_other_values(pytester):
     with_indices = ("tied_indices", "reductions", "statistics", "dict_output")
     result, tests = _run(pytester, "other_ties", *(f"backendconf::parity::{m}[[]*" for m in with_indices))
     assert len(tests) >= 10 and {t["outcome"] for t in tests.values()} == {"passed"}, result.stdout.str()[-3000:]
+    assert {"backendconf::parity::tied_indices[float32-dynamic]", "backendconf::parity::reductions[float32]"} <= set(
+        tests
+    )
     result, tests = _run(pytester, "smallest_topk", "backendconf::parity::tied_indices[[]*")
-    assert len(tests) == 3 and {t["outcome"] for t in tests.values()} == {"failed"}, result.stdout.str()[-3000:]
+    assert len(tests) == 6 and {t["outcome"] for t in tests.values()} == {"failed"}, result.stdout.str()[-3000:]
     message = tests["backendconf::parity::tied_indices[float32]"]["error"]["message"]
     assert "the backend's indices select other values than eager PyTorch's" in message
     assert re.search(r"output 1 \(indices of aten.topk.default\) at \[\d+, \d+\]: index \d selects", message)
     assert "(ties may be broken either way, other values may not)" in message
+    dynamic = tests["backendconf::parity::tied_indices[float32-dynamic]"]["error"]["message"]
+    assert "lowered once with dynamic shapes" in dynamic and "indices of aten.topk.default" in dynamic
     # The saved inputs rerun with the same judgement: the other order of ties passes, other values fail.
     saved = re.search(r"inputs: (\S+tied_indices\.forward-float32\.safetensors)", result.stdout.str())
     assert saved, result.stdout.str()[-3000:]

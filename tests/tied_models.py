@@ -3,7 +3,8 @@
 ``tied_indices`` rounds ``4 * sigmoid(x)`` to the five values 0 … 4, so
 each row of eight has equal values, then returns the indices of ``topk``,
 ``sort``, ``max`` over a dimension and ``argmin``, each beside other
-outputs. Its sigmoid makes ``eager_no_sigmoid``-style backends partition
+outputs. Its number of rows varies (a `Dim`), so that the dynamic-shape
+parity checks run it too. Its sigmoid makes ``eager_no_sigmoid``-style backends partition
 it, so that the delegation category runs it too.
 """
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 import torch
 
 import pytest_backendconf as bc
+
+
+ROWS = torch.export.Dim("rows", min=2, max=6)
 
 
 class TiedIndices(torch.nn.Module):
@@ -29,7 +33,9 @@ def backendconf_register_cases(register):
         bc.ModelCase(
             name="tied_indices",
             build=lambda: TiedIndices().eval(),
-            inputs={"forward": (bc.TensorInput(shape=(4, 8), low=-3.0, high=3.0),)},
+            # rows vary in number: the [<dtype>-dynamic] parity checks judge ties too
+            inputs={"forward": (bc.TensorInput(shape=(ROWS, 8), low=-3.0, high=3.0),)},
+            dim_examples={"rows": 4},
             description="topk, sort, max over a dim and argmin of values rounded to 0 … 4: ties in every row",
         )
     )

@@ -15,6 +15,10 @@ Models whose inputs have varying dimensions (``[model.dims]``) also get a
 called with sizes Hypothesis draws in the exported ranges (both ends and a
 middle size always first, then a third of the profile's examples), so a backend that specialises on the first
 shape it sees, or keeps its buffers, gives wrong outputs.
+
+An output that is the indices of an op leaving ties open (``sort``,
+``topk``, ``max.dim``, ``argmax`` … in the exported graph) is valid when it
+selects the values eager's indices select (`pytest_backendconf.numerics.settle_program_ties`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import copy
 import functools
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from pytest_backendconf import _compat
@@ -35,11 +39,14 @@ from pytest_backendconf.lowering import normalize as normalize_call
 from pytest_backendconf.diagnostics import locate_in_program
 from pytest_backendconf.archive import write_tensors
 from pytest_backendconf.numerics import (
+    InvalidIndices,
     StructureMismatch,
     Tolerance,
     compare_outputs,
     resolve_tolerance,
+    settle_program_ties,
     summary_json,
+    tie_open_outputs,
     worst,
 )
 from pytest_backendconf.suite import PROFILES, GoldenRecorder, draws_seed
@@ -166,13 +173,23 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
     def compare(seed: int, mode: str) -> None:
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode)
         originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ties = tie_judge(ctx, case_name, dtype, method, args, kwargs)
         expected = eager(*args, **kwargs)
         wide = truth(method, args, kwargs, expected) if truth is not None else None
         actual = run(*args, **kwargs)
         where = f"{case_name}.{method} in {dtype}"
         drawn = f" for inputs drawn with seed={seed}, mode={mode!r}"
         _compare_with_eager(
-            actual, expected, tol, seen, (args, kwargs, None), where, after=drawn, truth=wide, how=_how(truth, wide)
+            actual,
+            expected,
+            tol,
+            seen,
+            (args, kwargs, None),
+            where,
+            after=drawn,
+            truth=wide,
+            how=_how(truth, wide),
+            ties=ties,
         )
         for i, (before, after) in enumerate(zip(originals, args)):
             if isinstance(before, torch.Tensor) and not torch.equal(before, after):
@@ -203,6 +220,22 @@ def _seeded(ctx: SuiteContext, check: str, test: Any) -> Any:
     return hypothesis_seed(draws_seed(ctx.hypothesis_profile, ctx.hypothesis_seed, check))(test)
 
 
+def tie_judge(
+    ctx: SuiteContext, case_name: str, dtype: str, method: str, args: Any, kwargs: dict, *, dynamic: bool = False
+) -> Callable[[list, list], tuple[list, list[int]]] | None:
+    """What settles the tie-open index outputs of one call (``None``: the method's graph returns none).
+
+    The judgement runs the exported program on copies of the call's inputs,
+    taken before the backend ran, to see what each index output selects from.
+    """
+    program = ctx.program(case_name, dtype, method, dynamic=dynamic)
+    if not tie_open_outputs(program):
+        return None
+    args, kwargs = normalize_call(getattr(type(ctx.module(case_name, dtype)), method), method, tuple(args), kwargs)
+    inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in _compat.tree_leaves((args, kwargs))]
+    return functools.partial(settle_program_ties, program, inputs)
+
+
 class _Differs(CheckFailed):
     """Outputs out of tolerance; ``example`` is the ``(args, kwargs, sizes)`` that showed it.
 
@@ -228,6 +261,7 @@ def _compare_with_eager(
     hint: str = "",
     truth: Any = None,
     how: str = "",
+    ties: Callable[[list, list], tuple[list, list[int]]] | None = None,
 ) -> None:
     """`CheckFailed` if the backend's outputs have another structure than eager's, `_Differs` if one is out of tolerance.
 
@@ -236,10 +270,20 @@ def _compare_with_eager(
     keeps the comparisons of the example closest to failing. ``truth``: the
     flat outputs of the model in a wider dtype, cast back (``how`` says
     which): the outputs are then judged three ways, against it and against
-    eager's own error.
+    eager's own error. ``ties`` (`tie_judge`) settles the index outputs that
+    leave ties open: valid ones count as equal to the reference, an invalid
+    one is `_Differs` naming the first wrong index.
     """
     if _compat.tree_structure(actual) != _compat.tree_structure(expected):
         raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's{after}{hint}")
+    if ties is not None:
+        reference = truth if truth is not None else _compat.tree_leaves(expected)
+        try:
+            actual, _ = ties(list(_compat.tree_leaves(actual)), list(reference))
+        except InvalidIndices as exc:
+            raise _Differs(
+                f"{where}: the backend's indices select other values than eager PyTorch's{after}:\n{exc}", example
+            ) from None
     try:
         if truth is not None:
             multiple = float(section("parity").get("eager_multiple", 2.0))
@@ -360,6 +404,7 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
 
     def compare(sizes: dict, seed: int, mode: str) -> None:
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode, sizes=sizes)
+        ties = tie_judge(ctx, case_name, dtype, method, args, kwargs, dynamic=True)
         expected = eager(*args, **kwargs)
         shapes = ", ".join(f"{n}={v}" for n, v in sizes.items())
         where = (
@@ -373,7 +418,16 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             raise CheckFailed(f"{where}: {exc}{hint}") from None
         wide = truth(method, args, kwargs, expected) if truth is not None else None
         _compare_with_eager(
-            actual, expected, tol, seen, (args, kwargs, sizes), where, hint=hint, truth=wide, how=_how(truth, wide)
+            actual,
+            expected,
+            tol,
+            seen,
+            (args, kwargs, sizes),
+            where,
+            hint=hint,
+            truth=wide,
+            how=_how(truth, wide),
+            ties=ties,
         )
         golden.add(args, kwargs, expected)
 

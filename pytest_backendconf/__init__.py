@@ -79,6 +79,7 @@ _LAZY = {
     "run_on_target": ".target",
     "locate_divergence": ".diagnostics",
     "failing_nodes": ".diagnostics",
+    "FailingNodes": ".diagnostics",
     "minify": ".diagnostics",
     "ModelCase": ".cases",
     "TensorInput": ".cases",

@@ -7,6 +7,9 @@ as docs/writing-a-backend.md ("A compiler that builds the whole graph")
 shows, so that every check lowering a model with a ``tanh`` is *unsupported*
 and names the node and the user's source line. ``FusedBuildNoProbe`` is the
 same compiler without the probe: those checks fail with the node-less error.
+``FusedBuildPerNode`` has no kernel for ``tanh`` nor ``softplus``, says so
+only when it builds one node alone, and rejects every failing node with its
+own error text (`FailingNodes.rejections`), as the docs' recipe does.
 ``FusedKernelFault`` runs the reference interpreter but reports a fault in a
 fused kernel covering every node from the first to the last compute node, as
 a handle range (``BackendError(..., debug_handles=[...])``).
@@ -34,6 +37,22 @@ def _build(program):
         raise BuildError("fused build failed: no schedule for the fused kernel")
 
 
+#: What the engine says about an op it cannot build, when it builds that op alone.
+_ALONE = {
+    torch.ops.aten.tanh.default: "no schedule for tanh on this target",
+    torch.ops.aten.softplus.default: "softplus lowers to log1p(exp(x)), and exp has no float kernel here",
+}
+
+
+def _build_per_node(program):
+    compute = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
+    missing = [n for n in compute if n.target in _ALONE]
+    if missing and len(compute) == 1:
+        raise BuildError(_ALONE[missing[0].target])
+    if missing:
+        raise BuildError(f"fused build failed: {len(missing)} kernels have no schedule")
+
+
 class FusedBuildNoProbe(ReferenceBackend):
     name = "fused_build_no_probe"
     capabilities = dataclasses.replace(
@@ -56,6 +75,25 @@ class FusedBuild(FusedBuildNoProbe):
             bad = bc.failing_nodes(program, self, compile_spec)
             if bad:
                 raise bc.UnsupportedNodeError(bad[0], str(exc)) from exc
+            raise
+        return super().preprocess(program, compile_spec, debug_handles)
+
+
+class FusedBuildPerNode(ReferenceBackend):
+    name = "fused_build_per_node"
+    capabilities = dataclasses.replace(
+        ReferenceBackend.capabilities,
+        supported_ops=frozenset(ReferenceBackend.capabilities.supported_ops)
+        - {"aten.tanh.default", "aten.softplus.default"},
+    )
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        try:
+            _build_per_node(program)
+        except BuildError as exc:
+            bad = bc.failing_nodes(program, self, compile_spec)
+            if bad:
+                raise bc.UnsupportedNodeError(rejections=bad.rejections()) from exc
             raise
         return super().preprocess(program, compile_spec, debug_handles)
 
@@ -89,4 +127,5 @@ class FusedKernelFault(ReferenceBackend):
 def backendconf_register_backends(register):
     register(FusedBuildNoProbe())
     register(FusedBuild())
+    register(FusedBuildPerNode())
     register(FusedKernelFault())

@@ -16,10 +16,14 @@ simulation rightly blocks. The others change one thing:
 - ``OtherTies``: ``sort``/``topk``/``max.dim``/``min.dim``/``argmax``/
   ``argmin`` break ties the other way (the last of equal values first).
 - ``WrongTopkIndex``: ``topk``'s first index points at the next element.
+- ``SmallestTopk``: ``topk`` returns the right values but the indices of
+  the k smallest (other values, not another order of ties).
 - ``CorruptRunningMean``: ``native_batch_norm`` in training mode writes
   its running mean plus one.
 - ``EagerRejectsSigmoid``: rejects ``aten.sigmoid`` so that models with a
-  sigmoid are partitioned (the ``delegation`` category runs).
+  sigmoid are partitioned (the ``delegation`` category runs);
+  ``OtherTiesNoSigmoid`` and ``SmallestTopkNoSigmoid`` are the two above
+  rejecting it too.
 """
 
 from __future__ import annotations
@@ -297,6 +301,17 @@ def _corrupt_batch_norm(x, weight, bias, running_mean, running_var, training, mo
     return out
 
 
+def _smallest_topk(x, k, dim=-1, largest=True, sorted=True):
+    values, _ = aten.topk.default(x, k, dim, largest, sorted)
+    _, indices = aten.topk.default(x, k, dim, not largest, sorted)
+    return values, indices
+
+
+class SmallestTopk(EagerBackend):
+    name = "smallest_topk"
+    calls = {aten.topk.default: _smallest_topk}
+
+
 class CorruptRunningMean(EagerBackend):
     name = "corrupt_running_mean"
     calls = {aten.native_batch_norm.default: _corrupt_batch_norm}
@@ -310,6 +325,14 @@ class EagerRejectsSigmoid(EagerBackend):
             if node.op == "call_function" and node.target is aten.sigmoid.default:
                 raise bc.UnsupportedNodeError(node, "this backend has no sigmoid")
         return super().preprocess(program, compile_spec, debug_handles)
+
+
+class OtherTiesNoSigmoid(EagerRejectsSigmoid, OtherTies):
+    name = "other_ties_no_sigmoid"
+
+
+class SmallestTopkNoSigmoid(EagerRejectsSigmoid, SmallestTopk):
+    name = "smallest_topk_no_sigmoid"
 
 
 class FusedPairsDrift(EagerBackend):
@@ -333,8 +356,11 @@ def backendconf_register_backends(register):
         Float32Compute,
         OtherTies,
         WrongTopkIndex,
+        SmallestTopk,
         CorruptRunningMean,
         EagerRejectsSigmoid,
+        OtherTiesNoSigmoid,
+        SmallestTopkNoSigmoid,
         FusedPairsDrift,
     ):
         register(backend())

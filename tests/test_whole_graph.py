@@ -1,4 +1,4 @@
-"""Whole-graph compilers: `bc.failing_nodes` finds the node a node-less build error is about."""
+"""Whole-graph compilers: `bc.failing_nodes` finds the node a node-less build error is about, and its own error."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pytest_backendconf as bc
-from broken_backends_wholegraph import FusedBuild, FusedBuildNoProbe, FusedKernelFault
+from broken_backends_wholegraph import FusedBuild, FusedBuildNoProbe, FusedBuildPerNode, FusedKernelFault
 
 FUSED_KERNEL_FAULT = FusedKernelFault()
 
@@ -68,6 +68,40 @@ def test_a_fused_compiler_using_failing_nodes_rejects_the_right_node():
         bc.to_backend(TwoTanh(), FusedBuildNoProbe(), {"forward": {}}, example_inputs=(torch.randn(3),))
 
 
+class TanhSoftplus(torch.nn.Module):
+    def forward(self, x):
+        y = torch.tanh(x) * 2
+        return torch.nn.functional.softplus(y) + 1
+
+
+TANH_ALONE = "BuildError: no schedule for tanh on this target"
+SOFTPLUS_ALONE = "BuildError: softplus lowers to log1p(exp(x)), and exp has no float kernel here"
+
+
+def test_failing_nodes_keeps_each_nodes_own_build_error_and_stays_a_list_of_nodes():
+    program = torch.export.export(TanhSoftplus(), (torch.randn(3),))
+    bad = bc.failing_nodes(program, FusedBuildPerNode())
+    assert isinstance(bad, bc.FailingNodes) and isinstance(bad, list)
+    assert [n.name for n in bad] == ["tanh", "softplus"] and bad == [bad[0], bad[1]]
+    assert bad.errors == {bad[0]: TANH_ALONE, bad[1]: SOFTPLUS_ALONE}  # each node's own words, not the whole build's
+    assert bad.rejections() == [(bad[0], TANH_ALONE), (bad[1], SOFTPLUS_ALONE)]
+    # Today's callers keep working: the program's own nodes, for UnsupportedNodeError(nodes[0], why).
+    assert all(n.graph is program.graph_module.graph for n in bad)
+    assert bc.UnsupportedNodeError(bad[0], "why").node is bad[0]
+    nothing = bc.failing_nodes(program, "reference")
+    assert nothing == [] and nothing.errors == {} and nothing.rejections() == []
+
+
+def test_a_fused_compiler_rejects_every_failing_node_with_its_own_error():
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(TanhSoftplus(), FusedBuildPerNode(), {"forward": {}}, example_inputs=(torch.randn(3),))
+    error = caught.value
+    assert [(r.node.name, r.reason) for r in error.rejections] == [("tanh", TANH_ALONE), ("softplus", SOFTPLUS_ALONE)]
+    text = str(error)
+    assert "y = torch.tanh(x) * 2" in text and "softplus(y) + 1" in text
+    assert "fused build failed" not in text  # the whole build's node-less words are not the reason
+
+
 def _run(pytester, backend):
     pytester.syspathinsert(pathlib.Path(__file__).parent)
     pytester.makeini("[pytest]\n")
@@ -97,6 +131,13 @@ def test_every_check_of_a_node_the_fused_build_fails_is_unsupported_naming_node_
     without = _run(pytester, "fused_build_no_probe")
     assert {t["outcome"] for t in without} == {"failed"} and len(without) == len(tests)
     assert all("fused build failed" in json.dumps(t) for t in without)
+
+
+def test_in_a_suite_run_each_unsupported_check_gives_the_nodes_own_build_error(pytester):
+    tests = _run(pytester, "fused_build_per_node")
+    assert tests and {t["outcome"] for t in tests} == {"unsupported"}, [(t["id"], t["outcome"]) for t in tests]
+    for t in tests:  # the model's first failing node in program order is its tanh
+        assert f"aten::tanh is not supported in this compiler ({TANH_ALONE})" in t["reason"], t["reason"]
 
 
 def test_the_documented_from_node_recipe_maps_a_decomposed_node_back():

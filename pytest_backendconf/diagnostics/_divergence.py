@@ -11,7 +11,8 @@ prefixes of the graph, fed with the eager inputs at their frontier, are
 bisected for the first node whose output is out of tolerance, and then the
 group ending at that node is shrunk from the front to the smallest one
 still out of tolerance: the nodes that diverge only together, each named
-with its source line.
+with its source line. A node's index output that breaks ties another way,
+validly (`pytest_backendconf.numerics.settle_ties`), is no divergence.
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ from .. import _compat
 
 from ..debuginfo import DebugHandleRecorder
 from ..debuginfo import DebugInfo, build_debug_infos
-from ..numerics import Closeness, StructureMismatch, Tolerance, compare_outputs, worst
+from ..numerics import (
+    Closeness,
+    InvalidIndices,
+    StructureMismatch,
+    TieOpen,
+    Tolerance,
+    compare_outputs,
+    settle_ties,
+    tie_open_call,
+    worst,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +278,28 @@ def run_on_backend(
         values = flat[position : position + len(items)]
         position += len(items)
         expected = [env[node]] if items == [None] else [env[node][i] for i in items]
-        results.append((node, values, expected))
+        results.append((node, _settle_ties(node, items, values, expected, env), expected))
     return results
+
+
+def _settle_ties(node: Any, items: list, values: list, expected: list, env: dict[Any, Any]) -> list:
+    """``values`` with a valid other order of ties in ``node``'s index output counted as eager's (numerics' rule)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return values
+    call = tie_open_call(str(node.target), node.args, node.kwargs)
+    if call is None or len(values) != len(expected):
+        return values
+    if items == [None]:
+        at = 0 if call.output == 0 else None
+    else:
+        at = items.index(call.output) if call.output in items else None
+    if at is None:
+        return values
+    try:
+        settled, _ = settle_ties(values, expected, {at: TieOpen(call, env[node.args[0]], expected[at])})
+    except InvalidIndices:
+        return values  # other values selected: the comparison reports the difference
+    return settled
 
 
 def piece_program(

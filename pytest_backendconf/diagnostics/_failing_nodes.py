@@ -6,7 +6,8 @@ the whole build with an error that names no node, while the contract asks
 cuts each node out as a one-node program (the divergence locator's pieces:
 outside inputs become placeholders, the node's metadata, source frames
 included, is copied) and asks the backend to build it alone: the nodes whose
-one-node programs fail are the culprits, in program order.
+one-node programs fail are the culprits, in program order, each with the
+text of its own build error (`FailingNodes.errors`).
 
 It is meant to be called from the backend's own ``preprocess``; the probes
 call that ``preprocess`` again, so while probing, a nested `failing_nodes`
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -32,9 +33,28 @@ from ._divergence import piece_program
 _probing: contextvars.ContextVar[bool] = contextvars.ContextVar("backendconf_probing", default=False)
 
 
+class FailingNodes(list[torch.fx.Node]):
+    """The nodes that fail alone, in program order: a ``list[torch.fx.Node]`` that also keeps each one's error.
+
+    ``errors[node]`` is the text of the exception that building ``node``
+    alone raised (``"BuildError: no schedule for tanh"``): the engine's own
+    words for that node, where the whole build's error named none.
+    """
+
+    def __init__(self, failures: Iterable[tuple[torch.fx.Node, str]] = ()) -> None:
+        pairs = list(failures)
+        super().__init__(node for node, _ in pairs)
+        #: node -> the text of its own build error.
+        self.errors: dict[torch.fx.Node, str] = dict(pairs)
+
+    def rejections(self) -> list[tuple[torch.fx.Node, str]]:
+        """``[(node, its error)]``, as ``UnsupportedNodeError(rejections=...)`` takes them."""
+        return [(node, self.errors[node]) for node in self]
+
+
 def failing_nodes(
     program: ExportedProgram, backend: Any, compile_spec: Mapping[str, Any] | None = None
-) -> list[torch.fx.Node]:
+) -> FailingNodes:
     """The nodes of ``program`` whose one-node programs ``backend`` fails to lower, in program order.
 
     Each ``call_function`` node of ``program`` becomes a program of its own
@@ -43,11 +63,12 @@ def failing_nodes(
     its ``compile``, with ``compile_spec``; any exception means the node
     fails. The returned nodes are ``program``'s own, so that a backend can
     ``raise UnsupportedNodeError(nodes[0], why)`` from ``preprocess``, or name
-    them all: ``UnsupportedNodeError(rejections=[(n, why) for n in nodes])``.
+    them all: ``UnsupportedNodeError(rejections=nodes.rejections())``, where
+    each node's reason is its own build error (``nodes.errors[node]``).
 
     Called while probing (from the ``preprocess`` that a probe runs), it
-    returns ``[]``: the backend then raises its own build error, which is the
-    probe's verdict.
+    returns an empty list: the backend then raises its own build error, which
+    is the probe's verdict.
 
     :param backend: a registered backend's name, or a backend object.
     """
@@ -57,14 +78,15 @@ def failing_nodes(
             f"{type(program).__name__}; pass preprocess()'s first argument"
         )
     if _probing.get():
-        return []
+        return FailingNodes()
     from ..lowering import resolve_backend
 
     backend_obj, _ = resolve_backend(backend)
     spec = dict(compile_spec or {})
     token = _probing.set(True)
     try:
-        return [node for node in _candidates(program) if not _builds_alone(node, backend_obj, spec)]
+        failures = ((node, _build_alone(node, backend_obj, spec)) for node in _candidates(program))
+        return FailingNodes((node, error) for node, error in failures if error is not None)
     finally:
         _probing.reset(token)
 
@@ -81,7 +103,8 @@ def _candidates(program: ExportedProgram) -> list[Any]:
     ]
 
 
-def _builds_alone(node: Any, backend: Any, compile_spec: dict[str, Any]) -> bool:
+def _build_alone(node: Any, backend: Any, compile_spec: dict[str, Any]) -> str | None:
+    """The text of the error building ``node`` alone raised, or ``None`` if it builds."""
     # The metadata values stand in for the eager ones: the piece is built, never run.
     env = {n: n.meta.get("val") for n in node.all_input_nodes}
     env[node] = node.meta.get("val")
@@ -93,6 +116,6 @@ def _builds_alone(node: Any, backend: Any, compile_spec: dict[str, Any]) -> bool
 
         if availability(backend):
             backend.compile({"forward": blob}, {"forward": dict(compile_spec)})
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -140,6 +140,16 @@ def is_higher_order_op(target: Any) -> bool:
     return isinstance(target, torch._ops.HigherOrderOperator)
 
 
+#: nn.Module's global hook registries (``torch.nn.modules.module._global_{forward,forward_pre,
+#: backward,backward_pre}_hooks``, private on 2.10-2.14): the dicts themselves, which torch's
+#: ``register_module_*_hook`` functions fill in place, so a lowered call tests them without a lookup.
+MODULE_GLOBAL_HOOKS: tuple[dict, dict, dict, dict] = (
+    torch.nn.modules.module._global_forward_hooks,
+    torch.nn.modules.module._global_forward_pre_hooks,
+    torch.nn.modules.module._global_backward_hooks,
+    torch.nn.modules.module._global_backward_pre_hooks,
+)
+
 #: Whether ``torch.jit.trace`` is tracing right now (``torch._C._get_tracing_state()``, private on
 #: 2.10-2.14): the function itself, not a wrapper, as every call of a lowered module asks it.
 tracing_state: Callable[[], Any] = torch._C._get_tracing_state

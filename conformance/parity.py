@@ -245,7 +245,8 @@ def _compare_with_eager(
     truth: Any = None,
     how: str = "",
 ) -> None:
-    """`CheckFailed` if the backend's outputs have another structure than eager's, `_Differs` if one is out of tolerance.
+    """`_Differs` if the backend's outputs have another structure, dtype or shape than eager's, or one is out of
+    tolerance (only then is the diverging node looked for).
 
     ``where`` starts every message and ``after`` (the drawn inputs) ends its
     first part; ``hint`` (what a backend must not do) follows a value's

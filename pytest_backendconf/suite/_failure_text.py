@@ -58,7 +58,7 @@ def notes_before_hypothesis(context: str = "") -> Iterator[None]:
     except Exception as exc:
         notes = [*(getattr(exc, "__notes__", None) or ()), *([context] if context else [])]
         if context:
-            exc.__notes__ = notes  # what ``add_note`` does (3.11+), on every Python
+            vars(exc)["__notes__"] = notes  # what ``add_note`` does (3.11+), on every Python
         setattr(exc, _OWN_NOTES, len(notes))
         raise
 

@@ -49,8 +49,9 @@ from pytest_backendconf.numerics import (
     tie_open_outputs,
     worst,
 )
-from pytest_backendconf.suite import PROFILES, GoldenRecorder, draws_seed
+from pytest_backendconf.suite import PROFILES, GoldenRecorder, draws_seed, notes_before_hypothesis
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
+from pytest_backendconf.target import error_record
 
 from ._spec import section
 
@@ -176,9 +177,13 @@ def check_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) 
         ties = tie_judge(ctx, case_name, dtype, method, args, kwargs)
         expected = eager(*args, **kwargs)
         wide = truth(method, args, kwargs, expected) if truth is not None else None
-        actual = run(*args, **kwargs)
         where = f"{case_name}.{method} in {dtype}"
         drawn = f" for inputs drawn with seed={seed}, mode={mode!r}"
+        with notes_before_hypothesis(f"(in {where}{drawn})"):
+            try:
+                actual = run(*args, **kwargs)
+            except OutputSpecError as exc:
+                raise _spec_failure(where + drawn, exc, (args, kwargs, None)) from None
         _compare_with_eager(
             actual,
             expected,
@@ -237,16 +242,26 @@ def tie_judge(
 
 
 class _Differs(CheckFailed):
-    """Outputs out of tolerance; ``example`` is the ``(args, kwargs, sizes)`` that showed it.
+    """Outputs out of tolerance, or not as the program's output spec says; ``example`` is the
+    ``(args, kwargs, sizes)`` that showed it.
 
     Kept on the exception: of several failing explicit examples Hypothesis
     reports the first, after running them all, and after shrinking it
-    reports the last example it ran.
+    reports the last example it ran. ``locate``: whether to look for the
+    node where the values first diverge (not for an output of the wrong
+    dtype, shape or count: the output and its node are named already).
     """
 
-    def __init__(self, message: str, example: tuple) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, example: tuple, *, locate: bool = True, error: Exception | None = None) -> None:
+        super().__init__(message, error_record=error_record(error) if error is not None else None)
         self.example = example
+        self.locate = locate
+
+
+def _spec_failure(where: str, exc: OutputSpecError, example: tuple, hint: str = "") -> _Differs:
+    """An output of the wrong dtype, shape or count: the check's text, the error kept as the report's."""
+    node = f"\n  (output {exc.output} is the exported program's node {exc.node!r})" if exc.node else ""
+    return _Differs(f"{where}: {exc}{node}{hint}", example, locate=False, error=exc)
 
 
 def _compare_with_eager(
@@ -259,14 +274,17 @@ def _compare_with_eager(
     *,
     after: str = "",
     hint: str = "",
+    shape_hint: str = "",
     truth: Any = None,
     how: str = "",
     ties: Callable[[list, list], tuple[list, list[int]]] | None = None,
 ) -> None:
-    """`CheckFailed` if the backend's outputs have another structure than eager's, `_Differs` if one is out of tolerance.
+    """`_Differs` if the backend's outputs have another structure, dtype or shape than eager's, or one is out of
+    tolerance (only then is the diverging node looked for).
 
     ``where`` starts every message and ``after`` (the drawn inputs) ends its
-    first part; ``hint`` (what a backend must not do) follows. ``seen["worst"]``
+    first part; ``hint`` (what a backend must not do) follows a value's
+    divergence, ``shape_hint`` an output of another shape than eager's. ``seen["worst"]``
     keeps the comparisons of the example closest to failing. ``truth``: the
     flat outputs of the model in a wider dtype, cast back (``how`` says
     which): the outputs are then judged three ways, against it and against
@@ -275,7 +293,9 @@ def _compare_with_eager(
     one is `_Differs` naming the first wrong index.
     """
     if _compat.tree_structure(actual) != _compat.tree_structure(expected):
-        raise CheckFailed(f"{where}: the backend's outputs have another structure than eager PyTorch's{after}{hint}")
+        raise _Differs(
+            f"{where}: the backend's outputs have another structure than eager PyTorch's{after}", example, locate=False
+        )
     if ties is not None:
         reference = truth if truth is not None else _compat.tree_leaves(expected)
         try:
@@ -291,7 +311,8 @@ def _compare_with_eager(
         else:
             results = compare_outputs(actual, expected, tol)
     except StructureMismatch as exc:
-        raise CheckFailed(f"{where}: {exc}{after}{hint}") from None
+        also = shape_hint if exc.differs == "shape" else ""
+        raise _Differs(f"{where}: {exc}{after}{also}", example, locate=False) from None
     failing = [r for r in results if not r.passed]
     if failing:
         against = f"{how} (and eager PyTorch in the tested dtype)" if truth is not None else "eager PyTorch"
@@ -319,9 +340,17 @@ def _with_saved_inputs(
     saved = save_inputs(ctx, case_name, dtype, method, args, kwargs, sizes=sizes)
     # A dynamic-shape failure is localised on the model exported at the failing sizes: the dynamic
     # program's symbolic shapes have no place in the one-node programs the bisection lowers.
-    located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
+    located = (
+        divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
+        if exc.locate
+        else ""
+    )
+    rerun = rerun_command(ctx, saved)
     return CheckFailed(
-        f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}", details=exc.details
+        f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun}",
+        details=exc.details,
+        rerun=rerun,
+        error_record=exc.error_record,
     )
 
 
@@ -389,6 +418,12 @@ def size_choices(ctx: SuiteContext, case_name: str, method: str) -> tuple[dict, 
     return strategy, ends
 
 
+#: What a dynamic-shape failure adds when the shape is what differs (or values, after other sizes passed).
+SPECIALISATION_HINT = (
+    "\nA backend must not specialise on the first shape it runs (or on the example shape of the export)."
+)
+
+
 def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, method: str) -> dict:
     lowered = lowered_or_unsupported(ctx, case_name, dtype, dynamic=True)
     eager = getattr(ctx.module(case_name, dtype), method)
@@ -402,6 +437,9 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
     suffix = "" if method == "forward" else f".{method}"
     golden = GoldenRecorder(ctx, "parity", f"{case_name}{suffix}[{dtype}-dynamic]", tol)
 
+    #: The sizes of the calls that passed: a failure at other sizes after them is what specialising looks like.
+    passed: list[dict] = []
+
     def compare(sizes: dict, seed: int, mode: str) -> None:
         args, kwargs = ctx.example(case_name, dtype, method, seed=seed, mode=mode, sizes=sizes)
         ties = tie_judge(ctx, case_name, dtype, method, args, kwargs, dynamic=True)
@@ -411,12 +449,17 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             f"{case_name}.{method} in {dtype}, lowered once with dynamic shapes and called at {shapes}, "
             f"inputs drawn with seed={seed}, mode={mode!r}"
         )
-        hint = "\nA backend must not specialise on the first shape it runs (or on the example shape of the export)."
-        try:
-            actual = run(*args, **kwargs)
-        except OutputSpecError as exc:
-            raise CheckFailed(f"{where}: {exc}{hint}") from None
+        with notes_before_hypothesis(f"(in {where})"):
+            try:
+                actual = run(*args, **kwargs)
+            except OutputSpecError as exc:
+                # The hint only where the shape is what differs: a wrong dtype or count is no specialisation.
+                hint = SPECIALISATION_HINT if "shape" in exc.differs else ""
+                raise _spec_failure(where, exc, (args, kwargs, sizes), hint) from None
         wide = truth(method, args, kwargs, expected) if truth is not None else None
+        # Values wrong at sizes where no call passed, after calls at other sizes passed: the backend
+        # may have kept the first shape. Wrong at every size (a wrong kernel), it has not.
+        hint = SPECIALISATION_HINT if passed and sizes not in passed else ""
         _compare_with_eager(
             actual,
             expected,
@@ -425,10 +468,12 @@ def check_dynamic_parity(ctx: SuiteContext, *, case_name: str, dtype: str, metho
             (args, kwargs, sizes),
             where,
             hint=hint,
+            shape_hint=SPECIALISATION_HINT,
             truth=wide,
             how=_how(truth, wide),
             ties=ties,
         )
+        passed.append(sizes)
         golden.add(args, kwargs, expected)
 
     test = given(sizes=strategy, seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(INPUT_MODES))(compare)

@@ -262,7 +262,22 @@ class BackendContractError(BackendConfError):
 
 
 class OutputSpecError(BackendContractError):
-    """An output of ``execute`` does not match the exported program's output spec."""
+    """An output of ``execute`` does not match the exported program's output spec.
+
+    :param output: the index of the flat output that differs; None when the outputs as a whole do
+        (their count).
+    :param node: the name of the program's node that output is (None: not known).
+    :param differs: what differs: some of ``"count"``, ``"type"`` (not a tensor), ``"dtype"``,
+        ``"shape"``, ``"value"`` (a constant output), in that order.
+    """
+
+    def __init__(
+        self, message: str, *, output: int | None = None, node: str | None = None, differs: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.output = output
+        self.node = node
+        self.differs: tuple[str, ...] = tuple(differs)
 
 
 class InputSpecError(BackendConfError, ValueError):

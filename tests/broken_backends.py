@@ -64,6 +64,17 @@ class WrongOutputDtype(ReferenceBackend):
         return [out.double() if isinstance(out, torch.Tensor) else out for out in super().execute(handle, inputs)]
 
 
+class HalfAsFloat(ReferenceBackend):
+    """Returns float32 where the program says float16 (a compiler that widens half precision): right
+    values and shapes, the wrong dtype."""
+
+    name = "half_as_float"
+
+    def execute(self, handle, inputs):
+        outputs = super().execute(handle, inputs)
+        return [o.float() if isinstance(o, torch.Tensor) and o.dtype == torch.float16 else o for o in outputs]
+
+
 class WrongOutputCount(ReferenceBackend):
     """Drops the last output."""
 

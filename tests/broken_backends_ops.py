@@ -47,6 +47,33 @@ class WrongHalfSub(ReferenceBackend):
         return handles
 
 
+def _no_half_kernel(step):
+    def call(regs):
+        out = step(regs)
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float16:
+            raise RuntimeError("no float16 kernel for sub on this device")
+        return out
+
+    return call
+
+
+class CrashingHalfSub(ReferenceBackend):
+    """``aten.sub.Tensor`` raises in float16 (its kernel's own error, which the interpreter ties to the node)."""
+
+    name = "crashing_half_sub"
+
+    def compile(self, processed, method_compile_spec):
+        handles = super().compile(processed, method_compile_spec)
+        sub = reference_ops.BY_NAME["aten.sub.Tensor"].opcode
+        for handle in handles.values():
+            block = handle.main
+            block.steps = tuple(
+                (_no_half_kernel(step) if block._instructions[out - block.n_inputs].opcode == sub else step, out)
+                for step, out in block.steps
+            )
+        return handles
+
+
 class AccurateHalf(ReferenceBackend):
     """Runs float16 programs in float32 and rounds the outputs once: more accurate than eager float16."""
 

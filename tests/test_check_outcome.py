@@ -33,6 +33,7 @@ def test_an_outcome_survives_its_serializers_and_json_but_its_exception_stays_ho
         ended={"returncode": -11, "timed_out": None, "killed_because": None},
         stderr="segfault\n",
         warnings=({"category": "UserWarning", "module": "builtins", "message": "w", "filename": "f", "lineno": 1},),
+        rerun="python -m pytest_backendconf.rerun inputs.safetensors --backend=x",
         exception=RuntimeError("here only"),
     )
     data = json.loads(json.dumps(outcome_to_json(outcome)))

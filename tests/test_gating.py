@@ -380,7 +380,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 6]
+    assert report["schema_version"] == [1, 7]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -429,6 +429,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "reason": None,
         "known_failure": None,
         "reproduce": f"pytest --backend=no_mul_wrong_dtype --backendconf-select={AVAILABLE} --backendconf-hypothesis=ci",
+        "rerun": None,  # only failures have one
         "numerics": None,  # only comparisons (parity, ops) measure closeness
         "reproduction": None,  # only failures are shrunk (and the project's tests turn it off)
         "check_outcome": "passed",
@@ -449,6 +450,11 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "message": "method 'forward' output 0: expected a float32[4, 3] tensor, got a float64[4, 3] tensor "
         "from backend 'no_mul_wrong_dtype'",
     }
+    # Every failure, known ones too, has its rerun command: the saved comparison's, as a field of its own.
+    for failing in (LINEAR, MLP):
+        assert tests[failing]["rerun"].startswith("python -m pytest_backendconf.rerun "), tests[failing]
+        assert tests[failing]["rerun"].endswith(".safetensors --backend=no_mul_wrong_dtype")
+    assert tests[ARITHMETIC]["rerun"] is None
     assert tests[ARITHMETIC]["error"] is None
     assert "aten::mul" in tests[ARITHMETIC]["reason"] and "this device has no multiplier" in tests[ARITHMETIC]["reason"]
 

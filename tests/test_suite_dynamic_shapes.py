@@ -83,6 +83,9 @@ def test_a_backend_that_specialises_fails_the_dynamic_checks_only(pytester, back
     result.assert_outcomes(passed=1, failed=2)
     assert set(outcomes(result)) == set(DYNAMIC)
     assert re.search(message, result.stdout.str()), result.stdout.str()[-3000:]
+    # The shape (or the values after another shape passed) is what differs: the hint says why.
+    text = result.stdout.str()
+    assert text.count("A backend must not specialise on the first shape it runs") == 2, text[-3000:]
 
 
 def test_a_static_only_backend_gets_the_dynamic_checks_as_unsupported(pytester):

@@ -402,12 +402,14 @@ def verdict(
     if failing:
         saved = save_inputs(ctx, sample, number)
         top = worst(failing)
+        rerun = rerun_command(ctx, saved)
         raise CheckFailed(
             f"{_headline(sample, is_declared)}: the backend's output differs from the reference ({reference.how}):\n"
             + "\n".join(r.text() for r in failing)
-            + f"\n  inputs: {saved}\n  rerun this comparison: {rerun_command(ctx, saved)}"
+            + f"\n  inputs: {saved}\n  rerun this comparison: {rerun}"
             + (f"\n  worst closeness {top.closeness:.3g}" if top is not None else ""),
             details={"numerics": {**summary_json(results), "reference": reference.how}},
+            rerun=rerun,
         )
     return {"numerics": {**summary_json(results), "reference": reference.how}}
 

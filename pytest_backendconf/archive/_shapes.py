@@ -162,7 +162,9 @@ class DynamicShapes:
                     f"method {method!r} output {use.index}: dimension {use.dim} is {size} from backend "
                     f"{backend!r}, but this call's input sizes make it {use.size_for(value)}; does the backend "
                     "keep the shapes of an earlier call (a cached buffer, a program specialised on the "
-                    "example inputs)?"
+                    "example inputs)?",
+                    output=use.index,
+                    differs=("shape",),
                 )
 
     def example_sizes(self, preferred: int = 2) -> dict[tuple[int, int], int]:

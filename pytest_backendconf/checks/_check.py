@@ -100,12 +100,24 @@ class CheckFailed(AssertionError):
     """A conformance check failed; the message says what the backend did and what was expected.
 
     ``details``: data for the JSON report, as a passing check returns it (the
-    numerics of a failed comparison).
+    numerics of a failed comparison). ``rerun``: the command that reruns
+    this one comparison on the inputs the check saved, for the report.
+    ``error_record``: ``{type, module, message}`` of the error the failure
+    reports (an `OutputSpecError` of the backend's outputs), which the report
+    keeps as the failure's error; None: the failure is the check's own.
     """
 
-    def __init__(self, *args: object, details: dict | None = None) -> None:
+    def __init__(
+        self,
+        *args: object,
+        details: dict | None = None,
+        rerun: str | None = None,
+        error_record: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(*args)
         self.details = details
+        self.rerun = rerun
+        self.error_record = error_record
 
 
 class Unsupported(Exception):

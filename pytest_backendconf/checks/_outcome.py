@@ -42,6 +42,8 @@ class CheckOutcome:
     :param stderr: what the backend host wrote to stderr during the check.
     :param warnings: the warnings the check raised in the host (``category``, ``module``, ``message``,
         ``filename``, ``lineno``), raised again in the pytest process.
+    :param rerun: the command that reruns this one comparison on the inputs a failed check saved
+        (``python -m pytest_backendconf.rerun FILE …``); None: it saved none.
     :param exception: in the process that ran the check, the exception it raised (a debugger stops
         there); never serialized.
     """
@@ -54,6 +56,7 @@ class CheckOutcome:
     ended: dict[str, Any] | None = None
     stderr: str = ""
     warnings: tuple[dict[str, Any], ...] = ()
+    rerun: str | None = None
     exception: BaseException | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,7 +74,7 @@ def reason_text(outcome: CheckOutcome) -> str:
     return _SHOWN.get(outcome.outcome, "") + outcome.message
 
 
-_FIELDS = ("outcome", "message", "details", "error", "seconds", "ended", "stderr", "warnings")
+_FIELDS = ("outcome", "message", "details", "error", "seconds", "ended", "stderr", "warnings", "rerun")
 
 
 def outcome_to_json(outcome: CheckOutcome) -> dict[str, Any]:
@@ -97,6 +100,7 @@ def outcome_from_json(data: Mapping[str, Any]) -> CheckOutcome:
         "ended": (dict,),
         "stderr": (str,),
         "warnings": (list, tuple),
+        "rerun": (str,),
     }
     values: dict[str, Any] = {}
     for name, kind in kinds.items():

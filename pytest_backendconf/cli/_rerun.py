@@ -90,6 +90,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
     from .. import _compat
 
     from ..suite import SuiteContext
+    from ..errors import OutputSpecError
     from ..numerics import InvalidIndices, compare_outputs
     from ..conformance import load_zoo, section
     from ..conformance.parity import tie_judge, tolerance_for, truth_for
@@ -111,13 +112,18 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
     expected = getattr(ctx.module(case, dtype), method)(*args, **kwargs)
     truth = truth_for(ctx, case, dtype)
     wide = truth(method, args, kwargs, expected) if truth is not None else None
-    actual = getattr(ctx.lower(case, dtype, dynamic=sizes is not None), method)(*args, **kwargs)
     how = f", lowered with dynamic shapes, at {', '.join(f'{k}={v}' for k, v in sizes.items())}" if sizes else ""
+    headline = f"{case}.{method} in {dtype}{how} on backend {ctx.name!r}"
+    try:
+        actual = getattr(ctx.lower(case, dtype, dynamic=sizes is not None), method)(*args, **kwargs)
+    except OutputSpecError as exc:  # an output of the wrong dtype, shape or count: nothing to compare
+        print(f"{headline}: FAILED, its outputs are not as the exported program says:\n  {exc}")
+        return 1
     if ties is not None:  # index outputs whose ties are open: valid, or the first wrong index
         try:
             actual, _ = ties(list(_compat.tree_leaves(actual)), list(wide or _compat.tree_leaves(expected)))
         except InvalidIndices as exc:
-            print(f"{case}.{method} in {dtype}{how} on backend {ctx.name!r} against eager: FAILED")
+            print(f"{headline} against eager: FAILED")
             print(exc)
             return 1
     if wide is not None:  # three ways, as the parity check judges (docs/conformance-suite.md)
@@ -126,7 +132,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
     else:
         results = compare_outputs(actual, expected, tolerance_for(ctx, dtype, case))
     failed = any(not r.passed for r in results)
-    print(f"{case}.{method} in {dtype}{how} on backend {ctx.name!r} against eager: {'FAILED' if failed else 'passed'}")
+    print(f"{headline} against eager: {'FAILED' if failed else 'passed'}")
     for r in results:
         print(r.text())
     return 1 if failed else 0

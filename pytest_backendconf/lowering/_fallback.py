@@ -22,6 +22,7 @@ from ..allowlist import dtype_named
 from ..debuginfo import DebugHandles
 from ..debuginfo import DebugInfo, clip
 from ..archive import value_spec
+from ._method_calls import tensor_differences
 from ._partition import Delegation, Unit, cut, op_nodes
 from ..archive import Plan, Step
 from ..errors import (
@@ -224,7 +225,8 @@ class PlanRunner:
             raise OutputSpecError(
                 f"method {self.method!r}, partition {step.key!r}: execute() of backend "
                 f"{self.backend_name!r} must return a list of {len(checks)} outputs (the values "
-                f"the rest of the method reads from it), got {got}"
+                f"the rest of the method reads from it), got {got}",
+                differs=("count",),
             )
         for i, (value, (dtype, expected)) in enumerate(zip(outs, checks)):
             if dtype is None:
@@ -242,7 +244,9 @@ class PlanRunner:
                 )
                 raise OutputSpecError(
                     f"method {self.method!r}, partition {step.key!r} output {i} ({spec.name!r}): expected "
-                    f"{spec.describe()}, got {got} from backend {self.backend_name!r}"
+                    f"{spec.describe()}, got {got} from backend {self.backend_name!r}",
+                    node=spec.name,
+                    differs=tensor_differences(value, dtype, expected),
                 )
 
 

@@ -133,7 +133,8 @@ class MethodRunner:
             got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise OutputSpecError(
                 f"method {self.spec.name!r}: execute() of backend {backend_name!r} must return a list "
-                f"of {self.n_outputs} outputs, got {got}"
+                f"of {self.n_outputs} outputs, got {got}",
+                differs=("count",),
             )
         for value, (dtype, expected) in zip(outputs, self.output_checks):
             if dtype is None:
@@ -154,16 +155,20 @@ class MethodRunner:
                 if value != spec.value:
                     raise OutputSpecError(
                         f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got {value!r} "
-                        f"from backend {backend_name!r}"
+                        f"from backend {backend_name!r}",
+                        output=i,
+                        node=spec.name,
+                        differs=("value",),
                     )
-            elif (
-                not isinstance(value, torch.Tensor)
-                or value.dtype != dtype
-                or not _shape_matches(value.shape, spec.shape)
-            ):
+                continue
+            differs = tensor_differences(value, dtype, spec.shape)
+            if differs:
                 raise OutputSpecError(
                     f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got "
-                    f"{_describe_value(value)} from backend {backend_name!r}"
+                    f"{_describe_value(value)} from backend {backend_name!r}",
+                    output=i,
+                    node=spec.name,
+                    differs=differs,
                 )
 
 
@@ -184,6 +189,13 @@ def _torch_dtype(name: str | None) -> torch.dtype:
         return dtype_named(name, where="a tensor spec")
     except ValueError as exc:
         raise LoweringError(str(exc)) from None
+
+
+def tensor_differences(value: Any, dtype: torch.dtype, shape: Any) -> tuple[str, ...]:
+    """What of an output differs from its spec: ``("type",)`` for a non-tensor, else ``"dtype"`` and/or ``"shape"``."""
+    if not isinstance(value, torch.Tensor):
+        return ("type",)
+    return (("dtype",) if value.dtype != dtype else ()) + (("shape",) if not _shape_matches(value.shape, shape) else ())
 
 
 def _shape_matches(actual: Any, expected: Any) -> bool:

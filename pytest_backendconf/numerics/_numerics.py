@@ -175,7 +175,14 @@ class Closeness:
 
 
 class StructureMismatch(Exception):
-    """The outputs differ in count, dtype or shape: no element-wise comparison is possible."""
+    """The outputs differ in count, dtype or shape: no element-wise comparison is possible.
+
+    ``differs``: which of them, one of ``"count"``, ``"type"`` (not a tensor), ``"dtype"``, ``"shape"``.
+    """
+
+    def __init__(self, message: str, differs: str = "") -> None:
+        super().__init__(message)
+        self.differs = differs
 
 
 def compare_outputs(
@@ -191,7 +198,9 @@ def compare_outputs(
     expected_list = _as_list(expected)
     eager_list = _as_list(eager) if eager is not None else [None] * len(expected_list)
     if len(actual_list) != len(expected_list):
-        raise StructureMismatch(f"the backend returned {len(actual_list)} outputs, the reference {len(expected_list)}")
+        raise StructureMismatch(
+            f"the backend returned {len(actual_list)} outputs, the reference {len(expected_list)}", "count"
+        )
     return [
         compare_tensor(i, a, e, tolerance, g, multiple)
         for i, (a, e, g) in enumerate(zip(actual_list, expected_list, eager_list))
@@ -204,11 +213,13 @@ def compare_tensor(
     if not isinstance(expected, torch.Tensor):
         expected = torch.tensor(expected)
     if not isinstance(actual, torch.Tensor):
-        raise StructureMismatch(f"output {output} is a {type(actual).__name__}, the reference a tensor")
+        raise StructureMismatch(f"output {output} is a {type(actual).__name__}, the reference a tensor", "type")
     if actual.dtype != expected.dtype:
-        raise StructureMismatch(f"output {output} has dtype {actual.dtype}, the reference {expected.dtype}")
+        raise StructureMismatch(f"output {output} has dtype {actual.dtype}, the reference {expected.dtype}", "dtype")
     if actual.shape != expected.shape:
-        raise StructureMismatch(f"output {output} has shape {list(actual.shape)}, the reference {list(expected.shape)}")
+        raise StructureMismatch(
+            f"output {output} has shape {list(actual.shape)}, the reference {list(expected.shape)}", "shape"
+        )
     dtype = str(expected.dtype).removeprefix("torch.")
     numel = expected.numel()
     if numel == 0:

@@ -507,6 +507,11 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
     if error.get("message"):
         parts.append(f'<pre class="message">{_e(error["message"])}</pre>')
     parts.append(f'<p>Reproduce:</p><pre class="repro"><code>{_e(test.get("reproduce"))}</code></pre>')
+    rerun = test.get("rerun")
+    if isinstance(rerun, str) and rerun != test.get("reproduce"):  # the saved comparison alone, without pytest
+        parts.append(
+            f'<p>Rerun this comparison on its saved inputs:</p><pre class="rerun"><code>{_e(rerun)}</code></pre>'
+        )
     parts.append(_reproduction(test.get("reproduction")))
     anchor = _anchor(prefix + "-f-", test["id"])
     return (

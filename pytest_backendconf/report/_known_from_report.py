@@ -66,6 +66,7 @@ def _result(path: str, index: int, test: Any) -> TestResult:
         details["numerics"] = test["numerics"]
     duration = test.get("duration")
     check_outcome = test.get("check_outcome")
+    rerun = test.get("rerun")
     return TestResult(
         test["id"],
         str(test.get("category", "")),
@@ -80,6 +81,7 @@ def _result(path: str, index: int, test: Any) -> TestResult:
         details=details or None,
         reproduction=test.get("reproduction") if isinstance(test.get("reproduction"), dict) else None,
         check_outcome=check_outcome if isinstance(check_outcome, str) else None,
+        rerun=rerun if isinstance(rerun, str) else None,
     )
 
 

@@ -31,8 +31,9 @@ REPORT_SCHEMA = "backendconf-report"
 # 1.3: summary.<category>.not_needed and .scored (the score's denominator), ops.checks = summary.ops;
 # tests[].reproduction (a failure's minimal reproduction); 1.4: tests[].check_outcome (the check's own
 # verdict: not_needed counts from it, not from the reason's words); 1.5: run.shard (a --backendconf-shard
-# run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards
-REPORT_SCHEMA_VERSION = (1, 6)
+# run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards;
+# 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command)
+REPORT_SCHEMA_VERSION = (1, 7)
 #: The outcomes of a test that did not work (what a known-failures file lists).
 FAILING = ("failed", "error", "known_failure")
 #: The outcomes in which a check worked (a change between these and `FAILING` is a flip).
@@ -61,6 +62,8 @@ class TestResult:
     reproduction: dict[str, Any] | None = None
     #: The check's own verdict (`CheckOutcome.outcome`: before known failures apply); None: it did not run.
     check_outcome: str | None = None
+    #: The command that reruns the failed comparison on the inputs the check saved (`CheckOutcome.rerun`).
+    rerun: str | None = None
 
     def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
         self.duration += report.duration
@@ -71,10 +74,19 @@ class TestResult:
         if data["known_failure"] is not None:
             self.known_failure = data["known_failure"]
         if data.get("check") is not None:
-            self.check_outcome = outcome_from_json(data["check"]).outcome
+            check = outcome_from_json(data["check"])
+            self.check_outcome = check.outcome
+            self.rerun = check.rerun or self.rerun
         new = data["outcome"]
         if new is not None and (self.outcome is None or OUTCOMES.index(new) > OUTCOMES.index(self.outcome)):
             self.outcome, self.error, self.reason = new, data["error"], data["reason"]
+
+    def rerun_command(self) -> str | None:
+        """A failure's rerun command: the saved comparison's where the check saved its inputs, else
+        `reproduce` (the check again, drawing the same inputs); None for a test that did not fail."""
+        if self.outcome not in FAILING:
+            return None
+        return self.rerun or self.reproduce
 
     def first_line(self) -> str:
         """The failure's first line, as a known-failures reason."""
@@ -97,6 +109,7 @@ class TestResult:
             "reason": self.reason,
             "known_failure": self.known_failure,
             "reproduce": self.reproduce,
+            "rerun": self.rerun_command(),
             **(
                 {"details": rest}
                 if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"})

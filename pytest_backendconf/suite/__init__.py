@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._context import FIXED, INPUT_MODES, SuiteContext, artifacts_root, build_context
+from ._failure_text import notes_before_hypothesis
 from ._golden import GOLDEN_KEY, GoldenRecorder, golden_dir
 from ._hypothesis import PROFILES, draws_seed, hypothesis_choice
 from ._outcome import run_check
@@ -54,6 +55,7 @@ __all__ = [
     "draws_seed",
     "golden_dir",
     "hypothesis_choice",
+    "notes_before_hypothesis",
     "run_check",
     "shard_choice",
     "shard_group",

@@ -33,7 +33,10 @@ def _profile(max_examples: int, *, derandomize: bool = False) -> settings:
         max_examples=max_examples,
         deadline=None,  # backends may compile lazily on first call; time is not what we check
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
-        print_blob=True,
+        # A failure is one clean block with the suite's own reproduce line: no ``@reproduce_failure``
+        # blob (a vendor cannot decorate the suite's function with it), and one error, not a group.
+        print_blob=False,
+        report_multiple_bugs=False,
         # No explain phase: after shrinking it runs the failing check about 160 more times (a
         # backend call each, seconds on a real engine) to annotate which inputs could vary; the
         # shrunk example, the error statistics and the saved inputs already say what failed.

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ..checks import CheckFailed, CheckOutcome, NotNeeded, Unsupported
+from ._failure_text import failure_text
 
 #: The outcome of the check an item ran (or was decided for it); read by `_gating` when its report is made.
 OUTCOME_KEY = pytest.StashKey[CheckOutcome]()
@@ -43,14 +44,20 @@ def run_check(check: Any, ctx: Any) -> CheckOutcome:
         return CheckOutcome("skipped", str(exc.msg), seconds=took(), exception=exc)
     except CheckFailed as exc:
         details = exc.details if isinstance(exc.details, dict) else None
-        return CheckOutcome(
-            "failed", str(exc), details=details or None, error=error_record(exc), seconds=took(), exception=exc
-        )
-    except Exception as exc:
-        info = pytest.ExceptionInfo.from_exception(exc)
+        rerun = exc.rerun if isinstance(exc.rerun, str) else None
         return CheckOutcome(
             "failed",
-            str(info.getrepr(style="short", chain=True)),
+            str(exc),
+            details=details or None,
+            error=exc.error_record if isinstance(exc.error_record, dict) else error_record(exc),
+            seconds=took(),
+            rerun=rerun,
+            exception=exc,
+        )
+    except Exception as exc:
+        return CheckOutcome(
+            "failed",
+            failure_text(pytest.ExceptionInfo.from_exception(exc)),
             error=error_record(exc),
             seconds=took(),
             exception=exc,

@@ -26,6 +26,7 @@ from .. import conformance
 from .._quoting import shell_command
 from ..backend import TorchScriptBackend
 from ..checks import CATEGORIES, ROOT_ID, Check, CheckFailed, CheckOutcome, id_matches, reason_text
+from ._failure_text import failure_text
 from ._hypothesis import hypothesis_choice
 from ._categories import generate_checks
 from ._outcome import OUTCOME_KEY, run_check
@@ -98,8 +99,7 @@ class HostCheckFailed(CheckFailed):
     """A check failed in the backend host; ``error_record`` is the original exception's ``{type, module, message}``."""
 
     def __init__(self, message: str, error: dict[str, str] | None) -> None:
-        super().__init__(message)
-        self.error_record = error
+        super().__init__(message, error_record=error)
 
 
 class ConformanceItem(pytest.Item):
@@ -175,7 +175,7 @@ class ConformanceItem(pytest.Item):
         if isinstance(excinfo.value, CheckFailed):
             text = str(excinfo.value)
         else:
-            text = str(excinfo.getrepr(style="short", chain=True))
+            text = failure_text(excinfo)
         from ._minify import reproduction_line
 
         line = reproduction_line(self.reproduction)

@@ -64,6 +64,21 @@ class Divergence:
             )
         return f"Diverges first at node '{self.node}' ({self.op}): {error}\n{self.info}"
 
+    def as_json(self) -> dict[str, Any]:
+        """The report's ``details.divergence``: the node, its operator and how far off it is, as data."""
+        c = self.closeness
+        found: dict[str, Any] = {
+            "node": self.node,
+            "op": self.op,
+            "max_abs_error": float(c.max_abs),
+            "allowed": float(c.tolerance.atol + c.tolerance.rtol * abs(c.expected)),
+            "rtol": float(c.tolerance.rtol),
+            "atol": float(c.tolerance.atol),
+        }
+        if len(self.group) > 1:
+            found["group"] = [i.node for i in self.group]
+        return found
+
 
 def _where(info: DebugInfo) -> str:
     frame = info.frames[-1] if info.frames else None

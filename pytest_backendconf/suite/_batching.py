@@ -30,6 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..checks import Check, CheckOutcome, outcome_from_json
+from ..report import counted
 
 if TYPE_CHECKING:
     from ._context import SuiteContext
@@ -114,7 +115,7 @@ class Batcher:
         wrong = counts.get("contradicted", 0)
         if wrong:
             text += (
-                f"; the backend named {wrong} node{'s' if wrong != 1 else ''} as rejected in a batch that it judged "
+                f"; the backend named {counted(wrong, 'node')} as rejected in a batch that it judged "
                 "otherwise alone (those checks report their outcome alone; its rejection list is wrong)"
             )
         return text

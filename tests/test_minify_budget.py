@@ -23,10 +23,9 @@ SUB = "backendconf::parity::arithmetic_tensors[float16]"
 def backends(pytester, monkeypatch):
     monkeypatch.setenv("BACKENDCONF_IN_PROCESS", "1")  # errors and divergences need no host
     monkeypatch.delenv("BACKENDCONF_MINIFY_RUN_BUDGET", raising=False)
-    pytester.syspathinsert(TESTS_DIR)
     pytester.makeconftest(
-        textwrap.dedent("""
-        from backendconf_reference import ReferenceBackend
+        f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})  # pytest-xdist's workers too\n"
+        + textwrap.dedent("""
         from broken_backends_minify import RaisesOnSigmoid
         from broken_backends_ops import WrongHalfSub
 
@@ -35,8 +34,7 @@ def backends(pytester, monkeypatch):
 
         def backendconf_register_backends(register):
             register(RaisesOnSigmoid())
-            register(SigmoidAndHalfSub())
-            register(ReferenceBackend())
+            register(SigmoidAndHalfSub())  # the reference backend is installed: registered by its entry point
         """)
     )
 
@@ -153,3 +151,6 @@ def test_pytest_xdist_workers_share_the_groups_and_the_budget(pytester):
     assert len({r.get("same_as") for r in records if r.get("same_as")}) == 1
     assert len(list(pytester.path.rglob("repro_*.py"))) == 1
     result.stdout.fnmatch_lines(["minimal reproductions: 1 script, * s; --backendconf-minify=off skips them*"])
+    # the account the workers shared: in the run's temporary folder (the workers' basetemps are inside it)
+    account = json.loads((pytester.path / "tmp" / "backendconf-minify.json").read_text())
+    assert len(account["groups"]) == 1 and account["spent"] > 0

@@ -559,7 +559,7 @@ def _error_statistics(errors: dict[str, Any]) -> str:
         )
 
     return (
-        f'<div class="stats-row"><p>{_e(errors["total"])} checks did not work.</p>'
+        f'<div class="stats-row"><p>{_e(counted(errors["total"], "check"))} did not work.</p>'
         f"{table('by exception type', errors.get('by_type') or {})}{table('by stage', errors.get('by_stage') or {})}</div>"
     )
 

@@ -109,7 +109,8 @@ class Batcher:
     def summary(counts: dict[str, Any]) -> str:
         """``backendconf: batched: 42 checks decided in 8 shared lowerings (23.2 s), 0 ran alone …``."""
         text = (
-            f"backendconf: batched: {counts['shared']} checks decided in {counts['batches']} shared lowerings "
+            f"backendconf: batched: {counted(counts['shared'], 'check')} decided in "
+            f"{counted(counts['batches'], 'shared lowering')} "
             f"({counts['seconds']:.1f} s), {counts['alone']} ran alone (--backendconf-batch=off: one lowering each)"
         )
         wrong = counts.get("contradicted", 0)

@@ -159,9 +159,11 @@ class Minimiser:
         started = time.monotonic()
         budget = self.budget if found is None else min(self.budget, found)
         record = self._shrink(check, ctx, *where, target, message, budget)
+        spent = time.monotonic() - started
+        record.setdefault("seconds", round(spent, 1))  # also when it could not shrink: the time is spent
         if self.ledger.budget is not None:
             record["run_budget"] = self.ledger.budget
-        self.ledger.done(group, record, time.monotonic() - started)
+        self.ledger.done(group, record, spent)
         return record
 
     def _shrink(

@@ -397,7 +397,9 @@ class SuitePlugin:
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)
-        lines = [f"backendconf: {count} conformance checks for backend {self.backend_name!r}"]
+        from ..report import counted
+
+        lines = [f"backendconf: {counted(count, 'conformance check')} for backend {self.backend_name!r}"]
         # One-line notices from the categories (e.g. ops data missing for this torch).
         lines += [f"backendconf: {text}" for text in getattr(self.ctx, "notices", None) or []]
         return "\n".join(lines)

@@ -96,7 +96,8 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
     """
     lines = summary_lines(results, supported_ops, left_out)
     broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
-    ran_out = [r for r in broken if (r.reproduction or {}).get("budget_ran_out")]
+    # A failure of a group already shrunk shares its first's script: the budget ran out once, for the first.
+    ran_out = [r for r in broken if (rec := r.reproduction or {}).get("budget_ran_out") and not rec.get("same_as")]
     if ran_out:
         budget = (ran_out[0].reproduction or {}).get("budget")
         figure = f"{budget:g} s, " if isinstance(budget, (int, float)) else ""

@@ -191,3 +191,23 @@ def test_a_file_that_is_not_one_entry_a_line_is_written_whole_and_says_why(pytes
     assert f"backendconf: {known} was written whole, its comments not kept: it has [table] headers" in out
     data = tomllib.loads(known.read_text())
     assert set(data) == {ARITHMETIC, MLP}  # the table's entry kept (it names no check of this report)
+
+
+def test_an_infinite_figure_is_toml_in_the_file_and_a_string_in_the_report(tmp_path):
+    """A backend returning inf: TOML has ``inf``; JSON has none, so the report writes ``"inf"`` as its numerics do."""
+    from pytest_backendconf.report._failure_facts import facts_of
+
+    numerics = {
+        "outputs": [
+            {"output": 1, "closeness": "inf", "max_abs_error": "inf", "passed_by": None, "tolerance": {"rtol": 0.01}}
+        ]
+    }
+    facts = facts_of({"numerics": numerics}, None)
+    assert facts["output"] == 1 and dict(facts["figures"])["closeness"] == float("inf")
+    path = tmp_path / "known.toml"
+    from pytest_backendconf.report import format_known_failures
+
+    path.write_text(format_known_failures([KnownFailure("parity::x[[]float16]", "r", **facts)], "b"))
+    assert "figures = { max_abs_error = inf, closeness = inf, rtol = 0.01 }" in path.read_text()
+    (read,) = load_known_failures(path, "--backendconf-known-failures")
+    assert json.loads(json.dumps(read.as_json(), allow_nan=False))["figures"]["closeness"] == "inf"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -79,8 +80,8 @@ class KnownFailure:
             found["op"] = self.op
         if self.output is not None:
             found["output"] = self.output
-        if self.figures:
-            found["figures"] = dict(self.figures)
+        if self.figures:  # JSON has no inf or NaN: the report writes them as strings, as its numerics do
+            found["figures"] = {k: v if math.isfinite(v) else str(v) for k, v in self.figures}
         return found
 
     def applies_to(self, machine: dict[str, Any]) -> bool:

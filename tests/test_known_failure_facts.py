@@ -211,3 +211,34 @@ def test_an_infinite_figure_is_toml_in_the_file_and_a_string_in_the_report(tmp_p
     assert "figures = { max_abs_error = inf, closeness = inf, rtol = 0.01 }" in path.read_text()
     (read,) = load_known_failures(path, "--backendconf-known-failures")
     assert json.loads(json.dumps(read.as_json(), allow_nan=False))["figures"]["closeness"] == "inf"
+
+
+def test_entries_rebuilt_from_a_report_whose_file_is_gone_keep_their_facts(pytester):
+    _register(pytester)
+    known = pytester.path / "applied.toml"
+    known.write_text(
+        f'"{ARITHMETIC}" = {{ reason = "fp16 sub", link = "https://bugs.example/7", node = "sub", op = "aten::sub", '
+        "output = 0, figures = { closeness = inf, rtol = 0.001 } }\n"
+    )
+    result = _run(
+        pytester,
+        "wrong_half_sub",
+        f"--backendconf-known-failures={known}",
+        "--backendconf-report=r.json",
+        select=(ARITHMETIC,),
+    )
+    assert result.ret == 0, result.stdout.str()
+    test = json.loads((pytester.path / "r.json").read_text())["tests"][0]
+    assert test["known_failure"]["figures"] == {"closeness": "inf", "rtol": 0.001}  # JSON has no inf
+    known.unlink()  # the report alone now says what the run applied
+    out = pytester.path / "again.toml"
+    assert main(["report", "known-failures", str(pytester.path / "r.json"), "-o", str(out)]) == 0
+    entry = tomllib.loads(out.read_text())[ARITHMETIC]
+    assert entry == {
+        "reason": "fp16 sub",
+        "link": "https://bugs.example/7",
+        "node": "sub",
+        "op": "aten::sub",
+        "output": 0,
+        "figures": {"closeness": float("inf"), "rtol": 0.001},
+    }

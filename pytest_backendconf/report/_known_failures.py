@@ -225,6 +225,26 @@ def _facts(value: dict[str, Any], entry: str) -> dict[str, Any]:
     return found
 
 
+def facts_from_json(entry: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a report's ``tests[].known_failure`` (`KnownFailure.as_json`), those of the right type.
+
+    A report is read, not trusted: a fact of another type is left out (the
+    entry keeps its pattern, reason and link), an ``"inf"`` figure is inf.
+    """
+    figures = entry.get("figures")
+    if isinstance(figures, dict):
+        figures = {k: float(v) if v in ("inf", "-inf", "nan") else v for k, v in figures.items()}
+    found: dict[str, Any] = {}
+    for key, value in (*((k, entry[k]) for k in ("node", "op", "output") if k in entry), ("figures", figures)):
+        if value is None:
+            continue
+        try:
+            found.update(_facts({key: value}, "report"))
+        except Exception:  # pytest.UsageError: not a fact this reader accepts
+            continue
+    return found
+
+
 def _at(lines: dict[str, int], pattern: str) -> str:
     """`` (line N)`` where the entry starts, when known."""
     return f" (line {lines[pattern]})" if pattern in lines else ""

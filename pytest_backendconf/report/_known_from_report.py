@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ReportError
 from ._merge import read_document
 from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
-from ._known_failures import KnownFailure, load_known_failures, merge_known_failures
+from ._known_failures import KnownFailure, facts_from_json, load_known_failures, merge_known_failures
 from ._report import TestResult
 
 
@@ -110,6 +110,7 @@ def _applied(report: str, document: dict[str, Any], tests: list[Any]) -> list[Kn
                     str(entry.get("reason", "")),
                     str(entry.get("link", "")),
                     strict=entry.get("strict") is not False,
+                    **facts_from_json(entry),
                 ),
             )
     return list(entries.values())

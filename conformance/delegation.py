@@ -229,8 +229,9 @@ def _check_parity(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -
                     ties=ties,
                 )
             except _Differs as exc:
-                located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol)
-                raise CheckFailed(f"{exc}{located}", details=exc.details) from None
+                details = dict(exc.details or {})
+                located = divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, details=details)
+                raise CheckFailed(f"{exc}{located}", details=details) from None
 
 
 def _check_round_trip(ctx: SuiteContext, lowered: Any, case_name: str, dtype: str) -> None:

@@ -340,15 +340,18 @@ def _with_saved_inputs(
     saved = save_inputs(ctx, case_name, dtype, method, args, kwargs, sizes=sizes)
     # A dynamic-shape failure is localised on the model exported at the failing sizes: the dynamic
     # program's symbolic shapes have no place in the one-node programs the bisection lowers.
+    details = dict(exc.details or {})
     located = (
-        divergence_text(ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None)
+        divergence_text(
+            ctx, case_name, dtype, method, args, kwargs, tol, at_these_sizes=sizes is not None, details=details
+        )
         if exc.locate
         else ""
     )
     rerun = rerun_command(ctx, saved)
     return CheckFailed(
         f"{exc}{located}\n  inputs: {saved}\n  rerun this comparison: {rerun}",
-        details=exc.details,
+        details=details,
         rerun=rerun,
         error_record=exc.error_record,
     )
@@ -364,11 +367,14 @@ def divergence_text(
     tol: Tolerance,
     *,
     at_these_sizes: bool = False,
+    details: dict | None = None,
 ) -> str:
     """``Diverges first at node 'sub' (aten::sub): …`` and the node's source, for a multi-node model.
 
     ``at_these_sizes``: the model is exported again at the inputs' own shapes
     (a dynamic-shape failure; the session's program has the example shapes).
+    ``details``: the failure's report details, given the node as data (``divergence``) when it is found,
+    so that a known-failures entry names it without reading this text.
     """
     module = ctx.module(case_name, dtype)
     module_type = type(module)
@@ -398,6 +404,8 @@ def divergence_text(
         return f"\n(could not locate the divergence: {type(exc).__name__}: {exc})"
     if found is None:
         return "\n(no single node or prefix of the program is out of tolerance on its own)"
+    if details is not None:
+        details["divergence"] = found.as_json()
     return "\n" + found.text()
 
 

@@ -153,6 +153,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seconds spent shrinking one failure (default 60); the summary says which ran out",
     )
     group.addoption(
+        "--backendconf-minify-run-budget",
+        dest="backendconf_minify_run_budget",
+        metavar="SECONDS",
+        default=None,
+        help="seconds the whole run may spend on minimal reproductions, all pytest-xdist workers together "
+        "(default 300; 0: no limit); once spent, a failure says its reproduction was skipped; also the "
+        "backendconf_minify_run_budget ini option or $BACKENDCONF_MINIFY_RUN_BUDGET",
+    )
+    group.addoption(
         "--backendconf-in-process",
         dest="backendconf_in_process",
         action="store_true",
@@ -214,6 +223,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "backendconf_durations",
         "an earlier --backendconf-report file whose durations balance the shards (--backendconf-durations)",
+        default="",
+    )
+    parser.addini(
+        "backendconf_minify_run_budget",
+        "seconds the run may spend on minimal reproductions (--backendconf-minify-run-budget; default 300, 0: no limit)",
         default="",
     )
     parser.addini(

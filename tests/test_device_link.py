@@ -199,7 +199,7 @@ def test_the_golden_archives_replay_on_the_device_in_the_same_run(pytester):
     result = pytester.runpytest_subprocess(*args, timeout=600)
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(
-        ["*replay on the target device *: 3/3 bundles of 1 golden archives match their expected outputs*"]
+        ["*replay on the target device *: 3/3 bundles of 1 golden archive match their expected outputs*"]
     )
     report = json.loads((pytester.path / "r.json").read_text())
     replayed = [t for t in report["tests"] if t["category"] == "replay"]
@@ -220,7 +220,7 @@ def pytest_sessionfinish(session):
     )
     spoiled = pytester.runpytest_subprocess(*args, timeout=600)
     assert spoiled.ret == 1, spoiled.stdout.str()[-3000:]
-    spoiled.stdout.fnmatch_lines(["*replay on the target device *: 0/1 bundles of 1 golden archives match*"])
+    spoiled.stdout.fnmatch_lines(["*replay on the target device *: 0/1 bundles of 1 golden archive match*"])
     tests = json.loads((pytester.path / "r.json").read_text())["tests"]
     assert [t["outcome"] for t in tests] == ["passed", "error"] and tests[1]["category"] == "replay"
 

@@ -103,7 +103,7 @@ def test_the_runs_golden_archives_replay_on_the_device_in_the_same_run(device, p
     )
     assert result.ret == 0, result.stdout.str()[-3000:]
     # The device sees neither /tmp nor the checkout (device-python): the archives went there as bytes.
-    result.stdout.fnmatch_lines(["*replay on the target device x86_64: 3/3 bundles of 1 golden archives match*"])
+    result.stdout.fnmatch_lines(["*replay on the target device x86_64: 3/3 bundles of 1 golden archive match*"])
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["summary"]["replay"]["passed"] == 3 and report["run"]["target"]["machine"] == "x86_64"
 

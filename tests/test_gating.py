@@ -261,7 +261,8 @@ BAD_FILES = {
     "unknown key": (
         '"parity::linear[float32]" = { reason = "x", issue = "https://bugs/1" }\n',
         "*known.toml: entry 'parity::linear[float32]' has unknown key(s) 'issue'; an entry has only "
-        "`reason` (required), `link`, `when` and `strict` (optional).",
+        "`reason` (required), `link`, `when` and `strict`, and what it records of its failure: `node`, `op`, "
+        "`output` and `figures` (all optional).",
     ),
     "dotted key": (
         'parity.linear = { reason = "x" }\n',

@@ -263,7 +263,7 @@ def test_failures_sharing_a_template_form_one_group():
     ] + [{"id": "backendconf::parity::x[float32]", "error": {"type": "ValueError", "message": "bad blob 'x'"}}]
     groups = group_failures(failures)
     assert [len(g.ids) for g in groups] == [4, 1]
-    assert groups[0].template == "CheckFailed: <op> in <dtype> (sample <n>): max abs error <n>"
+    assert groups[0].template == "CheckFailed: <op> in float16 (sample <n>): max abs error <n>"
     assert template("ValueError", "bad blob 'x'") == "ValueError: bad blob <name>"
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BackendConfError
-from ..report import printable
+from ..report import counted, printable
 from ._options import file_errors, usage
 
 
@@ -127,11 +127,11 @@ def _report_known_failures(args: argparse.Namespace) -> int:
                 else f"the directory {str(target.parent)!r} does not exist; create it first"
             )
         )
-    said: list[str] = []
     if len(args.reports) == 1:
-        text, entries, previous = known_failures_from_report(args.reports[0], args.output)
+        update = known_failures_from_report(args.reports[0], args.output)
     else:
-        text, entries, previous, said = known_failures_from_fleet(args.reports, args.output)
+        update = known_failures_from_fleet(args.reports, args.output)
+    text = update.text
     # A pipe, /dev/stdout or another device is written as a stream; a file is replaced whole, never torn.
     stream = target.exists() and not target.is_file()
     try:
@@ -142,13 +142,7 @@ def _report_known_failures(args: argparse.Namespace) -> int:
             write_atomic(target, text)
     except OSError as exc:
         raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
-    before, after = {e.pattern for e in previous}, {e.pattern for e in entries}
-    print(
-        f"backendconf: wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {printable(args.output)} "
-        f"({len(after - before)} added, {len(before - after)} removed)",
-        file=sys.stderr if stream else sys.stdout,  # not into the file itself when it is stdout
-    )
-    for line in said:
+    for line in update.lines(args.output):  # not into the file itself when it is stdout
         print(printable(f"backendconf: {line}"), file=sys.stderr if stream else sys.stdout)
     return 0
 
@@ -286,7 +280,5 @@ def _report_html(args: argparse.Namespace) -> int:
         write_atomic(target, render(documents, labels if len(documents) > 1 else None, title=args.title))
     except OSError as exc:
         raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
-    print(
-        f"backendconf: HTML report of {len(documents)} report{'s' if len(documents) != 1 else ''} written to {args.output}"
-    )
+    print(f"backendconf: HTML report of {counted(len(documents), 'report')} written to {args.output}")
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import operator
 from typing import Any
 
@@ -74,6 +75,25 @@ class Divergence:
                 f"{lines}\n{self.info}"
             )
         return f"Diverges first at node '{self.node}' ({self.op}): {error}\n{self.info}"
+
+    def as_json(self) -> dict[str, Any]:
+        """The report's ``details.divergence``: the node, its operator and how far off it is, as data."""
+        c = self.closeness
+
+        def number(value: float) -> float | str:  # JSON has no inf or NaN: strings, as the report's numerics
+            return float(value) if math.isfinite(value) else str(float(value))
+
+        found: dict[str, Any] = {
+            "node": self.node,
+            "op": self.op,
+            "max_abs_error": number(c.max_abs),
+            "allowed": number(c.tolerance.atol + c.tolerance.rtol * abs(c.expected)),
+            "rtol": float(c.tolerance.rtol),
+            "atol": float(c.tolerance.atol),
+        }
+        if len(self.group) > 1:
+            found["group"] = [i.node for i in self.group]
+        return found
 
 
 def _where(info: DebugInfo) -> str:

@@ -33,6 +33,7 @@ from ._gating import (
     unlisted_verdict,
 )
 from ._known_from_report import known_failures_from_report
+from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
 from ._known_from_fleet import known_failures_from_fleet, separating_when
 from ._replay_results import archive_stem, replay_test_id, replay_test_results
 from ._machine import applies, describe_machine, machine_line
@@ -63,6 +64,8 @@ from ._report import (
 )
 from ._shards import join_shards, joined_score_lines, median_duration, read_durations, shard_entry, suite_digest
 from ._summary import declared_scope, end_lines, summary_lines
+from ._words import counted
+from ._failure_groups import template as failure_template
 
 __all__ = [
     "suite_digest",
@@ -75,6 +78,9 @@ __all__ = [
     "FAILING",
     "KnownFailure",
     "KnownFailureIndex",
+    "KnownFailuresUpdate",
+    "edited_known_failures",
+    "existing_text",
     "OUTCOMES",
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
@@ -85,6 +91,8 @@ __all__ = [
     "declared_scope",
     "describe_machine",
     "capabilities_text",
+    "counted",
+    "failure_template",
     "end_lines",
     "entries_here",
     "entry_for",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..checks import CATEGORIES
+from ._words import counted
 
 #: Every outcome a conformance test can have in the report, mildest first.
 OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
@@ -59,7 +60,7 @@ def outcome_parts(counts: Mapping[str, Any]) -> list[str]:
     known = counts.get("known_failure", 0)
     parts = [
         f"{counts.get('unsupported', 0)} unsupported",
-        f"{known} known failure{'' if known == 1 else 's'}",
+        counted(known, "known failure"),
         f"{counts.get('failed', 0)} failed",
     ]
     extra = {"unexpected_pass": "unexpected pass", "error": "error", "skipped": "skipped"}
@@ -68,9 +69,7 @@ def outcome_parts(counts: Mapping[str, Any]) -> list[str]:
         if outcome == "skipped":
             n -= counts.get("not_needed", 0)  # said apart, where it matters (delegation)
         if n > 0:
-            parts.append(
-                f"{n} {label}{('es' if label.endswith('s') else 's') if n != 1 and label != 'skipped' else ''}"
-            )
+            parts.append(counted(n, label))
     return parts
 
 

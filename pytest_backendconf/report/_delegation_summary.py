@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ._counts import outcome_parts
+from ._words import counted
 
 __all__ = ["delegation_line"]
 
@@ -35,6 +36,6 @@ def delegation_line(results: Iterable[Any], counts: Mapping[str, Any]) -> str | 
     return (
         f"{'delegation':<14} {passed}/{scored} passed ({100 * passed / scored:.1f}%); "
         f"{counts['not_needed']} not needed (lowered whole); "
-        f"{delegated:,} of {total:,} nodes delegated{share} in {len(nodes)} model run{'s' if len(nodes) != 1 else ''}; "
+        f"{delegated:,} of {total:,} nodes delegated{share} in {counted(len(nodes), 'model run')}; "
         f"{', '.join(outcome_parts(counts))} — score = passed / all {scored} that needed partial delegation"
     )

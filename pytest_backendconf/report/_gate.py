@@ -33,6 +33,7 @@ from ._known_from_report import _load, _read, _result
 from ._machine import machine_line
 from ._reading import printable
 from ._summary import end_lines
+from ._words import counted
 
 #: pytest's exit statuses of a run that did not complete: its report does not hold every check.
 _INCOMPLETE = {2: "was interrupted", 3: "ended with an internal error", 4: "ended with a usage error"}
@@ -138,8 +139,6 @@ def _verdict(status: int, outcomes: list[str]) -> str:
     for outcome in reversed(OUTCOMES):  # the worst first
         n = outcomes.count(outcome)
         if n:
-            word = words.get(outcome, outcome)
-            plural = "" if n == 1 or outcome in ("passed", "failed", "skipped", "unsupported") else "s"
-            parts.append(f"{n} {word}{'e' if plural and word.endswith('s') else ''}{plural}")
+            parts.append(counted(n, words.get(outcome, outcome)))
     verdict = "passed" if status == 0 else "failed"
     return f"backendconf: gate {verdict} (exit status {status}): {', '.join(parts) or 'no conformance tests'}"

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from ..checks import ROOT_ID
 from ._known_failures import KnownFailure, KnownFailureIndex
+from ._words import counted
 
 #: pytest's exit statuses (`pytest.ExitCode`) that a gate can end with.
 OK, TESTS_FAILED, USAGE_ERROR, NO_TESTS_COLLECTED = 0, 1, 4, 5
@@ -75,7 +76,7 @@ def non_strict_line(tests: Iterable[Any]) -> str | None:
     if not non_strict:
         return None
     return (
-        f"backendconf: {listed} known failure{'' if listed == 1 else 's'}, {non_strict} of them non-strict "
+        f"backendconf: {counted(listed, 'known failure')}, {non_strict} of them non-strict "
         f"({passed} passed here, which does not fail the run)"
     )
 

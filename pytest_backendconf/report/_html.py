@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 from .._quoting import html_text, shell_command
 from ._merge import FAILING, PASSING
 from ._closeness import closeness_table
+from ._words import counted
 
 #: Outcome → (text symbol, words), so that the matrix reads without colour.
 SYMBOLS = {
@@ -200,8 +201,14 @@ def _header(report: dict[str, Any]) -> str:
     rows += _target_rows(run.get("target"))
     if known:
         non_strict = known.get("non_strict")
-        apart = f"; {non_strict} checks non-strict, {known.get('non_strict_passed')} passed" if non_strict else ""
-        rows.append(("Known failures", f"{known.get('file')} ({known.get('entries')} entries{apart})"))
+        apart = (
+            f"; {counted(non_strict, 'check')} non-strict, {known.get('non_strict_passed')} passed"
+            if non_strict
+            else ""
+        )
+        rows.append(
+            ("Known failures", f"{known.get('file')} ({counted(known.get('entries'), 'entry', 'entries')}{apart})")
+        )
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows)
     return f'<dl class="meta">{items}</dl>'
 
@@ -247,7 +254,7 @@ def _cards(report: dict[str, Any]) -> str:
             counts.get("not_needed", 0),
         )
         shown = {**counts, "skipped": counts.get("skipped", 0) - whole}
-        parts = [f"{shown[o]} {SYMBOLS[o][1]}" for o in SYMBOLS if o != "passed" and shown.get(o)]
+        parts = [counted(shown[o], SYMBOLS[o][1]) for o in SYMBOLS if o != "passed" and shown.get(o)]
         detail = ", ".join(parts + ([f"{whole} not needed (lowered whole)"] if whole else [])) or "all passed"
         if not total:  # every check of the category was lowered whole
             cards.append(
@@ -401,7 +408,11 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
                 cells.append(_cell(failing, prefix))
             elif state in states:
                 symbol, words = SYMBOLS[states[state]]
-                tip = f"{op} in {dtype}: {words} ({len(group)} samples)" if group else f"{op} in {dtype}: {words}"
+                tip = (
+                    f"{op} in {dtype}: {words} ({counted(len(group), 'sample')})"
+                    if group
+                    else f"{op} in {dtype}: {words}"
+                )
                 cells.append(
                     f'<td class="cell {states[state]}" title="{_e(tip)}"><span aria-label="{_e(tip)}">{_e(symbol)}</span></td>'
                 )
@@ -535,7 +546,7 @@ def _reproduction(record: Any) -> str:
     ops = ", ".join(str(op) for op in record.get("ops") or [])
     ran_out = " (the budget ran out: the smallest found)" if record.get("budget_ran_out") else ""
     return (
-        f'<p class="minimal">Minimal reproduction{ran_out}: {_e(nodes)} node{"" if nodes == 1 else "s"} ({_e(ops)}), '
+        f'<p class="minimal">Minimal reproduction{ran_out}: {_e(counted(nodes, "node"))} ({_e(ops)}), '
         f'<a href="{_e(Path(str(script)).as_uri() if Path(str(script)).is_absolute() else script)}">{_e(script)}</a>'
         f'</p><pre class="minimal-repro"><code>python {_e(shell_command([str(script)]))}</code></pre>'
     )
@@ -553,7 +564,7 @@ def _error_statistics(errors: dict[str, Any]) -> str:
         )
 
     return (
-        f'<div class="stats-row"><p>{_e(errors["total"])} checks did not work.</p>'
+        f'<div class="stats-row"><p>{_e(counted(errors["total"], "check"))} did not work.</p>'
         f"{table('by exception type', errors.get('by_type') or {})}{table('by stage', errors.get('by_stage') or {})}</div>"
     )
 
@@ -613,7 +624,7 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     ]
     differences = flips(reports)
     flipping = [i for i, (_, flip) in differences.items() if flip]
-    flip_count = f"{len(flipping)} flip{'' if len(flipping) == 1 else 's'}"
+    flip_count = counted(len(flipping), "flip")
     out.append(f"<h2>Checks that differ ({len(differences)}; {flip_count} between passing and failing)</h2>")
     out += _not_everywhere(reports, labels)
     if not differences:

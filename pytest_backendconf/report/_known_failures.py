@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any, Iterable, NamedTuple
 
 
 from .._quoting import toml_comment, toml_string
+from ._failure_facts import FIGURE_KEYS, facts_of, number_toml
+from ._words import counted
 from ..checks import ROOT_ID, id_matches
 from ._machine import WHEN_KEYS, applies
 from ._report import FAILING, TestResult
@@ -33,7 +36,9 @@ MAX_PATTERN_LENGTH = 1000
 #: `KnownFailureIndex`, this keeps a lookup within milliseconds whatever the file (docs/benchmarks.md).
 MAX_PATTERN_WILDCARDS = 16
 ENTRY_EXAMPLE = '"backendconf::parity::small_cnn[float16]" = { reason = "why it fails", link = "https://…" }'
-_ENTRY_KEYS = {"reason", "link", "when", "strict"}
+#: What a generated entry records of its failure, beside its reason (`_failure_facts`): read, kept, never matched.
+FACT_KEYS = ("node", "op", "output", "figures")
+_ENTRY_KEYS = {"reason", "link", "when", "strict", *FACT_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,13 @@ class KnownFailure:
     when: tuple[tuple[str, Any], ...] = ()
     #: False: its check may pass or fail without failing the run (its reason says why the outcome varies).
     strict: bool = True
+    #: Where the failure starts: the node the outputs first diverge at, and its operator ("" when unknown).
+    node: str = ""
+    op: str = ""
+    #: The output furthest out of tolerance (None when unknown or not a comparison).
+    output: int | None = None
+    #: Its figures: ``(key, number)`` pairs of `FIGURE_KEYS` (``max_abs_error``, ``closeness``, ``rtol`` …).
+    figures: tuple[tuple[str, float | int], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         found: dict[str, Any] = {"pattern": self.pattern, "reason": self.reason, "link": self.link}
@@ -56,6 +68,20 @@ class KnownFailure:
             found["strict"] = False
         if self.when:
             found["when"] = {key: list(value) if isinstance(value, tuple) else value for key, value in self.when}
+        found.update(self.facts())
+        return found
+
+    def facts(self) -> dict[str, Any]:
+        """``node``, ``op``, ``output`` and ``figures``, those it has (`_failure_facts`)."""
+        found: dict[str, Any] = {}
+        if self.node:
+            found["node"] = self.node
+        if self.op:
+            found["op"] = self.op
+        if self.output is not None:
+            found["output"] = self.output
+        if self.figures:  # JSON has no inf or NaN: the report writes them as strings, as its numerics do
+            found["figures"] = {k: v if math.isfinite(v) else str(v) for k, v in self.figures}
         return found
 
     def applies_to(self, machine: dict[str, Any]) -> bool:
@@ -92,7 +118,17 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
             f"{where}: its arrays or tables nest too deeply to read; a known-failures file is one level of "
             f"entries: {ENTRY_EXAMPLE}"
         ) from None
-    lines = _key_lines(text)
+    return entries_of(data, path, _key_lines(text))
+
+
+def entries_of(data: dict[str, Any], path: Any, lines: dict[str, int] | None = None) -> list[KnownFailure]:
+    """The entries of a parsed known-failures file, checked; a `pytest.UsageError` naming ``path`` for a mistake.
+
+    :param lines: each key's line in the file (`_key_lines`), for messages and warnings.
+    """
+    import pytest
+
+    lines = lines or {}
     entries = []
     for pattern, value in data.items():
         entry = f"{path}: entry {pattern[:80]!r}{'…' if len(pattern) > 80 else ''}"
@@ -120,7 +156,8 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
                 hint = ' (a test id with dots must be quoted whole: "parity::encoder_decoder.decode[float32]" = { … })'
             raise pytest.UsageError(
                 f"{entry} has unknown key(s) {', '.join(map(repr, unknown))}; an entry has only "
-                f"`reason` (required), `link`, `when` and `strict` (optional){hint}."
+                f"`reason` (required), `link`, `when` and `strict`, and what it records of its failure: "
+                f"`node`, `op`, `output` and `figures` (all optional){hint}."
             )
         strict = value.get("strict", True)
         if not isinstance(strict, bool):
@@ -142,8 +179,70 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
         if not isinstance(link, str):
             raise pytest.UsageError(f'{entry}: link must be a string (an issue URL, or ""), not {link!r}.')
         when = _when(value.get("when", {}), entry)
-        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0), when, strict))
+        facts = _facts(value, f"{entry}{_at(lines, pattern)}")
+        entries.append(KnownFailure(pattern, reason, link, lines.get(pattern, 0), when, strict, **facts))
     return entries
+
+
+def _facts(value: dict[str, Any], entry: str) -> dict[str, Any]:
+    """An entry's ``node``, ``op``, ``output`` and ``figures``, checked: what it records of its failure."""
+    import pytest
+
+    example = 'node = "sub", op = "aten::sub", output = 0, figures = { max_abs_error = 0.0874, closeness = 314.3 }'
+    found: dict[str, Any] = {}
+    for key in ("node", "op"):
+        if key in value:
+            if not isinstance(value[key], str) or not value[key].strip():
+                raise pytest.UsageError(
+                    f"{entry}: {key} must be a non-empty string (the failure's {key}), not {value[key]!r}; "
+                    f"e.g. {example}, or leave it out."
+                )
+            found[key] = value[key]
+    if "output" in value:
+        output = value["output"]
+        if isinstance(output, bool) or not isinstance(output, int) or output < 0:
+            raise pytest.UsageError(
+                f"{entry}: output must be the index of an output (an integer from 0, without quotes), not "
+                f"{output!r}; e.g. {example}, or leave it out."
+            )
+        found["output"] = output
+    if "figures" in value:
+        figures = value["figures"]
+        if not isinstance(figures, dict):
+            raise pytest.UsageError(f"{entry}: figures must be a table of numbers, e.g. {example}")
+        unknown = sorted(set(figures) - set(FIGURE_KEYS))
+        if unknown:
+            raise pytest.UsageError(
+                f"{entry}: figures has unknown key(s) {', '.join(map(repr, unknown))}; it may have "
+                f"{', '.join(FIGURE_KEYS)}, e.g. {example}"
+            )
+        bad = [k for k, v in figures.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            raise pytest.UsageError(
+                f"{entry}: figures.{bad[0]} must be a number (without quotes), not {figures[bad[0]]!r}; e.g. {example}"
+            )
+        found["figures"] = tuple((k, figures[k]) for k in FIGURE_KEYS if k in figures)
+    return found
+
+
+def facts_from_json(entry: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a report's ``tests[].known_failure`` (`KnownFailure.as_json`), those of the right type.
+
+    A report is read, not trusted: a fact of another type is left out (the
+    entry keeps its pattern, reason and link), an ``"inf"`` figure is inf.
+    """
+    figures = entry.get("figures")
+    if isinstance(figures, dict):
+        figures = {k: float(v) if v in ("inf", "-inf", "nan") else v for k, v in figures.items()}
+    found: dict[str, Any] = {}
+    for key, value in (*((k, entry[k]) for k in ("node", "op", "output") if k in entry), ("figures", figures)):
+        if value is None:
+            continue
+        try:
+            found.update(_facts({key: value}, "report"))
+        except Exception:  # pytest.UsageError: not a fact this reader accepts
+            continue
+    return found
 
 
 def _at(lines: dict[str, int], pattern: str) -> str:
@@ -320,11 +419,24 @@ def format_known_failures(entries: Iterable[KnownFailure], backend: str) -> str:
         "# Written by --backendconf-write-known-failures; edit the reasons and links freely.",
     ]
     for entry in sorted(entries, key=lambda e: e.pattern):
-        reason, link = toml_string(entry.reason), toml_string(entry.link)
-        when = f", when = {when_toml(entry.when)}" if entry.when else ""
-        strict = "" if entry.strict else ", strict = false"
-        lines.append(f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when}{strict} }}")
+        lines.append(entry_toml(entry))
     return "\n".join(lines) + "\n"
+
+
+def entry_toml(entry: KnownFailure) -> str:
+    """One entry as its one line of TOML: ``"id" = { reason = "…", link = "…", node = "sub", … }``."""
+    reason, link = toml_string(entry.reason), toml_string(entry.link)
+    when = f", when = {when_toml(entry.when)}" if entry.when else ""
+    strict = "" if entry.strict else ", strict = false"
+    facts = "".join(
+        f", {key} = {toml_string(value)}" if isinstance(value, str) else f", {key} = {value}"
+        for key, value in (("node", entry.node), ("op", entry.op), ("output", entry.output))
+        if value not in ("", None)
+    )
+    if entry.figures:
+        figures = ", ".join(f"{key} = {number_toml(value)}" for key, value in entry.figures)
+        facts += f", figures = {{ {figures} }}"
+    return f"{toml_string(entry.pattern)} = {{ reason = {reason}, link = {link}{when}{strict}{facts} }}"
 
 
 def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
@@ -339,7 +451,10 @@ def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
 
 
 def merge_known_failures(
-    results: Iterable[TestResult], existing: Iterable[KnownFailure], stale: set[str] | None
+    results: Iterable[TestResult],
+    existing: Iterable[KnownFailure],
+    stale: set[str] | None,
+    removed: dict[str, str] | None = None,
 ) -> list[KnownFailure]:
     """The entries to write after a run: the failing tests, keeping what people wrote where it still holds.
 
@@ -349,7 +464,10 @@ def merge_known_failures(
     otherwise it is dropped and its still-failing tests are listed one by
     one with its reason and link. A non-strict entry (``strict = false``) is
     kept as written whenever it matched a test. A failing test no entry covers gets the
-    first line of its failure as the reason.
+    first line of its failure as the reason. An entry written here for a failing test
+    records where its failure starts and its figures (`failure_entry`).
+
+    :param removed: filled with each dropped entry's pattern → why, in words, for the terminal.
     """
     results = list(results)
     outcome = {r.id: r.outcome for r in results}
@@ -369,21 +487,37 @@ def merge_known_failures(
         if not matched:
             if stale is None or entry.pattern not in stale:
                 kept[entry.pattern] = entry
+            elif removed is not None:
+                removed[entry.pattern] = "it names no check of the suite"
             continue
         failing = [i for i in matched if outcome[i] in FAILING]
         if not entry.strict:  # its outcome varies by its own account: a pass here does not make it stale
             kept[entry.pattern] = entry
             covered.update(failing)
             continue
-        if failing and not any(outcome[i] in ("passed", "unexpected_pass") for i in matched):
+        passing = [i for i in matched if outcome[i] in ("passed", "unexpected_pass")]
+        if failing and not passing:
             kept[entry.pattern] = entry
             covered.update(failing)
+        elif removed is not None:
+            why = f"{passing[0]} passes now" if passing else "none of its checks failed in this run"
+            if len(passing) > 1:
+                why = f"{counted(len(passing), 'check')} it lists pass now ({passing[0]}, …)"
+            if failing:
+                why += f"; still failing, and now listed one by one: {counted(len(failing), 'check')}"
+            removed[entry.pattern] = why
     for result in results:
         if result.outcome not in FAILING or result.id in covered:
             continue
         prior = index.entry_for(result.id)
-        if prior is not None:
-            kept[result.id] = KnownFailure(result.id, prior.reason, prior.link)
-        else:
-            kept[result.id] = KnownFailure(result.id, result.first_line(), "")
+        written = failure_entry(result)
+        kept[result.id] = (
+            written if prior is None else dataclasses.replace(written, reason=prior.reason, link=prior.link)
+        )
     return sorted(kept.values(), key=lambda e: e.pattern)
+
+
+def failure_entry(result: TestResult) -> KnownFailure:
+    """The entry for a failing check: its failure's first line as the reason, and what its outcome says
+    of where the failure starts and how far off it is (`_failure_facts.facts_of`)."""
+    return KnownFailure(result.id, result.first_line(), "", **facts_of(result.details, result.reproduction))

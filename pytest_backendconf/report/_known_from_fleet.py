@@ -19,7 +19,14 @@ from typing import Any
 from ..errors import ReportError
 from ._gate import _machine_of
 from ._gating import unlisted_verdict
-from ._known_failures import KnownFailure, KnownFailureIndex, format_known_failures, merge_known_failures, when_toml
+from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
+from ._known_failures import (
+    KnownFailure,
+    KnownFailureIndex,
+    failure_entry,
+    merge_known_failures,
+    when_toml,
+)
 from ._known_from_report import _applied, _load, _read, _result
 from ._machine import machine_line
 from ._report import TestResult
@@ -41,10 +48,9 @@ class _Machine:
         return f"{Path(self.path).name} ({machine_line(self.machine)})"
 
 
-def known_failures_from_fleet(
-    reports: list[str], output: str
-) -> tuple[str, list[KnownFailure], list[KnownFailure], list[str]]:
-    """(the file's text, its entries, the entries it had before, one line per check whose outcome differs)."""
+def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresUpdate:
+    """The known-failures file of several machines' reports (its ``said``: one line per check whose outcome
+    differs); an existing ``output`` is edited line by line, as `known_failures_from_report` does."""
     machines: list[_Machine] = []
     backends: set[str] = set()
     previous: list[KnownFailure] = []
@@ -87,24 +93,28 @@ def known_failures_from_fleet(
     index = KnownFailureIndex(previous)
     seen = {index.entries[i].pattern for test_id in ids for i in index.matching(test_id)}
     previous = [dataclasses.replace(e, when=()) if e.pattern in seen else e for e in previous]
-    entries = {e.pattern: e for e in merge_known_failures(merged, previous, stale=None)}
+    removed: dict[str, str] = {}
+    entries = {e.pattern: e for e in merge_known_failures(merged, previous, None, removed)}
 
     said = []
     for test_id, (failing, passing) in varying.items():
-        first = failing[0].verdicts[test_id]
+        written = failure_entry(failing[0].verdicts[test_id])  # where it fails: its node and figures there
         prior = index.entry_for(test_id, test_id)
-        reason, link = (prior.reason, prior.link) if prior is not None else (first.first_line(), "")
+        reason, link = (prior.reason, prior.link) if prior is not None else (written.reason, "")
         reason = reason.split(_VARIES)[0]  # written by an earlier run of this command: said again below
         when = separating_when([m.machine for m in failing], [m.machine for m in passing])
         names = f"fails on {', '.join(m.label for m in failing)}; passes on {', '.join(m.label for m in passing)}"
         if when is not None:
-            entries[test_id] = KnownFailure(test_id, reason, link, when=when)
+            entries[test_id] = dataclasses.replace(written, reason=reason, link=link, when=when)
             said.append(f"{test_id}: {names}: scoped to where it fails, when = {when_toml(when)}")
         else:
-            entries[test_id] = KnownFailure(test_id, f"{reason}{_VARIES}{names})", link, strict=False)
+            entries[test_id] = dataclasses.replace(
+                written, reason=f"{reason}{_VARIES}{names})", link=link, strict=False
+            )
             said.append(f"{test_id}: {names}: no machine field separates them, written with strict = false")
-    written = sorted(entries.values(), key=lambda e: e.pattern)
-    return format_known_failures(written, backends.pop() if backends else "?"), written, previous, said
+    listed = sorted(entries.values(), key=lambda e: e.pattern)
+    text, rewritten = edited_known_failures(existing_text(target), listed, backends.pop() if backends else "?")
+    return KnownFailuresUpdate(text, listed, previous, removed, rewritten, said)
 
 
 def separating_when(failing: list[dict[str, Any]], passing: list[dict[str, Any]]) -> tuple[tuple[str, Any], ...] | None:

@@ -14,17 +14,19 @@ from typing import Any
 
 from ..errors import ReportError
 from ._merge import read_document
-from ._known_failures import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
+from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
+from ._known_failures import KnownFailure, facts_from_json, load_known_failures, merge_known_failures
 from ._report import TestResult
 
 
-def known_failures_from_report(report: str, output: str) -> tuple[str, list[KnownFailure], list[KnownFailure]]:
-    """The text of the known-failures file for ``report``, its entries, and the entries it had before.
+def known_failures_from_report(report: str, output: str) -> KnownFailuresUpdate:
+    """The known-failures file for ``report``: its text, its entries, those it had before and those it drops.
 
     The entries the run applied (the report's ``known_failures.file``, when
     it is still there, else those the report's tests name) come first, then
     those of ``output`` when it is a regular file (not a pipe, nor ``/dev/stdout``): as in a run with
     ``--backendconf-known-failures=K --backendconf-write-known-failures=OUTPUT``.
+    An existing ``output`` is edited line by line (`edited_known_failures`): its comments stay.
     """
     document = _read(report)
     tests = document.get("tests")
@@ -38,10 +40,12 @@ def known_failures_from_report(report: str, output: str) -> tuple[str, list[Know
     if target.is_file() and target.resolve() != _applied_path(document):
         previous += _load(target, "-o")
     stale = _stale(document)
-    entries = merge_known_failures(results, previous, stale)
+    removed: dict[str, str] = {}
+    entries = merge_known_failures(results, previous, stale, removed)
     backend = document.get("backend")
     name = backend.get("name") if isinstance(backend, dict) else None  # only a comment: any value is shown
-    return format_known_failures(entries, str(name if name is not None else "?")), entries, previous
+    text, rewritten = edited_known_failures(existing_text(target), entries, str(name if name is not None else "?"))
+    return KnownFailuresUpdate(text, entries, previous, removed, rewritten)
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -108,6 +112,7 @@ def _applied(report: str, document: dict[str, Any], tests: list[Any]) -> list[Kn
                     str(entry.get("reason", "")),
                     str(entry.get("link", "")),
                     strict=entry.get("strict") is not False,
+                    **facts_from_json(entry),
                 ),
             )
     return list(entries.values())

@@ -19,6 +19,7 @@ from ..checks import CATEGORIES
 from ._reading import check_page_fields, load_json
 from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from ..errors import ReportError
+from ._words import counted
 
 # PASSING and FAILING come from the report's schema: `skipped` and `unsupported`
 # are neither, so a change to or from them is a difference, not a flip.
@@ -395,13 +396,13 @@ def format_text(merged: Merged, shown: Callable[[str], str] = str) -> str:
         command passes `printable`, so that no field can forge a line).
     """
     p = shown
-    lines = [f"backendconf: merged {len(merged.reports)} report{'s' if len(merged.reports) != 1 else ''}"]
+    lines = [f"backendconf: merged {counted(len(merged.reports), 'report')}"]
     for report in merged.reports:
         version = f" {report.backend_version}" if report.backend_version else ""
         lines.append(
             p(
                 f"  {report.path}: backend {report.backend}{version}, torch {report.torch}, "
-                f"Python {report.python}, {len(report.tests)} checks"
+                f"Python {report.python}, {counted(len(report.tests), 'check')}"
             )
         )
     lines.append("")
@@ -415,9 +416,7 @@ def format_text(merged: Merged, shown: Callable[[str], str] = str) -> str:
     lines.append("")
     flips = merged.flips
     if flips:
-        lines.append(
-            f"flips: {len(flips)} check{'s' if len(flips) != 1 else ''} passed in one environment and failed in another"
-        )
+        lines.append(f"flips: {counted(len(flips), 'check')} passed in one environment and failed in another")
     else:
         lines.append("flips: none (no check passed in one environment and failed in another)")
     for flip in flips:
@@ -426,7 +425,7 @@ def format_text(merged: Merged, shown: Callable[[str], str] = str) -> str:
             lines.append(p(f"    {label}: {_outcome_text(outcome, error)}"))
     others = merged.other_differences
     if others:
-        lines.append(f"other differences: {len(others)} check{'s' if len(others) != 1 else ''}")
+        lines.append(f"other differences: {counted(len(others), 'check')}")
         for diff in others:
             listed = "; ".join(f"{label}: {outcome}" for label, (outcome, _) in diff.outcomes.items())
             lines.append(p(f"  {diff.id} ({diff.backend}) — {listed}"))

@@ -104,11 +104,12 @@ def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | Non
 def summary_line(matrix: Mapping[str, Any]) -> str:
     """``ops  412/530 passed; 96 unsupported, 0 known failures, 22 failed — 131 of 164 overloads fully supported``."""
     from ._counts import outcome_parts
+    from ._words import counted
 
     c = matrix["checks"]
     return (
         f"ops  {c[PASSED]}/{c['total']} passed; {', '.join(outcome_parts(c))} — "
-        f"{matrix['overloads_fully_supported']} of {matrix['overloads_total']} overloads fully supported"
+        f"{matrix['overloads_fully_supported']} of {counted(matrix['overloads_total'], 'overload')} fully supported"
     )
 
 

@@ -89,13 +89,10 @@ class TestResult:
         return self.rerun or self.reproduce
 
     def first_line(self) -> str:
-        """The failure's first line, as a known-failures reason."""
-        if self.error is None:
-            return self.outcome or "failed"
-        first = (self.error["message"].splitlines() or [""])[0].strip()
-        if self.error["type"] == CheckFailed.__name__ and first:
-            return first[:200]
-        return f"{self.error['type']}: {first}"[:200] if first else self.error["type"]
+        """The failure's first line, whole, as a known-failures reason (`_failure_facts.reason_of`)."""
+        from ._failure_facts import reason_of
+
+        return reason_of(self.error, self.outcome, CheckFailed.__name__)
 
     def as_json(self) -> dict[str, Any]:
         return {

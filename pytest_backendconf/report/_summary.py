@@ -16,6 +16,7 @@ from ._failure_groups import group_failures, same_program_groups, same_program_l
 from ._failure_groups import summary_lines as group_lines
 from ._ops import flagged_lines, ops_matrix, summary_line
 from ._report import TestResult, not_under_test, score_line, summarize
+from ._words import counted
 
 if TYPE_CHECKING:
     from ..registry import RegisteredBackend
@@ -57,6 +58,35 @@ def summary_lines(results: list[TestResult], supported_ops: Iterable[str] | None
     return lines
 
 
+def reproductions_line(broken: list[TestResult]) -> str:
+    """``minimal reproductions: 3 scripts, 41.2 s; --backendconf-minify=off skips them`` (and what was not made).
+
+    Read from the failures' reproduction records, so that a gate over a
+    report says what the run said. A failure of a group already shrunk
+    (``same_as``) costs nothing; one whose reproduction was skipped because
+    the run's budget was spent is counted apart.
+    """
+    records = [r.reproduction for r in broken if isinstance(r.reproduction, dict)]
+    if not records:
+        return ""
+    own = [r for r in records if not r.get("same_as") and not r.get("skipped")]
+    seconds = sum(float(r["seconds"]) for r in own if isinstance(r.get("seconds"), (int, float)))
+    scripts = len({r["script"] for r in own if r.get("script")})
+    line = f"minimal reproductions: {counted(scripts, 'script')}, {seconds:.1f} s; --backendconf-minify=off skips them"
+    same = sum(bool(r.get("same_as")) for r in records)
+    if same:
+        line += f"; {counted(same, 'failure')} of a group already shrunk named its reproduction"
+    skipped = [r for r in records if r.get("skipped")]
+    if skipped:
+        budget = skipped[0].get("run_budget")
+        figure = f"{budget:g} s, " if isinstance(budget, (int, float)) else ""
+        line += (
+            f"; {counted(len(skipped), 'failure')} not shrunk: the run's budget ({figure}"
+            "--backendconf-minify-run-budget) was spent (rerun a check alone to get its reproduction)"
+        )
+    return line
+
+
 def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
     """Everything the end of a gated run prints under its ``backendconf: conformance of backend`` line.
 
@@ -66,7 +96,8 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
     """
     lines = summary_lines(results, supported_ops, left_out)
     broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
-    ran_out = [r for r in broken if (r.reproduction or {}).get("budget_ran_out")]
+    # A failure of a group already shrunk shares its first's script: the budget ran out once, for the first.
+    ran_out = [r for r in broken if (rec := r.reproduction or {}).get("budget_ran_out") and not rec.get("same_as")]
     if ran_out:
         budget = (ran_out[0].reproduction or {}).get("budget")
         figure = f"{budget:g} s, " if isinstance(budget, (int, float)) else ""
@@ -74,9 +105,11 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
         lines.append("")
         lines.append(
             f"the minimisation budget ({figure}--backendconf-minify-budget) "
-            f"ran out for {len(ids)} failure{'' if len(ids) == 1 else 's'}: {', '.join(ids[:5])}"
-            + (", …" if len(ids) > 5 else "")
+            f"ran out for {counted(len(ids), 'failure')}: {', '.join(ids[:5])}" + (", …" if len(ids) > 5 else "")
         )
+    cost = reproductions_line(broken)
+    if cost:
+        lines += ["", cost]
     if broken:
         lines.append("")
         lines.append("to reproduce a failure, run its command:")
@@ -88,7 +121,7 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
     saved = [r for r in results if r.error is not None and r.error.get("type") == NOT_RUN_AGAIN]
     if saved:
         lines.append(
-            f"backendconf: {len(saved)} check{'s' if len(saved) != 1 else ''} failed at once, not run again on "
+            f"backendconf: {counted(len(saved), 'check')} failed at once, not run again on "
             "a lowered model that hung (or crashed the same way twice) in an earlier check; each would have "
             "waited for --backendconf-timeout or crashed again (docs/isolation.md)"
         )

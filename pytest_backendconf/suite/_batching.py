@@ -30,6 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..checks import Check, CheckOutcome, outcome_from_json
+from ..report import counted
 
 if TYPE_CHECKING:
     from ._context import SuiteContext
@@ -108,13 +109,14 @@ class Batcher:
     def summary(counts: dict[str, Any]) -> str:
         """``backendconf: batched: 42 checks decided in 8 shared lowerings (23.2 s), 0 ran alone …``."""
         text = (
-            f"backendconf: batched: {counts['shared']} checks decided in {counts['batches']} shared lowerings "
+            f"backendconf: batched: {counted(counts['shared'], 'check')} decided in "
+            f"{counted(counts['batches'], 'shared lowering')} "
             f"({counts['seconds']:.1f} s), {counts['alone']} ran alone (--backendconf-batch=off: one lowering each)"
         )
         wrong = counts.get("contradicted", 0)
         if wrong:
             text += (
-                f"; the backend named {wrong} node{'s' if wrong != 1 else ''} as rejected in a batch that it judged "
+                f"; the backend named {counted(wrong, 'node')} as rejected in a batch that it judged "
                 "otherwise alone (those checks report their outcome alone; its rejection list is wrong)"
             )
         return text

@@ -21,11 +21,13 @@ import pytest
 from ..checks import ROOT_ID
 from ._hypothesis import WORKERINPUT_KEY, hypothesis_choice, report_entry
 from ..report import KnownFailureIndex, describe_machine, machine_line
-from ..report import KnownFailure, format_known_failures, load_known_failures, merge_known_failures
+from ..report import KnownFailure, KnownFailuresUpdate, edited_known_failures, existing_text
+from ..report import load_known_failures, merge_known_failures
 from ..report import (
     FAILING,
     TestResult,
     backend_entry,
+    counted,
     declared_scope,
     end_lines,
     entries_here,
@@ -308,11 +310,9 @@ class GatingPlugin:
 
         folder = self.config.stash[GOLDEN_KEY]
         listed, removed = write_index(folder, results, self.selected.name)
-        dropped = (
-            f"; {removed} archive{'' if removed == 1 else 's'} of checks that did not pass removed" if removed else ""
-        )
+        dropped = f"; {counted(removed, 'archive')} of checks that did not pass removed" if removed else ""
         self.notes.append(
-            f"golden folder {folder}: {listed} archive{'' if listed == 1 else 's'} with bundled inputs "
+            f"golden folder {folder}: {counted(listed, 'archive')} with bundled inputs "
             f"(replay them with: backendconf replay {folder}){dropped}"
         )
 
@@ -335,7 +335,7 @@ class GatingPlugin:
         passed = sum(t.outcome == "passed" for t in replayed)
         self.notes.append(
             f"replay on the target device {(self.target or {}).get('machine')}: {passed}/{len(replayed)} bundles of "
-            f"{len(paths)} golden archives match their expected outputs"
+            f"{counted(len(paths), 'golden archive')} match their expected outputs"
         )
         if passed < len(replayed) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -344,16 +344,16 @@ class GatingPlugin:
     def _write_known_failures(self, results: list[TestResult]) -> None:
         assert self.write_path is not None
         # Entries for other machines are kept as written: this run cannot judge them.
+        removed: dict[str, str] = {}
         entries = sorted(
-            merge_known_failures(results, self.previous, self.stale) + self.elsewhere, key=lambda e: e.pattern
+            merge_known_failures(results, self.previous, self.stale, removed) + self.elsewhere,
+            key=lambda e: e.pattern,
         )
-        write_atomic(self.write_path, format_known_failures(entries, self.selected.name))
-        before = {e.pattern for e in self.previous}
-        after = {e.pattern for e in entries}
-        self.notes.append(
-            f"wrote {len(entries)} known failure{'' if len(entries) == 1 else 's'} to {self.write_path} "
-            f"({len(after - before)} added, {len(before - after)} removed)"
-        )
+        # The file is edited line by line: the comments people wrote in it stay.
+        text, rewritten = edited_known_failures(existing_text(self.write_path), entries, self.selected.name)
+        write_atomic(self.write_path, text)
+        update = KnownFailuresUpdate(text, entries, self.previous + self.elsewhere, removed, rewritten)
+        self.notes += update.lines(str(self.write_path))
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.workerinput is not None:

@@ -9,20 +9,29 @@ operator, a divergence at the same operator) and written as
 ``repro_<check>.py`` plus its tensor file. The failure text then ends with
 ``minimal reproduction: N nodes, <path>``. A failure that is listed as
 known, a passing check, and ``--backendconf-minify=off`` never get here.
-One model failing several checks the same way is shrunk once.
+One model failing several checks the same way is shrunk once, and so is
+one failure group (its failure template and the operator or error it fails
+at): a later failure of the group names the first one's reproduction. The
+run's time for reproductions is bounded (`_minify_ledger`); once it is
+spent, a failure says in one line that its reproduction was skipped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
+from ..checks import ROOT_ID
+from ..report import counted, failure_template
 from ._host import NOT_RUN_AGAIN
+from ._minify_ledger import MinifyLedger
 
 if TYPE_CHECKING:
     from ._context import SuiteContext
@@ -83,13 +92,21 @@ def target_of(error: dict | None, message: str, ended: dict | None) -> Any:
 
 
 class Minimiser:
-    """Shrinks the failures of one pytest process, once per model and kind of failure."""
+    """Shrinks the failures of one pytest process, once per model and kind of failure and once per failure group,
+    within the run's budget (`MinifyLedger`, shared with the run's other pytest-xdist workers)."""
 
-    def __init__(self, config: pytest.Config, budget: float, timeout: Callable[[], float | None]) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        budget: float,
+        timeout: Callable[[], float | None],
+        ledger: MinifyLedger | None = None,
+    ) -> None:
         self.config = config
         self.budget = budget
         #: Each candidate's timeout, asked anew per failure (it shortens once the backend has hung).
         self.timeout = timeout
+        self.ledger = ledger if ledger is not None else MinifyLedger(None, None)
         self._memo: dict[tuple, dict | None] = {}
         self._lock = threading.Lock()
 
@@ -107,11 +124,58 @@ class Minimiser:
         key = (case, dtype, method, target)
         with self._lock:  # one shrinking at a time: each is a child process on a shared machine
             if key not in self._memo:
-                self._memo[key] = self._shrink(check, ctx, case, dtype, method, target, message)
+                self._memo[key] = self._once_per_group(check, ctx, where, target, error, message)
             return self._memo[key]
 
+    def _once_per_group(
+        self, check: Any, ctx: SuiteContext, where: tuple[str, str, str], target: Any, error: dict | None, message: str
+    ) -> dict:
+        """The failure's reproduction: made when it is the first of its group and the run's budget is not spent."""
+        group = json.dumps(
+            [
+                failure_template(str((error or {}).get("type", "failure")), message),
+                target.kind,
+                target.op,
+                target.error_type,
+                target.returncode,
+            ]
+        )
+        verdict, found = self.ledger.claim(group, f"{ROOT_ID}::{check.id}")  # as the report names it
+        if verdict == "same":
+            prior = dict(found.get("record") or {})
+            prior.pop("seconds", None)  # spent once, by the first
+            if not prior:  # another pytest-xdist worker is making it now
+                prior = {"script": None, "note": f"the same failure as {found['check']}, shrunk once for both"}
+            return {**prior, "same_as": found["check"]}
+        if verdict == "spent":
+            spent = self.ledger.budget or 0.0
+            return {
+                "script": None,
+                "skipped": True,
+                "run_budget": spent,
+                "note": f"skipped: the run's {spent:g} s for minimal reproductions (--backendconf-minify-run-budget) "
+                "are spent; rerun this check alone (its reproduce command) to get one",
+            }
+        started = time.monotonic()
+        budget = self.budget if found is None else min(self.budget, found)
+        record = self._shrink(check, ctx, *where, target, message, budget)
+        spent = time.monotonic() - started
+        record.setdefault("seconds", round(spent, 1))  # also when it could not shrink: the time is spent
+        if self.ledger.budget is not None:
+            record["run_budget"] = self.ledger.budget
+        self.ledger.done(group, record, spent)
+        return record
+
     def _shrink(
-        self, check: Any, ctx: SuiteContext, case: str, dtype: str, method: str, target: Any, message: str
+        self,
+        check: Any,
+        ctx: SuiteContext,
+        case: str,
+        dtype: str,
+        method: str,
+        target: Any,
+        message: str,
+        budget: float,
     ) -> dict:
         from ..diagnostics import minify, same_failure, script_stem, write_script
         from ..target import active_plugins
@@ -126,25 +190,26 @@ class Minimiser:
                 ctx.name,
                 inputs,
                 same_failure(target),
-                budget=self.budget,
+                budget=budget,
                 timeout=self.timeout(),
                 tolerance=tolerance,
                 plugins=plugins,
             )
         except Exception as exc:  # a diagnosis: never hide the failure behind it
             return {"script": None, "note": f"could not minimise: {type(exc).__name__}: {exc}"}
+        # The per-failure budget, as the summary names it: trimmed to what the run's budget had left.
         record: dict[str, Any] = {
             "script": None,
             "nodes": None,
             "ops": list(found.ops),
             "original_nodes": found.original_nodes,
             "budget_ran_out": found.budget_ran_out,
-            "budget": self.budget,  # the summary names it, also when it is read back from the report
+            "budget": budget,  # the summary names it, also when it is read back from the report
             "seconds": round(found.seconds, 1),
         }
         if found.program is None:
             record["note"] = (
-                f"the {self.budget:g} s budget (--backendconf-minify-budget) ran out before a smaller program failed"
+                f"the {budget:g} s budget (--backendconf-minify-budget) ran out before a smaller program failed"
                 if found.budget_ran_out
                 else "the failure did not reproduce on the model's program alone"
             )
@@ -175,7 +240,8 @@ def reproduction_line(record: dict | None) -> str:
         return f"minimal reproduction: none ({record.get('note', 'not found')})"
     nodes = record["nodes"]
     ran_out = "; the budget ran out: the smallest found" if record.get("budget_ran_out") else ""
-    return f"minimal reproduction: {nodes} node{'' if nodes == 1 else 's'}{ran_out}, {record['script']}"
+    same = f" (the same failure as {record['same_as']})" if record.get("same_as") else ""
+    return f"minimal reproduction{same}: {counted(nodes, 'node')}{ran_out}, {record['script']}"
 
 
 def _subject(check: Any, ctx: SuiteContext) -> tuple[str, str, str] | None:

@@ -199,6 +199,7 @@ class SuitePlugin:
         #: Why checks that need the backend available are not applicable here (None: it is available).
         self._unavailable: str | None = None
         from ._minify import minify_choice
+        from ._minify_ledger import run_budget_choice
 
         #: The batches of checks that share a lowering (`_batching.Batcher`); False: batching is off.
         self._batcher: Any = None
@@ -206,6 +207,8 @@ class SuitePlugin:
         self._items: list[pytest.Item] = []
         #: The minimiser of failed model checks (started with the first failure); False: minify is off.
         self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
+        #: The seconds the run may spend on minimal reproductions (None: no limit); a bad value: a usage error now.
+        self._minify_run_budget = run_budget_choice(config) if self._minimiser is None else None
 
     def in_process(self) -> bool:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
@@ -255,13 +258,18 @@ class SuitePlugin:
 
     def _shared_folder(self) -> str | None:
         """A folder of this run that all its pytest processes share (pytest-xdist workers too), or None."""
+        found = self._run_file("backendconf-hangs")
+        return None if found is None else str(found)
+
+    def _run_file(self, name: str) -> Path | None:
+        """``name`` in the temporary folder of this run that all its pytest processes share, or None."""
         factory = getattr(self.config, "_tmp_path_factory", None)
         if factory is None:
             return None
         base = Path(factory.getbasetemp())
         # An xdist worker's basetemp is a folder of the controller's, which is this run's alone.
         run = base.parent if hasattr(self.config, "workerinput") else base
-        return str(run / "backendconf-hangs")
+        return run / name
 
     def batcher(self) -> Any:
         """The `_batching.Batcher` of this process, or None when batching is off (`batching_choice`)."""
@@ -301,6 +309,7 @@ class SuitePlugin:
             from ..diagnostics import DEFAULT_BUDGET
             from ._host import DEFAULT_TIMEOUT
             from ._minify import Minimiser
+            from ._minify_ledger import MinifyLedger
 
             budget = self.config.getoption("backendconf_minify_budget", None)
             timeout = self.config.getoption("backendconf_timeout", None)
@@ -311,7 +320,10 @@ class SuitePlugin:
                 host = self.host()
                 return host.check_timeout() if host is not None else timeout
 
-            self._minimiser = Minimiser(self.config, DEFAULT_BUDGET if budget is None else budget, candidate_timeout)
+            ledger = MinifyLedger(self._run_file("backendconf-minify.json"), self._minify_run_budget)
+            self._minimiser = Minimiser(
+                self.config, DEFAULT_BUDGET if budget is None else budget, candidate_timeout, ledger
+            )
         return self._minimiser or None
 
     def not_applicable(self, check: Check) -> str | None:
@@ -385,7 +397,9 @@ class SuitePlugin:
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> str | None:
         count = sum(isinstance(item, ConformanceItem) for item in items)
-        lines = [f"backendconf: {count} conformance checks for backend {self.backend_name!r}"]
+        from ..report import counted
+
+        lines = [f"backendconf: {counted(count, 'conformance check')} for backend {self.backend_name!r}"]
         # One-line notices from the categories (e.g. ops data missing for this torch).
         lines += [f"backendconf: {text}" for text in getattr(self.ctx, "notices", None) or []]
         return "\n".join(lines)

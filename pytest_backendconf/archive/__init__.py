@@ -15,6 +15,7 @@ from . import _shapes as shapes
 from . import _structure as structure
 from ._archive import debug_source, encode, read_archive, symbolicate, with_sidecar
 from ._attributes import encode_attributes
+from ._cache_entry import encode_cache_entry, read_cache_entry
 from ._bundles import BUNDLE_SCHEMA, Bundle, Bundles, encode_bundles
 from ._debug_table import PortablePaths
 from ._files import sync_files, write_atomic
@@ -56,6 +57,7 @@ __all__ = [
     "delegation",
     "encode",
     "encode_bundles",
+    "encode_cache_entry",
     "encode_attributes",
     "format_delegation",
     "from_message",
@@ -63,6 +65,7 @@ __all__ = [
     "pack",
     "params_of",
     "read_archive",
+    "read_cache_entry",
     "read_sidecar",
     "read_tensors",
     "shapes",

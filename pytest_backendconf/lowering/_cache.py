@@ -195,14 +195,12 @@ def torch_build() -> str:
     return f"{torch.__version__}+{getattr(torch.version, 'git_version', 'unknown')}"
 
 
-_FILES_DIGESTS: dict[str, str | None] = {}
-
-
 def backend_files_digest(cls: type) -> str | None:
     """A hash of the files of every package (or lone module) a class of the backend's MRO comes from.
 
     None when one of them has no file (defined in ``__main__`` of ``python -c``): such a backend
-    is never cached, since an edit of it could not be seen.
+    is never cached, since an edit of it could not be seen. Computed once per cache, i.e. per run
+    (`PreprocessCache.identity`): a large package costs its read once.
     """
     roots: set[str] = set()
     for klass in cls.__mro__:
@@ -215,11 +213,10 @@ def backend_files_digest(cls: type) -> str | None:
         roots.update(str(p) for p in paths)
     digest = hashlib.sha256()
     for root in sorted(roots):
-        if root not in _FILES_DIGESTS:
-            _FILES_DIGESTS[root] = _files_digest(Path(root))
-        if _FILES_DIGESTS[root] is None:
+        files = _files_digest(Path(root))
+        if files is None:
             return None
-        digest.update(f"{root}\0{_FILES_DIGESTS[root]}\0".encode())
+        digest.update(f"{root}\0{files}\0".encode())
     return digest.hexdigest()
 
 

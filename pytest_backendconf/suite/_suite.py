@@ -327,12 +327,17 @@ class SuitePlugin:
     def pytest_sessionfinish(self) -> None:
         if self._host is not None:
             self._host.close()
+        if self.config.stash.get(CACHE_KEY, None) is not None:
+            from ..lowering import use_preprocess_cache
+
+            self._cache_final = self.cache_counts()  # the summary is written after this hook
+            use_preprocess_cache(None)  # this session's backend: no later lowering in this process uses it
         batcher = self._batcher or None
         output = getattr(self.config, "workeroutput", None)
         if batcher is not None and output is not None:  # an xdist worker: the controller prints the sum
             output["backendconf_batched"] = batcher.counts()
         if output is not None:
-            output["backendconf_cache"] = self.cache_counts()
+            output["backendconf_cache"] = getattr(self, "_cache_final", None) or self.cache_counts()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -354,7 +359,7 @@ class SuitePlugin:
             terminalreporter.write_line(Batcher.summary(counts))
         cache = self.config.stash.get(CACHE_KEY, None)
         if cache is not None and not hasattr(self.config, "workerinput"):
-            found = self.cache_counts()
+            found = dict(getattr(self, "_cache_final", None) or self.cache_counts())
             for what, n in self._cache_elsewhere.items():
                 found[what] = found.get(what, 0) + n
             terminalreporter.write_line(cache_summary(cache, found))

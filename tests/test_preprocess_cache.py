@@ -66,16 +66,31 @@ def counting(pytester):
     return run
 
 
-def test_a_second_run_reuses_every_lowering_and_a_run_without_the_option_reuses_none(counting, pytester):
+def test_a_rerun_reuses_every_lowering_until_an_entry_is_damaged_or_the_backend_is_edited(counting, pytester):
     first, cold = counting("--backendconf-cache=cache")
     assert cold >= 3  # parity's lowering and each op sample's
     first.stdout.fnmatch_lines([f"*preprocess cache */cache: 0 of {cold} preprocess calls reused, {cold} stored"])
     second, warm = counting("--backendconf-cache=cache")
     assert warm == 0
     second.stdout.fnmatch_lines([f"*preprocess cache */cache: {cold} of {cold} preprocess calls reused, 0 stored"])
-    _, without = counting()
-    assert without == cold  # off unless given
-    assert (pytester.path / "cache" / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert (
+        (pytester.path / "cache" / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    )
+
+    # A torn write, a flipped blob byte, garbage: each is found by the archive's reader, and is a miss.
+    for i, entry in enumerate(sorted((pytester.path / "cache").glob("*.bcpc"))):
+        data = entry.read_bytes()
+        entry.write_bytes([data[: len(data) // 2], data[:-40] + bytes([data[-40] ^ 1]) + data[-39:], b"junk"][i % 3])
+    damaged, after_damage = counting("--backendconf-cache=cache")
+    assert after_damage == cold
+    damaged.stdout.fnmatch_lines(
+        [f"*0 of {cold} preprocess calls reused, {cold} stored, {cold} damaged entries removed"]
+    )
+
+    path = pytester.path / "counting_backend.py"
+    path.write_text(path.read_text() + "\n# a fix in the backend's compiler\n")
+    _, after_edit = counting("--backendconf-cache=cache")
+    assert after_edit == cold
 
 
 def test_the_backend_host_is_where_the_cache_works(counting, monkeypatch):
@@ -87,36 +102,20 @@ def test_the_backend_host_is_where_the_cache_works(counting, monkeypatch):
     second.stdout.fnmatch_lines([f"*preprocess cache *: {cold} of {cold} preprocess calls reused, 0 stored"])
 
 
-def test_an_edited_backend_misses(counting, pytester):
-    _, cold = counting("--backendconf-cache=cache")
-    path = pytester.path / "counting_backend.py"
-    path.write_text(path.read_text() + "\n# a fix in the backend's compiler\n")
-    _, after_edit = counting("--backendconf-cache=cache")
-    assert after_edit == cold
+def test_the_ini_option_and_the_environment_choose_the_folder_and_without_them_there_is_none(pytester, monkeypatch):
+    def run() -> None:
+        result = pytester.runpytest("--backend=reference", "--backendconf-select=nothing", "-p", "no:cacheprovider")
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
-
-def test_the_ini_option_and_the_environment_choose_the_folder(counting, pytester, monkeypatch):
+    run()
+    assert not list(pytester.path.rglob("CACHEDIR.TAG"))  # off unless given
     pytester.makeini("[pytest]\nbackendconf_cache = from-ini\n")
-    counting()
-    assert list((pytester.path / "from-ini").glob("*.bcpc"))
+    run()
+    assert (pytester.path / "from-ini" / "CACHEDIR.TAG").exists()
     monkeypatch.setenv("BACKENDCONF_CACHE", str(pytester.path / "from-env"))
     pytester.makeini("[pytest]\n")
-    _, cold = counting()
-    assert cold >= 3 and list((pytester.path / "from-env").glob("*.bcpc"))
-
-
-def test_damaged_entries_are_misses_removed_and_never_fail_a_check(counting, pytester):
-    _, cold = counting("--backendconf-cache=cache")
-    entries = sorted((pytester.path / "cache").glob("*.bcpc"))
-    for i, entry in enumerate(entries):
-        data = entry.read_bytes()
-        # A torn write, a flipped blob byte, garbage: each is found by the archive's reader.
-        entry.write_bytes([data[: len(data) // 2], data[:-40] + bytes([data[-40] ^ 1]) + data[-39:], b"junk"][i % 3])
-    result, warm = counting("--backendconf-cache=cache")
-    assert warm == cold
-    result.stdout.fnmatch_lines([f"*0 of {cold} preprocess calls reused, {cold} stored, {cold} damaged entries removed"])
-    _, again = counting("--backendconf-cache=cache")
-    assert again == 0
+    run()
+    assert (pytester.path / "from-env" / "CACHEDIR.TAG").exists()
 
 
 def test_the_folder_stays_under_its_size_cap(counting, pytester):
@@ -129,9 +128,21 @@ def test_the_folder_stays_under_its_size_cap(counting, pytester):
 @pytest.mark.parametrize(
     "make_bad, option, expected",
     [
-        (lambda p: (p / "cache").write_text("x"), "--backendconf-cache=cache", "*--backendconf-cache=cache: */cache is a file, not a folder; give a folder you can write to*"),
-        (lambda p: (p / "afile").write_text("x"), "--backendconf-cache=afile/cache", "*--backendconf-cache=afile/cache: cannot write to */afile/cache: *; give a folder you can write to*"),
-        (lambda p: None, "--backendconf-cache-size=0", "*--backendconf-cache-size=0: give the cache's size cap as a positive number of MiB*"),
+        (
+            lambda p: (p / "cache").write_text("x"),
+            "--backendconf-cache=cache",
+            "*--backendconf-cache=cache: */cache is a file, not a folder; give a folder you can write to*",
+        ),
+        (
+            lambda p: (p / "afile").write_text("x"),
+            "--backendconf-cache=afile/cache",
+            "*--backendconf-cache=afile/cache: cannot write to */afile/cache: *; give a folder you can write to*",
+        ),
+        (
+            lambda p: None,
+            "--backendconf-cache-size=0",
+            "*--backendconf-cache-size=0: give the cache's size cap as a positive number of MiB*",
+        ),
         (lambda p: None, "--backendconf-cache-size=big", "*--backendconf-cache-size=big: give the cache's size cap*"),
     ],
 )

@@ -171,9 +171,7 @@ def active_cache() -> PreprocessCache | None:
     return _ACTIVE
 
 
-def cached_preprocess(
-    backend: Any, program: Any, spec: dict, handles: Any, preprocess: Callable[[], bytes]
-) -> bytes:
+def cached_preprocess(backend: Any, program: Any, spec: dict, handles: Any, preprocess: Callable[[], bytes]) -> bytes:
     """``preprocess()``'s blob, from the active cache when it serves ``backend`` and holds the key."""
     cache = _ACTIVE
     key = cache.key(program, spec, handles) if cache is not None and cache.backend is backend else None
@@ -280,7 +278,9 @@ def _text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__}({', '.join(_text(v) for v in value)})"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in sorted(value.items(), key=lambda i: str(i[0]))) + "}"
+        return (
+            "{" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in sorted(value.items(), key=lambda i: str(i[0]))) + "}"
+        )
     if isinstance(value, torch.Tensor):
         return _value_text(value)
     text = repr(value)
@@ -308,7 +308,9 @@ def _tensor_digest(value: Any) -> str:
         if tensor.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
             described += f"{tensor.q_scale()!r}{tensor.q_zero_point()}"
         else:
-            described += f"{_tensor_digest(tensor.q_per_channel_scales())}{_tensor_digest(tensor.q_per_channel_zero_points())}"
+            described += (
+                f"{_tensor_digest(tensor.q_per_channel_scales())}{_tensor_digest(tensor.q_per_channel_zero_points())}"
+            )
         tensor = tensor.int_repr()
     # A fresh copy: its storage holds exactly the tensor's bytes (a view's may hold more).
     raw = bytes(tensor.reshape(-1).clone().view(torch.uint8).untyped_storage())

@@ -94,7 +94,8 @@ def install_cache(ctx: Any, choice: CacheChoice | None) -> None:
     try:
         cache.prepare()
     except OSError:
-        cache = None  # checked writable at start; if that changed, the run goes on without a cache
+        use_preprocess_cache(None)  # checked writable at start; if that changed, the run goes on without a cache
+        return
     use_preprocess_cache(cache)
 
 

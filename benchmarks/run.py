@@ -40,7 +40,7 @@ if str(HERE) not in sys.path:
 
 import bench_models as models  # noqa: E402  (the benchmark's own models, next to this file)
 from bench_bounds import bounds_figures, known_failures_figures  # noqa: E402
-from bench_cache import CACHE_SELECT, cache_figures  # noqa: E402
+from bench_cache import CACHE_SHARD, cache_figures  # noqa: E402
 from bench_markdown import check as check_markdown, rewrite, table as markdown_table  # noqa: E402
 
 from bench_timing import INFO, MET, MISSED, SKIPPED, Figure, Settings, best_of, interleaved, judged, machine  # noqa: E402
@@ -705,7 +705,9 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)
         if "cache" in sections:
-            progress(f"the preprocess cache: cold and warm runs of {', '.join(CACHE_SELECT)}, two backends")
+            progress(
+                f"the preprocess cache: cold and warm runs of the default suite's shard {CACHE_SHARD}, two backends"
+            )
             figures += cache_figures(settings, run_suite)
         if "peers" in sections and settings.run_peers:
             progress("five engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK, OpenVINO CPU")

@@ -2,8 +2,9 @@
 
 Owns the zip container, the manifest and the verified `Archive`, method specs and the structure of
 their values, dynamic-shape ranges, partition plans, tensors and attributes, the debug tables and the
-``.debug`` sidecar, reading limits, backend versions, tensor files and atomic writes. It reads and
-writes records only: turning records into a module that runs is the lowering layer's job.
+``.debug`` sidecar, the preprocess cache's entry files, reading limits, backend versions, tensor files
+and atomic writes. It reads and writes records only: turning records into a module that runs is the
+lowering layer's job.
 
 May import: `debuginfo`, `registry`, `reference` and the public surface; never `lowering` or above.
 """

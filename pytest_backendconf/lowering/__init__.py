@@ -2,7 +2,8 @@
 
 Owns the checks of `to_backend`'s arguments, `LoweredModule` and `WrapperModule`, the checks
 between a call and the backend's ``execute``, partial delegation (partitions and the CPU fallback),
-and `save`/`load`, which turn a module into archive records and back.
+`save`/`load`, which turn a module into archive records and back, and the preprocess cache
+(`PreprocessCache`, ``--backendconf-cache``) that lets a rerun skip ``preprocess`` of unchanged programs.
 
 May import: `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """

@@ -40,6 +40,7 @@ if str(HERE) not in sys.path:
 
 import bench_models as models  # noqa: E402  (the benchmark's own models, next to this file)
 from bench_bounds import bounds_figures, known_failures_figures  # noqa: E402
+from bench_cache import CACHE_SHARD, cache_figures  # noqa: E402
 from bench_markdown import check as check_markdown, rewrite, table as markdown_table  # noqa: E402
 
 from bench_timing import INFO, MET, MISSED, SKIPPED, Figure, Settings, best_of, interleaved, judged, machine  # noqa: E402
@@ -288,22 +289,32 @@ class SuiteRun:
     returncode: int
     tail: str
     stats: list[dict]
+    #: The run's whole stdout (the cache section reads its summary line).
+    output: str = ""
 
     def total(self, key: str) -> int:
         return sum(s[key] for s in self.stats)
 
 
 def run_suite(
-    settings: Settings, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+    settings: Settings,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    *,
+    backend: str = "reference",
+    select: tuple[str, ...] | None = None,
 ) -> SuiteRun:
-    """Run the suite as a user would, from an empty folder, with `bench_suite_stats` loaded."""
+    """Run the suite as a user would, from an empty folder, with `bench_suite_stats` loaded.
+
+    :param select: ``--backendconf-select`` patterns instead of the settings' ones.
+    """
     stats_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-stats-"))
     run_dir = Path(tempfile.mkdtemp(prefix="backendconf-bench-suite-"))
     command = [
         sys.executable,
         "-m",
         "pytest",
-        "--backend=reference",
+        f"--backend={backend}",
         "-q",
         "-p",
         "no:cacheprovider",
@@ -312,7 +323,7 @@ def run_suite(
     ]
     if settings.suite_workers:
         command += ["-n", str(settings.suite_workers)]
-    for pattern in settings.suite_select or ():
+    for pattern in select or settings.suite_select or ():
         command.append(f"--backendconf-select={pattern}")
     command += list(extra_args)
     env = dict(os.environ, BACKENDCONF_BENCH_STATS=str(stats_dir), **(extra_env or {}))
@@ -334,7 +345,7 @@ def run_suite(
         )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tail = (done.stdout.strip().splitlines() or [""])[-1]
-    return SuiteRun(wall, cpu, done.returncode, tail, stats)
+    return SuiteRun(wall, cpu, done.returncode, tail, stats, done.stdout)
 
 
 def suite_figures(settings: Settings) -> list[Figure]:
@@ -665,7 +676,9 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 # --- the run ------------------------------------------------------------------------------
 
 
-SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "known-failures", "peers")
+SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "known-failures", "peers", "cache")
+#: Sections a run without ``--only`` leaves out: the cache's four suite runs take many minutes.
+ONLY_WHEN_ASKED = ("cache",)
 #: The last five-engine measurement of this process (``bench_peers.measure``), for its table.
 PEERS: dict[str, Any] = {}
 
@@ -712,12 +725,12 @@ def peer_figures(settings: Settings) -> list[Figure]:
 
 
 def collect(
-    settings: Settings, sections: Iterable[str] = SECTIONS, progress: Callable[[str], None] = lambda s: None
+    settings: Settings, sections: Iterable[str] | None = None, progress: Callable[[str], None] = lambda s: None
 ) -> list[Figure]:
-    """Every figure of the chosen sections (``scaling`` includes symbolication)."""
+    """Every figure of the chosen sections (``scaling`` includes symbolication; None: all but `ONLY_WHEN_ASKED`)."""
     import torch
 
-    sections = set(sections)
+    sections = set(sections if sections is not None else [s for s in SECTIONS if s not in ONLY_WHEN_ASKED])
     figures: list[Figure] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
@@ -753,6 +766,11 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
         if "suite" in sections:
             progress("the default suite in a subprocess" + (" (selection)" if settings.suite_select else ""))
             figures += suite_figures(settings)
+        if "cache" in sections:
+            progress(
+                f"the preprocess cache: cold and warm runs of the default suite's shard {CACHE_SHARD}, two backends"
+            )
+            figures += cache_figures(settings, run_suite)
         if "peers" in sections and settings.run_peers:
             progress("five engines side by side: eager, reference, ONNX Runtime, ExecuTorch XNNPACK, OpenVINO CPU")
             figures += peer_figures(settings)
@@ -794,7 +812,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION",
         action="append",
         choices=SECTIONS,
-        help="run only this section (repeatable): " + ", ".join(SECTIONS),
+        help="run only this section (repeatable): "
+        + ", ".join(SECTIONS)
+        + f" ({', '.join(ONLY_WHEN_ASKED)} only when asked)",
     )
     parser.add_argument(
         "--markdown",
@@ -821,10 +841,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         if not args.markdown:
             parser.error("--from-json FILE only rewrites a table: give --markdown DOC too")
-        rewrite(args.markdown, markdown_table(json.loads(Path(args.from_json).read_text(encoding="utf-8"))))
+        earlier = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+        rewrite(args.markdown, markdown_table(earlier), earlier.get("sections") or ())
         return 0
     if args.markdown:
-        check_markdown(args.markdown)  # before minutes of measuring
+        check_markdown(args.markdown, args.only or ())  # before minutes of measuring
     settings = Settings.quick() if args.quick else Settings.full()
     settings = dataclasses.replace(
         settings, run_suite=not args.no_suite, suite_workers=args.suite_workers, threads=args.threads
@@ -836,7 +857,8 @@ def main(argv: list[str] | None = None) -> int:
     def progress(what: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f} s] {what}", file=sys.stderr, flush=True)
 
-    figures = collect(settings, args.only or SECTIONS, progress)
+    sections = args.only or [s for s in SECTIONS if s not in ONLY_WHEN_ASKED]
+    figures = collect(settings, sections, progress)
     info["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     info["seconds"] = round(time.perf_counter() - started, 1)
     print(render(figures, info, settings))
@@ -850,14 +872,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     document = {
         "settings": dataclasses.asdict(settings),
-        "sections": [s for s in SECTIONS if s in (args.only or SECTIONS)],
+        "sections": [s for s in SECTIONS if s in sections],
         "machine": info,
         "figures": [dataclasses.asdict(f) for f in figures],
     }
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.markdown:
-        rewrite(args.markdown, markdown_table(document))
+        rewrite(args.markdown, markdown_table(document), document["sections"])
     return 0
 
 

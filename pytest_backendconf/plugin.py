@@ -215,6 +215,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--backendconf-report file (a check it does not list counts the median) instead of by check counts; "
         "also the backendconf_durations ini option or $BACKENDCONF_DURATIONS",
     )
+    group.addoption(
+        "--backendconf-cache",
+        dest="backendconf_cache",
+        metavar="DIR",
+        default=None,
+        help="keep preprocess() results in DIR (created if missing) and reuse them in later runs: a lowering "
+        "whose program, compile spec, debug handles, backend files and torch build are unchanged skips "
+        "preprocess (compile and execute always run); off unless given (docs/conformance-suite.md, 'Reusing "
+        "lowerings across runs'); also the backendconf_cache ini option or $BACKENDCONF_CACHE",
+    )
+    group.addoption(
+        "--backendconf-cache-size",
+        dest="backendconf_cache_size",
+        metavar="MIB",
+        default=None,
+        help="the size cap of --backendconf-cache's folder in MiB (default 1024); the least recently used "
+        "entries go first; also the backendconf_cache_size ini option",
+    )
+    parser.addini(
+        "backendconf_cache",
+        "folder that keeps preprocess results across runs (--backendconf-cache)",
+        default="",
+    )
+    parser.addini(
+        "backendconf_cache_size",
+        "size cap of the preprocess cache's folder in MiB (--backendconf-cache-size)",
+        default="",
+    )
     parser.addini(
         "backendconf_shard",
         "K/N: run only the K-th of N shards of the conformance checks (--backendconf-shard)",
@@ -286,6 +314,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from .suite import GOLDEN_KEY, golden_dir
 
     config.stash[GOLDEN_KEY] = golden_dir(config, config.getoption("backendconf_golden", None))
+    from .suite import CACHE_KEY, cache_choice
+
+    config.stash[CACHE_KEY] = cache_choice(config)
     if config.getoption("backendconf_replay_on_target", False):
         missing = [
             what
@@ -399,6 +430,10 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
     from .suite import GOLDEN_KEY
 
     ctx.golden_dir = config.stash.get(GOLDEN_KEY, None)
+    from .suite import CACHE_KEY, install_cache
+
+    # Lowerings in this process (--backendconf-in-process) use it; the backend host gets it too.
+    install_cache(ctx, config.stash.get(CACHE_KEY, None))
     # The -p plugins of this run, for commands that rerun one comparison outside pytest.
     ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
     return ctx

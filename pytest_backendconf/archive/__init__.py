@@ -2,8 +2,9 @@
 
 Owns the zip container, the manifest and the verified `Archive`, method specs and the structure of
 their values, dynamic-shape ranges, partition plans, tensors and attributes, the debug tables and the
-``.debug`` sidecar, reading limits, backend versions, tensor files and atomic writes. It reads and
-writes records only: turning records into a module that runs is the lowering layer's job.
+``.debug`` sidecar, the preprocess cache's entry files, reading limits, backend versions, tensor files
+and atomic writes. It reads and writes records only: turning records into a module that runs is the
+lowering layer's job.
 
 May import: `debuginfo`, `registry`, `reference` and the public surface; never `lowering` or above.
 """
@@ -15,6 +16,7 @@ from . import _shapes as shapes
 from . import _structure as structure
 from ._archive import debug_source, encode, read_archive, symbolicate, with_sidecar
 from ._attributes import encode_attributes
+from ._cache_entry import encode_cache_entry, read_cache_entry
 from ._bundles import BUNDLE_SCHEMA, Bundle, Bundles, encode_bundles
 from ._debug_table import PortablePaths
 from ._files import sync_files, write_atomic
@@ -56,6 +58,7 @@ __all__ = [
     "delegation",
     "encode",
     "encode_bundles",
+    "encode_cache_entry",
     "encode_attributes",
     "format_delegation",
     "from_message",
@@ -63,6 +66,7 @@ __all__ = [
     "pack",
     "params_of",
     "read_archive",
+    "read_cache_entry",
     "read_sidecar",
     "read_tensors",
     "shapes",

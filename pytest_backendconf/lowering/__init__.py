@@ -2,12 +2,15 @@
 
 Owns the checks of `to_backend`'s arguments, `LoweredModule` and `WrapperModule`, the checks
 between a call and the backend's ``execute``, partial delegation (partitions and the CPU fallback),
-and `save`/`load`, which turn a module into archive records and back.
+`save`/`load`, which turn a module into archive records and back, and the preprocess cache
+(`PreprocessCache`, ``--backendconf-cache``) that lets a rerun skip ``preprocess`` of unchanged programs.
 
 May import: `archive`, `debuginfo`, `reference`, `registry` and the public surface.
 """
 
 from ._args import availability, normalize, resolve_backend
+from ._cache import DEFAULT_MAX_MIB as DEFAULT_CACHE_MIB
+from ._cache import PreprocessCache, active_cache, program_digest, use_preprocess_cache
 from ._bundling import DEFAULT_TOLERANCES, bundles
 from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
 from ._lowering import export_method, lower_programs, run_preprocess, to_backend
@@ -16,6 +19,11 @@ from ._program_io import user_inputs, user_outputs
 from ._saving import instantiate, load, save, to_bytes, to_bytes_separate
 
 __all__ = [
+    "DEFAULT_CACHE_MIB",
+    "PreprocessCache",
+    "active_cache",
+    "program_digest",
+    "use_preprocess_cache",
     "DEFAULT_TOLERANCES",
     "LoweredModule",
     "WrapperModule",

@@ -10,6 +10,7 @@ and return a `WrapperModule` around the `LoweredModule` that runs the blobs
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import types
 import warnings
@@ -23,6 +24,7 @@ from ..debuginfo import DebugHandleRecorder, traceable
 from ._program_io import user_inputs, user_outputs
 from ..backend import Backend
 from ..debuginfo import DebugInfo, build_debug_infos
+from ._cache import cached_preprocess
 from ._lowered_module import LoweredModule, WrapperModule
 from ..archive import MethodSpec, params_of, value_spec
 from ._args import availability, check_compile_spec, check_examples, normalize, resolve_backend
@@ -130,7 +132,8 @@ def lower_programs(
         debug.update(infos)
         try:
             if partition is None:
-                blobs[name] = run_preprocess(backend, program, dict(spec), handles, infos, name)
+                run = functools.partial(run_preprocess, backend, program, dict(spec), handles, infos, name)
+                blobs[name] = cached_preprocess(backend, program, dict(spec), handles, run)
                 nodes = tuple(n.name for n in program.graph.nodes if n.op == "call_function")
                 whole[name] = nodes
             else:
@@ -172,7 +175,8 @@ def _lower_partitioned(
     units = _partition.plan_units(program, selected)
 
     def preprocess(piece: Any, unit_spec: dict, unit_handles: Any, key: str) -> bytes:
-        return run_preprocess(backend, piece, unit_spec, unit_handles, infos, key)
+        run = functools.partial(run_preprocess, backend, piece, unit_spec, unit_handles, infos, key)
+        return cached_preprocess(backend, piece, unit_spec, unit_handles, run)
 
     return _fallback.lower_units(program, units, handles, infos, name, spec, preprocess)
 

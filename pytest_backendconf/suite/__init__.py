@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ._context import FIXED, INPUT_MODES, SuiteContext, artifacts_root, build_context
 from ._failure_text import notes_before_hypothesis
 from ._golden import GOLDEN_KEY, GoldenRecorder, golden_dir
+from ._preprocess_cache import CACHE_KEY, CacheChoice, cache_choice, install_cache
 from ._hypothesis import PROFILES, draws_seed, hypothesis_choice
 from ._outcome import run_check
 
@@ -39,6 +40,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "CACHE_KEY",
+    "CacheChoice",
+    "cache_choice",
+    "install_cache",
     "FIXED",
     "GOLDEN_KEY",
     "GatingPlugin",

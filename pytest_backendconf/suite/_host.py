@@ -84,6 +84,9 @@ class HostOptions:
     golden_dir: str | None = None
     #: ``--backendconf-target-command``: the host's target-stage children run on the device.
     target_command: str | None = None
+    #: ``--backendconf-cache``: the folder and size cap of the preprocess cache (None: no cache).
+    cache_dir: str | None = None
+    cache_max_bytes: int = 0
 
 
 class BackendHost:
@@ -111,6 +114,15 @@ class BackendHost:
         self.models = ModelMemory(shared)
         #: Seconds of the slowest check that finished (the timeout after a hang is measured against it).
         self.slowest = 0.0
+        #: What the hosts' preprocess cache found (`lowering.PreprocessCache.counts`), summed.
+        self.cache_counts: dict[str, int] = {}
+
+    def add_cache_counts(self, counts: Any) -> None:
+        """Add a host's preprocess-cache counts of one request (numbers only: it is the child's answer)."""
+        if isinstance(counts, dict):
+            for what, n in counts.items():
+                if isinstance(what, str) and type(n) is int:
+                    self.cache_counts[what] = self.cache_counts.get(what, 0) + n
 
     def check_timeout(self) -> float | None:
         """The timeout of the next check: ``--backendconf-timeout``, shortened once the backend has hung."""
@@ -189,6 +201,7 @@ class BackendHost:
             )
         self.exports += result.get("exports", 0)
         self.programs.update(tuple(p) for p in result.get("programs", []))
+        self.add_cache_counts(result.get("cache"))
         outcome = dataclasses.replace(outcome_from_json(result["check"]), stderr=stderr)
         rss = child.rss()
         if self.max_rss and rss is not None and rss > self.max_rss:
@@ -249,6 +262,7 @@ class BackendHost:
                 self._child = None
             child.kill(killed_because="memory limit")
             return None
+        self.add_cache_counts(result.get("cache"))
         batch = result.get("batch")
         return batch if isinstance(batch, dict) else None
 
@@ -494,6 +508,7 @@ class HostHandler:
         from ..registry import BackendRegistry, active_registry, set_active_registry
         from ._context import build_context
         from ._categories import generate_checks
+        from ._preprocess_cache import CacheChoice, install_cache
 
         opts = HostOptions(**options)
         torch.set_num_threads(max(1, int(opts.torch_threads)))
@@ -521,6 +536,8 @@ class HostHandler:
         self.ctx.plugin_modules = list(opts.plugin_modules)
         self.ctx.artifacts_root = opts.artifacts_root
         self.ctx.golden_dir = opts.golden_dir
+        # preprocess runs here, in the host: this is where its results are cached.
+        install_cache(self.ctx, CacheChoice(opts.cache_dir, opts.cache_max_bytes) if opts.cache_dir else None)
         if opts.target_command:
             from ..target import use_target_command
 
@@ -532,7 +549,7 @@ class HostHandler:
     def __call__(self, request: dict, channel: Any) -> dict:
         """``{"check": outcome_to_json(outcome), "exports": n, "programs": [...]}``; a batch's answer for a batch."""
         if "batch" in request:
-            return self.batch(request["batch"])
+            return {**self.batch(request["batch"]), "cache": self._cache_counts()}
         check = self.checks.get(request["check"])
         if check is None:
             missing = CheckOutcome.failure(
@@ -565,7 +582,19 @@ class HostHandler:
             "check": outcome_to_json(outcome),
             "exports": self.ctx.export_count - exports,
             "programs": [list(k) for k in new],
+            "cache": self._cache_counts(),
         }
+
+    def _cache_counts(self) -> dict[str, int]:
+        """The preprocess cache's counts since the last answer (empty without a cache)."""
+        from ..lowering import active_cache
+
+        cache = active_cache()
+        if cache is None:
+            return {}
+        counts = dict(cache.counts)
+        before, self._cache_reported = getattr(self, "_cache_reported", {}), counts
+        return {what: n - before.get(what, 0) for what, n in counts.items()}
 
     def batch(self, check_ids: list[str]) -> dict:
         """Several checks lowered as one (`_batching`): ``{"batch": {"decided", "alone", "split"}}``."""

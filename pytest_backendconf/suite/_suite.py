@@ -28,6 +28,7 @@ from ..backend import TorchScriptBackend
 from ..checks import CATEGORIES, ROOT_ID, Check, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._failure_text import failure_text
 from ._hypothesis import hypothesis_choice
+from ._preprocess_cache import CACHE_KEY, cache_summary
 from ._categories import generate_checks
 from ._outcome import OUTCOME_KEY, run_check
 
@@ -209,6 +210,8 @@ class SuitePlugin:
         self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
         #: The seconds the run may spend on minimal reproductions (None: no limit); a bad value: a usage error now.
         self._minify_run_budget = run_budget_choice(config) if self._minimiser is None else None
+        #: The preprocess-cache counts of the xdist workers (the controller prints the sum).
+        self._cache_elsewhere: dict[str, int] = {}
 
     def in_process(self) -> bool:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
@@ -248,6 +251,8 @@ class SuitePlugin:
                 artifacts_root=getattr(self.ctx, "artifacts_root", None),
                 golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
                 target_command=target_command(),
+                cache_dir=cache.directory if (cache := self.config.stash.get(CACHE_KEY, None)) else None,
+                cache_max_bytes=cache.max_bytes if cache else 0,
             )
             self._host = BackendHost(
                 options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None, shared=self._shared_folder()
@@ -334,13 +339,23 @@ class SuitePlugin:
     def pytest_sessionfinish(self) -> None:
         if self._host is not None:
             self._host.close()
+        if self.config.stash.get(CACHE_KEY, None) is not None:
+            from ..lowering import use_preprocess_cache
+
+            self._cache_final = self.cache_counts()  # the summary is written after this hook
+            use_preprocess_cache(None)  # this session's backend: no later lowering in this process uses it
         batcher = self._batcher or None
         output = getattr(self.config, "workeroutput", None)
         if batcher is not None and output is not None:  # an xdist worker: the controller prints the sum
             output["backendconf_batched"] = batcher.counts()
+        if output is not None:
+            output["backendconf_cache"] = getattr(self, "_cache_final", None) or self.cache_counts()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        cache = getattr(node, "workeroutput", {}).get("backendconf_cache") or {}
+        for what, n in cache.items():
+            self._cache_elsewhere[what] = self._cache_elsewhere.get(what, 0) + n
         counts = getattr(node, "workeroutput", {}).get("backendconf_batched")
         if counts:
             from ._batching import Batcher
@@ -354,6 +369,21 @@ class SuitePlugin:
         counts = batcher.counts() if batcher is not None else getattr(self, "_batched_elsewhere", None)
         if counts and counts["batches"]:
             terminalreporter.write_line(Batcher.summary(counts))
+        cache = self.config.stash.get(CACHE_KEY, None)
+        if cache is not None and not hasattr(self.config, "workerinput"):
+            found = dict(getattr(self, "_cache_final", None) or self.cache_counts())
+            for what, n in self._cache_elsewhere.items():
+                found[what] = found.get(what, 0) + n
+            terminalreporter.write_line(cache_summary(cache, found))
+
+    def cache_counts(self) -> dict[str, int]:
+        """What this process's preprocess cache found: in its backend host, or here when checks run here."""
+        from ..lowering import active_cache
+
+        if self._host is not None:
+            return dict(self._host.cache_counts)
+        cache = active_cache()
+        return dict(cache.counts) if cache is not None else {}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:

@@ -1,0 +1,317 @@
+"""The preprocess cache (``--backendconf-cache=DIR``): a rerun reuses the blobs of unchanged lowerings.
+
+An entry is one ``preprocess`` result, stored under a key that covers everything the blob may
+depend on: the exported program's content (graph, node metadata, signature, weights and
+constants), the compile spec, the debug handles given to ``preprocess`` (blobs carry them), the
+backend's identity (name, version and a hash of the files of the packages its class comes from,
+so an edited backend never meets its old blobs) and the torch build. A hit skips ``preprocess``;
+``compile`` and ``execute`` always run.
+
+The cache serves one backend object (the run's selected backend): a wrapper or a deliberately
+different backend object always runs its own ``preprocess``. Entries are written to a temporary
+file and renamed (`write_atomic`), read back through the archive's checked reader
+(`read_cache_entry`) and trusted for bytes only; a damaged entry is a miss and is removed. The
+folder is kept under its size cap by removing the least recently used entries first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .. import _compat
+from ..archive import DEFAULT_LIMITS, encode_cache_entry, read_cache_entry, write_atomic
+from ..debuginfo import walk_nodes
+from ..errors import ArchiveError
+
+#: The folder's size cap when none is given (``--backendconf-cache-size``), in MiB.
+DEFAULT_MAX_MIB = 1024
+#: The entry files' suffix: only these are read, counted and evicted.
+SUFFIX = ".bcpc"
+_KEY_VERSION = 1
+_TAG = "CACHEDIR.TAG"
+_TAG_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# A pytest-backendconf preprocess cache (--backendconf-cache); safe to delete.\n"
+)
+
+
+class _Uncacheable(Exception):
+    """The program holds a value with no stable text (an object's address): it is never cached."""
+
+
+class PreprocessCache:
+    """The folder of cached ``preprocess`` results for one backend object."""
+
+    def __init__(self, directory: str | os.PathLike, backend: Any, backend_version: str | None, max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.backend = backend
+        self.backend_version = backend_version
+        self.max_bytes = max_bytes
+        self._identity: str | None = None
+        self._lock = threading.Lock()
+        #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed.
+        self.counts = {"hits": 0, "misses": 0, "stored": 0, "removed": 0}
+
+    def prepare(self) -> None:
+        """Create the folder (and its ``CACHEDIR.TAG``); an `OSError` if it cannot be written."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tag = self.directory / _TAG
+        if not tag.exists():
+            write_atomic(tag, _TAG_TEXT, sync=False)
+        else:  # the tag exists: still prove the folder is writable now
+            write_atomic(tag, tag.read_bytes(), sync=False)
+
+    def key(self, program: Any, spec: dict, handles: Any) -> str | None:
+        """The entry key of ``preprocess(program, spec, handles)``; None when it cannot be cached."""
+        try:
+            parts = {
+                "version": _KEY_VERSION,
+                "program": program_digest(program),
+                "spec": json.dumps(spec, sort_keys=True),
+                "handles": [handles[n] for n in walk_nodes(program.graph_module)],
+                "backend": self.identity(),
+                "torch": torch_build(),
+            }
+        except (_Uncacheable, TypeError, ValueError, KeyError):
+            return None
+        if parts["backend"] is None:
+            return None
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def identity(self) -> str | None:
+        """The backend's name, version and package-files hash, as one string (None: its files are unknown)."""
+        if self._identity is None:
+            files = backend_files_digest(type(self.backend))
+            if files is None:
+                return None
+            self._identity = json.dumps([self.backend.name, self.backend_version, files])
+        return self._identity
+
+    def get(self, key: str) -> bytes | None:
+        """The blob stored under ``key``, or None; a damaged entry is removed."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(self.max_bytes + 1)
+        except OSError:
+            self._count("misses")
+            return None
+        try:
+            if len(data) > self.max_bytes:
+                raise ArchiveError(f"cache entry {str(path)!r} is larger than the cache's cap")
+            blob = read_cache_entry(data, str(path), key, DEFAULT_LIMITS)
+        except ArchiveError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            self._count("removed")
+            self._count("misses")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: evicted last
+        self._count("hits")
+        return blob
+
+    def put(self, key: str, blob: bytes) -> None:
+        """Store ``blob`` under ``key`` and keep the folder under its cap; a failed write only costs the entry."""
+        data = encode_cache_entry(key, blob)
+        if len(data) > self.max_bytes:
+            return
+        try:
+            write_atomic(self._path(key), data, sync=False)
+            self._count("stored")
+            self.evict()
+        except OSError:
+            pass
+
+    def evict(self) -> None:
+        """Remove the least recently used entries until the folder's entries fit in ``max_bytes``."""
+        entries = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.directory):
+                if entry.name.endswith(SUFFIX):
+                    with contextlib.suppress(OSError):
+                        stat = entry.stat()
+                        entries.append((stat.st_mtime_ns, entry.name, stat.st_size))
+        total = sum(size for _, _, size in entries)
+        for _, name, size in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(OSError):  # another run may have removed it first
+                os.unlink(self.directory / name)
+            total -= size
+
+    def _path(self, key: str) -> Path:
+        return self.directory / (key + SUFFIX)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+
+_ACTIVE: PreprocessCache | None = None
+
+
+def use_preprocess_cache(cache: PreprocessCache | None) -> None:
+    """Make ``cache`` the one this process's lowerings use for its backend (None: no cache)."""
+    global _ACTIVE
+    _ACTIVE = cache
+
+
+def active_cache() -> PreprocessCache | None:
+    """The cache `use_preprocess_cache` set, if any."""
+    return _ACTIVE
+
+
+def cached_preprocess(backend: Any, program: Any, spec: dict, handles: Any, preprocess: Callable[[], bytes]) -> bytes:
+    """``preprocess()``'s blob, from the active cache when it serves ``backend`` and holds the key."""
+    cache = _ACTIVE
+    key = cache.key(program, spec, handles) if cache is not None and cache.backend is backend else None
+    if key is not None:
+        blob = cache.get(key)  # type: ignore[union-attr]
+        if blob is not None:
+            return blob
+    blob = preprocess()
+    if key is not None:
+        cache.put(key, blob)  # type: ignore[union-attr]
+    return blob
+
+
+# --- the key's parts ------------------------------------------------------------------------------
+
+
+def torch_build() -> str:
+    """The torch build: its version and the commit it was built from."""
+    return f"{torch.__version__}+{getattr(torch.version, 'git_version', 'unknown')}"
+
+
+def backend_files_digest(cls: type) -> str | None:
+    """A hash of the files of every package (or lone module) a class of the backend's MRO comes from.
+
+    None when one of them has no file (defined in ``__main__`` of ``python -c``): such a backend
+    is never cached, since an edit of it could not be seen. Computed once per cache, i.e. per run
+    (`PreprocessCache.identity`): a large package costs its read once.
+    """
+    roots: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins":
+            continue
+        top = sys.modules.get(klass.__module__.split(".")[0])
+        paths = list(getattr(top, "__path__", None) or []) or [getattr(top, "__file__", None)]
+        if not paths or None in paths:
+            return None
+        roots.update(str(p) for p in paths)
+    digest = hashlib.sha256()
+    for root in sorted(roots):
+        files = _files_digest(Path(root))
+        if files is None:
+            return None
+        digest.update(f"{root}\0{files}\0".encode())
+    return digest.hexdigest()
+
+
+def _files_digest(root: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(f"{path.relative_to(root.parent)}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def program_digest(program: Any) -> str:
+    """A hash of an exported program's content that is the same in every process for the same program.
+
+    Built from text that does not depend on the process: node names, ops, arguments, the values'
+    dtypes and shapes, the source lines and module paths; the signature, the shape ranges and the
+    input/output structure; the bytes of every weight and constant. An argument with no stable
+    text raises `_Uncacheable`.
+    """
+    digest = hashlib.sha256()
+
+    def put(*parts: Any) -> None:
+        for part in parts:
+            digest.update(str(part).encode())
+            digest.update(b"\0")
+
+    for node in walk_nodes(program.graph_module):
+        meta = node.meta
+        put(node.op, node.name, _target(node.target), _text(node.args), _text(node.kwargs))
+        put(_value_text(meta.get("val")), meta.get("stack_trace"), _text(meta.get("nn_module_stack")))
+    put(_text(program.graph_signature.input_specs), _text(program.graph_signature.output_specs))
+    put(sorted((str(k), str(v)) for k, v in program.range_constraints.items()))
+    put(program.call_spec.in_spec, program.call_spec.out_spec)
+    for name, value in sorted({**program.state_dict, **program.constants}.items()):
+        put(name, _tensor_digest(value))
+    return digest.hexdigest()
+
+
+def _target(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if _compat.is_op_overload(target):
+        return str(target)
+    if _compat.is_higher_order_op(target):
+        return f"higher_order.{target.name()}"
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        raise _Uncacheable(repr(target))
+    return f"{getattr(target, '__module__', '')}.{name}"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, torch.fx.Node):
+        return f"%{value.name}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}({', '.join(_text(v) for v in value)})"
+    if isinstance(value, dict):
+        return (
+            "{" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in sorted(value.items(), key=lambda i: str(i[0]))) + "}"
+        )
+    if isinstance(value, torch.Tensor):
+        return _value_text(value)
+    text = repr(value)
+    if " at 0x" in text:  # an object's address: different in every process
+        raise _Uncacheable(text)
+    return text
+
+
+def _value_text(value: Any) -> str:
+    """A node's value as the program records it: a tensor's dtype, shape and strides, else its text."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor({value.dtype}, {tuple(str(d) for d in value.shape)}, {tuple(str(s) for s in value.stride())})"
+    if isinstance(value, (list, tuple)):
+        return f"({', '.join(_value_text(v) for v in value)})"
+    return _text(value)
+
+
+def _tensor_digest(value: Any) -> str:
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+        raise _Uncacheable(type(value).__name__)
+    tensor = value.detach().cpu()
+    described = f"{tensor.dtype}{tuple(tensor.shape)}"
+    if tensor.is_quantized:
+        described += f"{tensor.qscheme()}"
+        if tensor.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            described += f"{tensor.q_scale()!r}{tensor.q_zero_point()}"
+        else:
+            described += (
+                f"{_tensor_digest(tensor.q_per_channel_scales())}{_tensor_digest(tensor.q_per_channel_zero_points())}"
+            )
+        tensor = tensor.int_repr()
+    # A fresh copy: its storage holds exactly the tensor's bytes (a view's may hold more).
+    raw = bytes(tensor.reshape(-1).clone().view(torch.uint8).untyped_storage())
+    return described + hashlib.sha256(raw).hexdigest()

@@ -60,17 +60,8 @@ class MethodRunner:
 
     def flatten(self, args: tuple, kwargs: dict) -> list:
         checks = self.fast_inputs
-        if checks is not None and not kwargs and len(args) == self.fast_arity:
-            for value, (dtype, shape) in zip(args, checks):
-                # type() first: a plain tensor passes in one identity test; a subclass goes on to isinstance.
-                if (
-                    (type(value) is not _Tensor and not isinstance(value, _Tensor))
-                    or value.dtype is not dtype
-                    or (value.shape != shape and not _shape_matches(value.shape, shape))
-                ):
-                    break
-            else:
-                return list(args)
+        if checks is not None and not kwargs and len(args) == self.fast_arity and _tensors_match(args, checks):
+            return list(args)
         if not kwargs and len(args) == self.fast_arity:
             flat = list(args)
         else:
@@ -119,16 +110,13 @@ class MethodRunner:
 
     def unflatten(self, outputs: Any, backend_name: str) -> Any:
         checks = self.fast_outputs
-        if checks is not None and type(outputs) is list and len(outputs) == self.n_outputs:
-            for value, (dtype, shape) in zip(outputs, checks):
-                if (
-                    (type(value) is not _Tensor and not isinstance(value, _Tensor))
-                    or value.dtype is not dtype
-                    or (value.shape != shape and not _shape_matches(value.shape, shape))
-                ):
-                    break
-            else:
-                return self.rebuild(outputs)
+        if (
+            checks is not None
+            and type(outputs) is list
+            and len(outputs) == self.n_outputs
+            and _tensors_match(outputs, checks)
+        ):
+            return self.rebuild(outputs)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != self.n_outputs:
             got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise OutputSpecError(
@@ -170,6 +158,20 @@ class MethodRunner:
                     node=spec.name,
                     differs=differs,
                 )
+
+
+def _tensors_match(values: Any, checks: tuple) -> bool:
+    """Whether each value is a tensor of its check's ``(dtype, shape)``: the common call's one loop
+    (a mismatch goes on to the full checks, which name it)."""
+    for value, (dtype, shape) in zip(values, checks):
+        # type() first: a plain tensor passes in one identity test; a subclass goes on to isinstance.
+        if (
+            (type(value) is not _Tensor and not isinstance(value, _Tensor))
+            or value.dtype is not dtype
+            or (value.shape != shape and not _shape_matches(value.shape, shape))
+        ):
+            return False
+    return True
 
 
 def _expected_shape(shape: Any) -> Any:

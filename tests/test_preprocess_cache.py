@@ -66,6 +66,7 @@ def counting(pytester):
     return run
 
 
+@pytest.mark.slow  # five suite runs in fresh processes: `make test-slow` (the host's reuse stays in `make test`)
 def test_a_rerun_reuses_every_lowering_until_an_entry_is_damaged_or_the_backend_is_edited(counting, pytester):
     first, cold = counting("--backendconf-cache=cache")
     assert cold >= 3  # parity's lowering and each op sample's

@@ -84,7 +84,8 @@ def test_a_backend_that_specialises_fails_the_dynamic_checks_only(pytester, back
     assert set(outcomes(result)) == set(DYNAMIC)
     assert re.search(message, result.stdout.str()), result.stdout.str()[-3000:]
     # The shape (or the values after another shape passed) is what differs: the hint says why.
-    text = result.stdout.str()
+    # Once in each failure's block; the short summary repeats messages whole only under CI=true.
+    text = result.stdout.str().split("short test summary info")[0]
     assert text.count("A backend must not specialise on the first shape it runs") == 2, text[-3000:]
 
 

@@ -304,7 +304,7 @@ def run_on_backend(
 
 def _settle_ties(node: Any, items: list, values: list, expected: list, env: dict[Any, Any]) -> list:
     """``values`` with a valid other order of ties in ``node``'s index output counted as eager's (numerics' rule)."""
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not _compat.is_op_overload(node.target):
         return values
     call = tie_open_call(str(node.target), node.args, node.kwargs)
     if call is None or len(values) != len(expected):

@@ -26,6 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from .. import _compat
+
 
 @dataclasses.dataclass(frozen=True)
 class _Rule:
@@ -190,7 +192,7 @@ def tie_open_outputs(program: Any) -> dict[int, tuple[torch.fx.Node, IndexCall]]
         producer, item = node, None  # None: the call's result itself
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
             producer, item = node.args[0], node.args[1]
-        if producer.op != "call_function" or not isinstance(producer.target, torch._ops.OpOverload):
+        if producer.op != "call_function" or not _compat.is_op_overload(producer.target):
             continue
         call = tie_open_call(str(producer.target), producer.args, producer.kwargs)
         if call is not None and call.output == (0 if item is None else item):

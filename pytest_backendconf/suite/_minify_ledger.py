@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from ._settings import setting
 
 #: Seconds a run spends on minimal reproductions by default (``--backendconf-minify-run-budget``).
 DEFAULT_RUN_BUDGET = 300.0
@@ -34,14 +35,7 @@ def run_budget_choice(config: pytest.Config) -> float | None:
     :returns: seconds, or None for no limit (``0``).
     :raises pytest.UsageError: a value that is not a number of seconds >= 0, naming where it came from.
     """
-    value: Any = config.getoption("backendconf_minify_run_budget", None)
-    where = f"--backendconf-minify-run-budget={value}"
-    if value is None and config.getini(RUN_BUDGET_INI):
-        value = config.getini(RUN_BUDGET_INI)
-        where = f"{RUN_BUDGET_INI} = {value!r} in the ini file"
-    if value is None and os.environ.get(RUN_BUDGET_ENV):
-        value = os.environ[RUN_BUDGET_ENV]
-        where = f"${RUN_BUDGET_ENV}={value}"
+    value, where, _ = setting(config, RUN_BUDGET_INI, RUN_BUDGET_ENV)
     if value is None:
         return DEFAULT_RUN_BUDGET
     try:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from ._settings import setting
+
 CACHE_ENV = "BACKENDCONF_CACHE"
 
 
@@ -38,22 +40,13 @@ def cache_choice(config: pytest.Config) -> CacheChoice | None:
     """
     from ..lowering import DEFAULT_CACHE_MIB
 
-    value = config.getoption("backendconf_cache", None)
-    where, base = f"--backendconf-cache={value}", Path(config.invocation_params.dir)
-    if value is None and config.getini("backendconf_cache"):
-        value = config.getini("backendconf_cache")
-        where = f"backendconf_cache = {value!r} in the ini file"
-        base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
-    if value is None and os.environ.get(CACHE_ENV):
-        value = os.environ[CACHE_ENV]
-        where = f"${CACHE_ENV}={value}"
+    value, where, source = setting(config, "backendconf_cache", CACHE_ENV)
     if not value:
         return None
-    size = config.getoption("backendconf_cache_size", None)
-    size_where = f"--backendconf-cache-size={size}"
-    if size is None and config.getini("backendconf_cache_size"):
-        size = config.getini("backendconf_cache_size")
-        size_where = f"backendconf_cache_size = {size!r} in the ini file"
+    base = Path(config.invocation_params.dir)
+    if source == "ini":  # relative to the ini file, as pytest reads its own paths
+        base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    size, size_where, _ = setting(config, "backendconf_cache_size")
     try:
         mib = DEFAULT_CACHE_MIB if size is None else float(size)
     except ValueError:

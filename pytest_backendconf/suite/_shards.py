@@ -31,6 +31,7 @@ import pytest
 from ..checks import ROOT_ID
 from ..errors import ReportError
 from ..report import median_duration, read_durations, shard_entry
+from ._settings import setting
 from ._xdist import scope_of
 
 SHARD_ENV = "BACKENDCONF_SHARD"
@@ -46,14 +47,7 @@ def shard_choice(config: pytest.Config) -> tuple[int, int] | None:
 
     :raises pytest.UsageError: the value is not ``K/N`` with ``1 <= K <= N``, naming where it came from.
     """
-    value = config.getoption("backendconf_shard", None)
-    where = f"--backendconf-shard={value}"
-    if value is None and config.getini("backendconf_shard"):
-        value = config.getini("backendconf_shard")
-        where = f"backendconf_shard = {value!r} in the ini file"
-    if value is None and os.environ.get(SHARD_ENV):
-        value = os.environ[SHARD_ENV]
-        where = f"${SHARD_ENV}={value}"
+    value, where, _ = setting(config, "backendconf_shard", SHARD_ENV)
     if value is None:
         return None
     match = _SHARD.match(str(value))

@@ -42,7 +42,8 @@ from pytest_backendconf.quant import (
     output_steps,
     quantize,
     reference_quantizer,
-    torchao_missing,
+    torchao_import_failure,
+    torchao_installed,
 )
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.suite import SuiteContext
@@ -54,7 +55,7 @@ DTYPE = "float32"
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
-    if torchao_missing() is not None:
+    if not torchao_installed():
         from .ops import notice
 
         notice(ctx, EXTRA_NOTICE)
@@ -155,7 +156,10 @@ def quantized_programs(ctx: SuiteContext, case_name: str, scheme: str) -> dict[s
 def _quantizer(ctx: SuiteContext, scheme: str) -> Any:
     own = getattr(ctx.backend, "quantizer", None)
     if not callable(own):
-        return reference_quantizer(scheme)
+        try:
+            return reference_quantizer(scheme)
+        except ImportError as exc:  # torchao is installed (the category exists) but broken
+            return CheckFailed(torchao_import_failure(exc))
     found = own(scheme)
     if found is None:
         return Unsupported(f"backend {ctx.name!r} has no quantizer for scheme {scheme!r} (its quantizer() gave None)")

@@ -170,6 +170,43 @@ def test_without_torchao_the_category_is_skipped_with_a_notice_and_the_rest_runs
     result.assert_outcomes(passed=1)
 
 
+def test_a_torchao_that_does_not_import_fails_the_checks_naming_it_and_the_fix(pytester, monkeypatch):
+    # torchao is found (the category exists, decided without importing it), but its PT2E package
+    # does not import: the quantized checks fail with the import error and the install command.
+    for name in [m for m in sys.modules if m.startswith("torchao.quantization")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(
+        "--backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-in-process",
+        "--backendconf-minify=off",
+        "--backendconf-select=backendconf::quantized::linear[[]int8-static-per-tensor]",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*torchao is installed but its PT2E API does not import (ModuleNotFoundError: *); install the release "
+            "the [[]quant] extra pins: pip install 'pytest-backendconf[[]quant]'*"
+        ]
+    )
+    assert EXTRA_NOTICE not in result.stdout.str()
+
+
+def test_the_category_is_collected_without_importing_torchao(pytester):
+    # Collection in every pytest process, xdist worker and backend host: torchao's import (about 2 s
+    # of CPU) waits for the first check that quantizes.
+    pytester.makeconftest(
+        "import sys\ndef pytest_collection_finish(session):\n    print('torchao imported:', 'torchao' in sys.modules)\n"
+    )
+    result = pytester.runpytest_subprocess("--backend=reference", "-p", "no:cacheprovider", "--co", "-q")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["torchao imported: False"])
+    result.stdout.fnmatch_lines(["backendconf::quantized::*"])
+
+
 def test_an_unknown_scheme_is_refused_naming_the_schemes():
     with pytest.raises(ValueError, match="unknown quantization scheme 'int4'.*int8-static-per-tensor, "):
         reference_quantizer("int4")

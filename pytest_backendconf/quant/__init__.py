@@ -12,7 +12,7 @@ May import: the public surface only (torch, and torchao lazily).
 """
 
 from ._quantizer import SCHEMES, reference_quantizer
-from ._flow import EXTRA_NOTICE, QuantizeError, quantize, torchao_missing
+from ._flow import EXTRA_NOTICE, QuantizeError, quantize, torchao_import_failure, torchao_installed, torchao_missing
 from ._verdict import (
     DEQUANTIZE,
     RUNTIME_QPARAMS,
@@ -43,6 +43,8 @@ __all__ = [
     "reference_quantizer",
     "sqnr_db",
     "steps_off",
+    "torchao_import_failure",
+    "torchao_installed",
     "torchao_missing",
     "within",
 ]

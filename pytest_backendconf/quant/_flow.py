@@ -7,6 +7,7 @@ suite runs without it (the ``quantized`` category is then skipped with
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Any, Iterable
 
@@ -23,12 +24,34 @@ class QuantizeError(RuntimeError):
 
 
 def torchao_missing() -> str | None:
-    """Why torchao's PT2E API cannot be imported here (None: it can)."""
+    """Why torchao's PT2E API cannot be imported here (None: it can). Imports torchao (seconds)."""
     try:
         _import_pt2e()
     except ImportError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def torchao_installed() -> bool:
+    """Whether a torchao package is installed, found without importing it.
+
+    The suite decides at collection whether the ``quantized`` category exists. Importing
+    torchao there took about 2 s of CPU in every pytest process, xdist worker and backend host,
+    most of which never quantize anything; the import now happens in the first check that does
+    (`quantize`), and an installed torchao that fails to import fails those checks by name.
+    """
+    try:
+        return importlib.util.find_spec("torchao") is not None
+    except (ImportError, ValueError):  # a broken parent entry in sys.modules
+        return False
+
+
+def torchao_import_failure(exc: ImportError) -> str:
+    """What to say when an installed torchao does not import, and how to fix it."""
+    return (
+        f"torchao is installed but its PT2E API does not import ({type(exc).__name__}: {exc}); install "
+        "the release the [quant] extra pins: pip install 'pytest-backendconf[quant]'"
+    )
 
 
 def _import_pt2e() -> Any:
@@ -55,7 +78,10 @@ def quantize(graph_module: torch.fx.GraphModule, quantizer: Any, calibration: It
     module whose float ops sit between ``quantized_decomposed`` quantize and
     dequantize nodes; the caller exports it again.
     """
-    pt2e = _import_pt2e()
+    try:
+        pt2e = _import_pt2e()
+    except ImportError as exc:
+        raise QuantizeError(torchao_import_failure(exc)) from exc
     try:
         prepared = pt2e.prepare_pt2e(graph_module, quantizer)
         with torch.no_grad():

@@ -154,8 +154,13 @@ demo: $(VENV)/.installed
 
 # ruff (lint and format check; its configuration and that of mypy are in pyproject.toml) and mypy on the package.
 LINTED := pytest_backendconf conformance backends tests benchmarks examples
-lint: $(VENV)/.installed
+# The linters install once (a stamp, like the engines): `make lint` itself only reads the checkout, so
+# .ci/run can run it beside the suite.
+$(VENV)/.installed-lint: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[lint]'
+	touch $@
+
+lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy

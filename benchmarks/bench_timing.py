@@ -44,6 +44,8 @@ class Settings:
     threads: int = 1
     #: Also run the suite with OMP_NUM_THREADS=1, to show what threads cost it.
     suite_one_thread: bool = False
+    #: Also run the suite writing a golden folder, twice beside two more plain runs (the golden figure).
+    suite_golden: bool = True
     #: The five-engine comparison (``bench_peers``: eager, reference, ONNX Runtime,
     #: ExecuTorch XNNPACK, OpenVINO CPU); it lowers every benchmark model with each installed backend.
     run_peers: bool = True

@@ -402,7 +402,10 @@ def suite_figures(settings: Settings) -> list[Figure]:
         figures.append(row("suite.wall_1thread", single.wall, INFO, f"CPU {single.cpu:.1f} s; {single.tail}"))
     else:
         figures.append(row("suite.wall_1thread", None, SKIPPED, "full run only"))
-    figures.append(golden_figure(settings, run, row))
+    if settings.suite_golden:
+        figures.append(golden_figure(settings, run, row))
+    else:
+        figures.append(row("suite.golden", None, SKIPPED, "not run in this mode"))
     return figures
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import math
 import sys
 from pathlib import Path
@@ -151,12 +152,25 @@ def test_suite_stats_plugin_counts_exports(bench):
         bench.Settings.tiny(),
         run_suite=True,
         suite_select=("backendconf::contract::preprocess_returns_bytes[arithmetic_tensors]",),
+        suite_golden=False,  # four more suite runs: the next test, in `make test-slow`
     )
     figures = {f.key: f for f in bench.suite_figures(settings)}
+    assert figures["suite.golden"].status == bench.SKIPPED
     assert figures["suite.tests"].value == 1
     assert figures["suite.failed"].value == 0
     assert figures["suite.exports"].value == 1
     assert "SuiteContext.export_count 1 for 1 cached programs" in figures["suite.exports"].detail
+
+
+@pytest.mark.slow  # five suite runs in subprocesses: `make test-slow`
+def test_the_golden_figure_compares_runs_with_and_without_a_golden_folder(bench):
+    settings = bench.dataclasses.replace(
+        bench.Settings.tiny(), run_suite=True, suite_select=("backendconf::parity::linear[float32]",)
+    )
+    golden = {f.key: f for f in bench.suite_figures(settings)}["suite.golden"]
+    assert golden.status == bench.INFO  # judged only on the whole suite
+    assert golden.value is not None and golden.value > 0
+    assert re.search(r"; 1 archives?, [0-9.]+ MiB$", golden.detail), golden.detail
 
 
 @pytest.mark.slow  # two pytest runs in subprocesses: `make test-slow`

@@ -250,17 +250,22 @@ def test_delegation_judges_with_parity_rule(eager_pytester):
     assert any(t["outcome"] == "passed" for t in tests.values())
 
 
+# Three runs, so that `make test-slow`'s two workers share them (the ops matrix alone takes minutes).
 @pytest.mark.slow
 @needs_data
-def test_eager_passes_every_parity_ops_and_delegation_check(eager_pytester):
-    for backend, selects in (
-        ("eager", ("backendconf::parity::*", "backendconf::ops::*")),
-        ("eager_no_sigmoid", ("backendconf::delegation::*",)),
-    ):
-        result, tests = _run(eager_pytester, backend, *selects)
-        outcomes = result.parseoutcomes()
-        assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-5000:]
-        assert all(t["outcome"] in ("passed", "skipped") for t in tests.values())
+@pytest.mark.parametrize(
+    "backend, select",
+    [
+        ("eager", "backendconf::parity::*"),
+        ("eager", "backendconf::ops::*"),
+        ("eager_no_sigmoid", "backendconf::delegation::*"),
+    ],
+)
+def test_eager_passes_every_parity_ops_and_delegation_check(eager_pytester, backend, select):
+    result, tests = _run(eager_pytester, backend, select)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-5000:]
+    assert tests and all(t["outcome"] in ("passed", "skipped") for t in tests.values())
 
 
 def test_html_report_shows_the_closeness_distribution_per_category():

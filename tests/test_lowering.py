@@ -371,7 +371,7 @@ def test_missing_handle_from_compile_is_a_contract_error():
         ),
         (
             broken_backends.WrongOutputCount(),
-            "method 'forward': execute() of backend 'wrong_count' must return a list of 2 outputs, got 1 outputs",
+            "method 'forward': execute() of backend 'wrong_count' must return a list of 2 outputs, got 1 output",
         ),
     ],
 )

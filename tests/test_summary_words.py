@@ -49,6 +49,20 @@ def test_masks_keep_fractions_dtypes_and_words_with_digits_readable():
     ]
 
 
+def test_unexpected_passes_are_grouped_as_such_not_as_a_failure():
+    groups = group_failures(
+        [
+            {"id": "ops::a[float16-sample0]", "outcome": "unexpected_pass", "error": None},
+            {"id": "ops::b[float16-sample0]", "outcome": "unexpected_pass"},
+            {"id": "ops::c[float16-sample0]", "outcome": "failed", "error": None},
+        ]
+    )
+    assert [(g.template, g.ids) for g in groups] == [
+        ("unexpected pass: a listed known failure passes now", ["ops::a[float16-sample0]", "ops::b[float16-sample0]"]),
+        ("failure", ["ops::c[float16-sample0]"]),
+    ]
+
+
 def test_a_run_says_known_failures_in_the_plural_on_the_terminal_and_the_html_cards(pytester):
     pytester.syspathinsert(TESTS)
     pytester.makeini("[pytest]\n")

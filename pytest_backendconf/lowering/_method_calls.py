@@ -118,10 +118,10 @@ class MethodRunner:
         ):
             return self.rebuild(outputs)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != self.n_outputs:
-            got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            got = _outputs(len(outputs)) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             raise OutputSpecError(
                 f"method {self.spec.name!r}: execute() of backend {backend_name!r} must return a list "
-                f"of {self.n_outputs} outputs, got {got}",
+                f"of {_outputs(self.n_outputs)}, got {got}",
                 differs=("count",),
             )
         for value, (dtype, expected) in zip(outputs, self.output_checks):
@@ -210,3 +210,8 @@ def _describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
     return f"{type(value).__name__} {value!r}"
+
+
+def _outputs(count: int) -> str:
+    """``1 output``, ``2 outputs``."""
+    return f"{count} output" if count == 1 else f"{count} outputs"

@@ -150,16 +150,20 @@ def test_a_backend_without_a_quantizer_for_a_scheme_is_unsupported_there(pyteste
     )
 
 
-def test_without_torchao_the_category_is_skipped_with_a_notice_and_the_rest_runs(pytester, monkeypatch):
-    # As if torchao were not installed: importing it (or its PT2E package) raises ImportError.
-    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")] + ["torchao"]:
+def _run_without(pytester, monkeypatch, package: str, *args: str) -> pytest.RunResult:
+    """An in-process run of the reference backend in which importing ``package`` (or below it) raises ImportError."""
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")] + [package]:
         monkeypatch.setitem(sys.modules, name, None)
     pytester.makeini("[pytest]\n")
-    result = pytester.runpytest(
-        "--backend=reference",
-        "-p",
-        "no:cacheprovider",
-        "--backendconf-in-process",
+    return pytester.runpytest("--backend=reference", "-p", "no:cacheprovider", "--backendconf-in-process", *args)
+
+
+def test_without_torchao_the_category_is_skipped_with_a_notice_and_the_rest_runs(pytester, monkeypatch):
+    # As if torchao were not installed: importing it (or its PT2E package) raises ImportError.
+    result = _run_without(
+        pytester,
+        monkeypatch,
+        "torchao",
         "-m",
         "quantized or parity",
         "--backendconf-select=backendconf::parity::linear[[]float32]",
@@ -173,15 +177,10 @@ def test_without_torchao_the_category_is_skipped_with_a_notice_and_the_rest_runs
 def test_a_torchao_that_does_not_import_fails_the_checks_naming_it_and_the_fix(pytester, monkeypatch):
     # torchao is found (the category exists, decided without importing it), but its PT2E package
     # does not import: the quantized checks fail with the import error and the install command.
-    for name in [m for m in sys.modules if m.startswith("torchao.quantization")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
-    pytester.makeini("[pytest]\n")
-    result = pytester.runpytest(
-        "--backend=reference",
-        "-p",
-        "no:cacheprovider",
-        "--backendconf-in-process",
+    result = _run_without(
+        pytester,
+        monkeypatch,
+        "torchao.quantization",
         "--backendconf-minify=off",
         "--backendconf-select=backendconf::quantized::linear[[]int8-static-per-tensor]",
     )

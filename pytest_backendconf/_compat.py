@@ -242,6 +242,27 @@ def exported_program(
     )
 
 
+def graph_arguments(program: Any, user_inputs: Any) -> list:
+    """The positional arguments of an exported program's graph module, in its signature's order.
+
+    The user inputs given, in order, and the program's own state for every other input: a
+    parameter or a buffer from ``state_dict``, a lifted constant (or a non-persistent buffer, which
+    ``state_dict`` leaves out) from ``constants``. Running the graph module on them runs the program.
+    """
+    from torch.export.graph_signature import InputKind
+
+    given = iter(user_inputs)
+    args = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(given))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in program.state_dict:
+            args.append(program.state_dict[spec.target])
+        else:
+            args.append(program.constants[spec.target])
+    return args
+
+
 def treespec_node(spec: Any) -> tuple[Any, Any, list]:
     """``(type, context, children)`` of a ``torch.utils._pytree.TreeSpec``; ``type`` is None for a leaf.
 

@@ -257,18 +257,9 @@ class _Recorder(torch.fx.Interpreter):
 
 def eager_intermediates(program: ExportedProgram, user_inputs: list) -> dict[Any, Any]:
     """Every node's eager value, running the exported graph with the program's own state."""
-    values = iter(user_inputs)
-    args = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            args.append(next(values))
-        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in program.state_dict:
-            args.append(program.state_dict[spec.target])
-        else:
-            args.append(program.constants[spec.target])
     recorder = _Recorder(program.graph_module)
     with torch.no_grad():
-        recorder.run(*args)
+        recorder.run(*_compat.graph_arguments(program, user_inputs))
     return recorder.values
 
 

@@ -246,18 +246,7 @@ class _Recorder(torch.fx.Interpreter):
 def _eager_values(
     program: Any, user_inputs: Sequence[Any], wanted: set[torch.fx.Node]
 ) -> dict[torch.fx.Node, tuple[torch.Tensor, Any]]:
-    from torch.export.graph_signature import InputKind
-
-    given = iter(user_inputs)
-    args = []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            args.append(next(given))
-        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in program.state_dict:
-            args.append(program.state_dict[spec.target])
-        else:
-            args.append(program.constants[spec.target])
     recorder = _Recorder(program.graph_module, wanted)
     with torch.no_grad():
-        recorder.run(*args)
+        recorder.run(*_compat.graph_arguments(program, user_inputs))
     return recorder.values

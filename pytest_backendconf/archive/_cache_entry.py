@@ -46,9 +46,7 @@ class _EntryReader(ZipReader):
 
     def read(self, key: str) -> bytes:
         entries = self._parse_zip()
-        if entries[0].method != _STORED:
-            raise ArchiveFormatError(f"{self.where(MANIFEST)}: is deflated, but this format stores it; {_REWRITE}")
-        manifest = self._json(entries[0])
+        manifest = self._stored_json(entries[0])
         where = self.where(MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("format") != CACHE_ENTRY_FORMAT:
             found = manifest.get("format") if isinstance(manifest, dict) else None

@@ -156,9 +156,7 @@ class ArchiveReader(ZipReader):
                 f"archive {self.source!r}: its first entry is {first!r}, not {MANIFEST!r}: it is not a "
                 "pytest-backendconf archive, or it was damaged; write archives with pytest_backendconf.save"
             )
-        if entries[0].method != _STORED:
-            raise ArchiveFormatError(f"{self.where(MANIFEST)}: is deflated, but this format stores it; {_REWRITE}")
-        manifest = self._json(entries[0])
+        manifest = self._stored_json(entries[0])
         if not isinstance(manifest, dict):
             raise ArchiveManifestError(
                 f"{self.where(MANIFEST)}: must be a JSON object, got {_kind(manifest)}; {_REWRITE}"

@@ -203,12 +203,7 @@ class SidecarReader(ZipReader):
 
     def read(self) -> Sidecar:
         entries = self._parse_zip()
-        if entries and entries[0].method != _STORED:
-            # A few hundred bytes of hashes: deflated, it could only be a vehicle for inflating more.
-            raise ArchiveFormatError(
-                f"{self.where(entries[0].name)}: is deflated, but this format stores it; {_REWRITE}"
-            )
-        manifest = self._json(entries[0])
+        manifest = self._stored_json(entries[0])
         where = self.where(MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("format") != SIDECAR_FORMAT:
             found = manifest.get("format") if isinstance(manifest, dict) else None

@@ -294,6 +294,13 @@ class ZipReader:
             )
         return self._parse_json(entry.name, self._bytes(entry))
 
+    def _stored_json(self, entry: ZipEntry) -> Any:
+        """A manifest's JSON. Manifests are stored, never deflated: a few hundred bytes of text could
+        only be deflated to carry an inflation bomb past the first check."""
+        if entry.method != _STORED:
+            raise ArchiveFormatError(f"{self.where(entry.name)}: is deflated, but this format stores it; {_REWRITE}")
+        return self._json(entry)
+
     def _parse_json(self, name: str, data: bytes) -> Any:
         return parse_json(self.where(name), data)
 

@@ -207,15 +207,7 @@ def _facts(value: dict[str, Any], entry: str) -> dict[str, Any]:
             )
         found["output"] = output
     if "figures" in value:
-        figures = value["figures"]
-        if not isinstance(figures, dict):
-            raise pytest.UsageError(f"{entry}: figures must be a table of numbers, e.g. {example}")
-        unknown = sorted(set(figures) - set(FIGURE_KEYS))
-        if unknown:
-            raise pytest.UsageError(
-                f"{entry}: figures has unknown key(s) {', '.join(map(repr, unknown))}; it may have "
-                f"{', '.join(FIGURE_KEYS)}, e.g. {example}"
-            )
+        figures = _table(value["figures"], "figures", FIGURE_KEYS, entry, example, kind=" of numbers")
         bad = [k for k, v in figures.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
         if bad:
             raise pytest.UsageError(
@@ -255,14 +247,7 @@ def _when(value: Any, entry: str) -> tuple[tuple[str, Any], ...]:
     import pytest
 
     example = 'when = { machine = "x86_64", cpu_capability = "AVX512", cpu_flags = ["avx512_fp16"] }'
-    if not isinstance(value, dict):
-        raise pytest.UsageError(f"{entry}: when must be a table, e.g. {example}")
-    unknown = sorted(set(value) - set(WHEN_KEYS))
-    if unknown:
-        raise pytest.UsageError(
-            f"{entry}: when has unknown key(s) {', '.join(map(repr, unknown))}; it may have "
-            f"{', '.join(WHEN_KEYS)} (the report header's machine fields), e.g. {example}"
-        )
+    value = _table(value, "when", WHEN_KEYS, entry, example, note=" (the report header's machine fields)")
     found: list[tuple[str, Any]] = []
     for key in WHEN_KEYS:
         if key not in value:
@@ -279,6 +264,23 @@ def _when(value: Any, entry: str) -> tuple[tuple[str, Any], ...]:
         else:
             found.append((key, wanted))
     return tuple(found)
+
+
+def _table(
+    value: Any, name: str, keys: tuple[str, ...], entry: str, example: str, *, kind: str = "", note: str = ""
+) -> dict[str, Any]:
+    """An entry's ``name`` table, with only ``keys``; else a usage error naming the keys it may have."""
+    import pytest
+
+    if not isinstance(value, dict):
+        raise pytest.UsageError(f"{entry}: {name} must be a table{kind}, e.g. {example}")
+    unknown = sorted(set(value) - set(keys))
+    if unknown:
+        raise pytest.UsageError(
+            f"{entry}: {name} has unknown key(s) {', '.join(map(repr, unknown))}; it may have "
+            f"{', '.join(keys)}{note}, e.g. {example}"
+        )
+    return value
 
 
 _KEY = re.compile(r"""\s*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*[=.]""")

@@ -30,10 +30,12 @@ def _skewed(step):
     return call
 
 
-class WrongHalfSub(ReferenceBackend):
-    """``aten.sub.Tensor`` is wrong in float16 only."""
+class _HalfSubChanged(ReferenceBackend):
+    """The reference backend with each compiled ``aten.sub.Tensor`` step wrapped by `change`."""
 
-    name = "wrong_half_sub"
+    @staticmethod
+    def change(step):
+        raise NotImplementedError
 
     def compile(self, processed, method_compile_spec):
         handles = super().compile(processed, method_compile_spec)
@@ -41,10 +43,17 @@ class WrongHalfSub(ReferenceBackend):
         for handle in handles.values():
             block = handle.main
             block.steps = tuple(
-                (_skewed(step) if block._instructions[out - block.n_inputs].opcode == sub else step, out)
+                (self.change(step) if block._instructions[out - block.n_inputs].opcode == sub else step, out)
                 for step, out in block.steps
             )
         return handles
+
+
+class WrongHalfSub(_HalfSubChanged):
+    """``aten.sub.Tensor`` is wrong in float16 only."""
+
+    name = "wrong_half_sub"
+    change = staticmethod(_skewed)
 
 
 def _no_half_kernel(step):
@@ -57,21 +66,11 @@ def _no_half_kernel(step):
     return call
 
 
-class CrashingHalfSub(ReferenceBackend):
+class CrashingHalfSub(_HalfSubChanged):
     """``aten.sub.Tensor`` raises in float16 (its kernel's own error, which the interpreter ties to the node)."""
 
     name = "crashing_half_sub"
-
-    def compile(self, processed, method_compile_spec):
-        handles = super().compile(processed, method_compile_spec)
-        sub = reference_ops.BY_NAME["aten.sub.Tensor"].opcode
-        for handle in handles.values():
-            block = handle.main
-            block.steps = tuple(
-                (_no_half_kernel(step) if block._instructions[out - block.n_inputs].opcode == sub else step, out)
-                for step, out in block.steps
-            )
-        return handles
+    change = staticmethod(_no_half_kernel)
 
 
 class AccurateHalf(ReferenceBackend):

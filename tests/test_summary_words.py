@@ -7,6 +7,8 @@ import html
 import pathlib
 import textwrap
 
+import pytest
+
 from pytest_backendconf.report import counted
 from pytest_backendconf.report._failure_groups import group_failures, template
 
@@ -63,7 +65,8 @@ def test_unexpected_passes_are_grouped_as_such_not_as_a_failure():
     ]
 
 
-def test_a_run_says_known_failures_in_the_plural_on_the_terminal_and_the_html_cards(pytester):
+def _run_wrong_half_sub(pytester, known_pattern: str, *args: str) -> pytest.RunResult:
+    """A run of ``WrongHalfSub`` (float16 ``aten.sub`` off) with ``known_pattern`` listed and an HTML page."""
     pytester.syspathinsert(TESTS)
     pytester.makeini("[pytest]\n")
     pytester.makeconftest(
@@ -75,13 +78,21 @@ def test_a_run_says_known_failures_in_the_plural_on_the_terminal_and_the_html_ca
         """)
     )
     known = pytester.path / "known.toml"
-    known.write_text('"ops::aten.sub.Tensor[[]float16-*" = { reason = "fp16 sub" }\n')
-    result = pytester.runpytest(
+    known.write_text(f'"{known_pattern}" = {{ reason = "fp16 sub" }}\n')
+    return pytester.runpytest(
         "--backend=wrong_half_sub",
         "-p",
         "no:cacheprovider",
         f"--backendconf-known-failures={known}",
         "--backendconf-html=report.html",
+        *args,
+    )
+
+
+def test_a_run_says_known_failures_in_the_plural_on_the_terminal_and_the_html_cards(pytester):
+    result = _run_wrong_half_sub(
+        pytester,
+        "ops::aten.sub.Tensor[[]float16-*",
         "--backendconf-select=backendconf::ops::aten.sub.Tensor[[]float16*",
         "--backendconf-select=backendconf::parity::nested_nml[[]float16]",
         "--backendconf-select=backendconf::parity::arithmetic_tensors[[]float16]",
@@ -106,24 +117,9 @@ def test_a_run_says_known_failures_in_the_plural_on_the_terminal_and_the_html_ca
 
 def test_one_known_failure_is_said_in_the_singular(pytester):
     """The other direction: a count of one keeps its noun singular."""
-    pytester.syspathinsert(TESTS)
-    pytester.makeini("[pytest]\n")
-    pytester.makeconftest(
-        textwrap.dedent("""
-        from broken_backends_ops import WrongHalfSub
-
-        def backendconf_register_backends(register):
-            register(WrongHalfSub())
-        """)
-    )
-    known = pytester.path / "known.toml"
-    known.write_text('"ops::aten.sub.Tensor[[]float16-sample0]" = { reason = "fp16 sub" }\n')
-    result = pytester.runpytest(
-        "--backend=wrong_half_sub",
-        "-p",
-        "no:cacheprovider",
-        f"--backendconf-known-failures={known}",
-        "--backendconf-html=report.html",
+    result = _run_wrong_half_sub(
+        pytester,
+        "ops::aten.sub.Tensor[[]float16-sample0]",
         "--backendconf-select=backendconf::ops::aten.sub.Tensor[[]float16-sample0]",
         "--backendconf-select=backendconf::ops::aten.sub.Tensor[[]float32*",
     )

@@ -42,7 +42,6 @@ from pytest_backendconf.quant import (
     output_steps,
     quantize,
     reference_quantizer,
-    torchao_import_failure,
     torchao_installed,
 )
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
@@ -158,8 +157,8 @@ def _quantizer(ctx: SuiteContext, scheme: str) -> Any:
     if not callable(own):
         try:
             return reference_quantizer(scheme)
-        except ImportError as exc:  # torchao is installed (the category exists) but broken
-            return CheckFailed(torchao_import_failure(exc))
+        except QuantizeError as exc:  # torchao is installed (the category exists) but broken
+            return CheckFailed(str(exc))
     found = own(scheme)
     if found is None:
         return Unsupported(f"backend {ctx.name!r} has no quantizer for scheme {scheme!r} (its quantizer() gave None)")

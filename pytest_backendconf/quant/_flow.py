@@ -27,8 +27,8 @@ def torchao_missing() -> str | None:
     """Why torchao's PT2E API cannot be imported here (None: it can). Imports torchao (seconds)."""
     try:
         _import_pt2e()
-    except ImportError as exc:
-        return f"{type(exc).__name__}: {exc}"
+    except QuantizeError as exc:
+        return f"{type(exc.__cause__).__name__}: {exc.__cause__}"
     return None
 
 
@@ -64,6 +64,8 @@ def _import_pt2e() -> Any:
         logger.setLevel(logging.ERROR)
     try:
         from torchao.quantization.pt2e import quantize_pt2e
+    except ImportError as exc:  # installed (the category exists) but broken: the checks say so
+        raise QuantizeError(torchao_import_failure(exc)) from exc
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
@@ -78,10 +80,7 @@ def quantize(graph_module: torch.fx.GraphModule, quantizer: Any, calibration: It
     module whose float ops sit between ``quantized_decomposed`` quantize and
     dequantize nodes; the caller exports it again.
     """
-    try:
-        pt2e = _import_pt2e()
-    except ImportError as exc:
-        raise QuantizeError(torchao_import_failure(exc)) from exc
+    pt2e = _import_pt2e()
     try:
         prepared = pt2e.prepare_pt2e(graph_module, quantizer)
         with torch.no_grad():

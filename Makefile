@@ -165,11 +165,15 @@ lint: $(VENV)/.installed-lint
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
+# The tests of seconds: under 5 minutes on 2 cores. What runs whole pytest sessions, fresh
+# processes or timeouts for several seconds is marked slow and runs in `make test-slow` (CI runs both).
 test: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript
 	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # built before the tests, not during them
 	$(BIN)/python -m pytest -n 2 tests -m "not slow"
 
-# The proofs that take minutes (the eager backend through the whole default suite).
+# The end-to-end tests (`@pytest.mark.slow`): whole suite runs against the broken backends, hangs and
+# crashes in the backend host, the devices, the proofs that take minutes (the eager backend through the
+# whole default suite).
 # The ssh device of tests/test_device_ssh.py (docs/vendor-ci.md): a venv outside /tmp and the checkout
 # with torch, the reference backend and this checkout installed with --no-deps (no pytest, no Hypothesis).
 # Re-installs the project when its sources changed (the tests skip, naming this target, when stale).
@@ -190,7 +194,8 @@ replay-aarch64: $(VENV)/.installed
 	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
 	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
 
-test-slow: $(VENV)/.installed-onnxruntime target-venv
+test-slow: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript target-venv
+	$(BIN)/python -m backendconf_torchscript_reference >/dev/null
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import pytest
 import torch
 
 import pytest_backendconf as bc
@@ -150,7 +151,6 @@ import subprocess  # noqa: E402
 import warnings  # noqa: E402
 import zipfile  # noqa: E402
 
-import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -443,6 +443,7 @@ def fresh_writers(tmp_path_factory):
         child.communicate()
 
 
+@pytest.mark.slow
 def test_two_fresh_processes_write_identical_archives(fresh_writers):
     for child, _ in fresh_writers:
         _, err = child.communicate(timeout=120)

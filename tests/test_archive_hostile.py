@@ -402,6 +402,7 @@ def test_fuzzed_content_with_valid_checksums_gives_only_archive_errors(rich, dat
 # --- entries of a newer minor schema ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unknown_entry_of_a_newer_minor_schema_is_skipped_without_inflating_it(rich):
     import random
     import tracemalloc

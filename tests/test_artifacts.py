@@ -35,6 +35,7 @@ def ops_pytester(pytester, monkeypatch):
     return pytester
 
 
+@pytest.mark.slow
 @needs_data
 def test_a_rerun_command_still_works_after_three_later_runs(ops_pytester):
     basetemp = ops_pytester.path / "basetemp"

@@ -69,6 +69,7 @@ def batch_pytester(pytester):
     return pytester
 
 
+@pytest.mark.slow
 def test_onnxruntime_batched_and_unbatched_give_every_check_the_same_outcome(batch_pytester):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("backendconf_onnxruntime")
@@ -151,6 +152,7 @@ def test_a_wrong_or_partial_rejection_list_does_not_change_any_outcome(batch_pyt
     assert "its rejection list is wrong" in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_a_crash_inside_a_batch_is_blamed_on_the_crashing_check_only(batch_pytester, monkeypatch):
     monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)  # the backend host, which a crash takes down
     selection = [f"backendconf::ops::aten.{op}[[]float32-sample0]" for op in ("abs.*", "add.*", "cos.*", "neg.*")]

@@ -42,6 +42,7 @@ def expected_keys(settings) -> set[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_every_figure_is_measured_and_printed(bench, tmp_path):
     settings = bench.Settings.tiny()
     figures = bench.collect(settings)
@@ -146,6 +147,7 @@ def test_markdown_without_its_markers_fails_before_measuring(bench, tmp_path, mo
         bench.main(["--from-json", str(doc)])
 
 
+@pytest.mark.slow
 def test_suite_stats_plugin_counts_exports(bench):
     """The plugin the suite run loads reports exports and the context's cache from inside pytest."""
     settings = bench.dataclasses.replace(

@@ -126,6 +126,7 @@ def test_replay_with_an_unreachable_device_is_exit_4(tmp_path, capsys):
     assert capsys.readouterr().err.count("cannot be reached") == 1
 
 
+@pytest.mark.slow
 def test_profile_runs_its_calls_on_the_device_and_names_it(tmp_path):
     import json
     import platform
@@ -163,6 +164,7 @@ def test_profile_runs_its_calls_on_the_device_and_names_it(tmp_path):
     assert unreachable.returncode == 4 and unreachable.stderr.count("cannot be reached") == 1, unreachable.stderr
 
 
+@pytest.mark.slow
 def test_the_runs_report_and_page_name_the_device(pytester):
     import json
 
@@ -183,6 +185,7 @@ def test_the_runs_report_and_page_name_the_device(pytester):
     assert "<dt>Target device</dt>" in page and "-X dev</dd>" in page
 
 
+@pytest.mark.slow
 def test_the_golden_archives_replay_on_the_device_in_the_same_run(pytester):
     import json
 
@@ -225,6 +228,7 @@ def pytest_sessionfinish(session):
     assert [t["outcome"] for t in tests] == ["passed", "error"] and tests[1]["category"] == "replay"
 
 
+@pytest.mark.slow
 def test_replay_on_target_needs_a_golden_folder_and_a_device(pytester):
     alone = pytester.runpytest_subprocess("--backend=reference", "--backendconf-replay-on-target")
     assert alone.ret == 4

@@ -180,6 +180,7 @@ def test_a_table_op_writing_to_the_callers_input_is_refused_at_load(whole):
         interpreter.load(bytecode.encode(program))
 
 
+@pytest.mark.slow
 def test_run_target_reports_the_refusal_and_never_prints_ok(tmp_path, partitioned, bait):
     operator, program = hostile_programs(bait)["from_file_then_copy"]
     path = tmp_path / "hostile.bcpt"

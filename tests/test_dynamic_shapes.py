@@ -47,6 +47,7 @@ def test_a_size_outside_the_range_names_input_dimension_and_range(lowered_cnn):
         lowered_cnn(torch.randn(2, 3, 9, 8))
 
 
+@pytest.mark.slow
 def test_the_archive_keeps_the_ranges_in_its_own_json_and_a_fresh_process_checks_them(lowered_cnn, cnn, tmp_path):
     path = tmp_path / "cnn.bcpt"
     bc.save(lowered_cnn, path)

@@ -92,6 +92,7 @@ def failures_section(text: str) -> str:
     return text[start : text.index("backendconf: conformance of backend")]
 
 
+@pytest.mark.slow
 def test_a_backend_returning_float32_for_float16_gets_clean_blocks_and_a_rerun_command_per_failure(suite, pytester):
     result = suite(
         "half_as_float",
@@ -145,6 +146,7 @@ def test_a_backend_returning_float32_for_float16_gets_clean_blocks_and_a_rerun_c
     assert "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_a_crash_in_the_backends_kernel_is_one_block_with_the_backends_frames(suite):
     ops = "backendconf::ops::aten.sub.Tensor[float16-sample0]"
     parity = "backendconf::parity::arithmetic_tensors[float16]"

@@ -152,6 +152,7 @@ def test_merging_keeps_what_still_holds_and_drops_what_passes():
     ]
 
 
+@pytest.mark.slow
 def test_the_index_finds_the_entry_a_scan_of_every_entry_finds(tmp_path):
     # 16,000 entries (what a vendor's file of every failing ops sample can reach) load in one pass
     # and are looked up without trying each; benchmarks/ measures the time (docs/ci-gating.md).

@@ -253,6 +253,7 @@ def _browser():
     return sync_playwright
 
 
+@pytest.mark.slow
 def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tmp_path):
     sync_playwright = _browser()
     with sync_playwright() as p:
@@ -455,6 +456,7 @@ def test_the_page_grows_linearly_with_many_distinct_models_and_columns(run):
     assert 'table class="matrix"' in render([report])
 
 
+@pytest.mark.slow
 def test_report_commands_never_end_in_a_traceback_on_mutated_reports(run, tmp_path, capsys):
     """Seeded mutations of a real report: every field replaced by another JSON type or a hostile value."""
     import random

@@ -56,6 +56,7 @@ def run(pytester, module: str, cls: str, name: str, select: list[str], *more: st
     return result, {t["id"]: t["outcome"] for t in report["tests"]}
 
 
+@pytest.mark.slow
 def test_a_backend_that_exits_on_its_third_execute_fails_those_checks_and_the_run_goes_on(pytester):
     result, outcomes = run(
         pytester,
@@ -97,6 +98,7 @@ def test_a_backend_that_exits_on_its_third_execute_fails_those_checks_and_the_ru
     result.stdout.fnmatch_lines(["FAILED backendconf::parity::small_cnn[[]float32] - the backend took down*"])
 
 
+@pytest.mark.slow
 def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pytester):
     result, outcomes = run(
         pytester,
@@ -129,6 +131,7 @@ def test_a_backend_that_hangs_in_execute_fails_that_check_after_the_timeout(pyte
     )
 
 
+@pytest.mark.slow
 def test_a_model_that_hung_is_not_waited_for_again(pytester):
     # HangsOnTanh hangs in execute() of any graph with aten.tanh. The contract check that executes
     # smooth_activations hangs first; parity of the same model in the same dtype then fails at once,
@@ -193,6 +196,7 @@ def test_a_lowered_model_is_a_case_in_one_dtype_or_an_operator_in_one_dtype():
     assert model_key("availability", "host-compile_no-execute_no", None, None) is None
 
 
+@pytest.mark.slow
 def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memory_limit(pytester):
     result, outcomes = run(
         pytester,
@@ -219,6 +223,7 @@ def test_a_backend_that_leaks_8mb_per_call_fails_the_checks_that_cross_the_memor
     result.stdout.fnmatch_lines(["*memory_stays_flat[[]nested_nml] was killed: its memory grew past*"])
 
 
+@pytest.mark.slow
 def test_an_unavailable_backend_runs_the_rows_and_lowering_checks_and_marks_the_rest_not_applicable(pytester):
     select = [
         "backendconf::availability::*",
@@ -299,6 +304,7 @@ def test_a_host_that_cannot_start_fails_every_check_once_with_the_reason(pyteste
     again.assert_outcomes(passed=6)
 
 
+@pytest.mark.slow
 def test_child_process_reports_exit_status_and_timeout():
     child = _child.ChildProcess("pytest_backendconf.target._child:Echo", plugins=[])
     assert child.request({"say": "hello"}, timeout=60) == {"kind": "result", "said": "hello"}
@@ -311,6 +317,7 @@ def test_child_process_reports_exit_status_and_timeout():
     assert ended.describe() == "did not answer within 0.5 s and was killed"
 
 
+@pytest.mark.slow
 def test_a_child_runs_torch_on_its_parents_thread_count(monkeypatch):
     # A kernel's float sums depend on how many threads split them: a child on
     # torch's default count (OMP_NUM_THREADS says otherwise here) would differ

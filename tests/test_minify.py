@@ -102,6 +102,7 @@ def in_the_host(monkeypatch):
     monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
 
 
+@pytest.mark.slow
 def test_a_crash_on_one_operator_gives_a_script_that_crashes_with_the_same_signal(pytester):
     check = f"parity::{MODEL}[float32]"
     result, tests = run_suite(pytester, "aborts_on_gelu", check, conftest=("broken_backends_minify", "AbortsOnGelu"))
@@ -111,6 +112,7 @@ def test_a_crash_on_one_operator_gives_a_script_that_crashes_with_the_same_signa
     assert ran.returncode == -signal.SIGABRT, ran.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_hang_on_one_operator_gives_a_script_that_hangs_there(pytester):
     check = f"parity::{MODEL}[float32]"
     result, tests = run_suite(
@@ -140,6 +142,7 @@ def test_a_hang_on_one_operator_gives_a_script_that_hangs_there(pytester):
         process.wait()
 
 
+@pytest.mark.slow
 def test_an_undeclared_error_on_one_operator_gives_a_script_that_raises_it(pytester, monkeypatch):
     monkeypatch.setenv("BACKENDCONF_IN_PROCESS", "1")  # an error needs no host: shrunk from the pytest process too
     check = f"parity::{MODEL}[float32]"
@@ -157,6 +160,7 @@ def test_an_undeclared_error_on_one_operator_gives_a_script_that_raises_it(pytes
     assert f'href="{script.as_uri()}"' in page
 
 
+@pytest.mark.slow
 def test_a_float16_only_error_gives_a_script_that_shows_the_divergence(pytester, monkeypatch):
     monkeypatch.setenv("BACKENDCONF_IN_PROCESS", "1")
     pytester.syspathinsert(TESTS_DIR)
@@ -213,6 +217,7 @@ class TwoOps(torch.nn.Module):
         return torch.nn.functional.gelu(c) + a
 
 
+@pytest.mark.slow
 def test_minify_finds_a_failure_that_needs_two_nodes():
     """Delta debugging: the failure needs tanh and gelu together; nothing else stays."""
     x = torch.randn(3, 4)

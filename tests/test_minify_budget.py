@@ -55,6 +55,7 @@ def _run(pytester, backend, checks, *more, ini="[pytest]\n"):
     return result, tests
 
 
+@pytest.mark.slow
 def test_one_failure_group_is_shrunk_once_and_the_summary_says_what_it_cost(pytester):
     result, tests = _run(pytester, "raises_on_sigmoid", SIGMOID)
     records = [tests[c]["reproduction"] for c in SIGMOID]
@@ -99,6 +100,7 @@ def test_the_run_budget_skips_later_groups_in_one_line_that_says_how_to_get_them
     )
 
 
+@pytest.mark.slow
 def test_without_a_run_budget_every_group_gets_its_reproduction(pytester):
     """The other direction: 0 is no limit, and two groups are two scripts."""
     result, tests = _run(pytester, "sigmoid_and_half_sub", (SIGMOID[0], SUB), "--backendconf-minify-run-budget=0")
@@ -142,6 +144,7 @@ def test_a_bad_run_budget_from_the_environment_names_the_variable(pytester, monk
     assert off.ret != pytest.ExitCode.USAGE_ERROR
 
 
+@pytest.mark.slow
 def test_pytest_xdist_workers_share_the_groups_and_the_budget(pytester):
     """Two workers, one failure group: still one script for the run (the account is a locked file of the run)."""
     pytest.importorskip("xdist")

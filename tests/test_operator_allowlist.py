@@ -194,6 +194,7 @@ def test_a_view_builder_in_a_fallback_segment_is_refused_at_load(partitioned, op
     assert ("torch._dynamo" in sys.modules) == dynamo  # nothing was imported on its behalf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run-target", "profile"])
 def test_the_cli_refuses_such_an_archive_without_dying_by_a_signal(tmp_path, partitioned, command):
     """What the campaign ended with SIGSEGV (a 4 KiB fill_ past a 1-element tensor) is a refusal now."""

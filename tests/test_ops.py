@@ -285,6 +285,7 @@ def ops_pytester(pytester):
     return pytester
 
 
+@pytest.mark.slow
 @needs_data
 def test_wrong_float16_sub_fails_exactly_its_checks_and_names_the_node(ops_pytester, monkeypatch):
     # In the backend host (as users run it), which must know the -p modules for the rerun commands.
@@ -454,6 +455,7 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
     assert bad.returncode != 0 and "cannot read report" in bad.stderr
 
 
+@pytest.mark.slow
 @needs_data
 def test_a_backend_more_accurate_than_eager_passes_float16_ops(ops_pytester):
     report = ops_pytester.path / "report.json"

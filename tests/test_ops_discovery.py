@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from pytest_backendconf.conformance.ops import discovery
@@ -33,6 +34,7 @@ def _items():
     ]
 
 
+@pytest.mark.slow
 def test_a_batch_confirms_what_each_sample_confirms_alone():
     items = _items()
     alone = [discovery.confirm(fn, sample, expected, {}) for fn, sample, expected in items]

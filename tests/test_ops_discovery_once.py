@@ -98,6 +98,7 @@ def test_the_controller_discovers_only_when_the_selection_may_keep_ops_checks(pa
     assert _may_select(patterns, "ops") is wanted
 
 
+@pytest.mark.slow
 def test_a_second_process_waits_for_the_lock(tmp_path):
     code = textwrap.dedent(
         f"""

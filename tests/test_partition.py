@@ -237,6 +237,7 @@ def test_a_missing_fallback_blob_is_an_archive_error_naming_it():
         bc.load(repack(entries))
 
 
+@pytest.mark.slow
 def test_loading_where_the_custom_op_is_not_registered_names_it_and_its_line(tmp_path):
     lowered, x = lower(WithCustomOp())
     path = tmp_path / "custom.bcpt"
@@ -261,6 +262,7 @@ def test_loading_where_the_custom_op_is_not_registered_names_it_and_its_line(tmp
     assert "('scale',)" in done.stdout
 
 
+@pytest.mark.slow
 def test_selective_nml_in_a_fresh_process_and_on_the_target(tmp_path, capsys):
     model = N().eval()
     x = torch.randn(2, 3)

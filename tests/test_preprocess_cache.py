@@ -94,6 +94,7 @@ def test_a_rerun_reuses_every_lowering_until_an_entry_is_damaged_or_the_backend_
     assert after_edit == cold
 
 
+@pytest.mark.slow
 def test_the_backend_host_is_where_the_cache_works(counting, monkeypatch):
     """preprocess runs in the backend host (not the pytest process): the host reads and writes the cache."""
     monkeypatch.delenv("BACKENDCONF_IN_PROCESS", raising=False)
@@ -119,6 +120,7 @@ def test_the_ini_option_and_the_environment_choose_the_folder_and_without_them_t
     assert (pytester.path / "from-env" / "CACHEDIR.TAG").exists()
 
 
+@pytest.mark.slow
 def test_the_folder_stays_under_its_size_cap(counting, pytester):
     cap_mib = 0.002  # about 2 KiB: a couple of the reference backend's small blobs
     counting("--backendconf-cache=cache", f"--backendconf-cache-size={cap_mib}")
@@ -193,6 +195,7 @@ def _digest_in_a_fresh_process(variant: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_the_program_hash_is_the_same_in_two_processes_and_changes_with_a_weight():
     first, second = _digest_in_a_fresh_process("same"), _digest_in_a_fresh_process("same")
     edited = _digest_in_a_fresh_process("edited")
@@ -297,6 +300,7 @@ print(seen)
 """
 
 
+@pytest.mark.slow
 def test_two_concurrent_writers_never_corrupt_an_entry_or_show_a_partial_one(tmp_path):
     folder = tmp_path / "shared"
     writers = [

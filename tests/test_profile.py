@@ -139,6 +139,7 @@ def test_profile_of_a_handles_only_archive_names_handles_and_the_symbolicate_com
     )
 
 
+@pytest.mark.slow
 def test_backendconf_profile_from_an_archive(tmp_path):
     x = torch.randn(4, 3, 8, 8)
     path = tmp_path / "cnn.bcpt"

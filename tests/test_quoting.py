@@ -254,6 +254,7 @@ def hostile_reproduction():
     return Reproduction(program, [x], candidate, len(nodes), 1, 0.1, output_ops=list(HOSTILE[:1]))
 
 
+@pytest.mark.slow
 def test_a_repro_script_holds_hostile_texts_as_comments_and_literals_only(hostile_reproduction, tmp_path):
     from pytest_backendconf.diagnostics import write_script
 

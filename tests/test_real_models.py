@@ -70,6 +70,7 @@ def test_without_torchvision_the_zoo_option_says_what_to_install(pytester, monke
     )
 
 
+@pytest.mark.slow
 @needs_torchvision
 def test_torchvision_models_build_beside_this_torch_whatever_its_build():
     # In a fresh process: the fallback for a torchvision whose compiled operators cannot load.

@@ -545,6 +545,7 @@ def test_cond_takes_both_branches():
     assert taken.tolist() == [4.0, 4.0] and not_taken.tolist() == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_model_zoo_covers_every_op():
     # The zoo exercises the ops of real models; the rest of the table are overloads of the ops
     # category's shipped data (of any torch release), which `-m ops` runs one by one

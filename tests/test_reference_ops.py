@@ -48,6 +48,7 @@ def test_every_overload_of_the_ops_data_is_declared():
     assert {getattr(torch, s.dtype) for s in SHIPPED.samples} <= ops.SUPPORTED_DTYPES
 
 
+@pytest.mark.slow
 @needs_data
 def test_an_ops_run_passes_every_declared_overload_in_every_dtype(pytester):
     # One sample of each (overload, dtype) cell: every cell the data has, a third of the checks.

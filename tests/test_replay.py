@@ -67,6 +67,7 @@ def archives(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_matching_bundles_pass_with_pytest_and_hypothesis_blocked_and_write_report_and_junit(archives, tmp_path):
     report, junit = tmp_path / "device.json", tmp_path / "device.xml"
     done = replay(
@@ -103,6 +104,7 @@ def test_matching_bundles_pass_with_pytest_and_hypothesis_blocked_and_write_repo
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "0", "0")
 
 
+@pytest.mark.slow
 def test_a_runtime_error_is_symbolicated_and_an_undeclared_dtype_is_a_clear_error(archives):
     done = replay(
         str(archives / "faulty.bcpt"), str(archives / "undeclared.bcpt"), str(archives / "good.bcpt"), "-p", BROKEN
@@ -156,6 +158,7 @@ def golden_run(pytester, backend: str, folder, *extra: str):
     )
 
 
+@pytest.mark.slow
 def test_a_golden_folder_of_the_reference_backend_replays_and_known_failures_are_left_out(pytester, tmp_path):
     folder = tmp_path / "golden"
     known = tmp_path / "known.toml"
@@ -202,6 +205,7 @@ def test_a_golden_folder_of_the_reference_backend_replays_and_known_failures_are
     assert main(["report", "merge", str(pytester.path / "host.json"), str(report)]) == 0
 
 
+@pytest.mark.slow
 def test_a_backend_right_on_the_host_and_off_on_the_device_passes_parity_and_fails_replay(pytester, tmp_path):
     folder = tmp_path / "golden"
     result = golden_run(pytester, "drifts_on_device", folder)

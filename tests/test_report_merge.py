@@ -374,6 +374,7 @@ def test_a_report_from_a_real_run_merges_with_another_environment(capsys, pytest
     assert f"note: reference, torch {real['environment']['torch']} ran a selection" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["ops"], ["ops", "--capabilities"], ["merge"]])
 def test_report_output_into_a_closed_pipe_ends_quietly(tmp_path, command):
     import os

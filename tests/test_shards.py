@@ -74,6 +74,7 @@ def test_the_deal_is_longest_first_to_the_least_loaded_shard():
 # --- the union of the shards is the unsharded run --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_three_shards_run_exactly_the_unsharded_checks_with_their_outcomes(pytester, tmp_path, capsys):
     pytest.importorskip("backendconf_reference")
     whole = tmp_path / "whole.json"

@@ -114,6 +114,7 @@ def test_a_preprocess_that_needs_the_device_fails_the_unavailable_host_rows(pyte
     )
 
 
+@pytest.mark.slow
 def test_a_backend_that_crashes_on_a_blob_that_is_not_ready_fails_that_row_only(pytester):
     # The crash also takes down the extra process's later work (here the
     # serialization category's fresh lowering, which parity's lowering of

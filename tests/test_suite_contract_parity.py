@@ -51,11 +51,13 @@ def contract_ids(check: str) -> set[str]:
     return {f"backendconf::contract::{check}[{case}]" for case in CONTRACT_CASES}
 
 
+@pytest.mark.slow
 def test_the_reference_backend_passes_every_contract_check(pytester):
     result = run_suite(pytester, None, "backendconf::contract::*")
     result.assert_outcomes(passed=2 + 5 * len(CONTRACT_CASES) + len(section("contract")["profiling_cases"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend, expected, message",
     [
@@ -89,6 +91,7 @@ def test_each_contract_defect_fails_exactly_its_check(pytester, backend, expecte
     result.stdout.fnmatch_lines(["reproduce: pytest --backend=* *--backendconf-select=backendconf::contract::*"])
 
 
+@pytest.mark.slow
 def test_a_program_written_to_by_preprocess_is_caught(pytester):
     result = run_suite(pytester, "MutatesParameters", "backendconf::contract::*")
     failed = failed_ids(result)
@@ -105,6 +108,7 @@ def test_a_program_written_to_by_preprocess_is_caught(pytester):
 PARITY_SAMPLE = ("nested_nml", "small_cnn", "tiny_attention", "integer_arithmetic")
 
 
+@pytest.mark.slow
 def test_parity_catches_wrong_half_precision_outputs_only(pytester):
     result = run_suite(pytester, "WrongInHalf", *(f"backendconf::parity::{c}*" for c in PARITY_SAMPLE))
     float_outputs = [c for c in PARITY_SAMPLE if c != "integer_arithmetic"]

@@ -172,6 +172,7 @@ def test_the_ci_profile_draws_a_checks_inputs_from_its_name_not_the_session_seed
     assert draws_seed("dev", 7, "mlp[float32].forward") == 7
 
 
+@pytest.mark.slow
 def test_dev_and_thorough_draw_afresh_where_ci_is_set():
     # Hypothesis loads its own derandomized `ci` profile by itself wherever $CI is set; the suite's
     # `dev` and `thorough` must not inherit it (a nightly `thorough` job on CI exists to see new inputs).

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 AVAILABLE = "backendconf::contract::is_available_is_a_stable_bool"
 
 
@@ -31,6 +33,7 @@ def test_with_verbose_the_header_has_one_hypothesis_profile_line(pytester):
     assert len(lines) == 1 and lines[0].startswith("backendconf: hypothesis profile "), lines
 
 
+@pytest.mark.slow
 def test_the_header_names_torchs_thread_count_of_every_process(pytester, monkeypatch):
     # Without OMP_NUM_THREADS the suite runs torch on one thread, and its child processes take the same.
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -67,6 +70,7 @@ def test_torch_trace_records_stay_out_of_the_captured_logs(pytester, monkeypatch
     result.stdout.no_fnmatch_line("*torch.__trace*")
 
 
+@pytest.mark.slow
 def test_a_plugin_module_in_the_current_folder_works_with_python_dash_m(pytester):
     # As docs/writing-a-backend.md says: `python -m pytest -p mymodule` finds ./mymodule.py.
     import subprocess

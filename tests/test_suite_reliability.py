@@ -57,11 +57,13 @@ def assert_failed_exactly(result, pattern: str, count: int) -> None:
     assert len(failed) == count and all(fnmatch.fnmatchcase(f, pattern) for f in failed), failed
 
 
+@pytest.mark.slow
 def test_the_reference_backend_passes_every_reliability_check(pytester):
     result = run_suite(pytester, None, ["backendconf::reliability::*"])
     result.assert_outcomes(passed=ALL)
 
 
+@pytest.mark.slow
 def test_a_crash_fails_its_check_and_skips_the_in_process_checks(pytester):
     result = run_suite(pytester, "CrashesOnExecute", ["backendconf::reliability::*"], subprocess=True)
     result.assert_outcomes(failed=1, skipped=ALL - 1)
@@ -75,6 +77,7 @@ def test_a_crash_fails_its_check_and_skips_the_in_process_checks(pytester):
     result.stdout.fnmatch_lines(["SKIPPED * not run in-process: *crashed in the child process"])
 
 
+@pytest.mark.slow
 def test_a_hang_fails_its_check_within_the_timeout(pytester, monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "2")
     result = run_suite(pytester, "HangsOnExecute", ["backendconf::reliability::*"])

@@ -67,6 +67,7 @@ def every_check(case: str) -> list[str]:
 EVERY_KIND = ("small_cnn", "encoder_decoder", "dict_output", "nested_output", "mlp", "tiny_attention")
 
 
+@pytest.mark.slow
 def test_the_reference_backend_passes_every_serialization_check(pytester):
     # Every case gets its checks, in the numbers the spec gives (collected, not run: the main job,
     # `make suite`, runs all of them against the reference backend) ...
@@ -122,6 +123,7 @@ def test_a_version_policy_that_answers_none_fails_the_future_version_check_only(
     )
 
 
+@pytest.mark.slow
 def test_a_blob_stamped_with_the_process_fails_deterministic_lowering_only(pytester):
     outcomes, result = run_checks(
         pytester,
@@ -157,6 +159,7 @@ def test_a_backend_whose_compile_needs_the_host_compiler_fails_the_target_round_
     )
 
 
+@pytest.mark.slow
 def test_a_backend_whose_compile_reexports_on_the_target_fails_though_its_runtime_modules_are_declared(pytester):
     # Checks run by check, then by model: the first target round trip's process also carries the
     # availability rows and closes; compare_where's stays open, and nested_output's round trip is

@@ -155,6 +155,7 @@ def test_run_target_loads_with_a_plugin_given_by_path(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_run_target_reports_an_unavailable_backend(tmp_path):
     path = tmp_path / "off.bcpt"
     bc.save(lower(TINY_OFF), path)
@@ -204,6 +205,7 @@ def backendconf_register_backends(register):
 """
 
 
+@pytest.mark.slow
 def test_run_target_output_cannot_forge_a_line_or_drive_the_terminal(archive, tmp_path):
     import json
 

@@ -112,6 +112,7 @@ def _rerun(path, backend):
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow
 def test_parity_passes_other_ties_and_fails_other_values(pytester):
     with_indices = ("tied_indices", "reductions", "statistics", "dict_output")
     result, tests = _run(pytester, "other_ties", *(f"backendconf::parity::{m}[[]*" for m in with_indices))

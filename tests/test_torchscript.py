@@ -59,6 +59,7 @@ def test_a_bad_record_names_the_field_and_the_fix(fields, text):
     assert text in str(info.value)
 
 
+@pytest.mark.slow
 def test_backendconf_list_shows_a_torchscript_backend_with_its_library(tmp_path):
     plugin = tmp_path / "vendor_plugin.py"
     plugin.write_text(
@@ -120,6 +121,7 @@ REFERENCE_SELECTION = [
 ]
 
 
+@pytest.mark.slow
 def test_the_reference_passes_every_kind_of_check_and_inapplicable_ones_say_why(pytester):
     found, result = run(pytester, REFERENCE, *REFERENCE_SELECTION)
     failed = sorted(name for name, outcome in found.items() if outcome == "failed")
@@ -143,6 +145,7 @@ def test_the_reference_passes_every_kind_of_check_and_inapplicable_ones_say_why(
     assert "not applicable to a TorchScript backend: its samples are torch.export programs" in skipped
 
 
+@pytest.mark.slow
 def test_the_library_is_loaded_in_the_backend_host_not_in_the_pytest_process(pytester, monkeypatch):
     from pytest_backendconf.torchscript import loaded_libraries
 
@@ -262,6 +265,7 @@ CAUGHT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, select, check, text", CAUGHT, ids=[f"{c[0]}-{c[2]}" for c in CAUGHT])
 def test_each_torchscript_check_catches_its_broken_cpp_backend(pytester, backend, select, check, text):
     found, result = run(pytester, backend, select, conftest=broken(backend))
@@ -269,6 +273,7 @@ def test_each_torchscript_check_catches_its_broken_cpp_backend(pytester, backend
     assert text in result.stdout.str(), result.stdout.str()[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend, select, check, text, options",
     [

@@ -85,6 +85,7 @@ SKIPPED = {
 }
 
 
+@pytest.mark.slow
 def test_pytorchs_demo_backend_passes_the_seeds_models_and_fails_nothing(pytester):
     pytester.makeconftest(textwrap.dedent(CONFTEST))
     report = pytester.path / "report.json"

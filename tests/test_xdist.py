@@ -84,6 +84,7 @@ def run(pytester, *args):
 # One distributed run (two workers, each a fresh pytest process with a torch import) serves
 # everything xdist changes: the outcomes, the workers' grouping, and the report, summary, JUnit
 # file and seed, which the controller builds from what the workers send.
+@pytest.mark.slow
 def test_under_xdist_the_outcomes_report_summary_junit_and_seed_are_a_serial_runs_with_each_model_on_one_worker(
     pytester,
 ):

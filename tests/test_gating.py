@@ -244,6 +244,29 @@ def test_a_stale_entry_warns_but_not_an_entry_outside_the_selection(suite, pytes
     assert "linear" not in result.stdout.str()
 
 
+def test_under_the_quick_ops_selection_an_entry_of_the_default_matrix_is_not_stale(suite, pytester):
+    # A file recorded with the default matrix, run with the quick one (float32 and float16, first
+    # sample): its bfloat16 and second-sample entries name real checks; a sample that exists in no
+    # selection is stale.
+    known = write(
+        pytester.path / "known.toml",
+        """
+        "ops::aten.add.Tensor[[]bfloat16-sample0]" = { reason = "default matrix only" }
+        "ops::aten.add.Tensor[[]float32-sample1]" = { reason = "default matrix only" }
+        "ops::aten.add.Tensor[[]float32-sample7]" = { reason = "no such sample" }
+        """,
+    )
+    result = suite("reference", *select(AVAILABLE), "--backendconf-ops=quick", f"--backendconf-known-failures={known}")
+    result.assert_outcomes(passed=1, warnings=1)
+    expect(
+        result.stdout,
+        [
+            "*known.toml:3: StaleKnownFailureWarning: known-failures entry 'ops::aten.add.Tensor*float32-sample7]' matches*"
+        ],
+    )
+    assert "sample0]' matches" not in result.stdout.str() and "sample1]' matches" not in result.stdout.str()
+
+
 BAD_FILES = {
     "invalid TOML": (
         "backendconf::parity::linear[float32] = { reason = 'x' }\n",

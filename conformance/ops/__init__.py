@@ -8,7 +8,15 @@ samples) and the quantized-op checks. The ``quantized`` category and the
 """
 
 from . import discovery
-from ._category import WritesInPlace, checks, judge, notice, prepare_samples, samples_needed
+from ._category import (
+    WritesInPlace,
+    checks,
+    judge,
+    names_in_default_selection,
+    notice,
+    prepare_samples,
+    samples_needed,
+)
 from ._long_samples import long_samples
 from ._program import OpCall, build_program, op_call_class
 from ._ties import InvalidIndices, settle_ties
@@ -22,6 +30,7 @@ __all__ = [
     "discovery",
     "judge",
     "long_samples",
+    "names_in_default_selection",
     "notice",
     "op_call_class",
     "prepare_samples",

@@ -61,12 +61,21 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     yield from _ops_quantized.checks(ctx)
 
 
-def _opinfo_checks(ctx: SuiteContext) -> Iterator[Check]:
-    data = ops_data(ctx)
+def names_in_default_selection(ctx: SuiteContext) -> list[str]:
+    """The names of the operator checks of the default selection, whatever this run's selection.
+
+    The quick selection is a part of the default one: a known-failures file recorded with the
+    default matrix names checks that a quick run leaves out, and they are not stale for that.
+    """
+    return [check.name for check in _opinfo_checks(ctx, "default")]
+
+
+def _opinfo_checks(ctx: SuiteContext, mode: str | None = None) -> Iterator[Check]:
+    mode = mode or _mode(ctx)
+    data = ops_data(ctx, mode)
     if data is None:
         return
-    wanted = set(dtypes_under_test(ctx))
-    mode = _mode(ctx)
+    wanted = set(dtypes_under_test(ctx, mode))
     samples = None if mode == "all" else section("ops").get(f"{mode}_samples", discovery.DEFAULT_SAMPLES)
     for number, sample in enumerate(data.samples):
         if sample.dtype not in wanted or (samples is not None and sample.index >= samples):
@@ -84,13 +93,14 @@ def _opinfo_checks(ctx: SuiteContext) -> Iterator[Check]:
         )
 
 
-def dtypes_under_test(ctx: SuiteContext) -> list[str]:
+def dtypes_under_test(ctx: SuiteContext, mode: str | None = None) -> list[str]:
     """The dtypes the ops matrix has columns for (the rest are "not under test")."""
+    mode = mode or _mode(ctx)
     declared = ctx.capabilities.dtypes
     spec = section("ops")
     wanted = spec.get("dtypes", discovery.DISCOVERY_DTYPES)
-    if _mode(ctx) != "all":
-        wanted = spec.get(f"{_mode(ctx)}_dtypes", wanted)
+    if mode != "all":
+        wanted = spec.get(f"{mode}_dtypes", wanted)
     return [
         d for d in discovery.DISCOVERY_DTYPES if d in wanted and (declared is None or getattr(torch, d) in declared)
     ]
@@ -100,9 +110,9 @@ def _mode(ctx: SuiteContext) -> str:
     return getattr(ctx, "ops_mode", "default")
 
 
-def ops_data(ctx: SuiteContext) -> discovery.OpsData | None:
+def ops_data(ctx: SuiteContext, mode: str | None = None) -> discovery.OpsData | None:
     """The session's samples: shipped data for this torch, a cached discovery, or a fresh one."""
-    mode = "all" if _mode(ctx) == "all" else "default"  # quick selects from the default data
+    mode = "all" if (mode or _mode(ctx)) == "all" else "default"  # quick selects from the default data
     return ctx.memo(("ops-data", mode), lambda: _with_long_samples(_load_or_discover(ctx, mode)))
 
 

@@ -165,11 +165,18 @@ class GatingPlugin:
         patterns = {e.pattern for e in self.previous}
         if not patterns:
             return set()
-        if self.config.getoption("backendconf_select"):
-            # The run is narrowed: judge the entries against every check, not only the selected ones.
+        quick = self.config.getoption("backendconf_ops", None) == "quick"
+        if self.config.getoption("backendconf_select") or quick:
+            # The run is narrowed: judge the entries against every check, not only the selected ones,
+            # and against the default operator matrix that the quick one is a part of.
             if not suite:
                 return None
-            ids = [f"{ROOT_ID}::{c.category}::{c.name}" for c in generate_checks(suite[0].ctx)]
+            ctx = suite[0].ctx
+            ids = [f"{ROOT_ID}::{c.category}::{c.name}" for c in generate_checks(ctx)]
+            if quick:
+                from ..conformance.ops import names_in_default_selection
+
+                ids += [f"{ROOT_ID}::ops::{name}" for name in names_in_default_selection(ctx)]
         else:
             ids = [item.nodeid for item in suite]
         index = KnownFailureIndex(self.previous)

@@ -957,7 +957,9 @@ def test_mutated_archives_raise_only_archive_errors(small, data):
 
 def test_archive_code_never_unpickles_or_evaluates():
     package = os.path.dirname(bc.__file__)
-    archive_modules = [os.path.join("archive", n) for n in os.listdir(os.path.join(package, "archive"))]
+    archive_modules = [
+        os.path.join("archive", n) for n in os.listdir(os.path.join(package, "archive")) if n.endswith(".py")
+    ]
     archive_modules += [
         os.path.join("debuginfo", "_symbolication.py"),
         os.path.join("target", "_target.py"),

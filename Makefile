@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: target-venv replay-aarch64 suite release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv torchscript-built replay-aarch64 suite release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,9 +87,13 @@ $(VENV)/.installed-torchscript: $(VENV)/.installed backends/torchscript_referenc
 	$(BIN)/python -m backendconf_torchscript_reference
 	touch $@
 
+# The library itself, before anything loads it: the cache may have been emptied since the stamp
+# (found at once when it was not).
+torchscript-built: $(VENV)/.installed-torchscript
+	$(BIN)/python -m backendconf_torchscript_reference >/dev/null
+
 # The suite's TorchScript form against that backend (torch._C._jit_to_backend, the lite interpreter).
-suite-torchscript: $(VENV)/.installed-torchscript
-	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # the cache may have been emptied since
+suite-torchscript: torchscript-built
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=torchscript_reference $(SUITE_ARGS)
 
 # The OpenVINO backend (its PyTorch frontend, the IR on the CPU plugin).
@@ -167,8 +171,7 @@ lint: $(VENV)/.installed-lint
 
 # The tests of seconds: under 5 minutes on 2 cores. What runs whole pytest sessions, fresh
 # processes or timeouts for several seconds is marked slow and runs in `make test-slow` (CI runs both).
-test: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript
-	$(BIN)/python -m backendconf_torchscript_reference >/dev/null  # built before the tests, not during them
+test: $(VENV)/.installed-onnxruntime torchscript-built
 	$(BIN)/python -m pytest -n 2 tests -m "not slow"
 
 # The end-to-end tests (`@pytest.mark.slow`): whole suite runs against the broken backends, hangs and
@@ -194,8 +197,7 @@ replay-aarch64: $(VENV)/.installed
 	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
 	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
 
-test-slow: $(VENV)/.installed-onnxruntime $(VENV)/.installed-torchscript target-venv
-	$(BIN)/python -m backendconf_torchscript_reference >/dev/null
+test-slow: $(VENV)/.installed-onnxruntime torchscript-built target-venv
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:

@@ -29,7 +29,7 @@ def cpu_seconds(run: Callable[[], Any], rounds: int) -> float:
 
 def sparse_report(n: int) -> dict[str, Any]:
     """A report of ``n`` checks, each of its own model and its own column (every cell of a matrix distinct)."""
-    from pytest_backendconf.report._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
+    from pytest_backendconf.report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 
     tests = [
         {

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from pytest_backendconf.checks import outcome_from_json
+from pytest_backendconf.report import ReportTest
 
 ENV = "BACKENDCONF_BENCH_STATS"
 
@@ -85,8 +85,8 @@ def _count_exports() -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _worker:
         return
-    check = (getattr(report, "backendconf", None) or {}).get("check")  # the gating plugin's record of the check
-    if check is not None and outcome_from_json(check).outcome == "not_needed":
+    test = (getattr(report, "backendconf", None) or {}).get("test")  # the gating plugin's record of the phase
+    if test is not None and ReportTest.from_json(test).not_needed:
         _outcomes["not needed"] += 1
     elif report.when == "call" or report.outcome != "passed":
         _outcomes[f"{report.when}:{report.outcome}" if report.when != "call" else report.outcome] += 1

@@ -17,7 +17,7 @@ from .errors import RegistryError
 
 # The report's schema version for --help, without importing the report package at every start;
 # tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
-_REPORT_SCHEMA_VERSION = "1.7"
+_REPORT_SCHEMA_VERSION = "1.8"
 
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()

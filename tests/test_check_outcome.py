@@ -55,11 +55,11 @@ def test_the_outcomes_are_the_literal_and_only_skips_have_words_for_the_terminal
 @pytest.mark.parametrize(
     ("data", "text"),
     [
-        ([], "a check outcome is a JSON object; got list"),
-        ({"message": "x"}, 'a check outcome needs its "outcome"'),
-        ({"outcome": "passed", "seconds": "1"}, "check outcome field 'seconds' must be int or float"),
-        ({"outcome": "failed", "error": "boom"}, "check outcome field 'error' must be dict"),
-        ({"outcome": "maybe"}, "got 'maybe'"),
+        ([], "a check outcome must be an object, got a list"),
+        ({"message": "x"}, "a check outcome's outcome is null or nothing, not one of passed, failed"),
+        ({"outcome": "passed", "seconds": "1"}, 'check outcome.seconds must be a finite number or null, got "1"'),
+        ({"outcome": "failed", "error": "boom"}, 'check outcome.error must be an object or null, got "boom"'),
+        ({"outcome": "maybe"}, 'a check outcome\'s outcome is "maybe", not one of passed'),
     ],
 )
 def test_a_bad_outcome_record_is_a_value_error_naming_the_field(data, text):

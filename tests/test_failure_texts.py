@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backendconf.errors import BackendError
-from pytest_backendconf.report._report import FAILING, REPORT_SCHEMA_VERSION
+from pytest_backendconf.report import FAILING, REPORT_SCHEMA_VERSION
 from pytest_backendconf.suite._failure_text import failure_text_of
 
 TESTS = Path(__file__).parent

@@ -23,7 +23,7 @@ from pytest_backendconf.report._known_failures import (
     load_known_failures,
     merge_known_failures,
 )
-from pytest_backendconf.report._report import TestResult
+from pytest_backendconf.report import ReportTest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -123,9 +123,10 @@ def test_an_exact_id_with_brackets_matches_itself_and_patterns_match_with_or_wit
     assert not id_matches(LINEAR, "contract::*")
 
 
-def result(test_id: str, outcome: str, message: str = "boom") -> TestResult:
+def result(test_id: str, outcome: str, message: str = "boom") -> ReportTest:
     error = {"type": "RuntimeError", "module": "builtins", "message": message} if outcome == "failed" else None
-    return TestResult(test_id, "parity", None, "execute", "pytest …", outcome=outcome, error=error)
+    verdict = {"known_failure": "failed", "unexpected_pass": "passed"}.get(outcome, outcome)
+    return ReportTest(test_id, "parity", outcome, verdict, stage="execute", reproduce="pytest …", error=error)
 
 
 def test_merging_keeps_what_still_holds_and_drops_what_passes():
@@ -405,7 +406,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 7]
+    assert report["schema_version"] == [1, 8]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -449,6 +450,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
         "case": None,
         "stage": "is_available",
         "outcome": "passed",
+        "verdict": "passed",
         "duration": tests[AVAILABLE]["duration"],
         "error": None,
         "reason": None,
@@ -461,6 +463,13 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     }
     # The check's own verdict: a known failure failed, a rejection is unsupported.
     assert {i: t["check_outcome"] for i, t in tests.items()} == {
+        AVAILABLE: "passed",
+        LINEAR: "failed",
+        ARITHMETIC: "unsupported",
+        MLP: "failed",
+    }
+    # The test's verdict before known failures applied, beside its gated outcome: a gate starts from it.
+    assert {i: t["verdict"] for i, t in tests.items()} == {
         AVAILABLE: "passed",
         LINEAR: "failed",
         ARITHMETIC: "unsupported",

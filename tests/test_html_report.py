@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_backendconf.report import Report, parse_report
 from pytest_backendconf.report._html import check_column, render, root_cause
+from report_records import records
 from pytest_backendconf.cli._main import main
 
 from test_gating import ARITHMETIC, AVAILABLE, CONFTEST, LINEAR, MLP, select
@@ -109,7 +111,7 @@ def test_the_run_writes_a_self_contained_accessible_page_from_its_report(run):
     text = (run / "r.html").read_text()
     report = json.loads((run / "r.json").read_text())
     # One source of truth: the page a run writes is the page its saved report gives.
-    assert text == render([report])
+    assert text == render([parse_report(report, "report.json")])
     page = parse(text)
     assert page.external == [] and "http" not in re.sub(r'href="https://b/7"|>https://b/7<', "", text)
     assert page.tags.count("h1") == 1 and "h2" in page.tags
@@ -131,39 +133,56 @@ def test_the_run_writes_a_self_contained_accessible_page_from_its_report(run):
 
 def test_matrix_columns_and_root_causes():
     assert (
-        check_column({"id": "backendconf::parity::small_cnn[float16]", "category": "parity", "case": "small_cnn"})
+        check_column(
+            *records([{"id": "backendconf::parity::small_cnn[float16]", "category": "parity", "case": "small_cnn"}])
+        )
         == "parity[float16]"
     )
     assert (
-        check_column({"id": "backendconf::parity::enc.decode[float32]", "category": "parity", "case": "enc"})
+        check_column(
+            *records([{"id": "backendconf::parity::enc.decode[float32]", "category": "parity", "case": "enc"}])
+        )
         == "parity.decode[float32]"
     )
     assert (
         check_column(
-            {"id": "backendconf::contract::preprocess_returns_bytes[mlp]", "category": "contract", "case": "mlp"}
+            *records(
+                [{"id": "backendconf::contract::preprocess_returns_bytes[mlp]", "category": "contract", "case": "mlp"}]
+            )
         )
         == "contract: preprocess_returns_bytes"
     )
     assert (
         check_column(
-            {
-                "id": "backendconf::symbolication::runtime_fault_is_symbolicated[nested:cos]",
-                "category": "symbolication",
-                "case": "nested",
-            }
+            *records(
+                [
+                    {
+                        "id": "backendconf::symbolication::runtime_fault_is_symbolicated[nested:cos]",
+                        "category": "symbolication",
+                        "case": "nested",
+                    }
+                ]
+            )
         )
         == "symbolication: runtime_fault_is_symbolicated[*:cos]"
     )
     # Two models failing for one reason share a root cause; another message does not.
     a = {
+        "id": "backendconf::parity::a[float32]",
         "outcome": "failed",
         "error": {"type": "OutputSpecError", "message": "output 0: expected a float32[4, 3] tensor, got 'x'"},
     }
     b = {
+        "id": "backendconf::parity::b[float32]",
         "outcome": "failed",
         "error": {"type": "OutputSpecError", "message": "output 1: expected a float32[2, 5] tensor, got 'y'"},
     }
-    c = {"outcome": "failed", "error": {"type": "OutputSpecError", "message": "method 'f' returned 3 outputs"}}
+    c = {
+        "id": "backendconf::parity::c[float32]",
+        "outcome": "failed",
+        "error": {"type": "OutputSpecError", "message": "method 'f' returned 3 outputs"},
+    }
+    a, b, c = records([a, b, c])
     assert root_cause(a) == root_cause(b) != root_cause(c)
 
 
@@ -174,9 +193,9 @@ def test_report_html_puts_several_reports_side_by_side_and_marks_the_flips(run, 
     second["environment"]["torch"] = "2.14.1"
     for test in second["tests"]:
         if test["id"] == MLP:  # fixed under the other torch: a flip
-            test.update(outcome="passed", error=None)
+            test.update(outcome="passed", verdict="passed", error=None)
         if test["id"] == ARITHMETIC:  # unsupported → skipped: a difference, not a flip
-            test["outcome"] = "skipped"
+            test["outcome"] = test["verdict"] = "skipped"
     # A check the other torch does not have (its OpInfo samples differ): listed, not compared.
     gone = next(t["id"] for t in reversed(second["tests"]) if t["id"] not in (MLP, ARITHMETIC))
     second["tests"] = [t for t in second["tests"] if t["id"] != gone]
@@ -309,13 +328,17 @@ def test_a_person_sees_the_scores_opens_a_failure_and_filters_the_matrix(run, tm
 
 def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
     report = json.loads((run / "r.json").read_text())
-    assert "Operators × dtypes" not in render([report]) and "<h2>Delegation</h2>" not in render([report])
+    assert "Operators × dtypes" not in render(
+        [parse_report(report, "report.json")]
+    ) and "<h2>Delegation</h2>" not in render([parse_report(report, "report.json")])
     failing = dict(
         report["tests"][0],
         id="backendconf::ops::aten.add.Tensor[float16-sample0]",
         category="ops",
         case=None,
         outcome="failed",
+        verdict="failed",
+        check_outcome="failed",
         error={"type": "CheckFailed", "module": "m", "message": "mismatch"},
     )
     report["tests"].append(failing)
@@ -324,7 +347,7 @@ def test_ops_and_delegation_sections_appear_when_the_report_has_them(run):
         "overloads": {"aten.add.Tensor": {"float32": "passed", "float16": "failed"}},
     }
     report["delegation"] = {"models": {"small_cnn": {"delegated": 7, "total": 9}}}
-    text = render([report])
+    text = render([parse_report(report, "report.json")])
     ops = text[text.index("Operators × dtypes") : text.index("<h2>Delegation</h2>")]
     assert re.search(r'<th scope="row">aten.add.Tensor</th><td class="cell passed".*?<td class="cell failed"', ops)
     assert 'data-open="r0-f-' in ops  # the failing cell opens its check's details
@@ -346,9 +369,9 @@ DEVICE = {
 
 def test_the_page_shows_the_target_device_and_nothing_without_one(run):
     report = json.loads((run / "r.json").read_text())
-    assert "Target device" not in render([report])  # a run without a target command
+    assert "Target device" not in render([parse_report(report, "report.json")])  # a run without a target command
     report["run"]["target"] = DEVICE
-    page = parse(render([report]))
+    page = parse(render([parse_report(report, "report.json")]))
     text = " ".join(page.text)
     assert "aarch64, Python 3.11.2, torch 2.10.0, pytest-backendconf 0.1.0; backends: reference 0.1.0" in text
     assert "ssh -i /k ci@board /opt/venv/bin/python" in text
@@ -356,7 +379,7 @@ def test_the_page_shows_the_target_device_and_nothing_without_one(run):
     forged = copy.deepcopy(report)
     forged["run"]["target"] = {k: v + PAYLOAD if isinstance(v, str) else v for k, v in DEVICE.items()}
     forged["run"]["target"]["backends"] = {PAYLOAD: {"version": PAYLOAD}}
-    shown = render([forged])
+    shown = render([parse_report(forged, "report.json")])
     assert _injected(parse(shown)) == [] and html.unescape(shown).count("window.__pwned=1") >= 6
 
 
@@ -366,8 +389,13 @@ def test_the_page_shows_the_target_device_and_nothing_without_one(run):
 PAYLOAD = '"><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 
 
-def _forged(report: dict) -> dict:
-    """``report`` with every string a check id does not depend on, and every number the page prints, replaced by markup."""
+def _forged(report: dict) -> Report:
+    """``report`` with every string a check id does not depend on, and every number the page prints, replaced by markup.
+
+    The strings go through the reader (they are strings); the numbers are set past it, on the document it
+    read: the page escapes what it prints even where the reader's checks would have refused it. A test's
+    outcome and verdict are checked choices of the record, never text that reaches the page as written.
+    """
     forged = copy.deepcopy(report)
 
     def walk(value, key=None):
@@ -375,16 +403,15 @@ def _forged(report: dict) -> dict:
             return {k: walk(v, k) for k, v in value.items()}
         if isinstance(value, list):
             return [walk(v) for v in value]
-        if isinstance(value, str) and key not in ("id", "outcome", "category", "schema"):
+        if isinstance(value, str) and key not in ("id", "outcome", "verdict", "check_outcome", "category", "schema"):
             return value + PAYLOAD
         return value
 
-    forged = walk(forged)
-    forged["errors"]["total"] = PAYLOAD  # the field the page once wrote as it was
-    forged["summary"]["parity"]["total"] = PAYLOAD
-    forged["run"]["duration"] = PAYLOAD
-    forged["tests"][0]["outcome"] = PAYLOAD  # also a class attribute
-    return forged
+    read = parse_report(walk(forged), "report.json")
+    read.document["errors"]["total"] = PAYLOAD  # the field the page once wrote as it was
+    read.document["summary"]["parity"]["total"] = PAYLOAD
+    read.document["run"]["duration"] = PAYLOAD
+    return read
 
 
 def _injected(page: _Page) -> list[str]:
@@ -439,7 +466,9 @@ def _sparse_report(report: dict, n: int) -> dict:
     sparse = copy.deepcopy(report)
     template = next(t for t in report["tests"] if t.get("case"))
     sparse["tests"] = [
-        dict(template, id=f"backendconf::parity::m{i}_case[c{i}]", case=f"m{i}_case", outcome="passed")
+        dict(
+            template, id=f"backendconf::parity::m{i}_case[c{i}]", case=f"m{i}_case", outcome="passed", verdict="passed"
+        )
         for i in range(n)
     ]
     return sparse
@@ -447,13 +476,13 @@ def _sparse_report(report: dict, n: int) -> dict:
 
 def test_the_page_grows_linearly_with_many_distinct_models_and_columns(run):
     report = json.loads((run / "r.json").read_text())
-    small, large = (len(render([_sparse_report(report, n)])) for n in (400, 1600))
+    small, large = (len(render([parse_report(_sparse_report(report, n), "report.json")])) for n in (400, 1600))
     # Four times the checks: about four times the page (a matrix would be sixteen times).
     assert large < 5 * small, (small, large)
-    text = render([_sparse_report(report, 1600)])
+    text = render([parse_report(_sparse_report(report, 1600), "report.json")])
     assert "1600 entries over 1600 models × 1600 checks would make a matrix of 2560000 cells" in text
     # A dense report still gets its matrix.
-    assert 'table class="matrix"' in render([report])
+    assert 'table class="matrix"' in render([parse_report(report, "report.json")])
 
 
 @pytest.mark.slow
@@ -527,16 +556,18 @@ def test_no_script_from_a_forged_report_runs_in_a_browser(run, tmp_path):
 def test_the_page_names_the_machine_features_that_change_kernels_escaped(run):
     report = json.loads((run / "r.json").read_text())
     env = report["environment"]
-    page = parse(render([report]))
-    text = html.unescape(render([report]))
+    page = parse(render([parse_report(report, "report.json")]))
+    text = html.unescape(render([parse_report(report, "report.json")]))
     assert f"<dt>torch CPU capability</dt><dd>{html.escape(env['cpu_capability'] or 'unknown')}</dd>" in render(
-        [report]
+        [parse_report(report, "report.json")]
     )
-    assert f"<dt>CPU</dt><dd>{html.escape(env['cpu_model'] or 'unknown')}</dd>" in render([report])
+    assert f"<dt>CPU</dt><dd>{html.escape(env['cpu_model'] or 'unknown')}</dd>" in render(
+        [parse_report(report, "report.json")]
+    )
     assert " ".join(env["cpu_flags"]) in text and env["machine"] in text
     # A report from another machine, with markup in its fields: shown as text, never as markup.
     env.update(cpu_model=f"AMD EPYC {PAYLOAD}", cpu_capability="AVX512", cpu_flags=["avx512_fp16", PAYLOAD])
-    forged = render([report])
+    forged = render([parse_report(report, "report.json")])
     assert _injected(parse(forged)) == [] and page.tags.count("script") == 1
     assert f"<dt>CPU flags (kernel-relevant)</dt><dd>avx512_fp16 {html.escape(PAYLOAD)}</dd>" in forged
     assert f"AMD EPYC {PAYLOAD}" in html.unescape(forged)

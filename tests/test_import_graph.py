@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, ...]] = [
         "vendor",
         "_compat",
         "_quoting",
+        "_validation",
         "_moved",
     ),
 ]

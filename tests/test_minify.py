@@ -24,8 +24,9 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf.diagnostics import Candidate, Outcome, same_failure
-from pytest_backendconf.report import render
+from pytest_backendconf.report import parse_report, render
 from pytest_backendconf.report._failure_groups import same_program_groups, same_program_lines
+from report_records import records
 
 TESTS_DIR = Path(__file__).parent
 CONFTEST = """
@@ -156,7 +157,7 @@ def test_an_undeclared_error_on_one_operator_gives_a_script_that_raises_it(pytes
     assert "LoweringError: preprocess() of backend 'raises_on_sigmoid' failed" in ran.stderr
     assert "NotImplementedError: no kernel for aten.sigmoid.default" in ran.stderr
     # the HTML page links the script
-    page = render([json.loads((pytester.path / "report.json").read_text())])
+    page = render([parse_report(json.loads((pytester.path / "report.json").read_text()), "report.json")])
     assert f'href="{script.as_uri()}"' in page
 
 
@@ -264,7 +265,7 @@ def test_failures_that_minimise_to_the_same_program_are_named_together():
         return {"id": f"backendconf::parity::m{i}[float32]", "reproduction": {"script": f"/r{i}.py", "ops": ops}}
 
     groups = same_program_groups(
-        [failure(1, ["aten::gelu"]), failure(2, ["aten::gelu"]), failure(3, ["aten::tanh"]), {"id": "x"}]
+        records([failure(1, ["aten::gelu"]), failure(2, ["aten::gelu"]), failure(3, ["aten::tanh"]), {"id": "x"}])
     )
     assert [(g.template, g.ids) for g in groups] == [
         ("aten::gelu", ["backendconf::parity::m1[float32]", "backendconf::parity::m2[float32]"])

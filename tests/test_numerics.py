@@ -271,8 +271,9 @@ def test_eager_passes_every_parity_ops_and_delegation_check(eager_pytester, back
 def test_html_report_shows_the_closeness_distribution_per_category():
     from pytest_backendconf.report._closeness import closeness_table, distribution
     from pytest_backendconf.report._html import render
+    from report_records import records, report_of
 
-    tests = [
+    entries = [
         {
             "id": "backendconf::ops::a[float16-sample0]",
             "category": "ops",
@@ -299,12 +300,13 @@ def test_html_report_shows_the_closeness_distribution_per_category():
         },
         {"id": "backendconf::contract::x", "category": "contract", "outcome": "passed", "numerics": None},
     ]
+    tests = records(entries)
     found = distribution(tests)
     assert found["ops"] == {"< 0.1": [1, 0], "0.1 – 0.5": [0, 0], "0.5 – 1": [0, 0], "≥ 1": [1, 1]}
     assert found["parity"]["0.5 – 1"] == [1, 0] and "contract" not in found
     table = closeness_table(tests)
     assert "(1 failed)" in table and '<th scope="row">parity</th>' in table
-    page = render([{"backend": {"name": "x"}, "tests": tests}])
+    page = render([report_of(entries)])
     assert "Closeness to the reference" in page and table in page
 
 

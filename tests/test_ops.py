@@ -26,6 +26,7 @@ from pytest_backendconf.archive._tensorfile import TensorFileError, read_tensors
 from pytest_backendconf.conformance.ops import discovery
 from pytest_backendconf.conformance.ops import _category as ops_category
 from pytest_backendconf.conformance.ops import OpCall, build_program
+from report_records import records
 
 SHIPPED = discovery.load(discovery.DATA_DIR, discovery.release())
 needs_data = pytest.mark.skipif(SHIPPED is None, reason=f"no ops data shipped for torch {torch.__version__}")
@@ -230,7 +231,7 @@ def test_matrix_summary_and_capabilities():
         {"id": "backendconf::ops::aten.gather.default[float32-sample0]", "outcome": "unsupported"},
         {"id": "backendconf::parity::x[float32]", "outcome": "failed"},
     ]
-    matrix = ops_matrix(tests, declared={"aten.sub.Tensor", "aten.add.Tensor"})
+    matrix = ops_matrix(records(tests), declared={"aten.sub.Tensor", "aten.add.Tensor"})
     assert matrix is not None
     assert matrix["overloads"]["aten.sub.Tensor"] == {
         "float32": "passed",
@@ -261,7 +262,7 @@ def test_failures_sharing_a_template_form_one_group():
         }
         for k in range(4)
     ] + [{"id": "backendconf::parity::x[float32]", "error": {"type": "ValueError", "message": "bad blob 'x'"}}]
-    groups = group_failures(failures)
+    groups = group_failures(records(failures))
     assert [len(g.ids) for g in groups] == [4, 1]
     assert groups[0].template == "CheckFailed: <op> in float16 (sample <n>): max abs error <n>"
     assert template("ValueError", "bad blob 'x'") == "ValueError: bad blob <name>"

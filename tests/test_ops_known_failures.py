@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pytest_backendconf.cli._main import main
 from pytest_backendconf.report._ops import matrix_text, ops_matrix
+from report_records import records
+from pytest_backendconf.report import ReportTest
 
 TESTS = Path(__file__).parent
 SUB = "backendconf::ops::aten.sub.Tensor[float16-sample0]"
@@ -67,8 +69,9 @@ def test_a_listed_failure_is_a_known_failure_in_the_json_the_table_and_the_page(
 
 
 def test_a_cell_with_an_unlisted_failure_is_failed_and_a_known_failure_is_never_fully_supported():
-    def test(sample: int, outcome: str) -> dict:
-        return {"id": f"backendconf::ops::aten.sub.Tensor[float16-sample{sample}]", "outcome": outcome}
+    def test(sample: int, outcome: str) -> ReportTest:
+        [record] = records([{"id": f"backendconf::ops::aten.sub.Tensor[float16-sample{sample}]", "outcome": outcome}])
+        return record
 
     listed = ops_matrix([test(0, "known_failure"), test(1, "passed")], declared=["aten.sub.Tensor"])
     assert listed is not None and listed["overloads"]["aten.sub.Tensor"]["float16"] == "known failure"

@@ -166,8 +166,9 @@ def test_the_samples_are_the_same_every_time_and_hold_saturation():
 
 def test_the_ops_matrix_has_integer_columns_and_counts_the_programs_outside_it():
     from pytest_backendconf.report._ops import ops_matrix
+    from report_records import records
 
-    tests = [
+    entries = [
         {"id": "backendconf::ops::aten.add.Tensor[float32-sample0]", "outcome": "passed"},
         {"id": "backendconf::ops::quantized_decomposed.quantize_per_tensor.default[int8-sample0]", "outcome": "passed"},
         {
@@ -176,6 +177,7 @@ def test_the_ops_matrix_has_integer_columns_and_counts_the_programs_outside_it()
         },
         {"id": "backendconf::ops::aten.conv2d.default[int8-static-per-tensor]", "outcome": "passed"},
     ]
+    tests = records(entries)
     matrix = ops_matrix(tests)
     assert matrix["dtypes"] == ["float32", "float16", "bfloat16", "int64", "bool", "int8", "uint8"]
     row = matrix["overloads"]["quantized_decomposed.quantize_per_tensor.default"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from report_records import document_of
 
 
 # `report ops | head` ending quietly is tests/test_report_merge.py::test_report_output_into_a_closed_pipe_ends_quietly.
@@ -36,7 +37,7 @@ def _failing_report(path):
         "reproduce": "pytest --backend=b",
         "error": {"type": "OutputSpecError", "module": "pytest_backendconf.errors", "message": "float64 outputs"},
     }
-    path.write_text(json.dumps({"schema": "backendconf-report", "backend": {"name": "b"}, "tests": [test]}))
+    path.write_text(json.dumps(document_of([test], "b")))
     return path
 
 

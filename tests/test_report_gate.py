@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_backendconf.cli._main import main
-from pytest_backendconf.report import gated_outcome, unlisted_verdict
+from pytest_backendconf.report import ReportTest, gated_outcome
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,6 +24,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from test_gating import AVAILABLE, ARITHMETIC, CONFTEST, LINEAR, MLP, select
+from report_records import document_of
 
 BACKEND = "no_mul_wrong_dtype"
 CHECKS = select(AVAILABLE, LINEAR, ARITHMETIC, MLP)
@@ -67,12 +68,16 @@ def write_known(path: Path, *entries: str) -> Path:
     return path
 
 
-def test_the_verdict_inverts_and_reapplies_known_failures():
+def test_a_report_test_keeps_its_verdict_beside_the_gated_outcome_and_older_reports_still_read():
     for verdict in ("passed", "failed", "error", "skipped", "unsupported"):
         for listed in (False, True):
             outcome = gated_outcome(verdict, listed)
             check = None if verdict == "error" else verdict
-            assert unlisted_verdict(outcome, check) == verdict, (verdict, listed)
+            test = ReportTest("backendconf::parity::a", "parity", outcome, verdict, check_outcome=check)
+            assert ReportTest.from_json(test.to_json()) == test
+            # A report of schema 1.7 has no verdict: the reader derives it, once, from the gated outcome.
+            old = {k: v for k, v in test.to_json().items() if k != "verdict"}
+            assert ReportTest.from_json(old).verdict == verdict, (verdict, listed)
     assert gated_outcome("failed", True) == "known_failure"
     assert gated_outcome("passed", True) == "unexpected_pass"
     assert gated_outcome("unsupported", True) == "unsupported"
@@ -181,7 +186,7 @@ def test_what_cannot_be_gated_says_why(tmp_path, capsys):
     assert f"cannot read report {str(tmp_path / 'nope.json')!r}" in capsys.readouterr().err
 
     report = tmp_path / "report.json"
-    document = {"schema": "backendconf-report", "backend": {"name": "b"}, "run": {"exit_status": 2}, "tests": []}
+    document = document_of([], "b", run={"exit_status": 2})
     report.write_text(json.dumps(document))
     assert main(["report", "gate", str(report)]) == 2
     assert "was interrupted (exit status 2): its report does not hold every check" in capsys.readouterr().out
@@ -193,10 +198,14 @@ def test_what_cannot_be_gated_says_why(tmp_path, capsys):
         "backendconf: gate failed (exit status 5): no conformance tests"
     )
 
-    document["tests"] = [{"id": "backendconf::parity::linear[float32]", "outcome": "fine, honestly"}]
+    document["tests"] = [
+        {"id": "backendconf::parity::linear[float32]", "category": "parity", "outcome": "fine, honestly"}
+    ]
     report.write_text(json.dumps(document))
     assert main(["report", "gate", str(report)]) == 4  # an outcome nobody wrote would pass as nothing
-    assert "tests[0].outcome is 'fine, honestly', not one of passed, skipped" in capsys.readouterr().err
+    assert 'tests[0].outcome (backendconf::parity::linear[float32]) is "fine, honestly", not one of passed' in (
+        capsys.readouterr().err
+    )
 
     document["tests"] = []
     report.write_text(json.dumps(document))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pytest_backendconf.checks import CATEGORIES
-from pytest_backendconf.report._report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
+from pytest_backendconf.report import OUTCOMES, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 from pytest_backendconf.cli._main import main
 
 SMALL_CNN = "backendconf::parity::small_cnn[float16]"
@@ -274,10 +274,10 @@ def _with(change):
             _with(lambda d: d["summary"].update(parity=[])),
             "report '{path}': summary.parity must be an object, got a list",
         ),
-        (_with(lambda d: d.update(tests={})), "report '{path}': \"tests\" must be a list, got an object"),
+        (_with(lambda d: d.update(tests={})), "report '{path}': tests must be a list, got an object"),
         (
             _with(lambda d: d["tests"][1].update(outcome="flaky")),
-            f"report '{{path}}': tests[1] ({LINEAR}) has outcome 'flaky'; expected one of passed, skipped",
+            f"report '{{path}}': tests[1].outcome ({LINEAR}) is \"flaky\", not one of passed, skipped",
         ),
         (
             _with(lambda d: d["tests"].append(copy.deepcopy(d["tests"][0]))),
@@ -359,7 +359,9 @@ def test_a_report_from_a_real_run_merges_with_another_environment(capsys, pytest
     other["environment"]["torch"] = "99.0.0"
     for test in other["tests"]:
         if test["id"] == ROUND_TRIP:
-            test.update(outcome="failed", error={"type": "ArchiveError", "module": "x", "message": "boom"})
+            test.update(
+                outcome="failed", verdict="failed", error={"type": "ArchiveError", "module": "x", "message": "boom"}
+            )
     other["summary"]["serialization"]["passed"] -= 1
     other["summary"]["serialization"]["failed"] += 1
     code, out, err = merge(capsys, report, write(tmp_path / "other.json", other), "--markdown", tmp_path / "m.md")

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_backendconf.report import counted
 from pytest_backendconf.report._failure_groups import group_failures, template
+from report_records import records
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -39,11 +40,11 @@ def test_masks_keep_fractions_dtypes_and_words_with_digits_readable():
     assert template("X", "saved to /tmp/a/b.safetensors after 1.5e-3 s") == "X: saved to <path> after <n> s"
     # one defect in two dtypes is two groups: the dtype is what a vendor looks for
     groups = group_failures(
-        [
+        records(
             {"id": f"ops::x[{d}-sample{k}]", "error": {"type": "CheckFailed", "message": f"a.b in {d} (sample {k})"}}
             for d in ("float16", "bfloat16")
             for k in range(2)
-        ]
+        )
     )
     assert [(g.template, len(g.ids)) for g in groups] == [
         ("CheckFailed: <op> in float16 (sample <n>)", 2),
@@ -53,11 +54,13 @@ def test_masks_keep_fractions_dtypes_and_words_with_digits_readable():
 
 def test_unexpected_passes_are_grouped_as_such_not_as_a_failure():
     groups = group_failures(
-        [
-            {"id": "ops::a[float16-sample0]", "outcome": "unexpected_pass", "error": None},
-            {"id": "ops::b[float16-sample0]", "outcome": "unexpected_pass"},
-            {"id": "ops::c[float16-sample0]", "outcome": "failed", "error": None},
-        ]
+        records(
+            [
+                {"id": "ops::a[float16-sample0]", "outcome": "unexpected_pass", "error": None},
+                {"id": "ops::b[float16-sample0]", "outcome": "unexpected_pass"},
+                {"id": "ops::c[float16-sample0]", "outcome": "failed", "error": None},
+            ]
+        )
     )
     assert [(g.template, g.ids) for g in groups] == [
         ("unexpected pass: a listed known failure passes now", ["ops::a[float16-sample0]", "ops::b[float16-sample0]"]),

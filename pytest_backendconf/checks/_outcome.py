@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping, get_args
 
+from .._validation import check_choice, check_type, field
+
 #: What a check can decide where it runs (before known failures are applied; those are the report's).
 Outcome = Literal["passed", "failed", "unsupported", "not_needed", "skipped"]
 #: Every `Outcome`, in the order of its ``Literal``.
@@ -87,30 +89,28 @@ def outcome_to_json(outcome: CheckOutcome) -> dict[str, Any]:
     return data
 
 
+#: Each field's kind (`_validation.KINDS`), as `outcome_from_json` checks it.
+_KINDS = {
+    "message": "string",
+    "details": "object",
+    "error": "object",
+    "seconds": "number",
+    "ended": "object",
+    "stderr": "string",
+    "warnings": "list",
+    "rerun": "string",
+}
+
+
 def outcome_from_json(data: Mapping[str, Any]) -> CheckOutcome:
     """The record `outcome_to_json` wrote; a field of the wrong type is a `ValueError` naming it."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"a check outcome is a JSON object; got {type(data).__name__}")
-    kinds: dict[str, tuple[type, ...]] = {
-        "outcome": (str,),
-        "message": (str,),
-        "details": (dict,),
-        "error": (dict,),
-        "seconds": (int, float),
-        "ended": (dict,),
-        "stderr": (str,),
-        "warnings": (list, tuple),
-        "rerun": (str,),
-    }
-    values: dict[str, Any] = {}
-    for name, kind in kinds.items():
-        if name not in data or (data[name] is None and name != "outcome"):
-            continue
-        if not isinstance(data[name], kind) or isinstance(data[name], bool):
-            raise ValueError(f"check outcome field {name!r} must be {' or '.join(k.__name__ for k in kind)}")
-        values[name] = data[name]
-    if "outcome" not in values:
-        raise ValueError('a check outcome needs its "outcome"')
+    try:
+        check_type(data, "object", "a check outcome")
+        outcome = check_choice(data.get("outcome"), CHECK_OUTCOMES, "a check outcome's outcome")
+        values = {name: field(data, name, kind, "check outcome", optional=True) for name, kind in _KINDS.items()}
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the backend host's record of a check)") from None
+    values = {name: value for name, value in values.items() if value is not None}
     if "warnings" in values:
         values["warnings"] = tuple(values["warnings"])
-    return CheckOutcome(**values)
+    return CheckOutcome(outcome, **values)

@@ -210,10 +210,10 @@ def _join_shards(args: argparse.Namespace) -> int:
     import json
 
     from ..archive import write_atomic
-    from ..report import join_shards, joined_score_lines, read_document, report_files
+    from ..report import BREAKING, join_shards, joined_score_lines, read_reports
 
     target = _output_file("--output", args.output)
-    joined = join_shards([read_document(path) for path in report_files(args.reports)])
+    joined = join_shards(read_reports(args.reports))
     document = joined.document
     try:
         write_atomic(target, json.dumps(document, indent=2) + "\n")
@@ -237,7 +237,7 @@ def _join_shards(args: argparse.Namespace) -> int:
         print(f"backendconf: {len(joined.not_run)} checks given to a shard were not run (the shard stopped early?):")
         for check in joined.not_run:
             print(printable(f"  {check}"))
-    broken = [t for t in document["tests"] if t["outcome"] in ("failed", "error", "unexpected_pass")]
+    broken = [t for t in document["tests"] if t["outcome"] in BREAKING]
     for test in broken:
         print(printable(f"{test['outcome'].upper().replace('_', ' ')} {test['id']}"))
     return document["run"]["exit_status"]
@@ -261,11 +261,10 @@ def _report_html(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..archive import write_atomic
-    from ..report import render
-    from ..report import read_documents
+    from ..report import render, side_by_side
     from ..errors import BackendConfError
 
-    documents, labels = read_documents(args.reports)
+    documents, labels = side_by_side(args.reports)
     target = Path(args.output)
     if target.is_dir() or not target.parent.is_dir():
         raise BackendConfError(

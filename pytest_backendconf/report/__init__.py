@@ -1,8 +1,9 @@
 """The conformance report: the JSON document, merge, HTML, the ops matrix and known failures.
 
-Owns what a run's outcomes mean for CI (`gated_outcome`, `exit_status`: the suite's gating plugin and
-``backendconf report gate`` decide with them), the ``backendconf-report`` document and its one writer (`report_document`, for the suite and for
-``backendconf replay``), the counts of every category (one function for the terminal, the JSON and the
+Owns a report's test (`ReportTest`, with the outcome sets and its one serializer pair), what a run's
+outcomes mean for CI (`gated_outcome`, `exit_status`: the suite's gating plugin and ``backendconf report
+gate`` decide with them), the ``backendconf-report`` document, its one writer (`report_document`, for the
+suite and for ``backendconf replay``) and its one reader (`read_report`), the counts of every category (one function for the terminal, the JSON and the
 HTML), the summary lines, failure groups, merging the reports of several environments, the HTML page,
 and known-failures files (also from a report). What a check is and what it decided (`CheckOutcome`) is
 ``pytest_backendconf.checks``; what a pytest report means for the suite is ``suite``'s.
@@ -27,35 +28,34 @@ from ._gating import (
     entries_here,
     entry_for,
     exit_status,
-    gated_outcome,
+    gated,
     known_failures_line,
     unexpected_pass_text,
-    unlisted_verdict,
 )
 from ._known_from_report import known_failures_from_report
 from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
 from ._known_from_fleet import known_failures_from_fleet, separating_when
 from ._replay_results import archive_stem, replay_test_id, replay_test_results
 from ._machine import applies, describe_machine, machine_line
-from ._merge import (
-    format_markdown,
-    format_text,
-    merge,
-    read_document,
-    read_documents,
-    read_matrix,
-    read_report,
-    report_files,
-)
+from ._merge import format_markdown, format_text, merge, side_by_side
 from ._ops import capabilities_text, matrix_text
 from ._ops import parse_id as parse_ops_id
-from ._reading import load_json, printable
-from ._report import (
+from ._reading import Report, load_json, parse_report, printable, read_matrix, read_report, read_reports, report_files
+from ._record import (
+    BREAKING,
     FAILING,
     OUTCOMES,
+    PASSING,
+    VERDICTS,
+    ReportOutcome,
+    ReportTest,
+    Verdict,
+    combined,
+    gated_outcome,
+)
+from ._report import (
     REPORT_SCHEMA,
     REPORT_SCHEMA_VERSION,
-    TestResult,
     backend_entry,
     known_failures_entry,
     ops_matrix_of,
@@ -70,12 +70,23 @@ from ._failure_groups import template as failure_template
 __all__ = [
     "suite_digest",
     "shard_entry",
-    "read_document",
     "read_durations",
     "median_duration",
     "joined_score_lines",
     "join_shards",
+    "BREAKING",
     "FAILING",
+    "PASSING",
+    "Report",
+    "ReportOutcome",
+    "ReportTest",
+    "VERDICTS",
+    "Verdict",
+    "combined",
+    "gated",
+    "read_reports",
+    "side_by_side",
+    "parse_report",
     "KnownFailure",
     "KnownFailureIndex",
     "KnownFailuresUpdate",
@@ -84,7 +95,6 @@ __all__ = [
     "OUTCOMES",
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
-    "TestResult",
     "USAGE_ERROR",
     "applies",
     "backend_entry",
@@ -116,7 +126,6 @@ __all__ = [
     "ops_matrix_of",
     "parse_ops_id",
     "printable",
-    "read_documents",
     "read_matrix",
     "read_report",
     "render",
@@ -128,7 +137,6 @@ __all__ = [
     "replay_test_results",
     "summary_lines",
     "unexpected_pass_text",
-    "unlisted_verdict",
 ]
 
 #: Names this room exported before the check vocabulary got its own (`pytest_backendconf.checks`).

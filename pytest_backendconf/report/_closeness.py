@@ -14,6 +14,8 @@ import html
 import math
 from typing import Any, Iterable
 
+from ._record import ReportTest
+
 #: Upper bounds of the bins, and their labels.
 BINS = ((0.1, "< 0.1"), (0.5, "0.1 – 0.5"), (1.0, "0.5 – 1"), (math.inf, "≥ 1"))
 
@@ -30,20 +32,20 @@ def _value(numerics: Any) -> float | None:
         return None
 
 
-def distribution(tests: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[int]]]:
+def distribution(tests: Iterable[ReportTest]) -> dict[str, dict[str, list[int]]]:
     """category -> bin label -> [passed, failed] counts of the checks with numerics."""
     found: dict[str, dict[str, list[int]]] = {}
     for test in tests:
-        value = _value(test.get("numerics"))
+        value = _value((test.details or {}).get("numerics"))
         if value is None or math.isnan(value):
             continue
         label = next((label for bound, label in BINS if value < bound), BINS[-1][1])  # inf: the last bin
-        counts = found.setdefault(str(test.get("category")), {label: [0, 0] for _, label in BINS})
-        counts[label][0 if test.get("outcome") == "passed" else 1] += 1
+        counts = found.setdefault(test.category, {label: [0, 0] for _, label in BINS})
+        counts[label][0 if test.outcome == "passed" else 1] += 1
     return found
 
 
-def closeness_table(tests: Iterable[dict[str, Any]]) -> str:
+def closeness_table(tests: Iterable[ReportTest]) -> str:
     """An HTML table: one row per category, one column per closeness bin (passed, and failed if any)."""
     found = distribution(tests)
     if not found:

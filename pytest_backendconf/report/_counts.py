@@ -13,26 +13,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..checks import CATEGORIES
+from ._record import OUTCOMES, ReportTest
 from ._words import counted
-
-#: Every outcome a conformance test can have in the report, mildest first.
-OUTCOMES = ("passed", "skipped", "unsupported", "known_failure", "unexpected_pass", "failed", "error")
-
-
-def not_needed(test: Mapping[str, Any]) -> bool:
-    """A check with nothing to check (a delegation run of a model the backend lowers whole), by its own
-    verdict (``check_outcome``); the report shows it ``skipped``, and the score leaves it out."""
-    return test.get("outcome") == "skipped" and test.get("check_outcome") == "not_needed"
 
 
 def empty_counts() -> dict[str, Any]:
     return {"total": 0, **{o: 0 for o in OUTCOMES}, "not_needed": 0, "scored": 0, "score": None}
 
 
-def category_counts(
-    tests: Iterable[Mapping[str, Any]], categories: Iterable[str] = CATEGORIES
-) -> dict[str, dict[str, Any]]:
-    """``{category: counts}`` of report test entries (``id``, ``category``, ``outcome``, ``check_outcome``).
+def category_counts(tests: Iterable[ReportTest], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
+    """``{category: counts}`` of a report's tests.
 
     Each counts dict has ``total``, one count per outcome, ``not_needed``
     (delegation runs lowered whole), ``scored`` (``total`` less
@@ -42,11 +32,10 @@ def category_counts(
     """
     summary = {c: empty_counts() for c in categories}
     for test in tests:
-        counts = summary.setdefault(str(test.get("category")), empty_counts())
+        counts = summary.setdefault(test.category, empty_counts())
         counts["total"] += 1
-        outcome = test.get("outcome") or "error"
-        counts[outcome if outcome in OUTCOMES else "error"] += 1
-        if not_needed(test):
+        counts[test.outcome] += 1
+        if test.not_needed:
             counts["not_needed"] += 1
     for counts in summary.values():
         counts["scored"] = counts["total"] - counts["not_needed"]
@@ -73,12 +62,10 @@ def outcome_parts(counts: Mapping[str, Any]) -> list[str]:
     return parts
 
 
-def non_strict_counts(tests: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+def non_strict_counts(tests: Iterable[ReportTest]) -> dict[str, int]:
     """The report's count of checks listed by non-strict entries, and of those that passed."""
-    entries = [
-        t for t in tests if isinstance(t.get("known_failure"), dict) and t["known_failure"].get("strict") is False
-    ]
+    entries = [t for t in tests if t.known_failure is not None and t.known_failure.get("strict") is False]
     return {
-        "non_strict": sum(t.get("outcome") in ("known_failure", "passed") for t in entries),
-        "non_strict_passed": sum(t.get("outcome") == "passed" for t in entries),
+        "non_strict": sum(t.outcome in ("known_failure", "passed") for t in entries),
+        "non_strict_passed": sum(t.outcome == "passed" for t in entries),
     }

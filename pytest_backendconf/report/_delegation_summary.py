@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ._counts import outcome_parts
+from ._record import ReportTest
 from ._words import counted
 
 __all__ = ["delegation_line"]
 
 
-def delegation_line(results: Iterable[Any], counts: Mapping[str, Any]) -> str | None:
+def delegation_line(results: Iterable[ReportTest], counts: Mapping[str, Any]) -> str | None:
     """The line for ``counts`` (the category's `category_counts`), with the node counts of ``results``."""
     results = [r for r in results if r.category == "delegation"]
     if not results:

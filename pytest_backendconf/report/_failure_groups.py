@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, Mapping
+from typing import Iterable
 
+from ._record import ReportTest
 from ._words import counted
 
 #: How many ids each group shows.
@@ -50,16 +51,16 @@ class FailureGroup:
     ids: list[str]
 
 
-def group_failures(failures: Iterable[Mapping[str, object]]) -> list[FailureGroup]:
-    """Groups of ``{"id", "error": {"type", "message"}}`` records, largest first (ties: first seen)."""
+def group_failures(failures: Iterable[ReportTest]) -> list[FailureGroup]:
+    """Groups of failed tests by their error's template, largest first (ties: first seen)."""
     groups: dict[str, FailureGroup] = {}
     for failure in failures:
-        error: Mapping[str, object] = failure.get("error") or {}  # type: ignore[assignment]
-        if not error and failure.get("outcome") == "unexpected_pass":
+        error = failure.error or {}
+        if not error and failure.outcome == "unexpected_pass":
             key = UNEXPECTED_PASS  # no error to template: the check passed
         else:
             key = template(str(error.get("type", "failure")), str(error.get("message", "")))
-        groups.setdefault(key, FailureGroup(key, [])).ids.append(str(failure["id"]))
+        groups.setdefault(key, FailureGroup(key, [])).ids.append(failure.id)
     return sorted(groups.values(), key=lambda g: -len(g.ids))
 
 
@@ -73,19 +74,19 @@ def summary_lines(groups: list[FailureGroup]) -> list[str]:
     return lines
 
 
-def same_program_groups(failures: Iterable[Mapping[str, object]]) -> list[FailureGroup]:
+def same_program_groups(failures: Iterable[ReportTest]) -> list[FailureGroup]:
     """Failures whose minimal reproductions have the same operator sequence, two or more to a group.
 
     The group's ``template`` is the sequence (``aten::gelu``), largest group first.
     """
     groups: dict[tuple[str, ...], FailureGroup] = {}
     for failure in failures:
-        reproduction: Mapping[str, object] = failure.get("reproduction") or {}  # type: ignore[assignment]
+        reproduction = failure.reproduction or {}
         ops = reproduction.get("ops")
         if not reproduction.get("script") or not isinstance(ops, list) or not ops:
             continue
         key = tuple(str(op) for op in ops)
-        groups.setdefault(key, FailureGroup(" → ".join(key), [])).ids.append(str(failure["id"]))
+        groups.setdefault(key, FailureGroup(" → ".join(key), [])).ids.append(failure.id)
     return sorted((g for g in groups.values() if len(g.ids) > 1), key=lambda g: -len(g.ids))
 
 

@@ -2,8 +2,8 @@
 
 The first green CI in one run: a run writes its report, ``backendconf report
 known-failures`` writes the file from it, and this gate applies that file to
-the same report. Each test's verdict before known failures (`unlisted_verdict`)
-is judged again with the file's entries by `gated_outcome`, the exit status is
+the same report. Each test's verdict before known failures (the record's
+``verdict``) is judged again with the file's entries by `gated`, the exit status is
 `exit_status`'s and the summary is `end_lines`'s: the suite's own decision and
 text (``_gating``, ``_summary``). An entry scoped with ``when`` is judged
 against the machine the report names, not the one the gate runs on. Never
@@ -15,29 +15,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
-from ..errors import ReportError
-from ._counts import OUTCOMES
-from ._gating import (
-    entries_here,
-    entry_for,
-    exit_status,
-    gated_outcome,
-    known_failures_line,
-    unexpected_pass_text,
-    unlisted_verdict,
-)
-from ._known_failures import KnownFailure, KnownFailureIndex
-from ._known_from_report import _load, _read, _result
+from ._gating import entries_here, entry_for, exit_status, gated, known_failures_line, unexpected_pass_text
+from ._known_failures import KnownFailure, KnownFailureIndex, load_known_failures_file
 from ._machine import machine_line
-from ._reading import printable
+from ._reading import printable, read_report
+from ._record import OUTCOMES
 from ._summary import end_lines
 from ._words import counted
 
 #: pytest's exit statuses of a run that did not complete: its report does not hold every check.
 _INCOMPLETE = {2: "was interrupted", 3: "ended with an internal error", 4: "ended with a usage error"}
-_MACHINE_KEYS = ("machine", "cpu_model", "cpu_capability", "cpu_flags")
 
 
 def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
@@ -46,24 +34,14 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     Without ``known``, the outcomes the run recorded (with the file it
     applied) are judged as they are. `ReportError` names a bad file and the fix.
     """
-    document = _read(report)
-    tests = document.get("tests")
-    if not isinstance(tests, list):
-        raise ReportError(f'report {report!r}: "tests" must be a list; pass the file --backendconf-report wrote')
-    results = [_result(report, i, t) for i, t in enumerate(tests)]
-    for i, result in enumerate(results):
-        if result.outcome not in OUTCOMES:  # judged as nothing, it would pass the gate
-            raise ReportError(
-                f"report {report!r}: tests[{i}].outcome is {printable(repr(result.outcome))}, not one of "
-                f"{', '.join(OUTCOMES)}; pass the file --backendconf-report wrote"
-            )
-    backend = _mapping(document.get("backend"))
-    name = str(backend.get("name", "?"))
-    environment = _mapping(document.get("environment"))
-    machine = _machine_of(environment)
+    read = read_report(report)
+    tests = read.tests
+    backend = read.section("backend")
+    name = read.backend
+    machine = read.machine
     lines = [f"backendconf: gate of report {report}: backend {name!r}, machine {machine_line(machine)}"]
 
-    run = _mapping(document.get("run"))
+    run = read.section("run")
     if run.get("exit_status") in _INCOMPLETE:
         status = int(run["exit_status"])
         lines.append(
@@ -75,31 +53,26 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     unexpected: list[str] = []
     if known is not None:
         path = Path(known)
-        here, elsewhere = entries_here(_load(path, "--known-failures"), machine)
+        here, elsewhere = entries_here(load_known_failures_file(path, "--known-failures"), machine)
         lines.append(known_failures_line(known, here, elsewhere, "there"))
         index = KnownFailureIndex(here)
-        for result in results:
-            entry = entry_for(index, result.id)
-            result.outcome = gated_outcome(
-                unlisted_verdict(str(result.outcome), result.check_outcome),
-                entry is not None,
-                strict=entry is None or entry.strict,
-            )
-            result.known_failure = entry.as_json() if entry is not None else None
-            if result.outcome == "unexpected_pass" and entry is not None:
-                unexpected.append(unexpected_pass_text(result.id, entry, known, name, result.reproduce))
+        entries = [entry_for(index, test.id) for test in tests]
+        tests = [gated(test, entry) for test, entry in zip(tests, entries)]
+        for test, entry in zip(tests, entries):
+            if test.outcome == "unexpected_pass" and entry is not None:
+                unexpected.append(unexpected_pass_text(test.id, entry, known, name, test.reproduce))
     else:
-        applied = _mapping(document.get("known_failures"))
+        applied = read.section("known_failures")
         if isinstance(applied.get("file"), str):
             lines.append(f"backendconf: known failures as the run applied them, from {applied['file']}")
-        for result in results:
-            entry_json = _mapping(result.known_failure)
-            if result.outcome == "unexpected_pass" and isinstance(entry_json.get("pattern"), str):
+        for test in tests:
+            entry_json = test.known_failure or {}
+            if test.outcome == "unexpected_pass" and isinstance(entry_json.get("pattern"), str):
                 entry = KnownFailure(entry_json["pattern"], str(entry_json.get("reason", "")))
-                unexpected.append(unexpected_pass_text(result.id, entry, applied.get("file"), name, result.reproduce))
+                unexpected.append(unexpected_pass_text(test.id, entry, applied.get("file"), name, test.reproduce))
 
-    status = exit_status(r.outcome for r in results)
-    capabilities = _mapping(backend.get("capabilities"))
+    status = exit_status(t.outcome for t in tests)
+    capabilities = backend.get("capabilities") or {}
     supported = capabilities.get("supported_ops")
     supported_ops = [str(op) for op in supported] if isinstance(supported, list) else None
     listed = backend.get("not_under_test")
@@ -107,21 +80,9 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     for text in unexpected:
         lines += ["", *text.splitlines()]
     lines.append(_separator(f"backendconf: conformance of backend {name!r}"))
-    lines += end_lines(results, supported_ops, left_out)
-    lines.append(_verdict(status, [str(r.outcome) for r in results]))
+    lines += end_lines(tests, supported_ops, left_out)
+    lines.append(_verdict(status, [t.outcome for t in tests]))
     return status, [printable(line) for line in lines]
-
-
-def _machine_of(environment: dict[str, Any]) -> dict[str, Any]:
-    """The machine fields of a report's ``environment``, as `describe_machine` gives them (strings, a list)."""
-    machine: dict[str, Any] = {k: v if isinstance(v := environment.get(k), str) else "" for k in _MACHINE_KEYS}
-    flags = environment.get("cpu_flags")
-    machine["cpu_flags"] = [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else []
-    return machine
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _separator(title: str) -> str:

@@ -10,17 +10,18 @@ are pytest's own numbers.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..checks import ROOT_ID
 from ._known_failures import KnownFailure, KnownFailureIndex
+from ._record import BREAKING, ReportTest, gated_outcome
 from ._words import counted
+
 
 #: pytest's exit statuses (`pytest.ExitCode`) that a gate can end with.
 OK, TESTS_FAILED, USAGE_ERROR, NO_TESTS_COLLECTED = 0, 1, 4, 5
-#: The outcomes that fail a gated run.
-BREAKING = ("failed", "error", "unexpected_pass")
 
 
 def entries_here(entries: Iterable[KnownFailure], machine: dict[str, Any]) -> tuple[list, list]:
@@ -37,37 +38,26 @@ def entry_for(index: KnownFailureIndex, test_id: str) -> KnownFailure | None:
     return index.entry_for(test_id, test_id, test_id.removeprefix(f"{ROOT_ID}::"))
 
 
-def gated_outcome(verdict: str, listed: bool, strict: bool = True) -> str:
-    """What a test whose check ended ``verdict`` (passed, failed, error, skipped, unsupported) is in a gated run.
-
-    Listed in the known failures, a failure is a ``known_failure`` and a pass
-    an ``unexpected_pass`` (which fails the run: the entry is out of date),
-    unless the entry is non-strict (``strict = false``: its outcome varies by
-    its reason's account), when a pass is a pass; a skip is a skip either way.
-    """
-    if not listed or verdict in ("skipped", "unsupported"):
-        return verdict
-    if verdict in ("failed", "error"):
-        return "known_failure"
-    return "unexpected_pass" if strict else "passed"
+def gated(test: ReportTest, entry: KnownFailure | None) -> ReportTest:
+    """``test`` judged from its own verdict with the known-failures entry naming it (None: unlisted)."""
+    return dataclasses.replace(
+        test,
+        outcome=gated_outcome(test.verdict, entry is not None, strict=entry is None or entry.strict),
+        known_failure=entry.as_json() if entry is not None else None,
+    )
 
 
-def non_strict_line(tests: Iterable[Any]) -> str | None:
+def non_strict_line(tests: Iterable[ReportTest]) -> str | None:
     """``backendconf: 5 known failures, 2 of them non-strict (1 passed here)``, or None without non-strict entries.
 
-    ``tests`` are `TestResult`s or report test entries: a test listed by a
-    non-strict entry carries it (``known_failure.strict`` false) whether it
-    failed (a ``known_failure``) or passed, so the passes are counted apart,
-    never silently.
+    A test listed by a non-strict entry carries it (``known_failure.strict``
+    false) whether it failed (a ``known_failure``) or passed, so the passes
+    are counted apart, never silently.
     """
     listed = non_strict = passed = 0
     for test in tests:
-        outcome, entry = (
-            (test.get("outcome"), test.get("known_failure"))
-            if isinstance(test, dict)
-            else (test.outcome, test.known_failure)
-        )
-        if not isinstance(entry, dict) or outcome not in ("known_failure", "passed", "unexpected_pass"):
+        outcome, entry = test.outcome, test.known_failure
+        if entry is None or outcome not in ("known_failure", "passed", "unexpected_pass"):
             continue
         listed += 1
         if entry.get("strict") is False:
@@ -79,19 +69,6 @@ def non_strict_line(tests: Iterable[Any]) -> str | None:
         f"backendconf: {counted(listed, 'known failure')}, {non_strict} of them non-strict "
         f"({passed} passed here, which does not fail the run)"
     )
-
-
-def unlisted_verdict(outcome: str, check_outcome: str | None) -> str:
-    """A report test's verdict before known failures applied (the inverse of `gated_outcome`).
-
-    A known failure failed in its check (``check_outcome`` says so) or, with
-    no check verdict, outside it (an error); an unexpected pass passed.
-    """
-    if outcome == "known_failure":
-        return "error" if check_outcome is None else "failed"
-    if outcome == "unexpected_pass":
-        return "passed"
-    return outcome
 
 
 def exit_status(outcomes: Iterable[str | None]) -> int:

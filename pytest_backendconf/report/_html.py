@@ -16,7 +16,8 @@ import re
 from typing import Any, Iterable, Sequence
 
 from .._quoting import html_text, shell_command
-from ._merge import FAILING, PASSING
+from ._reading import Report
+from ._record import FAILING, PASSING, ReportTest
 from ._closeness import closeness_table
 from ._words import counted
 
@@ -57,7 +58,7 @@ def _anchor(prefix: str, test_id: str) -> str:
 # --- what the page shows, read from a report -------------------------------------------
 
 
-def check_column(test: dict[str, Any]) -> str:
+def check_column(test: ReportTest) -> str:
     """The matrix column of a per-model check: its id without the category and the model's name.
 
     ``parity::small_cnn[float16]`` (case ``small_cnn``) is column
@@ -65,8 +66,8 @@ def check_column(test: dict[str, Any]) -> str:
     ``contract: preprocess_returns_bytes``; a case inside other brackets is
     written ``*`` (``symbolication: runtime_fault_is_symbolicated[*:cos]``).
     """
-    name = test["id"].split("::", 2)[-1]
-    case = test.get("case") or ""
+    name = test.id.split("::", 2)[-1]
+    case = test.case or ""
     if case and name.startswith(case):
         rest = name[len(case) :]
     elif case and name.endswith(f"[{case}]"):
@@ -76,42 +77,38 @@ def check_column(test: dict[str, Any]) -> str:
     else:
         rest = name
     if not rest:
-        return test["category"]
-    return f"{test['category']}{rest}" if rest[0] in "[." else f"{test['category']}: {rest}"
+        return test.category
+    return f"{test.category}{rest}" if rest[0] in "[." else f"{test.category}: {rest}"
 
 
-def root_cause(test: dict[str, Any]) -> str:
+def root_cause(test: ReportTest) -> str:
     """The key failures are grouped by: the error type and its first line with the specifics blurred.
 
     Numbers, quoted names and shapes differ between models that fail for one
     reason, so they are replaced by placeholders; the first line is what a
     person reads to tell two causes apart.
     """
-    error = test.get("error") or {}
-    if test.get("outcome") == "unexpected_pass":
+    error = test.error or {}
+    if test.outcome == "unexpected_pass":
         return "unexpected pass: a listed known failure passes now"
     first = (str(error.get("message") or "").strip().splitlines() or [""])[0]
     first = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", first)
     first = re.sub(r"\[[0-9, ]*\]", "[…]", first)
     first = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b", "N", first)  # not the 32 of float32
-    kind = error.get("type") or test.get("outcome") or "failure"
+    kind = error.get("type") or test.outcome
     return f"{kind}: {first}" if first else str(kind)
-
-
-def _tests(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t for t in report.get("tests") or [] if isinstance(t, dict) and t.get("id") and t.get("outcome")]
 
 
 # --- the page ---------------------------------------------------------------------------
 
 
-def render(reports: Sequence[dict[str, Any]], labels: Sequence[str] | None = None, title: str | None = None) -> str:
-    """The HTML page for one report, or for several side by side (``labels`` names their columns)."""
+def render(reports: Sequence[Report], labels: Sequence[str] | None = None, title: str | None = None) -> str:
+    """The HTML page for one report (`read_report`), or for several side by side (``labels`` names their columns)."""
     if not reports:
         raise ValueError("render() needs at least one report")
-    labels = list(labels) if labels is not None else [_default_label(r) for r in reports]
+    labels = list(labels) if labels is not None else [_default_label(r.document) for r in reports]
     if title is None:
-        names = sorted({str((r.get("backend") or {}).get("name")) for r in reports})
+        names = sorted({r.backend for r in reports})
         title = f"Conformance of backend {', '.join(names)}"
     body: list[str] = [f"<h1>{_e(title)}</h1>", _filter_box()]
     if len(reports) == 1:
@@ -139,22 +136,22 @@ def _filter_box() -> str:
     )
 
 
-def _report_sections(report: dict[str, Any], prefix: str, level: int) -> list[str]:
-    tests = _tests(report)
+def _report_sections(read: Report, prefix: str, level: int) -> list[str]:
+    report, tests = read.document, read.tests
     h = f"h{level}"
     out = [_header(report)]
     out.append(f"<{h}>Scores</{h}>")
     out.append(_cards(report))
-    models = [t for t in tests if t.get("case") and t["category"] != _OP_CATEGORY]
+    models = [t for t in tests if t.case and t.category != _OP_CATEGORY]
     if models:
         out.append(f"<{h}>Models × checks</{h}>")
         out.append(_legend())
         out.append(_model_matrix(models, prefix))
-    others = [t for t in tests if not t.get("case") and t["category"] != _OP_CATEGORY]
+    others = [t for t in tests if not t.case and t.category != _OP_CATEGORY]
     if others:
         out.append(f"<{h}>Checks of the whole backend</{h}>")
         out.append(_check_list(others, prefix))
-    ops = [t for t in tests if t["category"] == _OP_CATEGORY]
+    ops = [t for t in tests if t.category == _OP_CATEGORY]
     if ops or isinstance(report.get(_OP_CATEGORY), dict):
         out.append(f"<{h}>Operators × dtypes</{h}>")
         out.append(_op_matrix(report, ops, prefix))
@@ -284,35 +281,35 @@ def _legend() -> str:
     return f'<ul class="legend" aria-label="legend">{items}<li><span class="cell none">·</span> not run</li></ul>'
 
 
-def _cell(test: dict[str, Any] | None, prefix: str) -> str:
+def _cell(test: ReportTest | None, prefix: str) -> str:
     if test is None:
         return '<td class="cell none" title="not run">·</td>'
-    outcome = str(test["outcome"])
+    outcome = test.outcome
     symbol, words = SYMBOLS.get(outcome, ("?", outcome))
-    tip = f"{test['id']}: {words}"
-    if test.get("reason"):
-        tip += f" ({test['reason']})"
+    tip = f"{test.id}: {words}"
+    if test.reason:
+        tip += f" ({test.reason})"
     if outcome in DETAILED:
-        target = _anchor(prefix + "-f-", test["id"])
+        target = _anchor(prefix + "-f-", test.id)
         inner = f'<a href="#{target}" data-open="{target}" aria-label="{_e(tip)}">{_e(symbol)}</a>'
     else:
         inner = f'<span aria-label="{_e(tip)}">{_e(symbol)}</span>'
     return f'<td class="cell {_e(outcome)}" title="{_e(tip)}">{inner}</td>'
 
 
-def _model_matrix(tests: list[dict[str, Any]], prefix: str) -> str:
+def _model_matrix(tests: list[ReportTest], prefix: str) -> str:
     columns: dict[str, None] = {}
-    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    rows: dict[str, dict[str, ReportTest]] = {}
     for test in tests:
         column = check_column(test)
         columns[column] = None
-        rows.setdefault(test["case"], {})[column] = test
+        rows.setdefault(test.case or "", {})[column] = test
     if not _fits(len(rows), len(columns), len(tests)):
         return _too_sparse(len(rows), len(columns), len(tests), "model", "check") + _check_list(tests, prefix)
     head = "".join(f'<th scope="col"><span>{_e(c)}</span></th>' for c in columns)
     body = []
     for case, found in rows.items():
-        keys = " ".join([case, *(t["id"] for t in found.values()), *(t["outcome"] for t in found.values())])
+        keys = " ".join([case, *(t.id for t in found.values()), *(t.outcome for t in found.values())])
         cells = "".join(_cell(found.get(c), prefix) for c in columns)
         body.append(f'<tr data-filter="{_e(keys.lower())}"><th scope="row">{_e(case)}</th>{cells}</tr>')
     return (
@@ -329,13 +326,13 @@ def _too_sparse(rows: int, columns: int, entries: int, row: str, column: str) ->
     )
 
 
-def _check_list(tests: list[dict[str, Any]], prefix: str) -> str:
+def _check_list(tests: list[ReportTest], prefix: str) -> str:
     rows = []
     for test in tests:
-        keys = f"{test['id']} {test['outcome']}".lower()
-        reason = test.get("reason") or ""
+        keys = f"{test.id} {test.outcome}".lower()
+        reason = test.reason or ""
         rows.append(
-            f'<tr data-filter="{_e(keys)}"><th scope="row">{_e(test["id"].split("::", 1)[-1])}</th>'
+            f'<tr data-filter="{_e(keys)}"><th scope="row">{_e(test.id.split("::", 1)[-1])}</th>'
             f"{_cell(test, prefix)}<td>{_e(reason)}</td></tr>"
         )
     return (
@@ -345,16 +342,16 @@ def _check_list(tests: list[dict[str, Any]], prefix: str) -> str:
     )
 
 
-def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str) -> str:
+def _op_matrix(report: dict[str, Any], tests: list[ReportTest], prefix: str) -> str:
     """Operator × dtype, from the report's ``ops`` section (overload → dtype → state) where it has one.
 
     A cell links to the first failing check of its overload and dtype
     (``ops::aten.add.Tensor[float16-sample0]``); without an ``ops`` section the
     cells are read from the ops checks themselves.
     """
-    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by_cell: dict[tuple[str, str], list[ReportTest]] = {}
     for test in tests:
-        name = test["id"].split("::", 2)[-1]
+        name = test.id.split("::", 2)[-1]
         match = re.fullmatch(r"(.*?)\[([^\]-]*)[^\]]*\]", name)
         op, dtype = (match.group(1), match.group(2)) if match else (name, "—")
         by_cell.setdefault((op, dtype), []).append(test)
@@ -369,7 +366,7 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
         columns = list(dict.fromkeys(d for _, d in by_cell))
         rows = {}
         for (op, dtype), group in by_cell.items():
-            outcomes = {t["outcome"] for t in group}
+            outcomes = {t.outcome for t in group}
             rows.setdefault(op, {})[dtype] = (
                 "failed"
                 if outcomes & {"failed", "error", "unexpected_pass"}
@@ -403,7 +400,7 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
             group = by_cell.get((op, dtype), [])
             # The cell links to a failure of its own kind: a known failure's cell to a listed one.
             wanted = ("known_failure",) if state == "known failure" else ("failed", "error", "unexpected_pass")
-            failing = next((t for t in group if t["outcome"] in wanted), None)
+            failing = next((t for t in group if t.outcome in wanted), None)
             if state in ("failed", "known failure") and failing is not None:
                 cells.append(_cell(failing, prefix))
             elif state in states:
@@ -427,7 +424,7 @@ def _op_matrix(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str)
     )
 
 
-def _delegation_rows(report: dict[str, Any], tests: list[dict[str, Any]]) -> list[tuple[str, float, str]]:
+def _delegation_rows(report: dict[str, Any], tests: list[ReportTest]) -> list[tuple[str, float, str]]:
     """(model, delegated fraction, detail) from the report's ``delegation`` data, where it has any.
 
     Read from a top-level ``delegation`` object (model → fraction or
@@ -446,9 +443,9 @@ def _delegation_rows(report: dict[str, Any], tests: list[dict[str, Any]]) -> lis
     if not found:
         for test in tests:
             # The delegation checks report {"details": {"delegation": {"delegated": 41, "total": 47, …}}}.
-            data = test.get("delegation") or (test.get("details") or {}).get("delegation")
-            if test["category"] == "delegation" and data is not None:
-                row = _delegation_row(test["id"].split("::", 2)[-1], data)
+            data = (test.details or {}).get("delegation")
+            if test.category == "delegation" and data is not None:
+                row = _delegation_row(test.id.split("::", 2)[-1], data)
                 if row:
                     found.append(row)
     return found
@@ -480,17 +477,17 @@ def _delegation_table(rows: list[tuple[str, float, str]]) -> str:
     )
 
 
-def _failures(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str, level: int) -> list[str]:
-    failing = [t for t in tests if t["outcome"] in DETAILED]
+def _failures(report: dict[str, Any], tests: list[ReportTest], prefix: str, level: int) -> list[str]:
+    failing = [t for t in tests if t.outcome in DETAILED]
     if not failing:
         return ["<p>No check failed.</p>"]
     out = [_error_statistics(report.get("errors") or {})]
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[ReportTest]] = {}
     for test in failing:
         groups.setdefault(root_cause(test), []).append(test)
     h = f"h{min(level, 6)}"
     for n, (cause, group) in enumerate(sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))):
-        keys = " ".join([cause, *(t["id"] for t in group), *(t["outcome"] for t in group)]).lower()
+        keys = " ".join([cause, *(t.id for t in group), *(t.outcome for t in group)]).lower()
         out.append(
             f'<section class="cause" data-filter="{_e(keys)}" aria-labelledby="{prefix}-c{n}">'
             f'<{h} id="{prefix}-c{n}">{len(group)} × {_e(cause)}</{h}>'
@@ -501,14 +498,14 @@ def _failures(report: dict[str, Any], tests: list[dict[str, Any]], prefix: str, 
     return out
 
 
-def _failure(test: dict[str, Any], prefix: str) -> str:
-    error = test.get("error") or {}
-    symbol, words = SYMBOLS.get(test["outcome"], ("?", test["outcome"]))
-    parts = [f"<p><strong>{_e(words)}</strong> in stage {_e(test.get('stage'))}"]
+def _failure(test: ReportTest, prefix: str) -> str:
+    error = test.error or {}
+    symbol, words = SYMBOLS.get(test.outcome, ("?", test.outcome))
+    parts = [f"<p><strong>{_e(words)}</strong> in stage {_e(test.stage)}"]
     if error:
         parts.append(f", {_e(error.get('module'))}.{_e(error.get('type'))}")
     parts.append("</p>")
-    known = test.get("known_failure")
+    known = test.known_failure
     if known:
         link = known.get("link")
         link_html = (
@@ -517,17 +514,17 @@ def _failure(test: dict[str, Any], prefix: str) -> str:
         parts.append(f"<p>Known failure: {_e(known.get('reason'))}{link_html}</p>")
     if error.get("message"):
         parts.append(f'<pre class="message">{_e(error["message"])}</pre>')
-    parts.append(f'<p>Reproduce:</p><pre class="repro"><code>{_e(test.get("reproduce"))}</code></pre>')
-    rerun = test.get("rerun")
-    if isinstance(rerun, str) and rerun != test.get("reproduce"):  # the saved comparison alone, without pytest
+    parts.append(f'<p>Reproduce:</p><pre class="repro"><code>{_e(test.reproduce)}</code></pre>')
+    rerun = test.rerun_command()
+    if isinstance(rerun, str) and rerun != test.reproduce:  # the saved comparison alone, without pytest
         parts.append(
             f'<p>Rerun this comparison on its saved inputs:</p><pre class="rerun"><code>{_e(rerun)}</code></pre>'
         )
-    parts.append(_reproduction(test.get("reproduction")))
-    anchor = _anchor(prefix + "-f-", test["id"])
+    parts.append(_reproduction(test.reproduction))
+    anchor = _anchor(prefix + "-f-", test.id)
     return (
-        f'<details id="{anchor}" class="failure {_e(test["outcome"])}" data-filter="{_e(test["id"].lower())}">'
-        f'<summary><span class="cell {_e(test["outcome"])}">{_e(symbol)}</span> {_e(test["id"])}</summary>'
+        f'<details id="{anchor}" class="failure {_e(test.outcome)}" data-filter="{_e(test.id.lower())}">'
+        f'<summary><span class="cell {_e(test.outcome)}">{_e(symbol)}</span> {_e(test.id)}</summary>'
         f"{''.join(parts)}</details>"
     )
 
@@ -572,14 +569,14 @@ def _error_statistics(errors: dict[str, Any]) -> str:
 # --- several reports ----------------------------------------------------------------------
 
 
-def flips(reports: Sequence[dict[str, Any]]) -> dict[str, tuple[list[str | None], bool]]:
+def flips(reports: Sequence[Report]) -> dict[str, tuple[list[str | None], bool]]:
     """Check id → (its outcome in each report, whether it flips), for the checks whose outcome differs.
 
     As in `backendconf report merge`, only reports of the same backend are
     compared; a flip is a check that passed in one and failed in another.
     """
-    by_report = [{t["id"]: t["outcome"] for t in _tests(r)} for r in reports]
-    backends = [str((r.get("backend") or {}).get("name")) for r in reports]
+    by_report: list[dict[str, str | None]] = [{t.id: t.outcome for t in r.tests} for r in reports]
+    backends = [r.backend for r in reports]
     ids: dict[str, None] = {}
     for found in by_report:
         ids.update(dict.fromkeys(found))
@@ -602,16 +599,16 @@ def is_flip(outcomes: Iterable[str | None]) -> bool:
     return bool(found & set(PASSING)) and bool(found & set(FAILING))
 
 
-def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
+def _comparison(reports: Sequence[Report], labels: Sequence[str]) -> list[str]:
     heads = "".join(f'<th scope="col">{_e(label)}</th>' for label in labels)
     categories: dict[str, None] = {}
     for report in reports:
-        categories.update(dict.fromkeys((report.get("summary") or {}).keys()))
+        categories.update(dict.fromkeys(report.section("summary").keys()))
     rows = []
     for category in categories:
         cells = []
         for report in reports:
-            counts = (report.get("summary") or {}).get(category) or {}
+            counts = report.section("summary").get(category) or {}
             total = counts.get("total") or 0
             passed = counts.get("passed", 0)
             cells.append(f"<td>{_e(passed)}/{_e(total)} {_percent(passed, total)}</td>" if total else "<td>—</td>")
@@ -651,9 +648,9 @@ def _comparison(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> lis
     return out
 
 
-def _not_everywhere(reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> list[str]:
+def _not_everywhere(reports: Sequence[Report], labels: Sequence[str]) -> list[str]:
     """The checks some reports do not have (another torch's OpInfo samples, another zoo), listed, not compared."""
-    by_report = [{t["id"] for t in _tests(r)} for r in reports]
+    by_report = [{t.id for t in r.tests} for r in reports]
     every = set.union(*by_report) if by_report else set()
     missing = sorted(i for i in every if any(i not in found for found in by_report))
     if not missing:

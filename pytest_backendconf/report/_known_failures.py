@@ -21,7 +21,7 @@ from ._failure_facts import FIGURE_KEYS, facts_of, number_toml
 from ._words import counted
 from ..checks import ROOT_ID, id_matches
 from ._machine import WHEN_KEYS, applies
-from ._report import FAILING, TestResult
+from ._record import FAILING, PASSING, ReportTest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,6 +90,18 @@ class KnownFailure:
 
     def matches(self, test_id: str) -> bool:
         return id_matches(test_id, self.pattern)
+
+
+def load_known_failures_file(path: Path, what: str) -> list[KnownFailure]:
+    """`load_known_failures` for the report commands, which run without pytest: a mistake is a `ReportError`."""
+    import pytest
+
+    from ..errors import ReportError
+
+    try:
+        return load_known_failures(path, what)
+    except pytest.UsageError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
@@ -453,7 +465,7 @@ def when_toml(when: tuple[tuple[str, Any], ...]) -> str:
 
 
 def merge_known_failures(
-    results: Iterable[TestResult],
+    results: Iterable[ReportTest],
     existing: Iterable[KnownFailure],
     stale: set[str] | None,
     removed: dict[str, str] | None = None,
@@ -497,7 +509,7 @@ def merge_known_failures(
             kept[entry.pattern] = entry
             covered.update(failing)
             continue
-        passing = [i for i in matched if outcome[i] in ("passed", "unexpected_pass")]
+        passing = [i for i in matched if outcome[i] in PASSING]
         if failing and not passing:
             kept[entry.pattern] = entry
             covered.update(failing)
@@ -519,7 +531,7 @@ def merge_known_failures(
     return sorted(kept.values(), key=lambda e: e.pattern)
 
 
-def failure_entry(result: TestResult) -> KnownFailure:
+def failure_entry(result: ReportTest) -> KnownFailure:
     """The entry for a failing check: its failure's first line as the reason, and what its outcome says
     of where the failure starts and how far off it is (`_failure_facts.facts_of`)."""
     return KnownFailure(result.id, result.first_line(), "", **facts_of(result.details, result.reproduction))

@@ -17,21 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ReportError
-from ._gate import _machine_of
-from ._gating import unlisted_verdict
 from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
 from ._known_failures import (
     KnownFailure,
     KnownFailureIndex,
     failure_entry,
+    load_known_failures_file,
     merge_known_failures,
     when_toml,
 )
-from ._known_from_report import _applied, _load, _read, _result
+from ._known_from_report import applied_entries
 from ._machine import machine_line
-from ._report import TestResult
+from ._reading import read_report
+from ._record import FAILED, ReportTest
 
-_FAILING = ("failed", "error")
 _VARIES = " (its outcome varies between machines that no machine field separates: "
 
 
@@ -41,7 +40,7 @@ class _Machine:
 
     path: str
     machine: dict[str, Any]
-    verdicts: dict[str, TestResult]
+    verdicts: dict[str, ReportTest]
 
     @property
     def label(self) -> str:
@@ -55,19 +54,11 @@ def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresU
     backends: set[str] = set()
     previous: list[KnownFailure] = []
     for report in reports:
-        document = _read(report)
-        tests = document.get("tests")
-        if not isinstance(tests, list):
-            raise ReportError(f'report {report!r}: "tests" must be a list; pass the file --backendconf-report wrote')
-        backend = document.get("backend")
-        backends.add(str(backend.get("name")) if isinstance(backend, dict) else "?")
-        results = [_result(report, i, t) for i, t in enumerate(tests)]
-        for result in results:  # the check's own verdict: the known failures the run applied are judged anew
-            result.outcome = unlisted_verdict(str(result.outcome), result.check_outcome)
-        environment = document.get("environment")
-        machine = _machine_of(environment if isinstance(environment, dict) else {})
-        machines.append(_Machine(report, machine, {r.id: r for r in results}))
-        previous += [e for e in _applied(report, document, tests) if e not in previous]
+        read = read_report(report)
+        backends.add(read.backend)
+        # Each test's own verdict: the known failures the run applied are judged anew.
+        machines.append(_Machine(report, read.machine, {t.id: t.ungated() for t in read.tests}))
+        previous += [e for e in applied_entries(read) if e not in previous]
     if len(backends) > 1:
         raise ReportError(
             f"the reports are of different backends ({', '.join(sorted(backends))}); one known-failures file is "
@@ -75,14 +66,14 @@ def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresU
         )
     target = Path(output)
     if target.is_file():
-        previous += [e for e in _load(target, "-o") if e not in previous]
+        previous += [e for e in load_known_failures_file(target, "-o") if e not in previous]
 
     ids = sorted({i for m in machines for i in m.verdicts})
     varying: dict[str, tuple[list[_Machine], list[_Machine]]] = {}
-    merged: list[TestResult] = []  # one result per check: a failure where it fails everywhere it ran
+    merged: list[ReportTest] = []  # one result per check: a failure where it fails everywhere it ran
     for test_id in ids:
         ran = [m for m in machines if test_id in m.verdicts]
-        failing = [m for m in ran if m.verdicts[test_id].outcome in _FAILING]
+        failing = [m for m in ran if m.verdicts[test_id].outcome in FAILED]
         passing = [m for m in ran if m.verdicts[test_id].outcome == "passed"]
         if failing and passing:
             varying[test_id] = (failing, passing)

@@ -10,13 +10,10 @@ same `merge_known_failures` the run option uses. Never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from ..errors import ReportError
-from ._merge import read_document
 from ._known_edit import KnownFailuresUpdate, edited_known_failures, existing_text
-from ._known_failures import KnownFailure, facts_from_json, load_known_failures, merge_known_failures
-from ._report import TestResult
+from ._known_failures import KnownFailure, facts_from_json, load_known_failures_file, merge_known_failures
+from ._reading import Report, read_report
 
 
 def known_failures_from_report(report: str, output: str) -> KnownFailuresUpdate:
@@ -28,83 +25,33 @@ def known_failures_from_report(report: str, output: str) -> KnownFailuresUpdate:
     ``--backendconf-known-failures=K --backendconf-write-known-failures=OUTPUT``.
     An existing ``output`` is edited line by line (`edited_known_failures`): its comments stay.
     """
-    document = _read(report)
-    tests = document.get("tests")
-    if not isinstance(tests, list):
-        raise ReportError(f'report {report!r}: "tests" must be a list; pass the file --backendconf-report wrote')
-    results = [_result(report, i, t) for i, t in enumerate(tests)]
-    applied = _applied(report, document, tests)
+    read = read_report(report)
+    applied = applied_entries(read)
     previous = list(applied)
     target = Path(output)
     # Only a regular file holds old entries: a pipe or /dev/stdout would block the read (or eat its input).
-    if target.is_file() and target.resolve() != _applied_path(document):
-        previous += _load(target, "-o")
-    stale = _stale(document)
+    if target.is_file() and target.resolve() != _applied_path(read):
+        previous += load_known_failures_file(target, "-o")
     removed: dict[str, str] = {}
-    entries = merge_known_failures(results, previous, stale, removed)
-    backend = document.get("backend")
-    name = backend.get("name") if isinstance(backend, dict) else None  # only a comment: any value is shown
-    text, rewritten = edited_known_failures(existing_text(target), entries, str(name if name is not None else "?"))
+    entries = merge_known_failures(read.tests, previous, _stale(read), removed)
+    text, rewritten = edited_known_failures(existing_text(target), entries, read.backend)
     return KnownFailuresUpdate(text, entries, previous, removed, rewritten)
 
 
-def _read(path: str) -> dict[str, Any]:
-    # The reader every report command shares: depth-limited, UTF-8, errors naming the file.
-    document, _ = read_document(path)
-    if not isinstance(document, dict) or document.get("schema") != "backendconf-report":
-        raise ReportError(f"{path!r} is not a backendconf report; pass the file --backendconf-report wrote")
-    return document
+def _applied_path(report: Report) -> Path | None:
+    file = report.section("known_failures").get("file")
+    return Path(file).resolve() if isinstance(file, str) else None
 
 
-def _result(path: str, index: int, test: Any) -> TestResult:
-    if not isinstance(test, dict) or not isinstance(test.get("id"), str) or not isinstance(test.get("outcome"), str):
-        raise ReportError(
-            f"report {path!r}: tests[{index}] has no id and outcome; pass the file --backendconf-report wrote"
-        )
-    error = test.get("error")
-    if error is not None and not (isinstance(error, dict) and {"type", "message"} <= set(error)):
-        raise ReportError(f"report {path!r}: tests[{index}].error must be {{type, module, message}} or null")
-    # The report keeps the numerics beside the other details; the result holds them together.
-    details: dict[str, Any] = dict(test["details"]) if isinstance(test.get("details"), dict) else {}
-    if isinstance(test.get("numerics"), dict):
-        details["numerics"] = test["numerics"]
-    duration = test.get("duration")
-    check_outcome = test.get("check_outcome")
-    rerun = test.get("rerun")
-    return TestResult(
-        test["id"],
-        str(test.get("category", "")),
-        test.get("case"),
-        str(test.get("stage", "")),
-        str(test.get("reproduce", "")),
-        outcome=test["outcome"],
-        duration=float(duration) if isinstance(duration, (int, float)) else 0.0,
-        error=error,
-        reason=test.get("reason"),
-        known_failure=test.get("known_failure"),
-        details=details or None,
-        reproduction=test.get("reproduction") if isinstance(test.get("reproduction"), dict) else None,
-        check_outcome=check_outcome if isinstance(check_outcome, str) else None,
-        rerun=rerun if isinstance(rerun, str) else None,
-    )
-
-
-def _applied_path(document: dict[str, Any]) -> Path | None:
-    known = document.get("known_failures")
-    if isinstance(known, dict) and isinstance(known.get("file"), str):
-        return Path(known["file"]).resolve()
-    return None
-
-
-def _applied(report: str, document: dict[str, Any], tests: list[Any]) -> list[KnownFailure]:
+def applied_entries(report: Report) -> list[KnownFailure]:
     """The entries of the file the run applied: from the file itself while it exists, else from the tests."""
-    path = _applied_path(document)
+    path = _applied_path(report)
     if path is not None and path.is_file():
-        return _load(path, "the report's known_failures.file")
+        return load_known_failures_file(path, "the report's known_failures.file")
     entries: dict[str, KnownFailure] = {}
-    for test in tests:
-        entry = test.get("known_failure") if isinstance(test, dict) else None
-        if isinstance(entry, dict) and isinstance(entry.get("pattern"), str):
+    for test in report.tests:
+        entry = test.known_failure
+        if entry is not None and isinstance(entry.get("pattern"), str):
             entries.setdefault(
                 entry["pattern"],
                 KnownFailure(
@@ -118,7 +65,7 @@ def _applied(report: str, document: dict[str, Any], tests: list[Any]) -> list[Kn
     return list(entries.values())
 
 
-def _stale(document: dict[str, Any]) -> set[str]:
+def _stale(report: Report) -> set[str]:
     """The applied file's patterns the run found naming no check of the suite: dropped, as the run option drops them.
 
     The run judged them against every check of the suite (also those a
@@ -126,15 +73,5 @@ def _stale(document: dict[str, Any]) -> set[str]:
     only what it recorded is known, and the entries of an existing ``-o``
     file that match no test of the report are kept.
     """
-    known = document.get("known_failures")
-    stale = known.get("stale") if isinstance(known, dict) else None
+    stale = report.section("known_failures").get("stale")
     return {p for p in stale if isinstance(p, str)} if isinstance(stale, list) else set()
-
-
-def _load(path: Path, what: str) -> list[KnownFailure]:
-    import pytest  # the known-failures reader's usage errors; the report package loads without pytest
-
-    try:
-        return load_known_failures(path, what)
-    except pytest.UsageError as exc:
-        raise ReportError(str(exc)) from None

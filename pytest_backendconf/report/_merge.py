@@ -10,236 +10,19 @@ imports torch, so it runs anywhere the reports can be copied to.
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .._quoting import markdown_code
 from ..checks import CATEGORIES
-from ._reading import check_page_fields, load_json
-from ._report import FAILING, OUTCOMES, PASSING, REPORT_SCHEMA, REPORT_SCHEMA_VERSION
-from ..errors import ReportError
+from ._reading import Report, read_reports
+from ._record import FAILING, PASSING
 from ._words import counted
 
-# PASSING and FAILING come from the report's schema: `skipped` and `unsupported`
+# PASSING and FAILING come from the report's record: `skipped` and `unsupported`
 # are neither, so a change to or from them is a difference, not a flip.
 
 
-@dataclasses.dataclass(frozen=True)
-class ReportResult:
-    """One check of one report."""
-
-    id: str
-    category: str
-    outcome: str
-    error: str | None  # "Type: first line of the message", for the flips listing
-
-
-@dataclasses.dataclass
-class Report:
-    """The parts of one ``--backendconf-report`` file that a merge needs."""
-
-    path: str
-    backend: str
-    backend_version: str | None
-    torch: str
-    python: str
-    platform: str
-    exit_status: int | None
-    select: list[str]
-    summary: dict[str, dict[str, Any]]
-    tests: list[ReportResult]
-    #: The column title, unique among the merged reports (set by `merge`).
-    label: str = ""
-
-
-def report_files(paths: Iterable[str]) -> list[str]:
-    """The report files named by ``paths``: a file as given, a directory as its ``*.json`` files.
-
-    A directory lets a CI job merge whatever reports its matrix produced
-    (``backendconf report merge reports/``) without a shell glob.
-    """
-    files = []
-    for path in paths:
-        if Path(path).is_dir():
-            found = sorted(str(p) for p in Path(path).glob("*.json") if p.is_file())
-            if not found:
-                raise ReportError(
-                    f"directory {path!r} holds no report (*.json); run the suite with --backendconf-report=FILE first"
-                )
-            files += found
-        else:
-            files.append(path)
-    return files
-
-
-def read_report(path: str | Path) -> Report:
-    """Read and check one report; a `ReportError` names the file and what is wrong."""
-    document, name = read_document(path)
-    return parse_report(document, name)
-
-
-def read_document(path: str | Path) -> tuple[Any, str]:
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ReportError(f"cannot read report {name!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ReportError(f"report {name!r} is not UTF-8 text; pass the file --backendconf-report wrote") from None
-    return load_json(text, f"report {name!r}", "pass the file --backendconf-report wrote"), name
-
-
-def read_matrix(path: str) -> dict[str, Any]:
-    """The ops matrix of a ``--backendconf-report`` file; `ReportError` names the file and the fix."""
-    from ._ops import ops_matrix
-
-    report = read_report(path)  # the report's schema, checked; its nesting, bounded
-    matrix = ops_matrix({"id": t.id, "outcome": t.outcome} for t in report.tests)
-    if matrix is None:
-        raise ReportError(
-            f"report {path!r} has no ops checks: run the suite with the ops category "
-            f"(e.g. `pytest --backend=NAME -m ops --backendconf-report={path}`)"
-        )
-    return matrix
-
-
-def read_documents(paths: Iterable[str]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The checked report documents named by ``paths`` and their column labels, in `merge`'s order.
-
-    For tools that need the whole document (the HTML page) rather than the
-    parts a merge reads; the checks and the errors are those of `read_report`,
-    and every field the page prints is checked too (`check_page_fields`).
-    """
-    documents: dict[int, dict[str, Any]] = {}
-    reports = []
-    for path in report_files(paths):
-        document, name = read_document(path)
-        report = parse_report(document, name)
-        check_page_fields(document, name)
-        documents[id(report)] = document
-        reports.append(report)
-    merged = merge(reports)
-    return [documents[id(r)] for r in merged.reports], [f"{r.backend}, {r.label}" for r in merged.reports]
-
-
-def parse_report(document: Any, name: str) -> Report:
-    """Check ``document`` against the report schema (major version 1, any minor)."""
-    if not isinstance(document, dict) or document.get("schema") != REPORT_SCHEMA:
-        found = (
-            f'its "schema" is {document.get("schema")!r}, expected {REPORT_SCHEMA!r}'
-            if isinstance(document, dict)
-            else f"it holds {_kind(document)}, not an object"
-        )
-        raise ReportError(f"{name!r} is not a backendconf report ({found}); pass the file --backendconf-report wrote")
-    version = document.get("schema_version")
-    if not (isinstance(version, list) and len(version) == 2 and all(_is_int(v) for v in version)):
-        raise ReportError(f'report {name!r}: "schema_version" must be [major, minor], got {version!r}')
-    if version[0] != REPORT_SCHEMA_VERSION[0]:
-        ours = f"{REPORT_SCHEMA_VERSION[0]}.{REPORT_SCHEMA_VERSION[1]}"
-        raise ReportError(
-            f"report {name!r} has schema version {version[0]}.{version[1]}; this backendconf reads "
-            f"version {REPORT_SCHEMA_VERSION[0]}.x (it writes {ours}); merge reports written by the "
-            "same major version of pytest-backendconf, or upgrade it"
-        )
-    check = _Checker(name)
-    backend = check.mapping(document, "backend")
-    environment = check.mapping(document, "environment")
-    run = check.mapping(document, "run")
-    summary_doc = check.mapping(document, "summary")
-    summary = {}
-    for category, counts in summary_doc.items():
-        where = f"summary.{category}"
-        check.mapping(summary_doc, category, "summary")
-        summary[category] = {
-            "total": check.count(counts, "total", where),
-            "passed": check.count(counts, "passed", where),
-        }
-        # 1.3: the score's denominator (delegation runs lowered whole left out); before, the total.
-        summary[category]["scored"] = (
-            check.count(counts, "scored", where) if "scored" in counts else summary[category]["total"]
-        )
-        if summary[category]["passed"] > summary[category]["total"]:
-            raise ReportError(f"report {name!r}: {where} has more passed checks than its total")
-    tests_doc = document.get("tests")
-    if not isinstance(tests_doc, list):
-        raise ReportError(f'report {name!r}: "tests" must be a list, got {_kind(tests_doc)}')
-    tests = []
-    seen = set()
-    for i, entry in enumerate(tests_doc):
-        where = f"tests[{i}]"
-        if not isinstance(entry, dict):
-            raise ReportError(f"report {name!r}: {where} must be an object, got {_kind(entry)}")
-        test_id = check.string(entry, "id", where)
-        outcome = check.string(entry, "outcome", where)
-        if outcome not in OUTCOMES:
-            raise ReportError(
-                f"report {name!r}: {where} ({test_id}) has outcome {outcome!r}; expected one of {', '.join(OUTCOMES)}"
-            )
-        if test_id in seen:
-            raise ReportError(f"report {name!r}: {where}: check {test_id!r} is listed twice")
-        seen.add(test_id)
-        tests.append(
-            ReportResult(test_id, check.string(entry, "category", where), outcome, _error_text(entry.get("error")))
-        )
-    exit_status = run.get("exit_status")
-    select = run.get("select") or []
-    return Report(
-        path=name,
-        backend=check.string(backend, "name", "backend"),
-        backend_version=backend.get("version") if isinstance(backend.get("version"), str) else None,
-        torch=check.string(environment, "torch", "environment"),
-        python=str(environment.get("python") or "?"),
-        platform=str(environment.get("platform") or "?"),
-        exit_status=exit_status if _is_int(exit_status) else None,
-        select=[str(s) for s in select] if isinstance(select, list) else [],
-        summary=summary,
-        tests=tests,
-    )
-
-
-class _Checker:
-    """Field checks whose errors name the report and the field."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def mapping(self, document: dict, key: str, where: str = "") -> dict:
-        value = document.get(key)
-        if not isinstance(value, dict):
-            field = f"{where}.{key}" if where else key
-            raise ReportError(f"report {self.name!r}: {field} must be an object, got {_kind(value)}")
-        return value
-
-    def string(self, document: dict, key: str, where: str) -> str:
-        value = document.get(key)
-        if not isinstance(value, str):
-            raise ReportError(f"report {self.name!r}: {where}.{key} must be a string, got {_kind(value)}")
-        return value
-
-    def count(self, document: Any, key: str, where: str) -> int:
-        value = document.get(key) if isinstance(document, dict) else None
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ReportError(
-                f"report {self.name!r}: {where}.{key} must be a count (an integer >= 0), got {_kind(value)}"
-            )
-        return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    """How a wrong value looks in an error: the value for scalars, else its JSON type."""
-    if value is None:
-        return "null or nothing"
-    if isinstance(value, (str, int, float, bool)):
-        return json.dumps(value)[:40]
-    return "an object" if isinstance(value, dict) else "a list" if isinstance(value, list) else type(value).__name__
-
-
-def _error_text(error: Any) -> str | None:
+def _error_text(error: dict[str, str] | None) -> str | None:
     if not isinstance(error, dict):
         return None
     kind = error.get("type") or "error"
@@ -300,8 +83,8 @@ def merge(reports: Sequence[Report]) -> Merged:
             ids.update(dict.fromkeys(t.id for t in report.tests))
         results = [{t.id: t for t in report.tests} for report in group]
         for test_id in ids:
-            outcomes = {
-                report.label: (found[test_id].outcome, found[test_id].error)
+            outcomes: dict[str, tuple[str, str | None]] = {
+                report.label: (found[test_id].outcome, _error_text(found[test_id].error))
                 for report, found in zip(group, results)
                 if test_id in found
             }
@@ -523,3 +306,9 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
         return "| " + " | ".join(cells) + " |"
 
     return [line(header), "|" + "|".join("---" for _ in header) + "|", *(line(row) for row in rows)]
+
+
+def side_by_side(paths: Iterable[str]) -> tuple[list[Report], list[str]]:
+    """The reports named by ``paths`` in `merge`'s order, with their column labels (the HTML page's)."""
+    merged = merge(read_reports(paths))
+    return merged.reports, [f"{r.backend}, {r.label}" for r in merged.reports]

@@ -1,14 +1,17 @@
 """The operator × dtype matrix of the ``ops`` category, its summary line and capability declaration.
 
-Built from the results of a run (the JSON report's ``tests``), so the same
+Built from the tests of a run (`ReportTest`: the JSON report's ``tests``), so the same
 code serves the terminal summary, the report's ``ops`` section and
 ``backendconf report ops REPORT.json --capabilities``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Iterable, Mapping
+
+from ._record import BREAKING, SKIPS, ReportTest
 
 #: Every dtype the ops category knows, in column order.
 DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
@@ -17,8 +20,6 @@ QUANTIZED_DTYPES = ("int8", "uint8")
 PASSED, UNSUPPORTED, FAILED, NOT_UNDER_TEST = "passed", "unsupported", "failed", "not under test"
 #: A cell whose failures are all listed known failures: the run is green, the operator still fails there.
 KNOWN_FAILURE = "known failure"
-#: Report outcomes that fail a cell (and the run): an unexpected pass is an entry that is out of date.
-_FAILING = ("failed", "error", "unexpected_pass")
 #: The cells in which an overload does not work: left out of the declaration, flagged when declared.
 NOT_PASSING = (FAILED, KNOWN_FAILURE, UNSUPPORTED)
 #: An operator overload's name, ``namespace.op.overload``: the only names the declaration prints.
@@ -42,17 +43,17 @@ def parse_id(test_id: str) -> tuple[str, str, int] | None:
 
 
 def _cell(outcomes: list[str]) -> str:
-    if any(o in _FAILING for o in outcomes):
+    if any(o in BREAKING for o in outcomes):  # an unexpected pass is an entry that is out of date
         return FAILED
     if "known_failure" in outcomes:
         return KNOWN_FAILURE
-    if any(o in ("unsupported", "skipped") for o in outcomes):
+    if any(o in SKIPS for o in outcomes):
         return UNSUPPORTED
     return PASSED
 
 
-def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | None = None) -> dict[str, Any] | None:
-    """The ``ops`` section of the JSON report from its ``tests`` entries (``None``: no ops checks ran).
+def ops_matrix(tests: Iterable[ReportTest], declared: Iterable[str] | None = None) -> dict[str, Any] | None:
+    """The ``ops`` section of the JSON report from its tests (``None``: no ops checks ran).
 
     ``overloads`` maps overload → dtype → passed / unsupported / failed /
     known failure (every failure of the cell listed) / not under test; an overload is *fully supported* when every dtype it was
@@ -63,19 +64,16 @@ def ops_matrix(tests: Iterable[Mapping[str, Any]], declared: Iterable[str] | Non
     outcomes: dict[str, dict[str, list[str]]] = {}
     ops_tests = []
     for test in tests:
-        if not isinstance(test, Mapping):
-            continue
-        test_id = str(test.get("id", ""))
-        if not _OPS_CHECK.match(test_id) or not isinstance(test.get("outcome"), str):
+        if not _OPS_CHECK.match(test.id):
             continue
         # Every ops check counts; a single-op quantized program (``aten.conv2d.default[int8-static-per-tensor]``)
         # is no cell of its own in the matrix.
-        ops_tests.append({**test, "category": "ops"})
-        parsed = parse_id(test_id)
+        ops_tests.append(dataclasses.replace(test, category="ops"))
+        parsed = parse_id(test.id)
         if parsed is None:
             continue
         overload, dtype, _ = parsed
-        outcomes.setdefault(overload, {}).setdefault(dtype, []).append(test["outcome"])
+        outcomes.setdefault(overload, {}).setdefault(dtype, []).append(test.outcome)
     if not outcomes:
         return None
     # The same counts as the report's summary.ops (a known failure is never counted as failed).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from ._report import TestResult
+from ._record import ReportTest
 
 CATEGORY = "replay"
 
@@ -25,16 +25,17 @@ def archive_stem(path: str) -> str:
     return name[: -len(".bcpt")] if name.endswith(".bcpt") else name
 
 
-def replay_test_results(results: Sequence[Any]) -> list[TestResult]:
-    """One `TestResult` per `target.BundleResult`."""
+def replay_test_results(results: Sequence[Any]) -> list[ReportTest]:
+    """One `ReportTest` per `target.BundleResult`."""
     return [
-        TestResult(
+        ReportTest(
             id=replay_test_id(r),
             category=CATEGORY,
             case=archive_stem(r.archive),
             stage="execute",
             reproduce=f"backendconf replay {r.archive}",
             outcome=r.outcome,
+            verdict=r.outcome,  # no known failures apply to a replay
             duration=r.duration,
             error=r.error,
             details={

@@ -1,27 +1,26 @@
-"""The conformance report: what each test's outcome means, the JSON document, the score summary.
+"""The conformance report's JSON document: its schema version, its sections and the score summary.
 
-This module owns the ``backendconf-report`` schema (documented in
-``docs/ci-gating.md``): the pytest plugin writes it with `report_document`,
-and ``backendconf report merge`` reads it back with the constants here. It
-never imports torch at import time.
+This module owns the ``backendconf-report`` document (documented in
+``docs/ci-gating.md``): the pytest plugin and ``backendconf replay`` write it
+with `report_document` from their tests (`ReportTest`, ``_record``), and
+`read_report` (``_reading``) reads it back. It never imports torch at import
+time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ..checks import CATEGORIES, CheckFailed, outcome_from_json
-from ._counts import OUTCOMES, category_counts, non_strict_counts, outcome_parts
+from ..checks import CATEGORIES
+from ._counts import category_counts, non_strict_counts, outcome_parts
 from ._machine import describe_machine
+from ._record import ReportTest
 
 if TYPE_CHECKING:
-    import pytest
-
     from ._known_failures import KnownFailure
     from ..registry import RegisteredBackend
 
@@ -32,115 +31,27 @@ REPORT_SCHEMA = "backendconf-report"
 # tests[].reproduction (a failure's minimal reproduction); 1.4: tests[].check_outcome (the check's own
 # verdict: not_needed counts from it, not from the reason's words); 1.5: run.shard (a --backendconf-shard
 # run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards;
-# 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command)
-REPORT_SCHEMA_VERSION = (1, 7)
-#: The outcomes of a test that did not work (what a known-failures file lists).
-FAILING = ("failed", "error", "known_failure")
-#: The outcomes in which a check worked (a change between these and `FAILING` is a flip).
-PASSING = ("passed", "unexpected_pass")
+# 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command);
+# 1.8: tests[].verdict (the test's outcome before known failures applied: a gate judges it again from there)
+REPORT_SCHEMA_VERSION = (1, 8)
 
 
-@dataclasses.dataclass
-class TestResult:
-    """One conformance test as the report and the summary see it (all its phases combined)."""
-
-    __test__ = False  # not a pytest test class
-
-    id: str
-    category: str
-    case: str | None
-    stage: str
-    reproduce: str
-    outcome: str | None = None
-    duration: float = 0.0
-    error: dict[str, str] | None = None
-    reason: str | None = None
-    known_failure: dict[str, str] | None = None
-    #: What the check returned, e.g. delegation's ``{"delegation": {"delegated": 41, "total": 47, ...}}``.
-    details: dict[str, Any] | None = None
-    #: The failure's minimal reproduction: ``{"script", "inputs", "nodes", "ops", "budget_ran_out", …}``.
-    reproduction: dict[str, Any] | None = None
-    #: The check's own verdict (`CheckOutcome.outcome`: before known failures apply); None: it did not run.
-    check_outcome: str | None = None
-    #: The command that reruns the failed comparison on the inputs the check saved (`CheckOutcome.rerun`).
-    rerun: str | None = None
-
-    def add(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
-        self.duration += report.duration
-        if data.get("reproduction") is not None:
-            self.reproduction = data["reproduction"]
-        if data.get("details") is not None:
-            self.details = data["details"]
-        if data["known_failure"] is not None:
-            self.known_failure = data["known_failure"]
-        if data.get("check") is not None:
-            check = outcome_from_json(data["check"])
-            self.check_outcome = check.outcome
-            self.rerun = check.rerun or self.rerun
-        new = data["outcome"]
-        if new is not None and (self.outcome is None or OUTCOMES.index(new) > OUTCOMES.index(self.outcome)):
-            self.outcome, self.error, self.reason = new, data["error"], data["reason"]
-
-    def rerun_command(self) -> str | None:
-        """A failure's rerun command: the saved comparison's where the check saved its inputs, else
-        `reproduce` (the check again, drawing the same inputs); None for a test that did not fail."""
-        if self.outcome not in FAILING:
-            return None
-        return self.rerun or self.reproduce
-
-    def first_line(self) -> str:
-        """The failure's first line, whole, as a known-failures reason (`_failure_facts.reason_of`)."""
-        from ._failure_facts import reason_of
-
-        return reason_of(self.error, self.outcome, CheckFailed.__name__)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "category": self.category,
-            "case": self.case,
-            "stage": self.stage,
-            "outcome": self.outcome,
-            "duration": round(self.duration, 6),
-            "error": self.error,
-            "reason": self.reason,
-            "known_failure": self.known_failure,
-            "reproduce": self.reproduce,
-            "rerun": self.rerun_command(),
-            **(
-                {"details": rest}
-                if (rest := {k: v for k, v in (self.details or {}).items() if k != "numerics"})
-                else {}
-            ),
-            "numerics": (self.details or {}).get("numerics"),
-            "reproduction": self.reproduction,
-            "check_outcome": self.check_outcome,
-        }
+def summarize(tests: Iterable[ReportTest], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
+    """Counts per outcome and the score of each category (`category_counts` of the tests)."""
+    return category_counts(tests, categories)
 
 
-def summarize(results: Iterable[TestResult], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
-    """Counts per outcome and the score of each category (`category_counts` of the results)."""
-    return category_counts((r.as_json() for r in results), categories)
-
-
-def error_statistics(results: Iterable[TestResult]) -> dict[str, Any]:
+def error_counts(tests: Iterable[ReportTest]) -> dict[str, Any]:
     """How many tests that did not work failed with each exception type, and in each stage."""
-    return error_counts(r.as_json() for r in results)
-
-
-def error_counts(tests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """`error_statistics` of report test entries (``outcome``, ``stage``, ``error``): a joined report's too."""
     by_type: dict[str, int] = {}
     by_stage: dict[str, int] = {}
     total = 0
     for test in tests:
-        if test.get("outcome") not in FAILING:
+        if not test.failing:
             continue
         total += 1
-        stage = str(test.get("stage"))
-        by_stage[stage] = by_stage.get(stage, 0) + 1
-        error = test.get("error")
-        kind = str(error.get("type")) if isinstance(error, Mapping) else "unknown"
+        by_stage[test.stage] = by_stage.get(test.stage, 0) + 1
+        kind = str(test.error.get("type")) if test.error is not None else "unknown"
         by_type[kind] = by_type.get(kind, 0) + 1
     return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
 
@@ -210,12 +121,12 @@ def not_under_test(capabilities: Any) -> list[str]:
     return found
 
 
-def ops_matrix_of(selected: RegisteredBackend, results: list[TestResult]) -> dict[str, Any] | None:
+def ops_matrix_of(selected: RegisteredBackend, tests: list[ReportTest]) -> dict[str, Any] | None:
     """The operator x dtype matrix of the run's ``ops`` checks, or None when none ran."""
     from ._ops import ops_matrix
 
     declared = getattr(selected.backend, "capabilities", None)
-    return ops_matrix((r.as_json() for r in results), getattr(declared, "supported_ops", None))
+    return ops_matrix(tests, getattr(declared, "supported_ops", None))
 
 
 def backend_entry(selected: RegisteredBackend) -> dict[str, Any]:
@@ -271,7 +182,7 @@ def known_failures_entry(path: Path | None, known: list[KnownFailure], stale: se
 
 
 def report_document(
-    results: list[TestResult],
+    tests: list[ReportTest],
     *,
     backend: dict[str, Any],
     run: dict[str, Any],
@@ -293,7 +204,6 @@ def report_document(
     """
     import torch
 
-    tests = [r.as_json() for r in results]
     return {
         "schema": REPORT_SCHEMA,
         "schema_version": list(REPORT_SCHEMA_VERSION),
@@ -312,8 +222,8 @@ def report_document(
         "run": run,
         # The checks non-strict entries listed are counted apart, never silently (docs/ci-gating.md).
         "known_failures": None if known_failures is None else {**known_failures, **non_strict_counts(tests)},
-        "summary": summarize(results, categories),
-        "errors": error_statistics(results),
+        "summary": summarize(tests, categories),
+        "errors": error_counts(tests),
         "ops": ops,
-        "tests": tests,
+        "tests": [test.to_json() for test in tests],
     }

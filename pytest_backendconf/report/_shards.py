@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .._validation import KINDS, check_type, field
 from ..checks import CATEGORIES
 from ..errors import ReportError
 from ._counts import category_counts
+from ._reading import Report, read_report
 from ._report import REPORT_SCHEMA_VERSION, error_counts, score_line
 
-#: The outcomes that make a run fail (pytest's exit status 1): the joined report's gate.
-BROKEN = ("failed", "error", "unexpected_pass")
+#: A number of seconds as a report writes one: finite, >= 0 (JSON's parser admits NaN and Infinity).
+_seconds = KINDS["seconds"][0]
 
 
 def suite_digest(ids: Iterable[str]) -> str:
@@ -54,20 +55,7 @@ def shard_entry(
 
 def read_durations(path: str | Path) -> dict[str, float]:
     """``{check id: seconds}`` of a ``--backendconf-report`` file; a `ReportError` names the file and the fix."""
-    from ._merge import parse_report, read_document
-
-    document, name = read_document(path)
-    parse_report(document, name)  # the schema, checked as merge checks it
-    durations = {}
-    for i, entry in enumerate(document["tests"]):
-        seconds = entry.get("duration")
-        if not _seconds(seconds):
-            raise ReportError(
-                f"report {name!r}: tests[{i}].duration must be a number of seconds >= 0, got {seconds!r}; "
-                "pass the file --backendconf-report wrote"
-            )
-        durations[entry["id"]] = float(seconds)
-    return durations
+    return {test.id: test.duration for test in read_report(path).tests}
 
 
 def median_duration(durations: Mapping[str, float]) -> float:
@@ -104,39 +92,36 @@ class _Shard:
     checks: list[str]
 
 
-def _shard_of(document: dict[str, Any], name: str) -> _Shard:
-    shard = document["run"].get("shard")
+def _shard_of(report: Report) -> _Shard:
+    shard = report.section("run").get("shard")
+    name = report.path
     if shard is None:
         raise ReportError(
             f"report {name!r} is not a shard's report (its run.shard is empty): --output joins the reports of "
             "--backendconf-shard=K/N runs; merge whole runs without --output to compare them side by side"
         )
-
-    def field(key: str, kind: type) -> Any:
-        value = shard.get(key) if isinstance(shard, dict) else None
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ReportError(f"report {name!r}: run.shard.{key} must be a {kind.__name__}, got {value!r}")
-        return value
-
-    checks = field("checks", list)
-    if not all(isinstance(c, str) for c in checks):
-        raise ReportError(f"report {name!r}: run.shard.checks must list check ids (strings)")
-    index, count = field("index", int), field("count", int)
+    try:
+        checks = field(shard, "checks", "list", "run.shard")
+        for i, check in enumerate(checks):
+            check_type(check, "string", f"run.shard.checks[{i}]")
+        index, count = field(shard, "index", "integer", "run.shard"), field(shard, "count", "integer", "run.shard")
+        suite_checks = field(shard, "suite_checks", "count", "run.shard")
+        digest = field(shard, "suite_digest", "string", "run.shard")
+    except ValueError as exc:
+        raise ReportError(f"report {name!r}: {exc}; pass the file --backendconf-report wrote") from None
     if not 1 <= index <= count:
         raise ReportError(f"report {name!r}: run.shard is {index}/{count}; a shard is K/N with 1 <= K <= N")
-    return _Shard(name, index, count, field("suite_checks", int), field("suite_digest", str), checks)
+    return _Shard(name, index, count, suite_checks, digest, checks)
 
 
-def join_shards(documents: list[tuple[dict[str, Any], str]]) -> Joined:
-    """Join the reports (document, file name) of the shards of one run: one backend, one torch build.
+def join_shards(shards: list[Report]) -> Joined:
+    """Join the reports (`read_report`) of the shards of one run: one backend, one torch build.
 
     :raises ReportError: the reports are of different backends, torch builds,
         shard counts or collections; one shard is given twice; a check was run
         by two shards.
     """
-    from ._merge import parse_report
-
-    reports = [(parse_report(document, name), document, _shard_of(document, name)) for document, name in documents]
+    reports = [(report, report.document, _shard_of(report)) for report in shards]
     if not reports:
         raise ReportError("no shard reports to join: pass the --backendconf-report files of the shards")
     first, _, lead = reports[0]
@@ -151,7 +136,7 @@ def join_shards(documents: list[tuple[dict[str, Any], str]]) -> Joined:
                     f"{_text(theirs)}): join the shards of one backend under one torch; compare runs with "
                     "`backendconf report merge` without --output"
                 )
-        profiles = [(d.get("hypothesis") or {}).get("profile") for d in (documents[0][0], report_document)]
+        profiles = [(d.get("hypothesis") or {}).get("profile") for d in (reports[0][1], report_document)]
         if profiles[0] != profiles[1]:
             raise ReportError(
                 f"reports {first.path!r} and {report.path!r} ran different Hypothesis profiles ({profiles[0]} and "
@@ -194,7 +179,7 @@ def join_shards(documents: list[tuple[dict[str, Any], str]]) -> Joined:
     not_run = [c for c in assigned if c not in ran_in]
     document = _joined_document(reports)
     joined = Joined(document, not_run, missing_shards, max(0, lead.suite_checks - len(assigned)))
-    broken = any(t["outcome"] in BROKEN for t in document["tests"])
+    broken = any(t.breaking for report, _, _ in reports for t in report.tests)
     document["run"]["exit_status"] = 0 if joined.complete and not broken else 1
     return joined
 
@@ -204,7 +189,7 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
 
     documents = [document for _, document, _ in reports]
     first = documents[0]
-    tests = [test for document in documents for test in document["tests"]]
+    tests = [test for report, _, _ in reports for test in report.tests]
     categories = list(CATEGORIES) + sorted({c for d in documents for c in d["summary"]} - set(CATEGORIES))
     supported = ((first["backend"].get("capabilities") or {}) if isinstance(first["backend"], dict) else {}).get(
         "supported_ops"
@@ -237,7 +222,7 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
         "summary": category_counts(tests, categories),
         "errors": error_counts(tests),
         "ops": ops_matrix(tests, supported if isinstance(supported, list) else None),
-        "tests": tests,
+        "tests": [test.to_json() for test in tests],
     }
 
 
@@ -256,11 +241,6 @@ def _joined_known_failures(entries: list[Any]) -> dict[str, Any] | None:
         return None
     stale = set.intersection(*(set(e.get("stale") or []) for e in given))
     return {**given[0], "stale": sorted(stale)}
-
-
-def _seconds(value: Any) -> bool:
-    """A number of seconds as a report writes one: finite, >= 0 (JSON's parser admits NaN and Infinity)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _text(value: Any) -> str:

@@ -15,7 +15,8 @@ from ._gating import non_strict_line
 from ._failure_groups import group_failures, same_program_groups, same_program_lines
 from ._failure_groups import summary_lines as group_lines
 from ._ops import flagged_lines, ops_matrix, summary_line
-from ._report import TestResult, not_under_test, score_line, summarize
+from ._record import ReportTest
+from ._report import not_under_test, score_line, summarize
 from ._words import counted
 
 if TYPE_CHECKING:
@@ -31,10 +32,10 @@ def declared_scope(selected: RegisteredBackend) -> tuple[list[str] | None, list[
     return (None if supported is None else sorted(supported)), not_under_test(capabilities)
 
 
-def summary_lines(results: list[TestResult], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
+def summary_lines(results: list[ReportTest], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
     """The score of each category, the ops matrix's line, what was not under test and the failures grouped."""
     lines: list[str] = []
-    matrix = ops_matrix((r.as_json() for r in results), supported_ops)
+    matrix = ops_matrix(results, supported_ops)
     for category, counts in summarize(results).items():
         if counts["total"] and not (category == "ops" and matrix is not None):
             # delegation counts nodes, and "not needed" apart from passes.
@@ -48,17 +49,17 @@ def summary_lines(results: list[TestResult], supported_ops: Iterable[str] | None
     non_strict = non_strict_line(results)
     if non_strict is not None:
         lines.append(non_strict)
-    broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+    broken = [r for r in results if r.breaking]
     if len(broken) > 1:
         lines += ["", "failures grouped by message (numbers and names masked):"]
-        lines += group_lines(group_failures(r.as_json() for r in broken))
-        same = same_program_lines(same_program_groups(r.as_json() for r in broken))
+        lines += group_lines(group_failures(broken))
+        same = same_program_lines(same_program_groups(broken))
         if same:
             lines += ["", "failures with the same minimal reproduction (operator sequence):", *same]
     return lines
 
 
-def reproductions_line(broken: list[TestResult]) -> str:
+def reproductions_line(broken: list[ReportTest]) -> str:
     """``minimal reproductions: 3 scripts, 41.2 s; --backendconf-minify=off skips them`` (and what was not made).
 
     Read from the failures' reproduction records, so that a gate over a
@@ -87,7 +88,7 @@ def reproductions_line(broken: list[TestResult]) -> str:
     return line
 
 
-def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
+def end_lines(results: list[ReportTest], supported_ops: Iterable[str] | None, left_out: list[str]) -> list[str]:
     """Everything the end of a gated run prints under its ``backendconf: conformance of backend`` line.
 
     The summary, the failures whose minimisation ran out of time, each
@@ -95,7 +96,7 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
     checks not run again after their model hung.
     """
     lines = summary_lines(results, supported_ops, left_out)
-    broken = [r for r in results if r.outcome in ("failed", "error", "unexpected_pass")]
+    broken = [r for r in results if r.breaking]
     # A failure of a group already shrunk shares its first's script: the budget ran out once, for the first.
     ran_out = [r for r in broken if (rec := r.reproduction or {}).get("budget_ran_out") and not rec.get("same_as")]
     if ran_out:
@@ -114,7 +115,7 @@ def end_lines(results: list[TestResult], supported_ops: Iterable[str] | None, le
         lines.append("")
         lines.append("to reproduce a failure, run its command:")
         for result in broken:
-            lines.append(f"{(result.outcome or '').upper().replace('_', ' ')} {result.id}: {result.reproduce}")
+            lines.append(f"{result.outcome.upper().replace('_', ' ')} {result.id}: {result.reproduce}")
             script = (result.reproduction or {}).get("script")
             if script:
                 lines.append(f"    minimal reproduction: python {script}")

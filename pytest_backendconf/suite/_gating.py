@@ -10,6 +10,7 @@ report's schema is `report._report`'s; the workflow is in ``docs/ci-gating.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import warnings
@@ -25,8 +26,9 @@ from ..report import KnownFailure, KnownFailuresUpdate, edited_known_failures, e
 from ..report import load_known_failures, merge_known_failures
 from ..report import (
     FAILING,
-    TestResult,
+    ReportTest,
     backend_entry,
+    combined,
     counted,
     declared_scope,
     end_lines,
@@ -46,7 +48,6 @@ from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
 from ._outcome import OUTCOME_KEY
 from ._shards import SHARD_KEY
-from ..checks import outcome_to_json
 from ..errors import StaleKnownFailureWarning
 
 if TYPE_CHECKING:
@@ -92,7 +93,8 @@ class GatingPlugin:
             here, elsewhere = self._here(load_known_failures(self.write_path, "--backendconf-write-known-failures"))
             self.previous += here
             self.elsewhere += [e for e in elsewhere if e not in self.elsewhere]
-        self.results: dict[str, TestResult] = {}
+        self.results: dict[str, ReportTest] = {}
+        self.durations: dict[str, float] = {}
         self.order: dict[str, int] = {}
         #: Patterns (of either file) that match no check of the suite; None while unknown.
         self.stale: set[str] | None = None
@@ -207,34 +209,40 @@ class GatingPlugin:
         entry = item.stash.get(_ENTRY_KEY, None)
         # The check's own verdict, kept by the item (`OUTCOME_KEY`); it belongs to the call phase.
         check = item.stash.get(OUTCOME_KEY, None) if report.when == "call" else None
-        outcome = phase_outcome(report, listed=entry is not None, check=check, strict=entry is None or entry.strict)
-        error = reason = None
-        if outcome in FAILING:
-            error = error_of(call.excinfo)
-        elif outcome in ("unsupported", "skipped"):
-            reason = report_reason(check) if check is not None else skip_reason(report)
-        elif outcome == "unexpected_pass" and entry is not None and report.failed:
-            report.longrepr = unexpected_pass_text(
-                item.nodeid, entry, self.known_path, self.selected.name, item.reproduce
+        phase = phase_outcome(report, listed=entry is not None, check=check, strict=entry is None or entry.strict)
+        test = None
+        if phase is not None:
+            verdict, outcome = phase
+            error = reason = None
+            if outcome in FAILING:
+                error = error_of(call.excinfo)
+            elif outcome in ("unsupported", "skipped"):
+                reason = report_reason(check) if check is not None else skip_reason(report)
+            elif outcome == "unexpected_pass" and entry is not None and report.failed:
+                report.longrepr = unexpected_pass_text(
+                    item.nodeid, entry, self.known_path, self.selected.name, item.reproduce
+                )
+            test = ReportTest(
+                id=item.nodeid,
+                category=item.check.category,
+                outcome=outcome,
+                verdict=verdict,
+                case=item.check.case,
+                stage=item.check.stage,
+                reproduce=item.reproduce,
+                error=error,
+                reason=reason,
+                known_failure=entry.as_json() if entry is not None else None,
+                details=check.details if check is not None else None,
+                reproduction=item.reproduction if outcome in ("failed", "error") else None,
+                check_outcome=check.outcome if check is not None else None,
+                rerun=check.rerun if check is not None else None,
             )
+        # The phase's record reaches an xdist controller as JSON, on this report.
         setattr(
             report,
             REPORT_ATTR,
-            {
-                "category": item.check.category,
-                "case": item.check.case,
-                "stage": item.check.stage,
-                "reproduce": item.reproduce,
-                "outcome": outcome,
-                "error": error,
-                "reason": reason,
-                "known_failure": entry.as_json() if entry is not None else None,
-                "location": list(item.check.location()),
-                # The record itself: it reaches an xdist controller as JSON, on this report.
-                "check": outcome_to_json(check) if check is not None else None,
-                "details": check.details if check is not None else None,
-                "reproduction": item.reproduction if outcome in ("failed", "error") else None,
-            },
+            {"test": test.to_json() if test is not None else None, "location": list(item.check.location())},
         )
         return report
 
@@ -257,18 +265,20 @@ class GatingPlugin:
             report.longrepr = longrepr
 
     def _record(self, report: pytest.TestReport, data: dict[str, Any]) -> None:
-        result = self.results.get(report.nodeid)
-        if result is None:
-            result = self.results[report.nodeid] = TestResult(
-                report.nodeid, data["category"], data["case"], data["stage"], data["reproduce"]
-            )
-        result.add(report, data)
+        # Every phase's time counts, a setup that passed (and has no record of its own) too.
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        if data["test"] is not None:
+            phase = ReportTest.from_json(data["test"])
+            self.results[report.nodeid] = combined(self.results.get(report.nodeid), phase)
 
     # --- the end of the run ---------------------------------------------------------
 
-    def finished(self) -> list[TestResult]:
+    def finished(self) -> list[ReportTest]:
         """The tests that ran, in collection order."""
-        done = [r for r in self.results.values() if r.outcome is not None]
+        done = [
+            dataclasses.replace(r, duration=self.durations[r.id]) if r.id in self.durations else r
+            for r in self.results.values()
+        ]
         return sorted(done, key=lambda r: (self.order.get(r.id, len(self.order)), r.id))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -304,7 +314,10 @@ class GatingPlugin:
         if self.html_path is not None and document is not None:
             from ..report import render
 
-            write_atomic(self.html_path, render([document]))  # the page is drawn from the report alone
+            from ..report import parse_report
+
+            # The page is drawn from the report alone, read back as any report is.
+            write_atomic(self.html_path, render([parse_report(document, str(self.html_path))]))
             self.notes.append(f"HTML report written to {self.html_path}")
         if self.write_path is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
@@ -312,7 +325,7 @@ class GatingPlugin:
             else:
                 self._write_known_failures(results)
 
-    def _write_golden_index(self, results: list[TestResult]) -> None:
+    def _write_golden_index(self, results: list[ReportTest]) -> None:
         from ._golden import write_index
 
         folder = self.config.stash[GOLDEN_KEY]
@@ -323,7 +336,7 @@ class GatingPlugin:
             f"(replay them with: backendconf replay {folder}){dropped}"
         )
 
-    def _replay_on_target(self, session: pytest.Session, folder: Path, results: list[TestResult]) -> list[TestResult]:
+    def _replay_on_target(self, session: pytest.Session, folder: Path, results: list[ReportTest]) -> list[ReportTest]:
         """Replay the golden archives just indexed on the device (`target.replay_archives`, as ``backendconf
         replay`` does): one ``replay`` test per bundle beside the checks; a bundle that does not pass fails the run."""
         from ..report import replay_test_results
@@ -348,7 +361,7 @@ class GatingPlugin:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return results + replayed
 
-    def _write_known_failures(self, results: list[TestResult]) -> None:
+    def _write_known_failures(self, results: list[ReportTest]) -> None:
         assert self.write_path is not None
         # Entries for other machines are kept as written: this run cannot judge them.
         removed: dict[str, str] = {}

@@ -1,8 +1,8 @@
 """What a pytest report of a conformance item means for the suite: its outcome, reason and error.
 
-The pytest side of the report (`report.TestResult` and the document know nothing of pytest): the
+The pytest side of the report (`report.ReportTest` and the document know nothing of pytest): the
 gating plugin turns each phase's `pytest.TestReport`, with the check's own `CheckOutcome` from the
-item's stash, into the data a `TestResult` adds up.
+item's stash, into one phase's `ReportTest`; `report.combined` adds the phases up.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from ..checks import CheckOutcome, reason_text
-from ..report import gated_outcome
+from ..report import ReportOutcome, Verdict, gated_outcome
 
-#: The report attribute that carries a conformance test's data (xdist serializes it).
+#: The report attribute that carries a conformance test's phase (`ReportTest.to_json` and the check's
+#: location; xdist serializes it).
 REPORT_ATTR = "backendconf"
 #: How many lines of an exception's message the report and the summary keep.
 MESSAGE_LINES = 5
@@ -20,28 +21,29 @@ MESSAGE_LINES = 5
 
 def phase_outcome(
     report: pytest.TestReport, listed: bool, check: CheckOutcome | None = None, strict: bool = True
-) -> str | None:
-    """What one phase's report means for the suite; None for a setup or teardown that passed.
+) -> tuple[Verdict, ReportOutcome] | None:
+    """(the verdict, the gated outcome) of one phase's report; None for a setup or teardown that passed.
 
     pytest's xfail marker has already turned a listed failure into a skip with ``wasxfail`` and a
     listed pass into a strict XPASS failure: the verdict under them is read back, and the outcome
-    decided by `gated_outcome`, as ``backendconf report gate`` decides it from a report.
+    decided by `gated_outcome`, as ``backendconf report gate`` decides it from a report's verdict.
 
     :param check: the check's own outcome (the call phase's), which tells a rejection from a skip.
     :param strict: False for a non-strict entry, whose pass (a non-strict XPASS) is a pass.
     """
     xfailed = hasattr(report, "wasxfail")
     if report.skipped and not xfailed:
-        return "unsupported" if check is not None and check.outcome == "unsupported" else "skipped"
-    failing = "failed" if report.when == "call" else "error"
+        skip: Verdict = "unsupported" if check is not None and check.outcome == "unsupported" else "skipped"
+        return skip, skip
+    failing: Verdict = "failed" if report.when == "call" else "error"
     if report.skipped:  # a listed check that failed (or a setup or teardown that raised)
-        return gated_outcome(failing, listed=True)
+        return failing, gated_outcome(failing, listed=True)
     if report.failed:
         # Listed, but the marker did not apply (``--runxfail``): the failure stands.
         xpassed = listed and str(report.longrepr).startswith("[XPASS(strict)]")
-        return gated_outcome("passed", listed=True) if xpassed else failing
+        return ("passed", gated_outcome("passed", listed=True)) if xpassed else (failing, failing)
     if report.when == "call":
-        return gated_outcome("passed", listed=xfailed, strict=strict)
+        return "passed", gated_outcome("passed", listed=xfailed, strict=strict)
     return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 from ._record import ReportTest
 
@@ -20,7 +20,7 @@ from ._record import ReportTest
 BINS = ((0.1, "< 0.1"), (0.5, "0.1 – 0.5"), (1.0, "0.5 – 1"), (math.inf, "≥ 1"))
 
 
-def _value(numerics: Any) -> float | None:
+def _value(numerics: object) -> float | None:
     if not isinstance(numerics, dict):
         return None
     value = numerics.get("closeness")

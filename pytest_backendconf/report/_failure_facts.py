@@ -71,7 +71,7 @@ def facts_of(details: Mapping[str, Any] | None, reproduction: Mapping[str, Any] 
     return found
 
 
-def _worst_output(numerics: Any) -> Mapping[str, Any] | None:
+def _worst_output(numerics: object) -> Mapping[str, Any] | None:
     """The output of a failed comparison that is furthest out of tolerance (None: no output is out)."""
     if not isinstance(numerics, Mapping) or not isinstance(numerics.get("outputs"), list):
         return None
@@ -83,7 +83,7 @@ def _worst_output(numerics: Any) -> Mapping[str, Any] | None:
     return max(failing, key=lambda o: _number(o.get("closeness")) or 0.0, default=None)
 
 
-def _number(value: Any) -> float | int | None:
+def _number(value: object) -> float | int | None:
     """A report's number (an infinity is the string ``"inf"`` there), or None."""
     if isinstance(value, bool):
         return None

@@ -210,7 +210,7 @@ def _header(report: dict[str, Any]) -> str:
     return f'<dl class="meta">{items}</dl>'
 
 
-def _flags(flags: Any) -> str:
+def _flags(flags: object) -> str:
     """The report's ``cpu_flags`` in words (a report from before they were recorded has none)."""
     if not isinstance(flags, list):
         return "not recorded"
@@ -451,7 +451,7 @@ def _delegation_rows(report: dict[str, Any], tests: list[ReportTest]) -> list[tu
     return found
 
 
-def _delegation_row(model: str, value: Any) -> tuple[str, float, str] | None:
+def _delegation_row(model: str, value: object) -> tuple[str, float, str] | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return model, float(value), ""
     if isinstance(value, dict):
@@ -529,7 +529,7 @@ def _failure(test: ReportTest, prefix: str) -> str:
     )
 
 
-def _reproduction(record: Any) -> str:
+def _reproduction(record: object) -> str:
     """The minimal reproduction: a link to its script (a local file, next to the run), its operators."""
     if not isinstance(record, dict):
         return ""

@@ -254,7 +254,7 @@ def _at(lines: dict[str, int], pattern: str) -> str:
     return f" (line {lines[pattern]})" if pattern in lines else ""
 
 
-def _when(value: Any, entry: str) -> tuple[tuple[str, Any], ...]:
+def _when(value: object, entry: str) -> tuple[tuple[str, Any], ...]:
     """An entry's ``when`` table, checked: the machines it applies to (`WHEN_KEYS`)."""
     import pytest
 

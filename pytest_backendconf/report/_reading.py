@@ -157,7 +157,7 @@ def read_matrix(path: str) -> dict[str, Any]:
     return matrix
 
 
-def parse_report(document: Any, name: str) -> Report:
+def parse_report(document: object, name: str) -> Report:
     """Check ``document`` against the report schema (major version 1, any minor) and read its tests."""
     if not isinstance(document, dict) or document.get("schema") != REPORT_SCHEMA:
         found = (

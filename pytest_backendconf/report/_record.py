@@ -16,7 +16,7 @@ Never imports torch or pytest.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from .._validation import check_choice, check_type, field
 from ..checks import CHECK_OUTCOMES, CheckFailed
@@ -158,14 +158,14 @@ class ReportTest:
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "test") -> ReportTest:
+    def from_json(cls, given: object, where: str = "test") -> ReportTest:
         """The record `to_json` wrote, every field checked; a `ValueError` names the field (``where.key``).
 
         A report before schema 1.8 has no ``verdict``: it is the gated outcome
         undone, the one place that still knows how (a known failure failed in
         its check, or outside it when no check ran; an unexpected pass passed).
         """
-        check_type(data, "object", where)
+        data: dict[str, Any] = check_type(given, "object", where)
         test_id = field(data, "id", "string", where)
         outcome = check_choice(data.get("outcome"), OUTCOMES, f"{where}.outcome ({test_id})")
         check_outcome = data.get("check_outcome")
@@ -214,12 +214,12 @@ class ReportTest:
             raise ValueError(f"{where}: {exc}") from None
 
 
-def _verdict_before_1_8(outcome: str, check_outcome: str | None) -> str:
+def _verdict_before_1_8(outcome: str, check_outcome: str | None) -> Verdict:
     if outcome == "known_failure":
         return "error" if check_outcome is None else "failed"
     if outcome == "unexpected_pass":
         return "passed"
-    return outcome
+    return cast(Verdict, outcome)  # any other outcome is its own verdict; the caller checks it is one
 
 
 def combined(earlier: ReportTest | None, phase: ReportTest) -> ReportTest:
@@ -244,9 +244,9 @@ def combined(earlier: ReportTest | None, phase: ReportTest) -> ReportTest:
     )
 
 
-def from_entries(tests: Any, where: str = "tests") -> list[ReportTest]:
+def from_entries(given: object, where: str = "tests") -> list[ReportTest]:
     """The records of a report's ``tests`` list; an id listed twice is a `ValueError` too."""
-    check_type(tests, "list", where)
+    tests: list[object] = check_type(given, "list", where)
     records, seen = [], set()
     for i, entry in enumerate(tests):
         record = ReportTest.from_json(entry, f"{where}[{i}]")

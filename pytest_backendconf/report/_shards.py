@@ -184,7 +184,7 @@ def join_shards(shards: list[Report]) -> Joined:
     return joined
 
 
-def _joined_document(reports: list[Any]) -> dict[str, Any]:
+def _joined_document(reports: list[tuple[Report, dict[str, Any], _Shard]]) -> dict[str, Any]:
     from ._ops import ops_matrix
 
     documents = [document for _, document, _ in reports]
@@ -226,7 +226,7 @@ def _joined_document(reports: list[Any]) -> dict[str, Any]:
     }
 
 
-def _joined_hypothesis(entries: list[Any]) -> Any:
+def _joined_hypothesis(entries: list[object]) -> object:
     """The shards' profile; their seeds, in shard order, when they drew different ones (no one seed is the run's)."""
     first = entries[0]
     if not isinstance(first, dict) or all(e == first for e in entries):
@@ -234,7 +234,7 @@ def _joined_hypothesis(entries: list[Any]) -> Any:
     return {**first, "seed": None, "shard_seeds": [e.get("seed") if isinstance(e, dict) else None for e in entries]}
 
 
-def _joined_known_failures(entries: list[Any]) -> dict[str, Any] | None:
+def _joined_known_failures(entries: list[object]) -> dict[str, Any] | None:
     """The known-failures file the shards applied; an entry is stale when it matched a check in none of them."""
     given = [e for e in entries if isinstance(e, dict)]
     if not given:
@@ -243,7 +243,7 @@ def _joined_known_failures(entries: list[Any]) -> dict[str, Any] | None:
     return {**given[0], "stale": sorted(stale)}
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, tuple):
         return " ".join(str(v) for v in value if v is not None)
     return str(value)

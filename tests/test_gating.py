@@ -336,9 +336,41 @@ def test_an_output_file_in_a_missing_folder_is_a_usage_error(suite):
     expect(
         result.stderr,
         [
-            "ERROR: --backendconf-report=no/such/folder/report.json: the directory *folder does not exist; create it first."
+            "ERROR: --backendconf-report 'no/such/folder/report.json': the directory '*/no/such/folder' does not "
+            "exist; create it first"
         ],
     )
+
+
+def test_an_output_file_that_is_a_directory_is_a_usage_error(suite, pytester):
+    (pytester.path / "known").mkdir()
+    result = suite("reference", "--backendconf-write-known-failures=known")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expect(
+        result.stderr,
+        ["ERROR: --backendconf-write-known-failures 'known': that is a directory; give a file name in it"],
+    )
+
+
+def test_standard_output_is_refused_for_the_suites_files(suite):
+    # pytest writes its own output there: a report mixed into it could not be read back.
+    result = suite("reference", "--backendconf-html=-")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    expect(
+        result.stderr,
+        ["ERROR: --backendconf-html '-': that is standard output, which carries pytest's own output; give a file name"],
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
+def test_the_report_is_written_through_a_symlink(suite, pytester):
+    target = pytester.path / "ci" / "report.json"
+    target.parent.mkdir()
+    (pytester.path / "report.json").symlink_to(target)
+    result = suite("reference", *select(AVAILABLE), "--backendconf-report=report.json")
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "report.json").is_symlink()
+    assert [t["id"] for t in json.loads(target.read_text())["tests"]] == [AVAILABLE]
 
 
 def test_the_written_file_makes_the_next_run_pass_and_ratchets_when_the_backend_is_fixed(suite, pytester):

@@ -247,7 +247,7 @@ def test_an_html_file_in_a_missing_folder_is_a_usage_error(pytester):
     result = pytester.runpytest("--backend=no_mul_wrong_dtype", "--backendconf-html=no/such/r.html")
     assert result.ret == 4
     result.stderr.fnmatch_lines(
-        ["ERROR: --backendconf-html=no/such/r.html: the directory *such does not exist; create it first."]
+        ["ERROR: --backendconf-html 'no/such/r.html': the directory '*/no/such' does not exist; create it first"]
     )
 
 

@@ -2,9 +2,9 @@
 
 Owns the zip container, the manifest and the verified `Archive`, method specs and the structure of
 their values, dynamic-shape ranges, partition plans, tensors and attributes, the debug tables and the
-``.debug`` sidecar, the preprocess cache's entry files, reading limits, backend versions, tensor files
-and atomic writes. It reads and writes records only: turning records into a module that runs is the
-lowering layer's job.
+``.debug`` sidecar, the preprocess cache's entry files, reading limits, backend versions, tensor files,
+atomic writes, and where a command's output document goes (`output_file`). It reads and writes
+records only: turning records into a module that runs is the lowering layer's job.
 
 May import: `debuginfo`, `registry`, `reference` and the public surface; never `lowering` or above.
 """
@@ -22,6 +22,7 @@ from ._debug_table import PortablePaths
 from ._files import sync_files, write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
+from ._output import OutputFile, OutputPathError, output_file
 from ._method_spec import MethodSpec, params_of, value_spec
 from ._partitions import delegation
 from ._plan import Delegation, Plan, Step, format_delegation
@@ -42,6 +43,8 @@ __all__ = [
     "Limits",
     "MANIFEST",
     "MethodSpec",
+    "OutputFile",
+    "OutputPathError",
     "Plan",
     "PortablePaths",
     "SCHEMA_VERSION",
@@ -63,6 +66,7 @@ __all__ = [
     "format_delegation",
     "from_message",
     "limits_from_options",
+    "output_file",
     "pack",
     "params_of",
     "read_archive",

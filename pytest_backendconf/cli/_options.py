@@ -1,12 +1,17 @@
-"""What several ``backendconf`` subcommands share: options, and how an unreadable file or a closed pipe ends one."""
+"""What several ``backendconf`` subcommands share: options, where their lines go, and how an unreadable file or a
+closed pipe ends one."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..report import printable
+
+if TYPE_CHECKING:
+    from ..archive import OutputFile
 
 
 def add_plugin_option(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +118,14 @@ def file_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
     wrapped.__name__ = run.__name__
     return wrapped
+
+
+def printing_aside(*outputs: OutputFile | None) -> contextlib.AbstractContextManager:
+    """While a command's document goes to standard output (``-o -``), what else it prints goes to standard error,
+    so that the document can be piped on alone. The document itself is written outside this block."""
+    if any(output is not None and output.to_stdout for output in outputs):
+        return contextlib.redirect_stdout(sys.stderr)
+    return contextlib.nullcontext()
 
 
 def indented(text: str) -> str:

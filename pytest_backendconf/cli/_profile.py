@@ -43,7 +43,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--chrome-trace",
         metavar="FILE",
         help="also write a Chrome trace (JSON; open it in Perfetto); with several methods, "
-        "FILE gets the method name before its suffix",
+        "FILE gets the method name before its suffix. Not '-': standard output carries the table",
     )
     parser.add_argument(
         "--debug-file",
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     """The command; its inputs are read as ``run-target`` reads them (`_inputs`)."""
     import os
 
-    from ..archive import read_archive, with_sidecar
+    from ..archive import output_file, read_archive, with_sidecar
     from ..archive import limits_from_options
     from ..diagnostics import profile, profile_on_target
     from ..lowering import instantiate
@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise BackendConfError(f"--repeat {args.repeat}: give the number of calls to time, 1 or more")
+    if args.chrome_trace:  # checked before the profiling; each trace is written by `to_chrome_trace`
+        output_file("--chrome-trace", args.chrome_trace, stdout_carries="the profile's table")
     limits = limits_from_options(args)
     try:
         archive = read_archive(args.archive, limits=limits)

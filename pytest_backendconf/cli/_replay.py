@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ._options import add_target_options, connect_target, file_errors, unreachable
+from ._options import add_target_options, connect_target, file_errors, printing_aside, unreachable
 
 #: What a golden folder's index is called (`suite._golden` writes it).
 INDEX = "index.json"
@@ -38,8 +38,14 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "outputs with the expected ones stored beside it. Exit status 0 only when every bundle matches.",
     )
     replay.add_argument("paths", metavar="PATH", nargs="+", help="an archive, or a folder of archives")
-    replay.add_argument("--report", metavar="FILE", help="write the results as a backendconf report (JSON)")
-    replay.add_argument("--junitxml", metavar="FILE", help="write the results as JUnit XML")
+    replay.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the results as a backendconf report (JSON); '-' writes it to standard output",
+    )
+    replay.add_argument(
+        "--junitxml", metavar="FILE", help="write the results as JUnit XML; '-' writes it to standard output"
+    )
     add_target_options(replay)
     replay.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="per archive (default 120)")
     replay.set_defaults(run=run)
@@ -119,35 +125,38 @@ def _index_files(index: str) -> list[str]:
 @file_errors
 def run(args: argparse.Namespace) -> int:
     """The command; what comes from the files is escaped (`printable`) before it reaches the terminal."""
+    from ..archive import output_file
+    from ..errors import BackendConfError
     from ..report import printable
     from ..target import replay_archives
 
     started = time.time()
     paths = archive_paths(args.paths)
-    for option in ("report", "junitxml"):
-        target = getattr(args, option)
-        if target is not None and os.path.isdir(target):
-            from ..errors import BackendConfError
-
-            raise BackendConfError(f"--{option}={target}: that is a directory; give a file name in it")
-    device = connect_target(args)
-    results = replay_archives(paths, plugins=args.plugins, blocked_modules=args.blocked, timeout=args.timeout)
-    for result in results:
-        label = f"{result.outcome.upper():6} {test_id(result)}"
-        print(printable(label))
-        if result.outcome != "passed" and result.message:
-            for line in result.message.splitlines():
-                print(printable(f"    {line}"))
-    passed = sum(r.outcome == "passed" for r in results)
-    print(f"replay: {passed}/{len(results)} bundles match their expected outputs ({len(paths)} archives)")
+    report = output_file("--report", args.report) if args.report is not None else None
+    junit = output_file("--junitxml", args.junitxml) if args.junitxml is not None else None
+    if report is not None and junit is not None and report.to_stdout and junit.to_stdout:
+        raise BackendConfError("--report and --junitxml both name standard output; give one of them a file name")
+    aside = printing_aside(report, junit)  # the bundles' lines, when a document has standard output
+    with aside:
+        device = connect_target(args)
+        results = replay_archives(paths, plugins=args.plugins, blocked_modules=args.blocked, timeout=args.timeout)
+        for result in results:
+            label = f"{result.outcome.upper():6} {test_id(result)}"
+            print(printable(label))
+            if result.outcome != "passed" and result.message:
+                for line in result.message.splitlines():
+                    print(printable(f"    {line}"))
+        passed = sum(r.outcome == "passed" for r in results)
+        print(f"replay: {passed}/{len(results)} bundles match their expected outputs ({len(paths)} archives)")
     status = 0 if results and passed == len(results) else 1
-    if args.report is not None:
-        document = report_document(results, status, started, device)
-        _write(args.report, json.dumps(document, indent=2) + "\n")
-        print(f"replay: report written to {args.report}")
-    if args.junitxml is not None:
-        _write(args.junitxml, junit_xml(results, time.time() - started))
-        print(f"replay: JUnit XML written to {args.junitxml}")
+    if report is not None:
+        report.write(json.dumps(report_document(results, status, started, device), indent=2) + "\n")
+        with aside:
+            print(printable(f"replay: report written to {report.name}"))
+    if junit is not None:
+        junit.write(junit_xml(results, time.time() - started))
+        with aside:
+            print(printable(f"replay: JUnit XML written to {junit.name}"))
     return status
 
 
@@ -229,9 +238,3 @@ def junit_xml(results: Sequence[Any], duration: float) -> str:
     testsuites = ET.Element("testsuites")
     testsuites.append(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(testsuites, encoding="unicode") + "\n"
-
-
-def _write(path: str, text: str) -> None:
-    from ..archive import write_atomic
-
-    write_atomic(path, text)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from typing import Any
 
 from ..errors import BackendConfError
 from ..report import counted, printable
-from ._options import file_errors, usage
+from ._options import file_errors, printing_aside, usage
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -29,14 +29,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         nargs="+",
         help="a JSON file written by --backendconf-report, or a directory: its *.json files",
     )
-    merge.add_argument("--markdown", metavar="FILE", help="also write the matrix and the flips as Markdown to FILE")
+    merge.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the matrix and the flips as Markdown to FILE ('-': to standard output, the text to standard error)",
+    )
     merge.add_argument(
         "-o",
         "--output",
         metavar="FILE",
         help="join the reports of the shards of one run (--backendconf-shard=K/N: one backend, one torch) into the "
         "one report FILE an unsharded run would have written; refuses a check run by two shards, names the checks "
-        "no shard ran, and exits with status 1 when one is missing or a check failed (known failures apart)",
+        "no shard ran, and exits with status 1 when one is missing or a check failed (known failures apart); "
+        "'-' writes it to standard output",
     )
     merge.add_argument(
         "--fail-on-flips",
@@ -57,7 +62,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         nargs="+",
         help="a JSON file written by --backendconf-report, or a directory: its *.json files",
     )
-    page.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write, e.g. index.html")
+    page.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="the HTML file to write, e.g. index.html; '-' writes it to standard output",
+    )
     page.add_argument("--title", metavar="TEXT", help="the page's title (default: the backends' names)")
     page.set_defaults(run=_report_html)
     ops = actions.add_parser(
@@ -88,7 +99,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="a JSON file written by --backendconf-report; several: one per machine, of one backend",
     )
     known.add_argument(
-        "-o", "--output", metavar="FILE", required=True, help="the known-failures file to write (or update)"
+        "-o",
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="the known-failures file to write (or update); '-' writes it to standard output",
     )
     known.set_defaults(run=_report_known_failures)
     gate = actions.add_parser(
@@ -112,38 +127,19 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 @file_errors
 def _report_known_failures(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..archive import write_atomic
+    from ..archive import output_file
     from ..report import known_failures_from_fleet, known_failures_from_report
 
-    target = Path(args.output)
-    if target.is_dir() or not target.parent.is_dir():
-        raise BackendConfError(
-            f"-o {args.output!r}: "
-            + (
-                "that is a directory; give a file name in it"
-                if target.is_dir()
-                else f"the directory {str(target.parent)!r} does not exist; create it first"
-            )
-        )
+    output = output_file("-o", args.output)
+    # Only a regular file holds entries to keep (old_file): standard output or a pipe holds none.
     if len(args.reports) == 1:
-        update = known_failures_from_report(args.reports[0], args.output)
+        update = known_failures_from_report(args.reports[0], output.old_file)
     else:
-        update = known_failures_from_fleet(args.reports, args.output)
-    text = update.text
-    # A pipe, /dev/stdout or another device is written as a stream; a file is replaced whole, never torn.
-    stream = target.exists() and not target.is_file()
-    try:
-        if stream:
-            with open(target, "w", encoding="utf-8") as file:
-                file.write(text)
-        else:
-            write_atomic(target, text)
-    except OSError as exc:
-        raise BackendConfError(f"cannot write -o {args.output!r}: {exc.strerror or exc}") from None
-    for line in update.lines(args.output):  # not into the file itself when it is stdout
-        print(printable(f"backendconf: {line}"), file=sys.stderr if stream else sys.stdout)
+        update = known_failures_from_fleet(args.reports, output.old_file)
+    output.write(update.text)
+    with printing_aside(output):
+        for line in update.lines(output.name):
+            print(printable(f"backendconf: {line}"))
     return 0
 
 
@@ -171,11 +167,8 @@ def _report_ops(args: argparse.Namespace) -> int:
 
 @file_errors
 def _report_merge(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..archive import write_atomic
+    from ..archive import output_file
     from ..report import format_markdown, format_text, merge, read_report, report_files
-    from ..errors import BackendConfError
 
     if args.output is not None:
         if args.markdown is not None or args.fail_on_flips:
@@ -184,47 +177,43 @@ def _report_merge(args: argparse.Namespace) -> int:
                 "join each run's shards first, then merge the joined reports"
             )
         return _join_shards(args)
+    markdown = output_file("--markdown", args.markdown) if args.markdown is not None else None
     merged = merge([read_report(path) for path in report_files(args.reports)])
-    if args.markdown is not None:
-        target = Path(args.markdown)
-        if target.is_dir() or not target.parent.is_dir():
-            raise BackendConfError(
-                f"--markdown {args.markdown!r}: "
-                + (
-                    "that is a directory; give a file name in it"
-                    if target.is_dir()
-                    else f"the directory {str(target.parent)!r} does not exist; create it first"
-                )
-            )
-        try:
-            write_atomic(target, format_markdown(merged))
-        except OSError as exc:
-            raise BackendConfError(f"cannot write --markdown {args.markdown!r}: {exc.strerror or exc}") from None
-    sys.stdout.write(format_text(merged, shown=printable))
-    if args.markdown is not None:
-        print(f"backendconf: markdown written to {args.markdown}")
+    if markdown is not None:
+        markdown.write(format_markdown(merged))
+    with printing_aside(markdown):
+        sys.stdout.write(format_text(merged, shown=printable))
+        if markdown is not None:
+            print(printable(f"backendconf: markdown written to {markdown.name}"))
     return 1 if args.fail_on_flips and merged.flips else 0
 
 
 def _join_shards(args: argparse.Namespace) -> int:
     import json
 
-    from ..archive import write_atomic
-    from ..report import BREAKING, join_shards, joined_score_lines, read_reports
+    from ..archive import output_file
+    from ..report import join_shards, read_reports
 
-    target = _output_file("--output", args.output)
+    output = output_file("--output", args.output)
     joined = join_shards(read_reports(args.reports))
     document = joined.document
-    try:
-        write_atomic(target, json.dumps(document, indent=2) + "\n")
-    except OSError as exc:
-        raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
+    output.write(json.dumps(document, indent=2) + "\n")
+    with printing_aside(output):
+        _say_joined(joined, output.name)
+    return document["run"]["exit_status"]
+
+
+def _say_joined(joined: Any, name: str) -> None:
+    """What `_join_shards` joined: the shards, the scores, and what is missing or failed."""
+    from ..report import BREAKING, joined_score_lines
+
+    document = joined.document
     shards = document["run"]["shards"]
     count = shards[0]["count"]
     print(
         printable(
             f"backendconf: joined {len(shards)} of {count} shards of backend {document['backend']['name']} "
-            f"(torch {document['environment']['torch']}): {len(document['tests'])} checks, written to {args.output}"
+            f"(torch {document['environment']['torch']}): {len(document['tests'])} checks, written to {name}"
         )
     )
     for line in joined_score_lines(document):
@@ -240,44 +229,16 @@ def _join_shards(args: argparse.Namespace) -> int:
     broken = [t for t in document["tests"] if t["outcome"] in BREAKING]
     for test in broken:
         print(printable(f"{test['outcome'].upper().replace('_', ' ')} {test['id']}"))
-    return document["run"]["exit_status"]
 
 
-def _output_file(option: str, value: str) -> Path:
-    target = Path(value)
-    if target.is_dir() or not target.parent.is_dir():
-        raise BackendConfError(
-            f"{option} {value!r}: "
-            + (
-                "that is a directory; give a file name in it"
-                if target.is_dir()
-                else f"the directory {str(target.parent)!r} does not exist; create it first"
-            )
-        )
-    return target
-
-
+@file_errors
 def _report_html(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..archive import write_atomic
+    from ..archive import output_file
     from ..report import render, side_by_side
-    from ..errors import BackendConfError
 
+    output = output_file("--output", args.output)
     documents, labels = side_by_side(args.reports)
-    target = Path(args.output)
-    if target.is_dir() or not target.parent.is_dir():
-        raise BackendConfError(
-            f"--output {args.output!r}: "
-            + (
-                "that is a directory; give a file name in it"
-                if target.is_dir()
-                else f"the directory {str(target.parent)!r} does not exist; create it first"
-            )
-        )
-    try:
-        write_atomic(target, render(documents, labels if len(documents) > 1 else None, title=args.title))
-    except OSError as exc:
-        raise BackendConfError(f"cannot write --output {args.output!r}: {exc.strerror or exc}") from None
-    print(f"backendconf: HTML report of {counted(len(documents), 'report')} written to {args.output}")
+    output.write(render(documents, labels if len(documents) > 1 else None, title=args.title))
+    with printing_aside(output):
+        print(printable(f"backendconf: HTML report of {counted(len(documents), 'report')} written to {output.name}"))
     return 0

@@ -304,10 +304,15 @@ class Profile:
         return "\n".join(lines)
 
     def to_chrome_trace(self, path: str | os.PathLike) -> None:
-        """Write a Chrome trace (JSON, opens in Perfetto and chrome://tracing): one event per call, one per node event."""
-        from ..archive import write_atomic
+        """Write a Chrome trace (JSON, opens in Perfetto and chrome://tracing): one event per call, one per node event.
 
-        write_atomic(path, json.dumps(self.chrome_trace(), indent=None, separators=(",", ":")) + "\n")
+        As every output document is written (`archive.output_file`): ``-`` is standard output, and a
+        symlink or a pipe is written through, never replaced.
+        """
+        from ..archive import output_file
+
+        trace = output_file("chrome trace", os.fspath(path))
+        trace.write(json.dumps(self.chrome_trace(), indent=None, separators=(",", ":")) + "\n")
 
     def chrome_trace(self) -> dict[str, Any]:
         """The document `to_chrome_trace` writes: ``{"traceEvents": [...]}``, times in microseconds."""

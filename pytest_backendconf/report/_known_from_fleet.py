@@ -47,7 +47,7 @@ class _Machine:
         return f"{Path(self.path).name} ({machine_line(self.machine)})"
 
 
-def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresUpdate:
+def known_failures_from_fleet(reports: list[str], existing: Path | None) -> KnownFailuresUpdate:
     """The known-failures file of several machines' reports (its ``said``: one line per check whose outcome
     differs); an existing ``output`` is edited line by line, as `known_failures_from_report` does."""
     machines: list[_Machine] = []
@@ -64,9 +64,8 @@ def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresU
             f"the reports are of different backends ({', '.join(sorted(backends))}); one known-failures file is "
             "one backend's: pass the reports of one backend's runs on its machines"
         )
-    target = Path(output)
-    if target.is_file():
-        previous += [e for e in load_known_failures_file(target, "-o") if e not in previous]
+    if existing is not None:
+        previous += [e for e in load_known_failures_file(existing, "-o") if e not in previous]
 
     ids = sorted({i for m in machines for i in m.verdicts})
     varying: dict[str, tuple[list[_Machine], list[_Machine]]] = {}
@@ -104,7 +103,8 @@ def known_failures_from_fleet(reports: list[str], output: str) -> KnownFailuresU
             )
             said.append(f"{test_id}: {names}: no machine field separates them, written with strict = false")
     listed = sorted(entries.values(), key=lambda e: e.pattern)
-    text, rewritten = edited_known_failures(existing_text(target), listed, backends.pop() if backends else "?")
+    old = existing_text(existing) if existing is not None else None
+    text, rewritten = edited_known_failures(old, listed, backends.pop() if backends else "?")
     return KnownFailuresUpdate(text, listed, previous, removed, rewritten, said)
 
 

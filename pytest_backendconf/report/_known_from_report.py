@@ -16,25 +16,24 @@ from ._known_failures import KnownFailure, facts_from_json, load_known_failures_
 from ._reading import Report, read_report
 
 
-def known_failures_from_report(report: str, output: str) -> KnownFailuresUpdate:
+def known_failures_from_report(report: str, existing: Path | None) -> KnownFailuresUpdate:
     """The known-failures file for ``report``: its text, its entries, those it had before and those it drops.
 
     The entries the run applied (the report's ``known_failures.file``, when
     it is still there, else those the report's tests name) come first, then
-    those of ``output`` when it is a regular file (not a pipe, nor ``/dev/stdout``): as in a run with
-    ``--backendconf-known-failures=K --backendconf-write-known-failures=OUTPUT``.
-    An existing ``output`` is edited line by line (`edited_known_failures`): its comments stay.
+    those of ``existing``, the regular file the output replaces (None: a new file, standard output or a
+    pipe): as in a run with ``--backendconf-known-failures=K --backendconf-write-known-failures=OUTPUT``.
+    ``existing`` is edited line by line (`edited_known_failures`): its comments stay.
     """
     read = read_report(report)
     applied = applied_entries(read)
     previous = list(applied)
-    target = Path(output)
-    # Only a regular file holds old entries: a pipe or /dev/stdout would block the read (or eat its input).
-    if target.is_file() and target.resolve() != _applied_path(read):
-        previous += load_known_failures_file(target, "-o")
+    if existing is not None and existing.resolve() != _applied_path(read):
+        previous += load_known_failures_file(existing, "-o")
     removed: dict[str, str] = {}
     entries = merge_known_failures(read.tests, previous, _stale(read), removed)
-    text, rewritten = edited_known_failures(existing_text(target), entries, read.backend)
+    old = existing_text(existing) if existing is not None else None
+    text, rewritten = edited_known_failures(old, entries, read.backend)
     return KnownFailuresUpdate(text, entries, previous, removed, rewritten)
 
 

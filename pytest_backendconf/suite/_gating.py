@@ -42,7 +42,7 @@ from ..report import (
     unexpected_pass_text,
 )
 from ._phases import REPORT_ATTR, error_of, phase_outcome, report_reason, skip_reason
-from ..archive import write_atomic
+from ..archive import OutputFile, OutputPathError, output_file
 from ._categories import generate_checks
 from ._golden import GOLDEN_KEY
 from ._suite import ConformanceItem
@@ -56,14 +56,16 @@ if TYPE_CHECKING:
 _ENTRY_KEY = pytest.StashKey[KnownFailure]()
 
 
-def output_path(config: pytest.Config, option: str, value: str) -> Path:
-    """An output file's path, checked before the run so that a typo does not cost a whole run."""
-    path = Path(config.invocation_params.dir, value)
-    if path.is_dir():
-        raise pytest.UsageError(f"{option}={value}: that is a directory; give a file name in it.")
-    if not path.parent.is_dir():
-        raise pytest.UsageError(f"{option}={value}: the directory {path.parent} does not exist; create it first.")
-    return path
+def output_path(config: pytest.Config, option: str, value: str) -> OutputFile:
+    """An output option's file, checked before the run so that a typo does not cost a whole run (`output_file`).
+
+    Standard output (``-``, ``/dev/stdout``) is refused: pytest's own output goes there, and a
+    document mixed into it could not be read back.
+    """
+    try:
+        return output_file(option, value, base=config.invocation_params.dir, stdout_carries="pytest's own output")
+    except OutputPathError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 class GatingPlugin:
@@ -83,14 +85,15 @@ class GatingPlugin:
         self.known, self.elsewhere = self._here(loaded)
         self._index: KnownFailureIndex | None = None
         report = config.getoption("backendconf_report")
-        self.report_path = output_path(config, "--backendconf-report", report) if report else None
+        self.report_file = output_path(config, "--backendconf-report", report) if report else None
         page = config.getoption("backendconf_html", None)
-        self.html_path = output_path(config, "--backendconf-html", page) if page else None
+        self.html_file = output_path(config, "--backendconf-html", page) if page else None
         write = config.getoption("backendconf_write_known_failures")
-        self.write_path = output_path(config, "--backendconf-write-known-failures", write) if write else None
+        self.write_file = output_path(config, "--backendconf-write-known-failures", write) if write else None
         self.previous: list[KnownFailure] = list(self.known)
-        if self.write_path is not None and self.write_path.is_file() and self.write_path != self.known_path:
-            here, elsewhere = self._here(load_known_failures(self.write_path, "--backendconf-write-known-failures"))
+        old = self.write_file.old_file if self.write_file is not None else None
+        if old is not None and old != self.known_path:
+            here, elsewhere = self._here(load_known_failures(old, "--backendconf-write-known-failures"))
             self.previous += here
             self.elsewhere += [e for e in elsewhere if e not in self.elsewhere]
         self.results: dict[str, ReportTest] = {}
@@ -291,7 +294,7 @@ class GatingPlugin:
             if self.config.getoption("backendconf_replay_on_target", False) and self.target is not None:
                 results = self._replay_on_target(session, golden, results)
         document = None
-        if self.report_path is not None or self.html_path is not None:
+        if self.report_file is not None or self.html_file is not None:
             document = report_document(
                 results,
                 backend=backend_entry(self.selected),
@@ -308,20 +311,20 @@ class GatingPlugin:
                 known_failures=known_failures_entry(self.known_path, self.known, self.stale),
                 ops=ops_matrix_of(self.selected, results),
             )
-        if self.report_path is not None:
-            write_atomic(self.report_path, json.dumps(document, indent=2) + "\n")
-            self.notes.append(f"report written to {self.report_path}")
-        if self.html_path is not None and document is not None:
+        if self.report_file is not None:
+            self.report_file.write(json.dumps(document, indent=2) + "\n")
+            self.notes.append(f"report written to {self.report_file.path}")
+        if self.html_file is not None and document is not None:
             from ..report import render
 
             from ..report import parse_report
 
             # The page is drawn from the report alone, read back as any report is.
-            write_atomic(self.html_path, render([parse_report(document, str(self.html_path))]))
-            self.notes.append(f"HTML report written to {self.html_path}")
-        if self.write_path is not None:
+            self.html_file.write(render([parse_report(document, str(self.html_file.path))]))
+            self.notes.append(f"HTML report written to {self.html_file.path}")
+        if self.write_file is not None:
             if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
-                self.notes.append(f"known failures not written to {self.write_path}: the run did not complete")
+                self.notes.append(f"known failures not written to {self.write_file.path}: the run did not complete")
             else:
                 self._write_known_failures(results)
 
@@ -362,7 +365,7 @@ class GatingPlugin:
         return results + replayed
 
     def _write_known_failures(self, results: list[ReportTest]) -> None:
-        assert self.write_path is not None
+        assert self.write_file is not None
         # Entries for other machines are kept as written: this run cannot judge them.
         removed: dict[str, str] = {}
         entries = sorted(
@@ -370,10 +373,11 @@ class GatingPlugin:
             key=lambda e: e.pattern,
         )
         # The file is edited line by line: the comments people wrote in it stay.
-        text, rewritten = edited_known_failures(existing_text(self.write_path), entries, self.selected.name)
-        write_atomic(self.write_path, text)
+        old = self.write_file.old_file
+        text, rewritten = edited_known_failures(existing_text(old) if old else None, entries, self.selected.name)
+        self.write_file.write(text)
         update = KnownFailuresUpdate(text, entries, self.previous + self.elsewhere, removed, rewritten)
-        self.notes += update.lines(str(self.write_path))
+        self.notes += update.lines(str(self.write_file.path))
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if self.workerinput is not None:

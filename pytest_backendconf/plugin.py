@@ -8,12 +8,15 @@ the ``backendconf_backend`` ini option) selects a backend.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from .registry import BackendRegistry, RegisteredBackend, Source, set_active_registry, source_of_module
 from .errors import RegistryError
+
+if TYPE_CHECKING:  # the suite imports torch: only once a backend is selected
+    from .suite import SuiteContext
 
 # The report's schema version for --help, without importing the report package at every start;
 # tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
@@ -406,12 +409,11 @@ def target_lines(info: dict) -> list[str]:
     ]
 
 
-def _make_context(config: pytest.Config, registry: BackendRegistry, selected: RegisteredBackend) -> Any:
+def _make_context(config: pytest.Config, registry: BackendRegistry, selected: RegisteredBackend) -> SuiteContext:
     import tempfile
     from pathlib import Path
 
-    from .suite import build_context
-    from .suite import hypothesis_choice
+    from .suite import build_context, suite_options
 
     factory = getattr(config, "_tmp_path_factory", None)
 
@@ -420,26 +422,10 @@ def _make_context(config: pytest.Config, registry: BackendRegistry, selected: Re
             return factory.mktemp(name)
         return Path(tempfile.mkdtemp(prefix=f"backendconf-{name}-"))
 
-    ctx = build_context(
-        selected, registry, tmp_dir, *hypothesis_choice(config), zoo=config.getoption("backendconf_zoo", "synthetic")
-    )
-    ctx.ops_mode = config.getoption("backendconf_ops", "default")
-    from .suite import artifacts_root
-
-    ctx.artifacts_root = artifacts_root(config)
-    from .suite import GOLDEN_KEY
-
-    ctx.golden_dir = config.stash.get(GOLDEN_KEY, None)
-    from .suite import CACHE_KEY, install_cache
-
-    # Lowerings in this process (--backendconf-in-process) use it; the backend host gets it too.
-    install_cache(ctx, config.stash.get(CACHE_KEY, None))
-    # The -p plugins of this run, for commands that rerun one comparison outside pytest.
-    ctx.plugin_modules = [p for p in config.known_args_namespace.plugins or [] if not p.startswith("no:")]
-    return ctx
+    return build_context(suite_options(config, selected.name), registry, tmp_dir)
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     info = config.stash.get(TARGET_KEY, None)
     if info is None:
         return

@@ -417,9 +417,10 @@ def test_after_a_hang_each_later_check_gets_a_shorter_timeout():
     # A backend that hangs on one operator hangs on every model that holds it: after the first hang,
     # each later check may take three times the slowest check that finished, at least 10 s, so the
     # other hanging models cost seconds each instead of the whole --backendconf-timeout.
-    from pytest_backendconf.suite._host import AFTER_HANG_FLOOR, BackendHost, HostOptions
+    from pytest_backendconf.suite import SuiteOptions
+    from pytest_backendconf.suite._host import AFTER_HANG_FLOOR, BackendHost
 
-    host = BackendHost(HostOptions("reference", "ci", 0, 1, None), timeout=120.0, max_rss=None)
+    host = BackendHost(SuiteOptions("reference"), timeout=120.0, max_rss=None)
     assert host.check_timeout() == 120.0
     host.slowest = 2.0
     assert host.check_timeout() == 120.0  # no hang yet: the full timeout
@@ -429,4 +430,4 @@ def test_after_a_hang_each_later_check_gets_a_shorter_timeout():
     assert host.check_timeout() == 90.0
     host.slowest = 100.0
     assert host.check_timeout() == 120.0  # never longer than the timeout given
-    assert BackendHost(HostOptions("reference", "ci", 0, 1, None), timeout=None, max_rss=None).check_timeout() is None
+    assert BackendHost(SuiteOptions("reference"), timeout=None, max_rss=None).check_timeout() is None

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from pytest_backendconf.suite import SuiteOptions
 from pytest_backendconf.suite._context import SuiteContext
 from pytest_backendconf.suite._hypothesis import draws_seed
 from pytest_backendconf.registry._registry import RegisteredBackend, Source
@@ -120,8 +121,8 @@ class RecordsShapes:
 def test_each_dynamic_check_calls_one_lowered_module_at_both_ends_and_more(case_name, tmp_path):
     backend = RecordsShapes()
     registered = RegisteredBackend(backend, Source("a test"))
-    ctx = SuiteContext(registered, [ZOO[case_name]], tmp_dir=lambda name: tmp_path)
-    ctx.hypothesis_profile = "ci"
+    options = SuiteOptions(registered.name, hypothesis_profile="ci")
+    ctx = SuiteContext(registered, [ZOO[case_name]], tmp_dir=lambda name: tmp_path, options=options)
     parity.check_dynamic_parity(ctx, case_name=case_name, dtype="float32", method="forward")
     dims = ZOO[case_name].dims
     batches = [shapes[0][0] for shapes in backend.shapes]
@@ -157,8 +158,9 @@ def test_the_ci_profile_draws_a_checks_inputs_from_its_name_not_the_session_seed
     # session seed, nor with the text of the check's code (Hypothesis's own derandomization hashes it).
     def drawn(profile, session_seed):
         backend = RecordsShapes()
-        ctx = SuiteContext(RegisteredBackend(backend, Source("a test")), [ZOO["mlp"]], tmp_dir=lambda name: tmp_path)
-        ctx.hypothesis_profile, ctx.hypothesis_seed = profile, session_seed
+        registered = RegisteredBackend(backend, Source("a test"))
+        options = SuiteOptions(registered.name, hypothesis_profile=profile, hypothesis_seed=session_seed)
+        ctx = SuiteContext(registered, [ZOO["mlp"]], tmp_dir=lambda name: tmp_path, options=options)
         parity.check_parity(ctx, case_name="mlp", dtype="float32", method="forward")
         return backend.inputs
 

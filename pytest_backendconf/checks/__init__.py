@@ -1,6 +1,6 @@
 """The check vocabulary: what a conformance check is, what it can decide, and how that decision travels.
 
-Owns the `Check` record and its `Batching`, the categories and the stable id
+Owns the `Check` record and its `Batching`, the `CheckContext` a check runs in, the categories and the stable id
 (`ROOT_ID`, `id_matches`), the exceptions a check raises (`CheckFailed`,
 `Unsupported`, `NotNeeded`) and its verdict, `CheckOutcome`, with its one
 pair of serializers (`outcome_to_json`, `outcome_from_json`). The categories
@@ -8,9 +8,11 @@ pair of serializers (`outcome_to_json`, `outcome_from_json`). The categories
 report all speak it; it sits below them all.
 
 May import: the standard library only. Never torch, never pytest (the
-device side and ``backendconf report`` read outcomes without either).
+device side and ``backendconf report`` read outcomes without either);
+a name of another room for annotations only, under ``TYPE_CHECKING``.
 """
 
+from ._context import CheckContext, ContextT
 from ._check import CATEGORIES, LOWERING_STAGES, ROOT_ID, Batching, Check, CheckFailed, Unsupported, fail, id_matches
 from ._outcome import (
     CHECK_OUTCOMES,
@@ -31,8 +33,10 @@ __all__ = [
     "ROOT_ID",
     "Batching",
     "Check",
+    "CheckContext",
     "CheckFailed",
     "CheckOutcome",
+    "ContextT",
     "NotNeeded",
     "Outcome",
     "Unsupported",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Generic
+
+from ._context import ContextT
 
 #: The categories of the suite, in the order they run; each is also a pytest marker.
 CATEGORIES = (
@@ -33,12 +35,13 @@ LOWERING_STAGES = frozenset({"declaration", "is_available", "preprocess", "lower
 
 
 @dataclasses.dataclass(frozen=True)
-class Batching:
+class Batching(Generic[ContextT]):
     """How a check may share one lowering with others of its category (`suite._batching`).
 
     :param group: checks of one group may be lowered together (the ops category: the sample's dtype).
     :param member: distinct within a batch (the ops category: the op's name, which its node keeps).
-    :param item: what `run` needs to find the check's work (the ops category: the sample's number).
+    :param item: what `run` needs to find the check's work (the ops category: the sample's number); this
+        room does not look into it.
     :param run: ``run(ctx, checks)`` lowers the checks as one and returns ``{"decided": {id: outcome},
         "alone": [id, …], "split": [id, …]}``: outcomes (`outcome_to_json` of the `CheckOutcome` the check
         run alone gives), the checks
@@ -48,12 +51,12 @@ class Batching:
     group: str
     member: str
     item: Any
-    run: Callable[[Any, list["Check"]], dict]
+    run: Callable[[ContextT, list[Check[ContextT]]], dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class Check:
-    """One generated test.
+class Check(Generic[ContextT]):
+    """One generated test, generic in the context its ``run`` takes (a `CheckContext`).
 
     :param category: one of `CATEGORIES`; also the pytest marker.
     :param name: unique within the category, e.g. ``small_cnn[float16]``.
@@ -68,7 +71,7 @@ class Check:
 
     category: str
     name: str
-    run: Callable[[Any], Any]
+    run: Callable[[ContextT], object]
     stage: str
     case: str | None = None
     #: Whether the check needs ``is_available()`` True; ``None``: decided by `stage` (`LOWERING_STAGES`).
@@ -76,7 +79,7 @@ class Check:
     #: Whether it draws inputs from the session's Hypothesis seed: its reproduce command then names the seed.
     draws_inputs: bool = False
     #: How it may share its lowering with other checks (`Batching`); None: it always runs alone.
-    batch: Batching | None = None
+    batch: Batching[ContextT] | None = None
 
     @property
     def id(self) -> str:

@@ -15,6 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..conformance.ops.discovery import OpSample
+    from ..registry import BackendRegistry, RegisteredBackend
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,23 +88,24 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object, registry: object) -> int:
+def _rerun_parity(
+    path: Path, metadata: dict, tensors: dict, registered: RegisteredBackend, registry: BackendRegistry
+) -> int:
     import tempfile
 
     import torch
     from .. import _compat
 
-    from ..suite import SuiteContext
+    from ..suite import SuiteOptions, build_context
     from ..errors import OutputSpecError
     from ..numerics import InvalidIndices, compare_outputs
-    from ..conformance import load_zoo, section
+    from ..conformance import section
     from ..conformance.parity import tie_judge, tolerance_for, truth_for
     from ._rerun_file import checked_parity
 
-    ctx = SuiteContext(
-        registered,  # type: ignore[arg-type]
-        load_zoo() + registry.cases(),  # type: ignore[attr-defined]
-        tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name)),
+    # The run's other options do not matter to one comparison: the defaults, as a run given none.
+    ctx = build_context(
+        SuiteOptions(backend=registered.name), registry, lambda name: Path(tempfile.mkdtemp(prefix=name))
     )
     # The case, dtype, method and sizes are checked against the case, and the file's tensors
     # against the shapes they give, before an example is made: nothing is allocated from the file.
@@ -138,7 +144,7 @@ def _rerun_parity(path: Path, metadata: dict, tensors: dict, registered: object,
     return 1 if failed else 0
 
 
-def _rerun_op(path: Path, sample: object, registered: object, low_precision: bool) -> int:
+def _rerun_op(path: Path, sample: OpSample, registered: RegisteredBackend, low_precision: bool) -> int:
 
     from ..lowering import lower_programs
     from ..numerics import StructureMismatch
@@ -149,16 +155,16 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
 
     try:
         # Fake tensors: the call's output shapes are known before anything is allocated.
-        program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+        program = build_program(sample, sample.inputs)
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:
         raise RerunFileError(f"{path}: the sample's call cannot be built: {type(exc).__name__}: {exc}") from None
     check_output_sizes(path, program)
-    backend = registered.backend  # type: ignore[attr-defined]
+    backend = registered.backend
     lowered = lower_programs(
         {"forward": program},
         backend,
         {"forward": {}},
-        module_type=op_call_class(len(sample.inputs)),  # type: ignore[attr-defined]
+        module_type=op_call_class(len(sample.inputs)),
     )
 
     class _Ctx:  # what tolerance_for reads of a suite context
@@ -168,17 +174,17 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
 
     from .. import _compat
 
-    inputs = [t.clone() for t in sample.inputs]  # type: ignore[attr-defined]
+    inputs = [t.clone() for t in sample.inputs]
     try:
         with torch.no_grad():
             actual = _compat.tree_leaves(lowered(*inputs))
         results, reference = judge(_Ctx(), sample, program, actual, inputs, low_precision)
     except (StructureMismatch, InvalidIndices, WritesInPlace) as exc:
-        print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
+        print(f"{sample.name}: {exc}")
         return 1
     how = reference.how
     failed = any(not r.passed for r in results)
-    print(f"{sample.name} on backend {registered.name!r} against {how}: {'FAILED' if failed else 'passed'}")  # type: ignore[attr-defined]
+    print(f"{sample.name} on backend {registered.name!r} against {how}: {'FAILED' if failed else 'passed'}")
     for r in results:
         print(r.text())
     return 1 if failed else 0

@@ -1,8 +1,9 @@
 """The pytest side of the conformance suite: items, the shared context, gating, Hypothesis, xdist.
 
-Owns turning the categories' checks into pytest items, the per-session `SuiteContext`, the backend
-host that runs checks in a child process, CI gating (known failures, reports), the Hypothesis
-profiles, the xdist grouping and the shards of a run across machines. The categories themselves
+Owns turning the categories' checks into pytest items, the run's `SuiteOptions` and the per-session
+`SuiteContext` built from them, the backend host that runs checks in a child process, CI gating
+(known failures, reports), the Hypothesis profiles, the xdist grouping and the shards of a run
+across machines. The categories themselves
 are ``pytest_backendconf.conformance``.
 
 May import: `report`, `target`, `diagnostics` and every layer below them.
@@ -13,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._context import FIXED, INPUT_MODES, SuiteContext, artifacts_root, build_context
+from ._context import FIXED, INPUT_MODES, SuiteContext, build_context
+from ._options import SuiteOptions, artifacts_root, options_from_json, options_to_json, suite_options
 from ._failure_text import notes_before_hypothesis
 from ._golden import GOLDEN_KEY, GoldenRecorder, golden_dir
 from ._preprocess_cache import CACHE_KEY, CacheChoice, cache_choice, install_cache
@@ -54,6 +56,7 @@ __all__ = [
     "SHARD_KEY",
     "ShardPlugin",
     "SuiteContext",
+    "SuiteOptions",
     "SuitePlugin",
     "artifacts_root",
     "build_context",
@@ -61,10 +64,13 @@ __all__ = [
     "golden_dir",
     "hypothesis_choice",
     "notes_before_hypothesis",
+    "options_from_json",
+    "options_to_json",
     "run_check",
     "shard_choice",
     "shard_group",
     "suite_only",
+    "suite_options",
 ]
 
 

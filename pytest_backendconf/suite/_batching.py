@@ -33,7 +33,12 @@ from ..checks import Check, CheckOutcome, outcome_from_json
 from ..report import counted
 
 if TYPE_CHECKING:
+    import pytest
+
+    from ..capabilities import Capabilities
     from ._context import SuiteContext
+    from ._host import BackendHost
+    from ._suite import ConformanceItem
 
 #: ``--backendconf-batch`` / the ini option ``backendconf_batch``.
 CHOICES = ("auto", "on", "off")
@@ -41,7 +46,7 @@ CHOICES = ("auto", "on", "off")
 DEFAULT_SIZE = 16
 
 
-def batching_choice(config: Any, capabilities: Any) -> bool:
+def batching_choice(config: pytest.Config, capabilities: Capabilities) -> bool:
     """Whether this run batches: the option, else the ini option, else the backend's declaration."""
     value = config.getoption("backendconf_batch", None) or config.getini("backendconf_batch") or "auto"
     if value not in CHOICES:
@@ -59,7 +64,9 @@ def batching_choice(config: Any, capabilities: Any) -> bool:
 class Batcher:
     """The pytest process's side: forms batches from the session's items and keeps their outcomes."""
 
-    def __init__(self, items: list[Any], size: int, host: Any, ctx: SuiteContext, same_scope: bool) -> None:
+    def __init__(
+        self, items: list[pytest.Item], size: int, host: BackendHost | None, ctx: SuiteContext, same_scope: bool
+    ) -> None:
         self.items = items
         self.size = max(1, size)
         self.host = host
@@ -134,7 +141,7 @@ class Batcher:
         if claimed is not None and (claimed.outcome, claimed.message) != (outcome, message):
             self.contradicted.append(check.id)
 
-    def outcome(self, item: Any) -> CheckOutcome | None:
+    def outcome(self, item: ConformanceItem) -> CheckOutcome | None:
         """The check's outcome from a batch, or None: run it alone."""
         check: Check = item.check
         if check.batch is None:
@@ -150,14 +157,14 @@ class Batcher:
             return claimed
         if check.id in self.alone or self._refused(check):
             return None
-        members = [item] + self._mates(item)
+        members = [check] + self._mates(item)
         if len(members) < 2:
             return None
-        self._resolve([m.check for m in members])
+        self._resolve(members)
         return self.decided.pop(check.id, None)
 
-    def _mates(self, item: Any) -> list[Any]:
-        """The next items of the check's group that this process runs, with distinct members."""
+    def _mates(self, item: ConformanceItem) -> list[Check]:
+        """The checks of the next items of the check's group that this process runs, with distinct members."""
         from ._xdist import scope_of
 
         if self._index is None:
@@ -166,42 +173,44 @@ class Batcher:
         if start is None:
             return []
         batch = item.check.batch
+        if batch is None:
+            return []
         members = {batch.member}
         scope = scope_of(item.nodeid) if self.same_scope else None
-        found: list[Any] = []
+        found: list[Check] = []
         for other in self.items[start + 1 :]:
             if len(found) + 1 >= self.size:
                 break
-            check = getattr(other, "check", None)
-            theirs = getattr(check, "batch", None)
+            check = getattr(other, "check", None)  # a test of the vendor's own, beside the suite, has none
+            if not isinstance(check, Check):
+                continue
+            theirs = check.batch
             if (
-                check is None
-                or theirs is None
+                theirs is None
                 or theirs.group != batch.group
                 or theirs.member in members
                 or theirs.run is not batch.run
                 or self._refused(check)
             ):
                 continue
-            if check.id in self.decided or check.id in self.alone or self._known_to_hang(other):
+            if check.id in self.decided or check.id in self.alone or self._known_to_hang(check):
                 continue
             if scope is not None and scope_of(other.nodeid) != scope:
                 continue
             members.add(theirs.member)
-            found.append(other)
+            found.append(check)
         return found
 
     def _refused(self, check: Check) -> bool:
         """Whether the check runs alone because its member was rejected before (and rejections are dear)."""
         return not self.bulk and check.batch is not None and check.batch.member in self.refused
 
-    def _known_to_hang(self, item: Any) -> bool:
+    def _known_to_hang(self, check: Check) -> bool:
         """A check whose lowered model hung or crashed before runs alone: it then fails at once."""
         if self.host is None:
             return False
         from ._host import model_key
 
-        check = item.check
         return self.host.models.known(model_key(check.category, check.name, check.case, None)) is not None
 
     def _resolve(self, checks: list[Check]) -> None:
@@ -251,11 +260,14 @@ class Batcher:
         # Anything the runner did not mention runs alone.
         self.alone.update(c.id for c in checks if c.id not in self.decided and c.id not in self.alone)
 
-    def _run(self, checks: list[Check]) -> dict | None:
+    def _run(self, checks: list[Check]) -> dict[str, Any] | None:
         if self.host is not None:
             return self.host.run_batch([c.id for c in checks])
+        batching = checks[0].batch
+        if batching is None:  # only checks that carry a Batching are resolved
+            return None
         try:
-            return checks[0].batch.run(self.ctx, checks)  # type: ignore[union-attr]
+            return batching.run(self.ctx, checks)
         except Exception:  # the runner itself failed: the checks alone will say what
             return None
 

@@ -9,10 +9,11 @@ as read-only.
 from __future__ import annotations
 
 import json
+import os
 import threading
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
-import pytest
 import torch
 
 from .. import _compat
@@ -20,49 +21,89 @@ from ..debuginfo import walk_nodes
 from ..lowering import WrapperModule
 from ..lowering import export_method, lower_programs
 from ..lowering import normalize as normalize_call
-from ..registry import RegisteredBackend
+from ..registry import BackendRegistry, RegisteredBackend
 from ..backend import Backend
 from ..capabilities import Capabilities, capabilities_of
 from ..cases import FLOAT_DTYPES, ModelCase, TensorInput
+from ._options import SuiteOptions
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from ._host import BackendHost
 
 #: The dtype id of a case whose inputs do not follow the float dtype under test.
 FIXED = "fixed"
 
+_T = TypeVar("_T")
+
 
 class SuiteContext:
-    """The selected backend, the model cases, and the session's caches."""
+    """The selected backend, the model cases, the run's options, and the session's caches.
 
-    def __init__(self, registered: RegisteredBackend, cases: list[ModelCase], *, tmp_dir: Callable[[str], Any]) -> None:
+    It satisfies `checks.CheckContext`: what the check machinery reads of it.
+    """
+
+    def __init__(
+        self,
+        registered: RegisteredBackend,
+        cases: list[ModelCase],
+        *,
+        tmp_dir: Callable[[str], Path],
+        options: SuiteOptions | None = None,
+    ) -> None:
         self.registered = registered
-        self.backend = registered.backend
+        self.backend: Backend = registered.backend
         self.name: str = registered.name
         self.capabilities: Capabilities = capabilities_of(self.backend)
         self.cases = {case.name: case for case in cases}
+        #: The run's settings the checks follow (`build_context` makes the context from them).
+        self.options = options if options is not None else SuiteOptions(backend=registered.name)
         self._tmp_dir = tmp_dir
-        #: ``--backendconf-artifacts``: where `artifact_dir` makes its folders (None: temporary ones).
-        self.artifacts_root: str | None = None
         self._lock = threading.RLock()
         self._modules: dict[tuple[str, str], torch.nn.Module] = {}
-        self._programs: dict[tuple[str, ...], Any] = {}
+        self._programs: dict[tuple[str, ...], ExportedProgram] = {}
         self._fingerprints: dict[tuple[str, ...], tuple[list[tuple], dict[str, torch.Tensor]]] = {}
         self._lowered: dict[tuple[str, ...], WrapperModule] = {}
-        self._memo: dict[tuple, Any] = {}
+        self._memo: dict[tuple, object] = {}
         #: How many exports ran: the benchmark compares it with the unique keys.
         self.export_count = 0
-        #: Set by the plugin from --backendconf-hypothesis and --hypothesis-seed.
-        self.hypothesis_profile = "ci"
-        self.hypothesis_seed = 0
-        #: ``--backendconf-ops``: which operator samples the ops category runs.
-        self.ops_mode = "default"
         #: Where the ops category's sample discovery reports progress (the terminal; None: nowhere).
         self.discovery_progress: Callable[[str], None] | None = None
-        #: The ``-p`` plugins of the run, for commands that rerun one comparison outside pytest.
-        self.plugin_modules: list[str] = []
-        #: ``--backendconf-golden``: the folder passing parity checks write their bundled archives to.
-        self.golden_dir: Any = None
-        #: The session's backend host process (`suite._host.BackendHost`), once started: the benchmarks
-        #: read its export counts.
-        self.host: Any = None
+        #: The session's backend host process, once started: the benchmarks read its export counts.
+        self.host: BackendHost | None = None
+
+    # --- the run's options ------------------------------------------------------------
+
+    @property
+    def hypothesis_profile(self) -> str:
+        """``--backendconf-hypothesis``: the profile of the checks that draw inputs."""
+        return self.options.hypothesis_profile
+
+    @property
+    def hypothesis_seed(self) -> int:
+        """The session's seed (``--hypothesis-seed``)."""
+        return self.options.hypothesis_seed
+
+    @property
+    def ops_mode(self) -> str:
+        """``--backendconf-ops``: which operator samples the ops category runs."""
+        return self.options.ops_mode
+
+    @property
+    def plugin_modules(self) -> tuple[str, ...]:
+        """The ``-p`` plugins of the run, for commands that rerun one comparison outside pytest."""
+        return self.options.plugin_modules
+
+    @property
+    def artifacts_root(self) -> str | None:
+        """``--backendconf-artifacts``: where `artifact_dir` makes its folders (None: temporary ones)."""
+        return self.options.artifacts_root
+
+    @property
+    def golden_dir(self) -> str | None:
+        """``--backendconf-golden``: the folder passing parity checks write their bundled archives to."""
+        return self.options.golden_dir
 
     # --- dtypes ---------------------------------------------------------------
 
@@ -113,7 +154,7 @@ class SuiteContext:
         args, kwargs = normalize_call(getattr(module_type, method), method, args, kwargs)
         return _compat.tree_leaves((args, kwargs))
 
-    def program(self, case_name: str, dtype: str, method: str, *, dynamic: bool = False) -> Any:
+    def program(self, case_name: str, dtype: str, method: str, *, dynamic: bool = False) -> ExportedProgram:
         """The exported program of one method, exported once per session.
 
         ``dynamic``: exported with the case's `Dim`s as ``dynamic_shapes`` (a
@@ -184,20 +225,28 @@ class SuiteContext:
                 self._lowered.setdefault(key, lowered)
         return lowered
 
-    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
-        """``make()`` once per session for ``key``; for work several checks share."""
+    def program_keys(self) -> list[tuple[str, ...]]:
+        """The keys of the programs exported so far (``(case, dtype, method)``, ``"dynamic"`` appended)."""
+        with self._lock:
+            return list(self._programs)
+
+    def memo(self, key: tuple, make: Callable[[], _T]) -> _T:
+        """``make()`` once per session for ``key``; for work several checks share.
+
+        A key names one kind of work: what is stored under it is what a ``make`` of that key returned.
+        """
         with self._lock:
             if key in self._memo:
-                return self._memo[key]
+                return cast(_T, self._memo[key])
         value = make()
         with self._lock:
-            return self._memo.setdefault(key, value)
+            return cast(_T, self._memo.setdefault(key, value))
 
-    def tmp_dir(self, name: str) -> Any:
-        """A fresh temporary directory (a `pathlib.Path`) for one check."""
+    def tmp_dir(self, name: str) -> Path:
+        """A fresh temporary directory for one check."""
         return self._tmp_dir(name)
 
-    def artifact_dir(self, name: str) -> Any:
+    def artifact_dir(self, name: str) -> Path:
         """A fresh directory for files a printed command names (saved inputs, rerun files).
 
         Under ``--backendconf-artifacts`` (`artifacts_root`), kept across runs;
@@ -206,11 +255,10 @@ class SuiteContext:
         if not self.artifacts_root:
             return self._tmp_dir(name)
         import tempfile
-        from pathlib import Path
 
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.artifacts_root))
 
-    def rerun_command(self, path: Any) -> str:
+    def rerun_command(self, path: str | os.PathLike[str]) -> str:
         """The shell command that reruns one saved comparison: ``python -m pytest_backendconf.rerun FILE``.
 
         Every part is quoted for the shell (`_quoting.shell_command`): the
@@ -224,45 +272,48 @@ class SuiteContext:
         )
 
 
-def build_context(
-    selected: RegisteredBackend,
-    registry: Any,
-    tmp_dir: Callable[[str], Any],
-    profile: str,
-    seed: int,
-    *,
-    zoo: str = "synthetic",
-) -> SuiteContext:
-    """The session's context: the zoo (``--backendconf-zoo``) and the registry's cases, the
-    Hypothesis profile and seed.
+def build_context(options: SuiteOptions, registry: BackendRegistry, tmp_dir: Callable[[str], Path]) -> SuiteContext:
+    """The session's context as ``options`` ask: the zoo and the registry's cases, the backend they name.
 
-    The pytest process and the backend host (`pytest_backendconf.suite._host`) both
-    build it here, so that both generate the same checks.
+    The one place a `SuiteContext` is made from a run's options: the pytest process (`plugin`), the
+    backend host (`_host`) and ``python -m pytest_backendconf.rerun`` all build it here, so that the
+    pytest process and the host generate the same checks. It also points this process at what the
+    options name outside the context: lowerings here use the options' preprocess cache, and
+    target-stage children run on the options' device.
+
+    :param tmp_dir: makes a fresh temporary folder per name (pytest's own in the pytest process).
+    :raises RegistryError: the registry has no backend of that name.
     """
     from ..backend import TorchScriptBackend
     from ..conformance import load_torchscript_zoo, load_zoo
+    from ..target import use_target_command
+    from ._preprocess_cache import install_cache
 
+    selected = registry.get(options.backend)
     # The seeds' own models (add and sub) are TorchScript's: the export form has its own zoo for those ops.
     seeds = load_torchscript_zoo() if isinstance(selected.backend, TorchScriptBackend) else []
     real = []
-    if zoo != "synthetic":
+    if options.zoo != "synthetic":
         from ..conformance.real_models import real_cases
 
         real = real_cases()
     # The synthetic zoo stays in the context under `real`: checks name some of its models.
-    ctx = SuiteContext(selected, load_zoo() + seeds + real + registry.cases(), tmp_dir=tmp_dir)
-    ctx.hypothesis_profile, ctx.hypothesis_seed = profile, seed
+    ctx = SuiteContext(selected, load_zoo() + seeds + real + registry.cases(), tmp_dir=tmp_dir, options=options)
+    # preprocess runs in this process (the host, or the pytest process running checks itself): its results
+    # are cached here.
+    install_cache(ctx, options.cache)
+    use_target_command(options.target_command)
     return ctx
 
 
-def _fingerprint(program: Any) -> tuple[list[tuple], dict[str, torch.Tensor]]:
+def _fingerprint(program: ExportedProgram) -> tuple[list[tuple], dict[str, torch.Tensor]]:
     # The nodes themselves, not graph_module.code: an edit of the graph without
     # recompile() leaves the code as it was. Tensors are copied: they are what
     # a backend might write to.
     return _graph_structure(program), {k: v.detach().clone() for k, v in program.state_dict.items()}
 
 
-def _graph_structure(program: Any) -> list[tuple]:
+def _graph_structure(program: ExportedProgram) -> list[tuple]:
     return [(n.name, n.op, str(n.target), str(n.args), str(n.kwargs)) for n in walk_nodes(program.graph_module)]
 
 
@@ -271,8 +322,8 @@ INPUT_MODES = ("random", "edges", "mixed")
 
 
 def make_input(
-    spec: Any, dtype: str, generator: torch.Generator, mode: str = "random", sizes: dict | None = None
-) -> Any:
+    spec: TensorInput | object, dtype: str, generator: torch.Generator, mode: str = "random", sizes: dict | None = None
+) -> torch.Tensor | object:
     """One input from a `TensorInput` (drawn from ``generator``) or a constant.
 
     ``sizes`` gives the size of each `Dim` in the shape (default ``max(2, min)``).
@@ -309,24 +360,3 @@ def make_input(
             mask = torch.rand(shape, generator=generator) < 0.3
             values = torch.where(mask, edge_values, values)
     return values.to(torch_dtype)
-
-
-def artifacts_root(config: pytest.Config) -> str | None:
-    """``--backendconf-artifacts``, made absolute and created; a usage error when it cannot be a folder."""
-    value = config.getoption("backendconf_artifacts", None)
-    if not value:
-        return None
-    from pathlib import Path
-
-    path = Path(config.invocation_params.dir, value)
-    if path.exists() and not path.is_dir():
-        raise pytest.UsageError(
-            f"--backendconf-artifacts={value}: {path} is a file; give a folder (created if missing)"
-        )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise pytest.UsageError(
-            f"--backendconf-artifacts={value}: cannot create {path}: {exc.strerror or exc}"
-        ) from None
-    return str(path.resolve())

@@ -66,7 +66,8 @@ class GoldenRecorder:
         self.name = name
         self.tolerance = tolerance
         self.bundles: list[Any] = []
-        self.enabled = getattr(ctx, "golden_dir", None) is not None
+        self.folder = ctx.golden_dir
+        self.enabled = self.folder is not None
 
     def add(self, args: tuple, kwargs: dict, expected: Any) -> None:
         """Keep one example (positional inputs only: a bundle has no keyword arguments)."""
@@ -93,7 +94,7 @@ class GoldenRecorder:
 
     def write(self, lowered: Any, method: str) -> None:
         """Save ``lowered`` with the kept examples into the golden folder (after the check passed)."""
-        if not self.enabled or not self.bundles:
+        if self.folder is None or not self.bundles:
             return
         import io
 
@@ -104,7 +105,7 @@ class GoldenRecorder:
         save(lowered, buffer, bundled_inputs={method: self.bundles})
         # Atomic, but not synced one by one (two fsyncs per file tripled the cost of the folder):
         # `write_index` syncs the files it lists before it writes the index.
-        write_atomic(Path(self.ctx.golden_dir) / golden_name(self.category, self.name), buffer.getvalue(), sync=False)
+        write_atomic(Path(self.folder) / golden_name(self.category, self.name), buffer.getvalue(), sync=False)
 
 
 def write_index(folder: Path, results: Iterable[Any], backend: str) -> tuple[int, int]:

@@ -46,10 +46,16 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..checks import NOT_RUN_AGAIN, CheckOutcome, outcome_from_json, outcome_to_json
+from ..checks import NOT_RUN_AGAIN, Check, CheckOutcome, outcome_from_json, outcome_to_json
+from ._options import SuiteOptions, options_from_json, options_to_json
 from ._outcome import run_check
+
+if TYPE_CHECKING:
+    from ..backend import Backend
+    from ..target import Channel, ChildProcess, Ended
 
 #: Per-check seconds before the host is killed and the check fails (``--backendconf-timeout``).
 DEFAULT_TIMEOUT = 120.0
@@ -63,45 +69,21 @@ AFTER_HANG_FLOOR = 10.0
 AFTER_HANG_FACTOR = 3.0
 
 
-@dataclasses.dataclass
-class HostOptions:
-    """How the pytest process asks the host to build the suite (the same as its own)."""
-
-    backend: str
-    hypothesis_profile: str
-    hypothesis_seed: int
-    torch_threads: int
-    tmp_root: str | None
-    #: ``--backendconf-zoo``: the host's context holds the same models.
-    zoo: str = "synthetic"
-    #: ``--backendconf-ops``: the host generates the same ops checks.
-    ops_mode: str = "default"
-    #: The run's ``-p`` modules, for the rerun commands the checks print.
-    plugin_modules: list[str] = dataclasses.field(default_factory=list)
-    #: ``--backendconf-artifacts``: where saved inputs and rerun files go (None: temporary folders).
-    artifacts_root: str | None = None
-    #: ``--backendconf-golden``: where passing parity checks write their bundled archives.
-    golden_dir: str | None = None
-    #: ``--backendconf-target-command``: the host's target-stage children run on the device.
-    target_command: str | None = None
-    #: ``--backendconf-cache``: the folder and size cap of the preprocess cache (None: no cache).
-    cache_dir: str | None = None
-    cache_max_bytes: int = 0
-
-
 class BackendHost:
     """The pytest process's side: runs checks by id in a host child, replacing it when it dies."""
 
     def __init__(
-        self, options: HostOptions, *, timeout: float | None, max_rss: int | None, shared: str | None = None
+        self, options: SuiteOptions, *, timeout: float | None, max_rss: int | None, shared: str | None = None
     ) -> None:
-        """:param shared: a folder every pytest process of the run shares (the hangs each one saw)."""
+        """:param options: the run's options, from which the host builds the same suite as the pytest process.
+        :param shared: a folder every pytest process of the run shares (the hangs each one saw).
+        """
         self.options = options
         self.timeout = timeout
         self.max_rss = max_rss
-        self._child: Any = None
+        self._child: ChildProcess | None = None
         #: A host started ahead of need once the backend has hung (the next kill is likely).
-        self._spare: Any = None
+        self._spare: ChildProcess | None = None
         self._broken: CheckOutcome | None = None
         self._lock = threading.Lock()
         #: How many hosts were started (a crash, a hang or the memory limit starts another; after a hang,
@@ -117,7 +99,7 @@ class BackendHost:
         #: What the hosts' preprocess cache found (`lowering.PreprocessCache.counts`), summed.
         self.cache_counts: dict[str, int] = {}
 
-    def add_cache_counts(self, counts: Any) -> None:
+    def add_cache_counts(self, counts: object) -> None:
         """Add a host's preprocess-cache counts of one request (numbers only: it is the child's answer)."""
         if isinstance(counts, dict):
             for what, n in counts.items():
@@ -139,7 +121,7 @@ class BackendHost:
         :param model: the lowered model the check runs (`model_key`), None for a check of no one model.
         :param runs_backend: whether the check compiles or executes the model (else it only lowers it).
         """
-        from ..target import ChildProcess, Ended
+        from ..target import Ended
 
         with self._lock:
             if self._broken is not None:  # it cannot start: every check would pay for finding out again
@@ -149,15 +131,16 @@ class BackendHost:
                 return known
             if self._child is None or not self._child.alive:
                 spare, self._spare = self._spare, None
-                self._child = spare if spare is not None and spare.alive else self._start(ChildProcess)
+                self._child = spare if spare is not None and spare.alive else self._start()
             if self.models.hung and (self._spare is None or not self._spare.alive):
                 # After a hang, hosts get killed again and again: a spare started now, while this check
                 # runs, is ready when the next one needs it, instead of each paying for a torch import.
-                self._spare = self._start(ChildProcess)
+                self._spare = self._start()
             child = self._child
         calls: list[dict] = []
         if not child.wait_ready():  # the memory at the start is the host's, not a half-started interpreter's
             ended = child.ended
+            assert ended is not None  # not ready: it ended
             self._broken = CheckOutcome.failure(
                 self._died(ended, check_id, subject, [], None, None, at_setup=True),
                 "BackendHostDied",
@@ -166,7 +149,7 @@ class BackendHost:
             )
             return self._broken
         mark = child.stderr_mark()
-        peak = {"rss": None}
+        peak: dict[str, int | None] = {"rss": None}
         start_rss = child.rss()
 
         def watch() -> str | None:
@@ -236,18 +219,13 @@ class BackendHost:
         own. The batch gets the per-check timeout; one that takes longer is
         killed and its members run alone.
         """
-        from ..target import ChildProcess, Ended
+        from ..target import Ended
 
         with self._lock:
             if self._broken is not None:
                 return None
             if self._child is None or not self._child.alive:
-                self._child = ChildProcess(
-                    "pytest_backendconf.suite._host:HostHandler",
-                    dataclasses.asdict(self.options),
-                    startup_timeout=STARTUP_TIMEOUT,
-                )
-                self.started += 1
+                self._child = self._start()
             child = self._child
         if not child.wait_ready():
             return None  # the next check alone reports why the host cannot start
@@ -266,7 +244,7 @@ class BackendHost:
         batch = result.get("batch")
         return batch if isinstance(batch, dict) else None
 
-    def _rss_limit(self, child: Any) -> Callable[[], str | None]:
+    def _rss_limit(self, child: ChildProcess) -> Callable[[], str | None]:
         def watch() -> str | None:
             rss = child.rss()
             if self.max_rss and rss is not None and rss > self.max_rss:
@@ -277,7 +255,7 @@ class BackendHost:
 
     def _died(
         self,
-        ended: Any,
+        ended: Ended,
         check_id: str,
         subject: str,
         calls: list[dict],
@@ -317,7 +295,7 @@ class BackendHost:
             )
         return f"{head}.\n{_subject_text(subject, calls)}\nA fresh process runs the next checks.{stderr}"
 
-    def _timeout_source(self, ended: Any, *, short: bool = False) -> str:
+    def _timeout_source(self, ended: Ended, *, short: bool = False) -> str:
         if self.timeout and ended.timed_out is not None and ended.timed_out < self.timeout:
             if short:
                 return "a timeout shortened after an earlier hang"
@@ -328,12 +306,12 @@ class BackendHost:
             )
         return "--backendconf-timeout"
 
-    def _start(self, child_process: Any) -> Any:
+    def _start(self) -> ChildProcess:
+        from ..target import ChildProcess
+
         self.started += 1
-        return child_process(
-            "pytest_backendconf.suite._host:HostHandler",
-            dataclasses.asdict(self.options),
-            startup_timeout=STARTUP_TIMEOUT,
+        return ChildProcess(
+            "pytest_backendconf.suite._host:HostHandler", options_to_json(self.options), startup_timeout=STARTUP_TIMEOUT
         )
 
     def close(self) -> None:
@@ -364,7 +342,7 @@ class ModelMemory:
         """:param shared: a folder the run's pytest processes share: each hang is written there as a file,
         and the hangs of the other processes are read from it (pytest-xdist workers learn of each other's).
         """
-        self._known: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._known: dict[tuple[str, ...], dict[str, str]] = {}
         self._crashes: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
         self._shared = os.fspath(shared) if shared is not None else None
         #: How many checks failed at once instead of running (each would have waited or crashed again).
@@ -382,7 +360,7 @@ class ModelMemory:
     def hung(self, value: bool) -> None:
         self._hung = value
 
-    def _write_shared(self, model: tuple[str, ...], record: dict[str, Any]) -> None:
+    def _write_shared(self, model: tuple[str, ...], record: dict[str, str]) -> None:
         if self._shared is None:
             return
         try:
@@ -417,7 +395,7 @@ class ModelMemory:
         self,
         model: tuple[str, ...] | None,
         check_id: str,
-        ended: Any,
+        ended: Ended,
         calls: list[dict],
         timeout_source: str = "--backendconf-timeout",
     ) -> None:
@@ -441,7 +419,7 @@ class ModelMemory:
             self._known.setdefault(model, {"check": check_id, "how": how, "call": call, "kind": last["call"]})
         seen.setdefault(key, check_id)
 
-    def known(self, model: tuple[str, ...] | None) -> dict[str, Any] | None:
+    def known(self, model: tuple[str, ...] | None) -> dict[str, str] | None:
         """What is remembered of a model that hung or crashed deterministically, or None."""
         return self._known.get(model) if model is not None else None
 
@@ -502,51 +480,32 @@ def _mib(n: int | None) -> str:
 class HostHandler:
     """In the child: the suite as the pytest process built it; runs one check per request."""
 
-    def __init__(self, options: dict, channel: Any) -> None:
-        import torch
-
+    def __init__(self, options: dict[str, Any], channel: Channel) -> None:
+        from .. import _compat
         from ..registry import BackendRegistry, active_registry, set_active_registry
         from ._context import build_context
         from ._categories import generate_checks
-        from ._preprocess_cache import CacheChoice, install_cache
 
-        opts = HostOptions(**options)
-        torch.set_num_threads(max(1, int(opts.torch_threads)))
+        opts = options_from_json(options)
+        # torch's thread count is the pytest process's already: the child protocol set it (`target._child`).
         # torch.export's first use imports its tracing machinery (seconds): do it while starting, so
         # that the first check's --backendconf-timeout measures the check, not the import.
-        from .. import _compat
-
         _compat.import_export_tracer()
         registry = active_registry() or BackendRegistry()
         registry.load_entry_points(select=opts.backend)
         set_active_registry(registry)
-        selected = registry.get(opts.backend)
         tmp_root = opts.tmp_root if opts.tmp_root and os.path.isdir(opts.tmp_root) else None
 
-        def tmp_dir(name: str) -> Any:
-            from pathlib import Path
-
+        def tmp_dir(name: str) -> Path:
             return Path(tempfile.mkdtemp(prefix=f"{name}-host-", dir=tmp_root))
 
-        self.ctx = build_context(
-            selected, registry, tmp_dir, opts.hypothesis_profile, opts.hypothesis_seed, zoo=opts.zoo
-        )
-        # What plugin._make_context sets on the pytest process's context, the same here.
-        self.ctx.ops_mode = opts.ops_mode
-        self.ctx.plugin_modules = list(opts.plugin_modules)
-        self.ctx.artifacts_root = opts.artifacts_root
-        self.ctx.golden_dir = opts.golden_dir
-        # preprocess runs here, in the host: this is where its results are cached.
-        install_cache(self.ctx, CacheChoice(opts.cache_dir, opts.cache_max_bytes) if opts.cache_dir else None)
-        if opts.target_command:
-            from ..target import use_target_command
-
-            use_target_command(opts.target_command)
-        self.checks = {f"{c.category}::{c.name}": c for c in generate_checks(self.ctx)}
+        self.ctx = build_context(opts, registry, tmp_dir)
+        self.checks: dict[str, Check] = {c.id: c for c in generate_checks(self.ctx)}
         self._reported: set[tuple] = set()
+        self._cache_reported: dict[str, int] = {}
         install_breadcrumbs(self.ctx.backend, channel)
 
-    def __call__(self, request: dict, channel: Any) -> dict:
+    def __call__(self, request: dict[str, Any], channel: Channel) -> dict[str, Any]:
         """``{"check": outcome_to_json(outcome), "exports": n, "programs": [...]}``; a batch's answer for a batch."""
         if "batch" in request:
             return {**self.batch(request["batch"]), "cache": self._cache_counts()}
@@ -565,7 +524,7 @@ class HostHandler:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             outcome = run_check(check, self.ctx)
-        new = [k for k in self.ctx._programs if k not in self._reported]
+        new = [k for k in self.ctx.program_keys() if k not in self._reported]
         self._reported.update(new)
         seen: dict[tuple, dict] = {}
         for w in caught:
@@ -593,24 +552,25 @@ class HostHandler:
         if cache is None:
             return {}
         counts = dict(cache.counts)
-        before, self._cache_reported = getattr(self, "_cache_reported", {}), counts
+        before, self._cache_reported = self._cache_reported, counts
         return {what: n - before.get(what, 0) for what, n in counts.items()}
 
-    def batch(self, check_ids: list[str]) -> dict:
+    def batch(self, check_ids: list[str]) -> dict[str, Any]:
         """Several checks lowered as one (`_batching`): ``{"batch": {"decided", "alone", "split"}}``."""
         found = [self.checks.get(i) for i in check_ids]
         checks = [c for c in found if c is not None and c.batch is not None]
-        if not checks or len(checks) != len(found):
+        batching = checks[0].batch if checks else None
+        if batching is None or len(checks) != len(found):
             return {"batch": None}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a member run alone reports its own warnings
             try:
-                return {"batch": checks[0].batch.run(self.ctx, checks)}  # type: ignore[union-attr]
+                return {"batch": batching.run(self.ctx, checks)}
             except Exception:  # the runner broke: the members run alone
                 return {"batch": None}
 
 
-def install_breadcrumbs(backend: Any, channel: Any) -> None:
+def install_breadcrumbs(backend: Backend, channel: Channel) -> None:
     """Send a record before every call into the backend: the parent names the last one if the host dies.
 
     The methods are wrapped on the backend's class, so that the suite's
@@ -651,7 +611,7 @@ def install_breadcrumbs(backend: Any, channel: Any) -> None:
                 print(f"backendconf: cannot follow {cls.__name__}.{name} calls", file=sys.stderr)
 
 
-def _describe_inputs(inputs: Any) -> str:
+def _describe_inputs(inputs: object) -> str:
     parts = []
     for value in list(inputs)[:6] if isinstance(inputs, (list, tuple)) else []:
         dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)

@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from ..checks import ROOT_ID
+from ..checks import ROOT_ID, Check, CheckContext
 from ..report import counted, failure_template
 from ._host import NOT_RUN_AGAIN
 from ._minify_ledger import MinifyLedger
 
 if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from ..diagnostics import Outcome
     from ._context import SuiteContext
 
 #: The default of ``--backendconf-minify`` when the command line does not give it (the project's own
@@ -62,7 +65,7 @@ def reproduction_dir(config: pytest.Config) -> Path:
     saved inputs and rerun files), else under pytest's temporary directory
     (``--basetemp``), as the saved inputs of failing comparisons are.
     """
-    from ._context import artifacts_root
+    from ._options import artifacts_root
 
     root = artifacts_root(config)
     factory = getattr(config, "_tmp_path_factory", None)
@@ -72,7 +75,7 @@ def reproduction_dir(config: pytest.Config) -> Path:
     return folder
 
 
-def target_of(error: dict | None, message: str, ended: dict | None) -> Any:
+def target_of(error: dict | None, message: str, ended: dict | None) -> Outcome | None:
     """The failure to reproduce (`diagnostics.Outcome`), or ``None`` for a failure that is not shrunk."""
     from ..diagnostics import Outcome
 
@@ -111,7 +114,7 @@ class Minimiser:
         self._lock = threading.Lock()
 
     def reproduce(
-        self, check: Any, ctx: SuiteContext, error: dict | None, message: str, ended: dict | None
+        self, check: Check, ctx: SuiteContext, error: dict | None, message: str, ended: dict | None
     ) -> dict | None:
         """The reproduction's record for the report (``script``, ``nodes``, ``ops`` …), or ``None``."""
         where = _subject(check, ctx)
@@ -128,7 +131,13 @@ class Minimiser:
             return self._memo[key]
 
     def _once_per_group(
-        self, check: Any, ctx: SuiteContext, where: tuple[str, str, str], target: Any, error: dict | None, message: str
+        self,
+        check: Check,
+        ctx: SuiteContext,
+        where: tuple[str, str, str],
+        target: Outcome,
+        error: dict | None,
+        message: str,
     ) -> dict:
         """The failure's reproduction: made when it is the first of its group and the run's budget is not spent."""
         group = json.dumps(
@@ -168,12 +177,12 @@ class Minimiser:
 
     def _shrink(
         self,
-        check: Any,
+        check: Check,
         ctx: SuiteContext,
         case: str,
         dtype: str,
         method: str,
-        target: Any,
+        target: Outcome,
         message: str,
         budget: float,
     ) -> dict:
@@ -244,7 +253,7 @@ def reproduction_line(record: dict | None) -> str:
     return f"minimal reproduction{same}: {counted(nodes, 'node')}{ran_out}, {record['script']}"
 
 
-def _subject(check: Any, ctx: SuiteContext) -> tuple[str, str, str] | None:
+def _subject(check: Check, ctx: CheckContext) -> tuple[str, str, str] | None:
     """``(case, dtype, method)`` of a model check that is shrunk, else ``None``."""
     if check.category not in MINIFIED_CATEGORIES or check.case is None or check.case not in ctx.cases:
         return None
@@ -262,7 +271,7 @@ def _subject(check: Any, ctx: SuiteContext) -> tuple[str, str, str] | None:
     return check.case, dtype, "forward"
 
 
-def _inputs(ctx: SuiteContext, program: Any, case: str, dtype: str, method: str, message: str) -> list:
+def _inputs(ctx: SuiteContext, program: ExportedProgram, case: str, dtype: str, method: str, message: str) -> list:
     """The failing example's inputs when the check saved them (a divergence), else the export's example."""
     from torch.export.graph_signature import InputKind
 

@@ -10,19 +10,18 @@ xfail verdict, for the gating plugin to read.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
-from ..checks import CheckFailed, CheckOutcome, NotNeeded, Unsupported
+from ..checks import Check, CheckFailed, CheckOutcome, ContextT, NotNeeded, Unsupported
 from ._failure_text import failure_text
 
 #: The outcome of the check an item ran (or was decided for it); read by `_gating` when its report is made.
 OUTCOME_KEY = pytest.StashKey[CheckOutcome]()
 
 
-def run_check(check: Any, ctx: Any) -> CheckOutcome:
-    """Run one check here; its outcome as the report needs it.
+def run_check(check: Check[ContextT], ctx: ContextT) -> CheckOutcome:
+    """Run one check here, on the context its ``run`` takes; its outcome as the report needs it.
 
     The raised exception stays on the outcome (``exception``, never serialized), so that the pytest
     process running a check itself can raise it again where the check raised it.

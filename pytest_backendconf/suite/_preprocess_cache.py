@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ._settings import setting
+
+if TYPE_CHECKING:
+    from ._context import SuiteContext
 
 CACHE_ENV = "BACKENDCONF_CACHE"
 
@@ -74,7 +77,7 @@ def _writable(path: Path) -> None:
     probe.unlink()
 
 
-def install_cache(ctx: Any, choice: CacheChoice | None) -> None:
+def install_cache(ctx: SuiteContext, choice: CacheChoice | None) -> None:
     """Make ``choice`` the preprocess cache of this process's lowerings of ``ctx``'s backend (None: none)."""
     from ..archive import declared_version
     from ..lowering import PreprocessCache, use_preprocess_cache

@@ -12,20 +12,21 @@ suite runs beside the tests found there (a vendor's own regression tests).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator, Literal
 
 import pytest
 
 from .. import conformance
 from .._quoting import shell_command
 from ..backend import TorchScriptBackend
-from ..checks import CATEGORIES, ROOT_ID, Check, CheckFailed, CheckOutcome, id_matches, reason_text
+from ..checks import CATEGORIES, ROOT_ID, Check, CheckContext, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._failure_text import failure_text
 from ._hypothesis import hypothesis_choice
 from ._preprocess_cache import CACHE_KEY, cache_summary
@@ -33,7 +34,10 @@ from ._categories import generate_checks
 from ._outcome import OUTCOME_KEY, run_check
 
 if TYPE_CHECKING:
+    from ._batching import Batcher
     from ._context import SuiteContext
+    from ._host import BackendHost
+    from ._minify import Minimiser
 
 #: torch's trace-structured logger: it logs a record (mostly empty) for every
 #: export and compile step, which would fill every failure's captured log.
@@ -119,7 +123,8 @@ class ConformanceItem(pytest.Item):
     def runtest(self) -> None:
         reason = self.suite.not_applicable(self.check) if self.suite is not None else None
         if reason:
-            self._apply(CheckOutcome("skipped", reason))
+            self._apply(CheckOutcome("skipped", reason))  # raises pytest's skip
+            return
         batcher = self.suite.batcher() if self.suite is not None else None
         batched = batcher.outcome(self) if batcher is not None else None
         if batched is not None:  # decided by a batch that shared its lowering (`_batching`)
@@ -182,32 +187,33 @@ class ConformanceItem(pytest.Item):
         line = reproduction_line(self.reproduction)
         return f"{text}\nreproduce: {self.reproduce}" + (f"\n{line}" if line else "")
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
+    def reportinfo(self) -> tuple[os.PathLike[str] | str, int | None, str]:
         return self.path, None, f"{ROOT_ID}::{self.check.category}::{self.check.name}"
 
 
 class SuitePlugin:
     """Registered (as ``backendconf_suite``) when a backend is selected."""
 
-    def __init__(self, config: pytest.Config, ctx_factory: Callable[[], Any], backend_name: str) -> None:
+    def __init__(self, config: pytest.Config, ctx_factory: Callable[[], SuiteContext], backend_name: str) -> None:
         self.config = config
         self._ctx_factory = ctx_factory
         self.backend_name = backend_name
         self.ctx: SuiteContext | None = None
         self._trace_filter: logging.Filter | None = None
-        #: The backend host (`pytest_backendconf.suite._host.BackendHost`), started with the first check.
-        self._host: Any = None
+        #: The backend host, started with the first check.
+        self._host: BackendHost | None = None
         #: Why checks that need the backend available are not applicable here (None: it is available).
         self._unavailable: str | None = None
         from ._minify import minify_choice
         from ._minify_ledger import run_budget_choice
 
         #: The batches of checks that share a lowering (`_batching.Batcher`); False: batching is off.
-        self._batcher: Any = None
+        self._batcher: Batcher | Literal[False] | None = None
         #: The items of this session, in order (a batch takes the next checks of its group).
         self._items: list[pytest.Item] = []
         #: The minimiser of failed model checks (started with the first failure); False: minify is off.
-        self._minimiser: Any = None if minify_choice(config) else False  # a bad value is a usage error now
+        #: A bad --backendconf-minify value is a usage error now, not at the first failure.
+        self._minimiser: Minimiser | Literal[False] | None = None if minify_choice(config) else False
         #: The seconds the run may spend on minimal reproductions (None: no limit); a bad value: a usage error now.
         self._minify_run_budget = run_budget_choice(config) if self._minimiser is None else None
         #: The preprocess-cache counts of the xdist workers (the controller prints the sum).
@@ -223,42 +229,27 @@ class SuitePlugin:
             or os.environ.get(IN_PROCESS_ENV) == "1"
         )
 
-    def host(self) -> Any:
+    def host(self) -> BackendHost | None:
         """The backend host the checks run in, or None when they run in this process."""
         if self.in_process():
             return None
         if self._host is None:
-            import torch
+            from ._host import DEFAULT_MAX_RSS_MIB, DEFAULT_TIMEOUT, BackendHost
 
-            from ..target import target_command
-            from ._host import DEFAULT_MAX_RSS_MIB, DEFAULT_TIMEOUT, BackendHost, HostOptions
-
-            profile, seed = hypothesis_choice(self.config)
+            ctx = self.ctx if self.ctx is not None else self._ctx_factory()
             factory = getattr(self.config, "_tmp_path_factory", None)
             timeout = self.config.getoption("backendconf_timeout", None)
             timeout = DEFAULT_TIMEOUT if timeout is None else timeout
             max_rss = self.config.getoption("backendconf_max_rss", None)
             max_rss = DEFAULT_MAX_RSS_MIB if max_rss is None else max_rss
-            options = HostOptions(
-                backend=self.backend_name,
-                hypothesis_profile=profile,
-                hypothesis_seed=seed,
-                torch_threads=torch.get_num_threads(),
-                tmp_root=str(factory.getbasetemp()) if factory is not None else None,
-                zoo=self.config.getoption("backendconf_zoo", "synthetic"),
-                ops_mode=self.config.getoption("backendconf_ops", "default"),
-                plugin_modules=list(getattr(self.ctx, "plugin_modules", [])),
-                artifacts_root=getattr(self.ctx, "artifacts_root", None),
-                golden_dir=str(golden) if (golden := getattr(self.ctx, "golden_dir", None)) is not None else None,
-                target_command=target_command(),
-                cache_dir=cache.directory if (cache := self.config.stash.get(CACHE_KEY, None)) else None,
-                cache_max_bytes=cache.max_bytes if cache else 0,
+            # The host builds its context from this context's own options; its temporary folders go in this run's.
+            options = dataclasses.replace(
+                ctx.options, tmp_root=str(factory.getbasetemp()) if factory is not None else None
             )
             self._host = BackendHost(
                 options, timeout=timeout or None, max_rss=int(max_rss * 2**20) or None, shared=self._shared_folder()
             )
-            if self.ctx is not None:
-                self.ctx.host = self._host  # the benchmarks read its export counts
+            ctx.host = self._host  # the benchmarks read its export counts
         return self._host
 
     def _shared_folder(self) -> str | None:
@@ -276,13 +267,13 @@ class SuitePlugin:
         run = base.parent if hasattr(self.config, "workerinput") else base
         return run / name
 
-    def batcher(self) -> Any:
+    def batcher(self) -> Batcher | None:
         """The `_batching.Batcher` of this process, or None when batching is off (`batching_choice`)."""
         if self._batcher is None:
             self._batcher = self._make_batcher() or False
         return self._batcher or None
 
-    def _make_batcher(self) -> Any:
+    def _make_batcher(self) -> Batcher | None:
         from ._batching import DEFAULT_SIZE, Batcher, batching_choice
         from ..conformance import section
 
@@ -303,7 +294,7 @@ class SuitePlugin:
         size = int(section("ops").get("batch_size", DEFAULT_SIZE))
         return Batcher(self._items, size, self.host(), self.ctx, same_scope)
 
-    def minimiser(self) -> Any:
+    def minimiser(self) -> Minimiser | None:
         """The `suite._minify.Minimiser` of this process, or None with ``--backendconf-minify=off`` (or a debugger)."""
         options = self.config.option
         if getattr(options, "usepdb", False) or getattr(options, "trace", False):
@@ -362,7 +353,7 @@ class SuitePlugin:
 
             self._batched_elsewhere = Batcher.add_counts(getattr(self, "_batched_elsewhere", None), counts)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         from ._batching import Batcher
 
         batcher = self._batcher or None
@@ -487,7 +478,9 @@ class SuitePlugin:
         self._items = list(session.items)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if isinstance(item, ConformanceItem) and report.skipped and isinstance(report.longrepr, tuple):
             # "SKIPPED [1] backendconf::parity::x[float16]: unsupported: …", not
@@ -495,7 +488,8 @@ class SuitePlugin:
             # not applicable share one line ("SKIPPED [164] backendconf: not applicable: …").
             reason = report.longrepr[2]
             where = ROOT_ID if str(reason).removeprefix("Skipped: ").startswith("not applicable: ") else item.nodeid
-            report.longrepr = (where, None, reason)
+            # pytest prints a skip's location without a line when it has none; its annotation wants an int.
+            report.longrepr = (where, None, reason)  # type: ignore[assignment]
         return report
 
     def reproduce_command(self, node_id: str, *, draws_inputs: bool = True) -> str:
@@ -515,7 +509,7 @@ class SuitePlugin:
         return shell_command(parts)
 
 
-def _subject(check: Check, ctx: SuiteContext) -> str:
+def _subject(check: Check, ctx: CheckContext) -> str:
     """``model small_cnn, dtype float16``: what a check runs on, for a message when its process dies."""
     if check.case is None or check.case not in ctx.cases:
         return f"check {check.id} (no single model)"
@@ -523,7 +517,7 @@ def _subject(check: Check, ctx: SuiteContext) -> str:
     return f"model {check.case}" + (f", dtype {dtype}" if dtype else "")
 
 
-def _dtype(check: Check, ctx: SuiteContext) -> str | None:
+def _dtype(check: Check, ctx: CheckContext) -> str | None:
     """The dtype of the model a per-model check runs (its id's bracket, else the case's first)."""
     if check.case is None or check.case not in ctx.cases:
         return None

@@ -7,6 +7,7 @@ May import: `lowering`, `archive`, `debuginfo`, `reference`, `registry` and the 
 """
 
 from ._child import (
+    Channel,
     ChildProcess,
     Ended,
     active_plugins,
@@ -52,6 +53,7 @@ __all__ = [
     "use_target_command",
     "versions",
     "BundleResult",
+    "Channel",
     "ChildProcess",
     "Ended",
     "active_plugins",

@@ -25,6 +25,7 @@ the suite's check host all hand it their own handler.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import importlib.abc
@@ -39,7 +40,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 #: Modules whose handler factories the child may be asked to run.
 _HANDLER_PACKAGE = "pytest_backendconf."
@@ -50,14 +51,14 @@ STDERR_KEPT = 64 * 1024
 # --- values --------------------------------------------------------------------------------------
 
 
-def pack_value(value: Any, where: str) -> dict[str, Any]:
+def pack_value(value: object, where: str) -> dict[str, Any]:
     """``value`` (tensors, scalars, lists/tuples/dicts of them) as one JSON-compatible document."""
     from ..archive import to_message
 
     return to_message(value, where)
 
 
-def unpack_value(message: Any, where: str) -> Any:
+def unpack_value(message: object, where: str) -> Any:
     """Inverse of `pack_value`; anything malformed is an `ArchiveError` naming ``where``."""
     from ..archive import from_message
 
@@ -69,7 +70,7 @@ def error_record(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
 
 
-def tail_text(text: Any, limit: int = 2000) -> str:
+def tail_text(text: str | bytes | None, limit: int = 2000) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     text = text or ""
@@ -128,39 +129,21 @@ class Ended:
         return f"exited with code {self.returncode} before answering"
 
 
-class ChildProcess:
-    """One child interpreter running one handler; requests are answered in order.
+class Child(abc.ABC):
+    """The parent's side of one child interpreter running one handler, wherever the interpreter runs.
 
-    Starting it returns at once (importing torch in the child takes seconds);
-    the setup and any requests are queued and the first `request` or
-    `receive` waits for the child to be ready.
+    Holds what every child shares: its records as they arrive, the tail of its
+    stderr, whether it is set up, and how it ended. A subclass says how a message
+    reaches the interpreter and how it is stopped: `ChildProcess` on this
+    machine, `_link.DeviceChild` on a device behind a target link.
 
-    :param handler: ``"pytest_backendconf.<module>:<factory>"``; the child calls
-        ``factory(options, channel)`` once and the result with each request.
-    :param blocked: modules the child cannot import (see `ImportBlocker`).
-    :param plugins: modules or plugin file paths that register backends;
-        ``None``: those of the active pytest session (`active_plugins`).
     :param startup_timeout: seconds the child may take to be ready.
-    :param vary_hash_seed: give the child a different ``PYTHONHASHSEED`` than
-        a pinned one of this process (for checks that results do not depend on it).
-    :param refuse_tracing: a simulated target: ``torch.export.export`` and
-        ``torch.compile`` raise in the child (`TracingCallGuard`, on
-        ``Channel.tracing_guard``) until its handler lifts the guard.
     """
 
-    def __init__(
-        self,
-        handler: str,
-        options: Mapping[str, Any] | None = None,
-        *,
-        blocked: Sequence[str] = (),
-        plugins: Sequence[str] | None = None,
-        startup_timeout: float = 120.0,
-        vary_hash_seed: bool = False,
-        refuse_tracing: bool = False,
-    ) -> None:
-        if not handler.startswith(_HANDLER_PACKAGE):
-            raise ValueError(f"a child handler must live in {_HANDLER_PACKAGE}*, not {handler!r}")
+    #: Whether the interpreter is on a device (`_link.DeviceChild`), not on this machine.
+    on_device = False
+
+    def __init__(self, *, startup_timeout: float) -> None:
         self.startup_timeout = startup_timeout
         self.ended: Ended | None = None
         self.pid: int | None = None
@@ -169,52 +152,18 @@ class ChildProcess:
         self._stderr = bytearray()
         self._stderr_total = 0
         self._stderr_lock = threading.Lock()
-        self._records: queue.Queue = queue.Queue()
-        self._outbox: queue.Queue = queue.Queue()
-        env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        if vary_hash_seed and env.get("PYTHONHASHSEED", "random") != "random":
-            seed = env["PYTHONHASHSEED"]
-            env["PYTHONHASHSEED"] = str((int(seed) + 1) % 2**32) if seed.isdigit() else "random"
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "pytest_backendconf.target._child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            # Its own process group: killing it also kills the processes it started.
-            start_new_session=os.name == "posix",
-        )
-        for target in (self._read_records, self._read_stderr, self._write):
-            threading.Thread(target=target, daemon=True).start()
-        self.send(
-            {
-                "kind": "setup",
-                "sys_path": [p for p in sys.path if p],
-                "blocked": list(blocked),
-                "plugins": [
-                    os.path.abspath(p) if is_path(p) else p for p in (active_plugins() if plugins is None else plugins)
-                ],
-                "handler": handler,
-                "options": dict(options or {}),
-                "refuse_tracing": refuse_tracing,
-                "torch_threads": torch_threads(),
-            }
-        )
-
-    #: Whether the interpreter is on a device (`_link.DeviceChild`), not on this machine.
-    on_device = False
-
-    def file(self, path: Any) -> Any:
-        """How a message names the file at ``path`` for this child: here, by its absolute path."""
-        return os.path.abspath(os.fspath(path))
+        #: The child's records in order; ``None`` once it is gone.
+        self._records: queue.Queue[dict[str, Any] | None] = queue.Queue()
 
     # -- talking ---------------------------------------------------------------------------
 
+    @abc.abstractmethod
+    def file(self, path: str | os.PathLike[str]) -> str | dict[str, str]:
+        """How a message names the file at ``path`` for this child."""
+
+    @abc.abstractmethod
     def send(self, message: Mapping[str, Any]) -> None:
         """Queue one message for the child (never blocks)."""
-        self._outbox.put(json.dumps(message).encode("utf-8") + b"\n")
 
     def receive(self, timeout: float | None) -> dict[str, Any] | Ended | None:
         """The next record from the child, `Ended` once it is gone, ``None`` after ``timeout`` seconds."""
@@ -247,7 +196,7 @@ class ChildProcess:
         """
         self.send(message)
         if not self.wait_ready():
-            return self.ended  # type: ignore[return-value]
+            return self._finish()  # not ready: it ended
         deadline = None if timeout is None else time.monotonic() + timeout
         next_watch = 0.0
         while True:
@@ -293,8 +242,9 @@ class ChildProcess:
     # -- state -------------------------------------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def alive(self) -> bool:
-        return self.ended is None and self._process.poll() is None
+        """Whether the child may still answer."""
 
     def stderr(self) -> str:
         with self._stderr_lock:
@@ -311,15 +261,117 @@ class ChildProcess:
             new = min(self._stderr_total - mark, len(self._stderr))
             return bytes(self._stderr[len(self._stderr) - new :]).decode("utf-8", "replace") if new > 0 else ""
 
+    def add_stderr(self, chunk: bytes) -> None:
+        """Keep ``chunk`` of the child's stderr (the end of it, `STDERR_KEPT`): the reader of its stream calls it."""
+        with self._stderr_lock:
+            self._stderr += chunk
+            self._stderr_total += len(chunk)
+            del self._stderr[:-STDERR_KEPT]
+
+    @abc.abstractmethod
     def rss(self) -> int | None:
-        """The child's resident memory in bytes (Linux; ``None`` elsewhere or once it is gone)."""
+        """The child's resident memory in bytes, where it can be watched (else ``None``)."""
+
+    # -- ending ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def kill(self, *, timed_out: float | None = None, killed_because: str = "") -> Ended:
+        """Stop the child now; how it ended, with ``timed_out`` or ``killed_because`` as the reason."""
+
+    @abc.abstractmethod
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the child finish and wait for it; kill it if it does not go."""
+
+    @abc.abstractmethod
+    def _finish(self) -> Ended:
+        """Wait for the child to be gone and record how it ended (`ended`)."""
+
+
+class ChildProcess(Child):
+    """One child interpreter on this machine running one handler; requests are answered in order.
+
+    Starting it returns at once (importing torch in the child takes seconds);
+    the setup and any requests are queued and the first `request` or
+    `receive` waits for the child to be ready.
+
+    :param handler: ``"pytest_backendconf.<module>:<factory>"``; the child calls
+        ``factory(options, channel)`` once and the result with each request.
+    :param blocked: modules the child cannot import (see `ImportBlocker`).
+    :param plugins: modules or plugin file paths that register backends;
+        ``None``: those of the active pytest session (`active_plugins`).
+    :param startup_timeout: seconds the child may take to be ready.
+    :param vary_hash_seed: give the child a different ``PYTHONHASHSEED`` than
+        a pinned one of this process (for checks that results do not depend on it).
+    :param refuse_tracing: a simulated target: ``torch.export.export`` and
+        ``torch.compile`` raise in the child (`TracingCallGuard`, on
+        ``Channel.tracing_guard``) until its handler lifts the guard.
+    """
+
+    def __init__(
+        self,
+        handler: str,
+        options: Mapping[str, Any] | None = None,
+        *,
+        blocked: Sequence[str] = (),
+        plugins: Sequence[str] | None = None,
+        startup_timeout: float = 120.0,
+        vary_hash_seed: bool = False,
+        refuse_tracing: bool = False,
+    ) -> None:
+        if not handler.startswith(_HANDLER_PACKAGE):
+            raise ValueError(f"a child handler must live in {_HANDLER_PACKAGE}*, not {handler!r}")
+        super().__init__(startup_timeout=startup_timeout)
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        if vary_hash_seed and env.get("PYTHONHASHSEED", "random") != "random":
+            seed = env["PYTHONHASHSEED"]
+            env["PYTHONHASHSEED"] = str((int(seed) + 1) % 2**32) if seed.isdigit() else "random"
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "pytest_backendconf.target._child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            # Its own process group: killing it also kills the processes it started.
+            start_new_session=os.name == "posix",
+        )
+        for target in (self._read_records, self._read_stderr, self._write):
+            threading.Thread(target=target, daemon=True).start()
+        self.send(
+            {
+                "kind": "setup",
+                "sys_path": [p for p in sys.path if p],
+                "blocked": list(blocked),
+                "plugins": [
+                    os.path.abspath(p) if is_path(p) else p for p in (active_plugins() if plugins is None else plugins)
+                ],
+                "handler": handler,
+                "options": dict(options or {}),
+                "refuse_tracing": refuse_tracing,
+                "torch_threads": torch_threads(),
+            }
+        )
+
+    def file(self, path: str | os.PathLike[str]) -> str:
+        """Here, by its absolute path."""
+        return os.path.abspath(os.fspath(path))
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        self._outbox.put(json.dumps(message).encode("utf-8") + b"\n")
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None and self._process.poll() is None
+
+    def rss(self) -> int | None:
+        """Linux's count from ``/proc`` (``None`` elsewhere or once the child is gone)."""
         try:
             with open(f"/proc/{self._process.pid}/statm", encoding="ascii") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             return None
-
-    # -- ending ------------------------------------------------------------------------------
 
     def kill(self, *, timed_out: float | None = None, killed_because: str = "") -> Ended:
         """Stop the child and everything it started; a hung child first dumps its stacks to stderr."""
@@ -383,10 +435,7 @@ class ChildProcess:
             chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
             if not chunk:
                 return
-            with self._stderr_lock:
-                self._stderr += chunk
-                self._stderr_total += len(chunk)
-                del self._stderr[:-STDERR_KEPT]
+            self.add_stderr(chunk)
 
     def _write(self) -> None:
         stream = self._process.stdin
@@ -455,7 +504,9 @@ class ImportBlocker(importlib.abc.MetaPathFinder):
     def blocks(self, fullname: str) -> bool:
         return any(fullname == n or fullname.startswith(n + ".") for n in self.names)
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> None:
         if self.blocks(fullname):
             raise ImportError(f"blocked on the target: {fullname} is host-only", name=fullname)
         return None
@@ -483,7 +534,7 @@ class TracingCallGuard:
         self.backend_name: str | None = None
         self.calls: list[str] = []
         self.active = False
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._saved: list[tuple[types.ModuleType, str, Callable[..., object]]] = []
 
     def install(self) -> None:
         import torch.export  # noqa: F401  (both owners are in sys.modules from here on)
@@ -586,7 +637,7 @@ def _import_file(path: str) -> types.ModuleType:
 class Channel:
     """The child's line to its parent: records go out one JSON line each, from any thread."""
 
-    def __init__(self, stream: Any, blocker: ImportBlocker, tracing_guard: TracingCallGuard | None = None) -> None:
+    def __init__(self, stream: TextIO, blocker: ImportBlocker, tracing_guard: TracingCallGuard | None = None) -> None:
         self._stream = stream
         self._lock = threading.Lock()
         #: The child's import blocker: handlers add the backend's host-only modules to it.
@@ -642,7 +693,7 @@ def main() -> int:
     return serve(setup, (json.loads(line) for line in lines), out)
 
 
-def serve(setup: Mapping[str, Any], messages: Any, out: Any) -> int:
+def serve(setup: Mapping[str, Any], messages: Iterable[Mapping[str, Any]], out: TextIO) -> int:
     """Set up as ``setup`` says, then answer each message; records go to ``out``.
 
     Shared by the local child (`main`) and the device runner's workers (`_device`).

@@ -48,7 +48,7 @@ import select
 import signal
 import sys
 import time
-from typing import Any
+from typing import IO, Any, Iterator
 
 #: The protocol's version; the host refuses a runner that speaks another.
 PROTOCOL = 1
@@ -94,7 +94,7 @@ class _Worker:
 
 
 class Runner:
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.blobs: dict[str, bytes] = {}
         self.workers: dict[int, _Worker] = {}
@@ -307,7 +307,7 @@ def _worker(setup: dict[str, Any]) -> int:
     return serve(setup, _messages(os.fdopen(0, "rb")), out)
 
 
-def _messages(stream: Any) -> Any:
+def _messages(stream: IO[bytes]) -> Iterator[Any]:
     """The worker's messages, with ``{"$blob": sha256}`` replaced by the bytes that came before them."""
     blobs: dict[str, bytes] = {}
     for line in stream:
@@ -318,7 +318,7 @@ def _messages(stream: Any) -> Any:
         yield _resolve(frame, blobs)
 
 
-def _resolve(value: Any, blobs: dict[str, bytes]) -> Any:
+def _resolve(value: object, blobs: dict[str, bytes]) -> object:
     if isinstance(value, dict):
         if set(value) == {"$blob"}:
             return blobs[value["$blob"]]

@@ -8,8 +8,8 @@ process (`current_link`), so the handshake and the device's ``import torch``
 are paid once; a lost link is replaced by a fresh connection on next use.
 
 `open_child` is where callers choose: a target-stage child runs on the
-device when a target command is set (`DeviceChild`, the same interface as
-`ChildProcess`), else locally. Files travel as bytes (`DeviceChild.file`).
+device when a target command is set (`DeviceChild`), else locally
+(`ChildProcess`); both are a `Child`. Files travel as bytes (`DeviceChild.file`).
 
 How an end is classified (docs/vendor-ci.md, "When the link breaks"):
 
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from ._child import STDERR_KEPT, ChildProcess, Ended, active_plugins, exit_status, is_path, tail_text
+from ._child import STDERR_KEPT, Child, ChildProcess, Ended, active_plugins, exit_status, is_path, tail_text
 from ._device import PROTOCOL, versions
 
 #: Seconds a device may take to answer ``hello`` (a Python started, before ``import torch``).
@@ -91,8 +91,8 @@ class TargetLink:
         self._next_id = 0
         self._sent_blobs: set[str] = set()
         self._lock = threading.Lock()
-        self._outbox: queue.Queue = queue.Queue()
-        self._pongs: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._pongs: queue.Queue[dict[str, Any]] = queue.Queue()
         self._stderr = bytearray()
         self._process: subprocess.Popen | None = None
 
@@ -165,7 +165,7 @@ class TargetLink:
         times = []
         for i in range(count):
             started = time.monotonic()
-            self._frame({"kind": "ping", "id": i})
+            self.send({"kind": "ping", "id": i})
             try:
                 self._pongs.get(timeout=timeout)
             except queue.Empty:
@@ -187,11 +187,21 @@ class TargetLink:
 
     # -- workers ------------------------------------------------------------------------------
 
-    def child(self, handler: str, options: Mapping[str, Any] | None = None, **kwargs: Any) -> "DeviceChild":
+    def child(self, handler: str, options: Mapping[str, Any] | None = None, **kwargs: Any) -> DeviceChild:
         with self._lock:
             self._next_id += 1
             wid = self._next_id
         return DeviceChild(self, wid, handler, options, **kwargs)
+
+    def attach(self, wid: int, worker: DeviceChild) -> None:
+        """Route the runner's frames for worker ``wid`` to ``worker`` (records, stderr, its end)."""
+        with self._lock:
+            self._workers[wid] = worker
+
+    def detach(self, wid: int) -> None:
+        """Forget worker ``wid``: it has ended."""
+        with self._lock:
+            self._workers.pop(wid, None)
 
     def blob(self, data: bytes) -> str:
         """Send ``data`` unless this connection has it already; its sha256."""
@@ -204,7 +214,8 @@ class TargetLink:
         self._outbox.put(json.dumps({"kind": "blob", "sha256": sha, "size": len(data)}).encode() + b"\n" + data)
         return sha
 
-    def _frame(self, frame: Mapping[str, Any]) -> None:
+    def send(self, frame: Mapping[str, Any]) -> None:
+        """Queue one frame for the runner (never blocks)."""
         self._outbox.put(json.dumps(frame).encode("utf-8") + b"\n")
 
     # -- ending -------------------------------------------------------------------------------
@@ -239,7 +250,7 @@ class TargetLink:
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:
-            worker._lost(self.lost or "the link ended")
+            worker.lose(self.lost or "the link ended")
 
     # -- threads ------------------------------------------------------------------------------
 
@@ -255,7 +266,7 @@ class TargetLink:
             if "r" in frame:
                 worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
-                    worker._records.put(frame["r"])
+                    worker.put_record(frame["r"])
                 continue
             kind = frame.get("kind")
             if kind == "hello":
@@ -269,11 +280,11 @@ class TargetLink:
             elif kind == "stderr":
                 worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
-                    worker._add_stderr(frame.get("data", "").encode("utf-8"))
+                    worker.add_stderr(frame.get("data", "").encode("utf-8"))
             elif kind == "ended":
                 worker = self._workers.get(int(frame.get("w") or 0))
                 if worker is not None:
-                    worker._ended_on_device(frame.get("returncode"))
+                    worker.ended_on_device(frame.get("returncode"))
         code = self._process.wait()
         time.sleep(0.05)  # the last of the transport's stderr
         self.drop(
@@ -305,11 +316,13 @@ class TargetLink:
                 return  # the reader reports the end
 
 
-class DeviceChild(ChildProcess):
-    """A `ChildProcess` whose interpreter is a worker of the device runner behind a `TargetLink`.
+class DeviceChild(Child):
+    """A `Child` whose interpreter is a worker of the device runner behind a `TargetLink`.
 
     The device's memory is not watched (`rss` is ``None``); plugins travel
     by module name only: a backend on a device is an installed distribution.
+    The link's reader hands it what the runner says of it (`put_record`,
+    `add_stderr`, `ended_on_device`, `lose`).
     """
 
     on_device = True
@@ -328,22 +341,14 @@ class DeviceChild(ChildProcess):
         refuse_tracing: bool = False,
         unreachable: str = "",
     ) -> None:
+        super().__init__(startup_timeout=startup_timeout)
         self.link, self.wid = link, wid
-        self.startup_timeout = startup_timeout
-        self.ended: Ended | None = None
-        self.pid: int | None = None
-        self._ready = False
-        self._setup_error: dict[str, str] | None = None
-        self._stderr = bytearray()
-        self._stderr_total = 0
-        self._stderr_lock = threading.Lock()
-        self._records: queue.Queue = queue.Queue()
         self._gone = threading.Event()
         self._returncode: int | None = None
         self._unreachable = ""
         self._pending_blobs: list[str] = []
         if link is None or unreachable:
-            self._lost(unreachable or "no link")
+            self.lose(unreachable or "no link")
             return
         specs = active_plugins() if plugins is None else list(plugins)
         files = [p for p in specs if is_path(p)]
@@ -354,12 +359,11 @@ class DeviceChild(ChildProcess):
                 "message": f"{', '.join(files)} registers a backend from a file, which a device cannot import: "
                 "install the backend on the device as a distribution with a 'backendconf' entry point",
             }
-            self._ended_on_device(None)
+            self.ended_on_device(None)
             return
-        with link._lock:
-            link._workers[wid] = self
+        link.attach(wid, self)
         if link.lost is not None:
-            self._lost(link.lost)
+            self.lose(link.lost)
             return
         setup = {
             "blocked": list(blocked),
@@ -368,9 +372,9 @@ class DeviceChild(ChildProcess):
             "options": dict(options or {}),
             "refuse_tracing": refuse_tracing,
         }
-        link._frame({"kind": "open", "w": wid, "setup": setup})
+        link.send({"kind": "open", "w": wid, "setup": setup})
 
-    def file(self, path: Any) -> Any:
+    def file(self, path: str | os.PathLike[str]) -> dict[str, str]:
         """``path``'s bytes, sent over the link once per connection; the next message carries them."""
         with open(os.fspath(path), "rb") as f:
             data = f.read()
@@ -384,12 +388,12 @@ class DeviceChild(ChildProcess):
         if self.link is None or self.ended is not None or self._gone.is_set():
             return
         blobs, self._pending_blobs = self._pending_blobs, []
-        self.link._frame({"kind": "to", "w": self.wid, "blobs": blobs, "message": message})
+        self.link.send({"kind": "to", "w": self.wid, "blobs": blobs, "message": message})
 
     def _wait_ready(self) -> bool:
         # The runner's own start (its import torch, once per connection) is not this worker's startup time.
         if self.link is not None and not self._gone.is_set() and not self.link.wait_started():
-            self._lost(self.link.lost or "the link ended")
+            self.lose(self.link.lost or "the link ended")
         return super()._wait_ready()
 
     @property
@@ -401,7 +405,7 @@ class DeviceChild(ChildProcess):
 
     def kill(self, *, timed_out: float | None = None, killed_because: str = "") -> Ended:
         if not self._gone.is_set() and self.link is not None:
-            self.link._frame({"kind": "kill", "w": self.wid, "dump": timed_out is not None})
+            self.link.send({"kind": "kill", "w": self.wid, "dump": timed_out is not None})
             if not self._gone.wait(KILL_ANSWER):
                 self.link.drop(
                     f"the device runner did not answer a request to kill its worker within {KILL_ANSWER:g} s"
@@ -413,7 +417,7 @@ class DeviceChild(ChildProcess):
 
     def close(self, timeout: float = 10.0) -> None:
         if not self._gone.is_set() and self.link is not None:
-            self.link._frame({"kind": "close", "w": self.wid})
+            self.link.send({"kind": "close", "w": self.wid})
             if not self._gone.wait(timeout):
                 self.kill()
         self._finish()
@@ -428,25 +432,24 @@ class DeviceChild(ChildProcess):
                 unreachable=self._unreachable,
             )
             if self.link is not None:
-                with self.link._lock:
-                    self.link._workers.pop(self.wid, None)
+                self.link.detach(self.wid)
         return self.ended
 
     # -- from the link's reader -----------------------------------------------------------------
 
-    def _add_stderr(self, chunk: bytes) -> None:
-        with self._stderr_lock:
-            self._stderr += chunk
-            self._stderr_total += len(chunk)
-            del self._stderr[:-STDERR_KEPT]
+    def put_record(self, record: dict[str, Any]) -> None:
+        """One record the worker sent."""
+        self._records.put(record)
 
-    def _ended_on_device(self, returncode: int | None) -> None:
+    def ended_on_device(self, returncode: int | None) -> None:
+        """The runner reports the worker gone, with its exit status."""
         if not self._gone.is_set():
             self._returncode = returncode
             self._gone.set()
             self._records.put(None)
 
-    def _lost(self, reason: str) -> None:
+    def lose(self, reason: str) -> None:
+        """The link to the worker is gone: it ends as unreachable, not as the backend's failure."""
         if not self._gone.is_set():
             self._unreachable = reason
             self._gone.set()
@@ -491,7 +494,7 @@ def current_link() -> TargetLink:
 
 def open_child(
     handler: str, options: Mapping[str, Any] | None = None, *, on_target: bool = False, **kwargs: Any
-) -> Any:
+) -> Child:
     """A child for ``handler``: on the device when ``on_target`` and a target command is set, else local."""
     if not on_target or _COMMAND is None:
         return ChildProcess(handler, options, **kwargs)

@@ -21,11 +21,17 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ._child import ChildProcess, Ended, error_record, tail_text
+from ._child import Child, Ended, error_record, tail_text
 from ._link import open_child
 from ._target import _blocked_for, call_on_target, load_on_target, prepare_target
+
+if TYPE_CHECKING:
+    from ..archive import Bundle
+    from ..backend import Backend
+    from ..lowering import LoweredModule
+    from ._child import Channel
 
 
 @dataclasses.dataclass
@@ -64,7 +70,7 @@ def replay_archives(
     from ..errors import ArchiveError
 
     results: list[BundleResult] = []
-    children: dict[str, ChildProcess] = {}
+    children: dict[str, Child] = {}
     try:
         for path in paths:
             started = time.monotonic()
@@ -154,10 +160,10 @@ def _archive_error(path: str, method: str, error: dict[str, str], backend: str |
 class ReplayHandler:
     """In the target child: load one archive per request and run its bundles."""
 
-    def __init__(self, options: Mapping[str, Any], channel: Any) -> None:
+    def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
         self.channel = channel
 
-    def __call__(self, request: Mapping[str, Any], channel: Any) -> dict[str, Any]:
+    def __call__(self, request: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
         from ..archive import read_archive
         from ..lowering import instantiate
 
@@ -197,18 +203,20 @@ class ReplayHandler:
         return reply
 
 
-def _call_method(lowered: Any, method: str, *args: Any) -> Any:
+def _call_method(lowered: LoweredModule, method: str, *args: object) -> object:
     return lowered.run(method, args, {})
 
 
-def _declared_dtypes(backend: Any) -> set[str] | None:
+def _declared_dtypes(backend: Backend) -> set[str] | None:
     from ..capabilities import capabilities_of
 
     dtypes = capabilities_of(backend).dtypes
     return None if dtypes is None else {str(d).removeprefix("torch.") for d in dtypes}
 
 
-def _run_bundle(channel: Any, method: Any, name: str, index: int, bundle: Any) -> dict[str, Any]:
+def _run_bundle(
+    channel: Channel, method: Callable[..., object], name: str, index: int, bundle: Bundle
+) -> dict[str, Any]:
     from .. import _compat
     from ..numerics import StructureMismatch, Tolerance, compare_outputs, summary_json
 

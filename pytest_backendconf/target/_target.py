@@ -29,7 +29,7 @@ non-executable encoding; errors come back as their type name and full text.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from ._child import Ended, error_record, tail_text
 from ._link import open_child
@@ -38,8 +38,14 @@ from ._child import ImportBlocker, active_plugins, import_plugins, install_block
 # torch's tracing modules, not needed to load or run an archive: one list, beside target_runtime_modules.
 from ..capabilities import TRACING_MODULES
 
+if TYPE_CHECKING:
+    from ..capabilities import Capabilities
+    from ._child import Channel, TracingCallGuard
 
-def blocked_modules(capabilities: Any, extra: Sequence[str] = ()) -> tuple[str, ...]:
+_T = TypeVar("_T")
+
+
+def blocked_modules(capabilities: Capabilities, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """What a simulated target cannot import: the backend's host-only modules, torch's tracing
     modules less those its runtime imports (``target_runtime_modules``), and ``extra``.
 
@@ -49,7 +55,7 @@ def blocked_modules(capabilities: Any, extra: Sequence[str] = ()) -> tuple[str, 
     return tuple(dict.fromkeys([*capabilities.host_only_modules, *blocked_tracing_modules(capabilities), *extra]))
 
 
-def blocked_tracing_modules(capabilities: Any) -> tuple[str, ...]:
+def blocked_tracing_modules(capabilities: Capabilities) -> tuple[str, ...]:
     """`TRACING_MODULES` less those the backend declares in ``target_runtime_modules``."""
     allowed = set(capabilities.target_runtime_modules)
     return tuple(m for m in TRACING_MODULES if m not in allowed)
@@ -174,7 +180,7 @@ def host_only_modules(backend_name: str) -> tuple[str, ...]:
     return target_capabilities(backend_name).host_only_modules
 
 
-def target_capabilities(backend_name: str) -> Any:
+def target_capabilities(backend_name: str) -> Capabilities:
     """The backend's declared `Capabilities`, if this process can find the backend (else the defaults).
 
     Looks in the active registry, then at the entry point of that name only:
@@ -198,7 +204,7 @@ def target_capabilities(backend_name: str) -> Any:
     return capabilities_of(found.backend) if found else Capabilities()
 
 
-def prepare_target(channel: Any, backend_name: str) -> None:
+def prepare_target(channel: Channel, backend_name: str) -> None:
     """In a target child, once the plugins are imported: fit the blocker to the backend.
 
     The parent may not know the backend (a plugin only the child imports), so
@@ -221,7 +227,7 @@ def prepare_target(channel: Any, backend_name: str) -> None:
         )
 
 
-def load_on_target(channel: Any, load: Any) -> Any:
+def load_on_target(channel: Channel, load: Callable[[], _T]) -> _T:
     """``load()`` (`lowering.instantiate`) on the target; a trace during it fails the load."""
     guard = channel.tracing_guard
     mark = guard.mark() if guard is not None else 0
@@ -237,7 +243,9 @@ def load_on_target(channel: Any, load: Any) -> Any:
     return loaded
 
 
-def call_on_target(channel: Any, method: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> Any:
+def call_on_target(
+    channel: Channel, method: Callable[..., _T], args: Sequence[object], kwargs: Mapping[str, object] | None = None
+) -> _T:
     """One call of a loaded method on the target; a trace during it fails the call."""
     guard = channel.tracing_guard
     mark = guard.mark() if guard is not None else 0
@@ -252,7 +260,7 @@ def call_on_target(channel: Any, method: Any, args: Sequence[Any], kwargs: Mappi
     return value
 
 
-def _raise_traced(guard: Any, mark: int, exc: Exception) -> None:
+def _raise_traced(guard: TracingCallGuard, mark: int, exc: Exception) -> None:
     try:
         guard.check(mark)
     except Exception as traced:
@@ -265,11 +273,11 @@ def _raise_traced(guard: Any, mark: int, exc: Exception) -> None:
 class TargetHandler:
     """In the child: load one archive with the blocker in place and make the calls."""
 
-    def __init__(self, options: Mapping[str, Any], channel: Any) -> None:
+    def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
         self.channel = channel
         self.blocker = channel.blocker
 
-    def __call__(self, request: Mapping[str, Any], channel: Any) -> dict[str, Any]:
+    def __call__(self, request: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
         from ..archive import read_archive
         from ..lowering import instantiate
         from ._child import pack_value, unpack_value

@@ -571,3 +571,50 @@ def test_the_page_names_the_machine_features_that_change_kernels_escaped(run):
     assert _injected(parse(forged)) == [] and page.tags.count("script") == 1
     assert f"<dt>CPU flags (kernel-relevant)</dt><dd>avx512_fp16 {html.escape(PAYLOAD)}</dd>" in forged
     assert f"AMD EPYC {PAYLOAD}" in html.unescape(forged)
+
+
+@pytest.mark.parametrize(
+    "target", ["javascript:alert(1)", " JaVaScRiPt:alert(1)", "data:text/html,<b>x</b>", "//evil/x"]
+)
+def test_a_link_is_drawn_only_to_a_safe_scheme(target):
+    from report_records import report_of
+
+    page = render(
+        [
+            report_of(
+                [
+                    {
+                        "id": "backendconf::parity::a[float32]",
+                        "outcome": "failed",
+                        "error": {"type": "CheckFailed", "message": "off"},
+                        "reproduction": {"script": target, "nodes": 1, "ops": ["aten::sub"]},
+                    },
+                    {
+                        "id": "backendconf::parity::b[float32]",
+                        "outcome": "known_failure",
+                        "verdict": "failed",
+                        "error": {"type": "CheckFailed", "message": "off"},
+                        "known_failure": {"pattern": "parity::b*", "reason": "r", "link": target},
+                    },
+                ]
+            )
+        ]
+    )
+    hrefs = re.findall(r'href="([^"]*)"', page)
+    assert hrefs and all(h.startswith("#") for h in hrefs), hrefs  # only the page's own anchors
+    assert html.escape(target.strip()) in page  # still shown, as text
+    safe = render(
+        [
+            report_of(
+                [
+                    {
+                        "id": "backendconf::parity::a[float32]",
+                        "outcome": "failed",
+                        "error": {"type": "CheckFailed", "message": "off"},
+                        "reproduction": {"script": "/tmp/repro 1.py", "nodes": 1, "ops": ["aten::sub"]},
+                    }
+                ]
+            )
+        ]
+    )
+    assert 'href="file:///tmp/repro%201.py"' in safe

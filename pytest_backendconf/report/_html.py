@@ -508,9 +508,8 @@ def _failure(test: ReportTest, prefix: str) -> str:
     known = test.known_failure
     if known:
         link = known.get("link")
-        link_html = (
-            f' (<a href="{_e(link)}">{_e(link)}</a>)' if link and str(link).startswith(("http://", "https://")) else ""
-        )
+        href = safe_href(link, files=False)
+        link_html = f' (<a href="{_e(href)}">{_e(link)}</a>)' if href else (f" ({_e(link)})" if link else "")
         parts.append(f"<p>Known failure: {_e(known.get('reason'))}{link_html}</p>")
     if error.get("message"):
         parts.append(f'<pre class="message">{_e(error["message"])}</pre>')
@@ -537,16 +536,36 @@ def _reproduction(record: object) -> str:
     if not script:
         note = record.get("note")
         return f"<p>Minimal reproduction: none ({_e(note)})</p>" if note else ""
-    from pathlib import Path
-
     nodes = record.get("nodes")
     ops = ", ".join(str(op) for op in record.get("ops") or [])
     ran_out = " (the budget ran out: the smallest found)" if record.get("budget_ran_out") else ""
+    href = safe_href(script, files=True)
+    shown = f'<a href="{_e(href)}">{_e(script)}</a>' if href else _e(script)
     return (
-        f'<p class="minimal">Minimal reproduction{ran_out}: {_e(counted(nodes, "node"))} ({_e(ops)}), '
-        f'<a href="{_e(Path(str(script)).as_uri() if Path(str(script)).is_absolute() else script)}">{_e(script)}</a>'
+        f'<p class="minimal">Minimal reproduction{ran_out}: {_e(counted(nodes, "node"))} ({_e(ops)}), {shown}'
         f'</p><pre class="minimal-repro"><code>python {_e(shell_command([str(script)]))}</code></pre>'
     )
+
+
+def safe_href(target: object, *, files: bool) -> str | None:
+    """The ``href`` of a link the page may draw to ``target`` (text from a report), or None: no link.
+
+    Only ``http(s)`` addresses, and with ``files`` a local path (absolute: a ``file:`` URI; relative:
+    percent-quoted, so nothing in it reads as a scheme). ``javascript:``, ``data:`` and any other scheme
+    stay text: a report is data from outside, and a link on the page is a click away from running it.
+    """
+    import urllib.parse
+    from pathlib import PurePosixPath
+
+    if not isinstance(target, str) or not target or any(c in target for c in "\r\n\t\0"):
+        return None
+    scheme = urllib.parse.urlsplit(target).scheme.lower()
+    if scheme in ("http", "https"):
+        return target
+    if not files or scheme or target.startswith("//"):
+        return None
+    path = PurePosixPath(target)
+    return path.as_uri() if path.is_absolute() else urllib.parse.quote(target)
 
 
 def _error_statistics(errors: dict[str, Any]) -> str:

@@ -404,7 +404,11 @@ def test_report_schema_of_the_ops_matrix_and_numerics(ops_pytester):
         "fully_supported",
         "declared_but_not_passing",
         "overloads",
+        "samples",
     }
+    # The sample set the checks were made from: the shipped one for this torch.
+    assert ops["samples"]["source"] == "shipped" and ops["samples"]["digest"].startswith("sha256:")
+    assert ops["samples"]["count"] >= len({t["id"] for t in document["tests"] if t["category"] == "ops"})
     assert ops["dtypes"] == ["float32", "float16", "bfloat16", "int64", "bool"]
     assert ops["checks"] == document["summary"]["ops"]  # one count for the matrix and the summary
     assert set(ops["overloads"]["aten.add.Tensor"].values()) <= {"passed", "unsupported", "failed", "not under test"}

@@ -15,6 +15,7 @@ from ._category import (
     names_in_default_selection,
     notice,
     prepare_samples,
+    samples_record,
     samples_needed,
 )
 from ._long_samples import long_samples
@@ -34,6 +35,7 @@ __all__ = [
     "notice",
     "op_call_class",
     "prepare_samples",
+    "samples_record",
     "samples_needed",
     "settle_ties",
 ]

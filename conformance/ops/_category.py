@@ -129,7 +129,7 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
         if data is not None:
             return data
     cache = build_cache_dir()
-    data = discovery.load(cache, version, mode)
+    data = _cached(ctx, cache, version, mode)
     if data is not None:
         return data
     op_db, reason = _compat.opinfo_database()
@@ -140,7 +140,7 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
     # worker starts, see `prepare_samples`); a worker, the backend host or another run waits for it,
     # then reads the cache.
     with _discovery_lock(cache) as locked:
-        data = discovery.load(cache, version, mode)
+        data = _cached(ctx, cache, version, mode)
         if data is not None:
             return data
         notice(
@@ -155,11 +155,13 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
                 f"(once per torch build; cached in {cache})"
             )
         all_samples = mode == "all"
-        data = discovery.discover(
-            op_db,
-            max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
-            tries=None if all_samples else discovery.DEFAULT_TRIES,
-            progress=ctx.discovery_progress,
+        data = discovery.with_shipped_tolerances(
+            discovery.discover(
+                op_db,
+                max_samples=None if all_samples else discovery.DEFAULT_SAMPLES,
+                tries=None if all_samples else discovery.DEFAULT_TRIES,
+                progress=ctx.discovery_progress,
+            )
         )
         if progress is not None:
             progress(f"{len(data.samples)} samples of {len({s.overload for s in data.samples})} overloads")
@@ -169,6 +171,44 @@ def _load_or_discover(ctx: SuiteContext, mode: str) -> discovery.OpsData | None:
             except OSError as exc:
                 notice(ctx, f"ops: could not cache the discovered samples in {cache}: {exc}")
     return data
+
+
+def _cached(ctx: SuiteContext, cache: Path, version: str, mode: str) -> discovery.OpsData | None:
+    """The samples cached for this torch build, or None; a file that is not what discovery writes is
+    said and discovered again (the cache may come from elsewhere: a restored CI cache, a share)."""
+    try:
+        data = discovery.load(cache, version, mode)
+    except discovery.OpsDataError as exc:
+        notice(ctx, f"ops: the cached samples are not used: {exc}")
+        return None
+    if data is None:
+        return None
+    shipped = discovery.load(discovery.DATA_DIR, version) if mode == "all" else None
+    if shipped is not None:
+        # The whole sampling holds every (overload, dtype) the default one ships: a cache that lacks some
+        # would make their checks vanish.
+        have = {(s.overload, s.dtype) for s in data.samples}
+        lacking = sorted({(s.overload, s.dtype) for s in shipped.samples} - have)
+        if lacking:
+            overload, dtype = lacking[0]
+            notice(
+                ctx,
+                f"ops: the cached samples are not used: {cache} lacks {len(lacking)} (overload, dtype) pairs "
+                f"that the shipped samples of torch {version} have ({overload} in {dtype}, …); they are "
+                "discovered again",
+            )
+            return None
+    notice(
+        ctx,
+        f"ops: {len(data.samples)} samples from the cache {cache}; their tolerances are the shipped tables'",
+    )
+    return data
+
+
+def samples_record(ctx: SuiteContext) -> dict[str, Any] | None:
+    """The report's ``ops.samples`` (`OpsData.record`: count, digest, source) of the session's samples."""
+    data = ops_data(ctx)
+    return None if data is None else ctx.memo(("ops-samples-record",), data.record)
 
 
 def samples_needed(ctx: SuiteContext) -> bool:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import operator
@@ -95,6 +97,20 @@ class OpsData:
     entries_kept: int = 0
     #: OpInfo entry -> dtype -> ``[rtol, atol]`` of its ``toleranceOverride`` (`opinfo_tolerances`).
     tolerances: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
+    #: Where the samples come from: ``shipped``, a cache folder, or ``discovered`` (this process).
+    source: str = "discovered"
+
+    def record(self) -> dict[str, Any]:
+        """The report's ``ops.samples``: how many samples the run's ops checks were made from, their
+        digest (names, arguments and input bytes) and where they came from, so that a run whose sample
+        set shrank or changed shows it."""
+        digest = hashlib.sha256()
+        for sample in self.samples:
+            digest.update(json.dumps([sample.name, sample.args, sample.kwargs, sample.outputs], default=str).encode())
+            for tensor in sample.inputs:
+                digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+                digest.update(tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+        return {"count": len(self.samples), "digest": f"sha256:{digest.hexdigest()}", "source": self.source}
 
 
 def release(version: str | None = None) -> str:
@@ -647,20 +663,52 @@ def save(data: OpsData, directory: Path, mode: str = "default", *, index_only: b
     os.replace(tmp, index)
 
 
+#: The largest index and tensor file `load` reads: the shipped ones are under 0.4 and 1.5 MB; ``all``
+#: mode's discovery keeps every sample, about ten times as many.
+MAX_INDEX_BYTES = 64 << 20
+MAX_TENSOR_BYTES = 512 << 20
+#: The most input tensors one sample may name (the widest OpInfo call takes a handful).
+MAX_INPUTS = 64
+
+
+class OpsDataError(ValueError):
+    """A data file that is not what ``save`` writes: its text names the file, the field and the fix."""
+
+
 def load(directory: Path, version: str, mode: str = "default") -> OpsData | None:
-    """The data for a torch release, or ``None`` when there is none (or it is not ours)."""
+    """The data for a torch release, or ``None`` when there is none (or it is for another release).
+
+    Every file is read as data from outside (a samples cache may be a restored CI cache): its size is
+    bounded, its JSON nesting too, and every field is checked; a file that is not what `save` writes
+    is an `OpsDataError` naming it. The OpInfo tolerance overrides are never taken from ``directory``
+    unless it is the shipped data's: a cache holds samples, not how strict a check is
+    (`shipped_tolerances`).
+    """
     index, tensors_path = data_paths(directory, version, mode)
     if not index.is_file() or not tensors_path.is_file():
         return None
-    document = json.loads(index.read_text())
-    if (
-        document.get("format") != FORMAT
-        or document.get("version") != FORMAT_VERSION
-        or document.get("torch") != version
-    ):
+    document = _read_index(index)
+    if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION:
+        raise OpsDataError(
+            f"{index}: not a {FORMAT} file of version {FORMAT_VERSION}; remove it (the samples are discovered again)"
+        )
+    if document.get("torch") != version:
         return None
-    tensors, _ = read_tensors(tensors_path)
-    tolerances = document.get("opinfo_tolerances", {})
+    if tensors_path.stat().st_size > MAX_TENSOR_BYTES:
+        raise OpsDataError(f"{tensors_path}: larger than {MAX_TENSOR_BYTES >> 20} MiB; remove it")
+    try:
+        tensors, _ = read_tensors(tensors_path)
+    except ValueError as exc:  # the tensor file's reader names the file and what is wrong
+        raise OpsDataError(f"{exc}; remove it (the samples are discovered again)") from None
+    shipped = directory.resolve() == DATA_DIR.resolve()
+    tolerances = document.get("opinfo_tolerances") if shipped else shipped_tolerances(version)
+    try:
+        records = _sample_records(document, tensors)
+        if shipped:
+            _check_tolerances(tolerances)
+    except ValueError as exc:
+        raise OpsDataError(f"{index}: {exc}; remove it (the samples are discovered again)") from None
+    assert isinstance(tolerances, dict)
     samples = [
         OpSample(
             r["overload"],
@@ -674,11 +722,108 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
             [tensors[f"{n}.{i}"].clone() for i in range(r["inputs"])],
             opinfo_tolerance=_pair(tolerances.get(r["opinfo"], {}).get(r["dtype"])),
         )
-        for n, r in enumerate(document["samples"])
+        for n, r in enumerate(records)
     ]
+    seen, kept = document.get("opinfo_entries"), document.get("opinfo_entries_kept")
     return OpsData(
-        version, samples, document.get("opinfo_entries", 0), document.get("opinfo_entries_kept", 0), tolerances
+        version,
+        samples,
+        seen if isinstance(seen, int) else 0,
+        kept if isinstance(kept, int) else 0,
+        tolerances,
+        source="shipped" if shipped else str(directory),
     )
+
+
+def with_shipped_tolerances(data: OpsData) -> OpsData:
+    """``data`` (a discovery's) judged with the shipped OpInfo tolerance overrides, as a later run that
+    reads it back from the cache will be: the first run and the next give the same verdicts."""
+    tolerances = shipped_tolerances(data.torch_version)
+    for sample in data.samples:
+        sample.opinfo_tolerance = _pair(tolerances.get(sample.opinfo, {}).get(sample.dtype))
+    return dataclasses.replace(data, tolerances=tolerances)
+
+
+def _read_index(index: Path) -> dict[str, Any]:
+    from ...report import load_json
+
+    if index.stat().st_size > MAX_INDEX_BYTES:
+        raise OpsDataError(f"{index}: larger than {MAX_INDEX_BYTES >> 20} MiB; remove it")
+    try:
+        text = index.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise OpsDataError(f"{index}: not UTF-8 text; remove it") from None
+    document = load_json(text, str(index), "remove it (the samples are discovered again)", OpsDataError)
+    if not isinstance(document, dict):
+        raise OpsDataError(f"{index}: holds {type(document).__name__}, not an object; remove it")
+    return document
+
+
+def _sample_records(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """The index's ``samples``, each field checked, each input present in the tensor file."""
+    from ..._validation import check_choice, check_type, field
+
+    records: list[dict[str, Any]] = check_type(document.get("samples"), "list", "samples")
+    for n, record in enumerate(records):
+        where = f"samples[{n}]"
+        check_type(record, "object", where)
+        field(record, "overload", "string", where)
+        check_choice(record.get("dtype"), DISCOVERY_DTYPES, f"{where}.dtype")
+        field(record, "index", "count", where)
+        field(record, "opinfo", "string", where)
+        field(record, "kwargs", "object", where)
+        outputs = field(record, "outputs", "list", where, optional=True)
+        for i, output in enumerate(outputs or []):
+            check_type(output, "count", f"{where}.outputs[{i}]")
+        inputs = field(record, "inputs", "count", where)
+        if inputs > MAX_INPUTS:
+            raise ValueError(f"{where}.inputs is {inputs}; a sample takes at most {MAX_INPUTS} tensors")
+        missing = [f"{n}.{i}" for i in range(inputs) if f"{n}.{i}" not in tensors]
+        if missing:
+            raise ValueError(f"{where} names input tensor {missing[0]!r}, which the tensor file does not hold")
+    return records
+
+
+def _check_tolerances(tolerances: object) -> None:
+    from ..._validation import check_type
+
+    check_type(tolerances, "object", "opinfo_tolerances")
+    assert isinstance(tolerances, dict)
+    for entry, by_dtype in tolerances.items():
+        check_type(by_dtype, "object", f"opinfo_tolerances.{entry}")
+        for dtype, pair in by_dtype.items():
+            where = f"opinfo_tolerances.{entry}.{dtype}"
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise ValueError(f"{where} must be [rtol, atol]")
+            for value in pair:
+                check_type(value, "number", where)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_tolerances(version: str) -> dict[str, dict[str, list[float]]]:
+    """The OpInfo tolerance overrides of the shipped data: ``version``'s own first, then every other
+    release's, the newest first.
+
+    What samples that are not shipped (``all`` mode's, a torch without shipped ones) are judged with:
+    they come from a discovery or a cache, and a cache may come from elsewhere, so how strict a check is
+    comes from the project's own files. An override that only an unshipped torch has is not applied
+    (its checks keep the default tolerance).
+    """
+    paths = sorted(DATA_DIR.glob("torch-*.json"), key=lambda p: (p.stem == f"torch-{version}", _release_key(p.stem)))
+    found: dict[str, dict[str, list[float]]] = {}
+    for path in reversed(paths):
+        tolerances = _read_index(path).get("opinfo_tolerances")
+        _check_tolerances(tolerances)
+        assert isinstance(tolerances, dict)
+        for entry, by_dtype in tolerances.items():
+            for dtype, pair in by_dtype.items():
+                found.setdefault(entry, {}).setdefault(dtype, pair)
+    return found
+
+
+def _release_key(stem: str) -> tuple[int, ...]:
+    parts = stem.removeprefix("torch-").split("-")[0].split(".")
+    return tuple(int(p) if p.isdigit() else -1 for p in parts)
 
 
 def _pair(value: Any) -> tuple[float, float] | None:

@@ -122,6 +122,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="the known-failures file to apply (e.g. the one `backendconf report known-failures` wrote from REPORT)",
     )
+    gate.add_argument(
+        "--previous",
+        metavar="REPORT",
+        default=None,
+        help="an earlier report of the same backend and selection: the gate fails when this one lacks any of its "
+        "checks (the check set shrank)",
+    )
     gate.set_defaults(run=_report_gate)
 
 
@@ -148,7 +155,7 @@ def _report_gate(args: argparse.Namespace) -> int:
     from ..report import USAGE_ERROR, gate_report
 
     try:
-        status, lines = gate_report(args.report, args.known_failures)
+        status, lines = gate_report(args.report, args.known_failures, args.previous)
     except BackendConfError as exc:
         print(f"backendconf: error: {printable(exc, keep_newlines=True)}", file=sys.stderr)
         return USAGE_ERROR

@@ -19,7 +19,8 @@ from pathlib import Path
 from ._gating import entries_here, entry_for, exit_status, gated, known_failures_line, unexpected_pass_text
 from ._known_failures import KnownFailure, KnownFailureIndex, load_known_failures_file
 from ._machine import machine_line
-from ._reading import printable, read_report
+from ..errors import ReportError
+from ._reading import Report, printable, read_report
 from ._record import OUTCOMES
 from ._summary import end_lines
 from ._words import counted
@@ -28,11 +29,14 @@ from ._words import counted
 _INCOMPLETE = {2: "was interrupted", 3: "ended with an internal error", 4: "ended with a usage error"}
 
 
-def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
+def gate_report(report: str, known: str | None = None, previous: str | None = None) -> tuple[int, list[str]]:
     """(the exit status, the lines to print) of gating ``report`` with the known failures of ``known``.
 
     Without ``known``, the outcomes the run recorded (with the file it
-    applied) are judged as they are. `ReportError` names a bad file and the fix.
+    applied) are judged as they are. A run whose check set shrank fails the
+    gate (`shrank_lines`): against the known-failures file the run applied,
+    and against ``previous``, an earlier report of the same selection.
+    `ReportError` names a bad file and the fix.
     """
     read = read_report(report)
     tests = read.tests
@@ -72,6 +76,9 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
                 unexpected.append(unexpected_pass_text(test.id, entry, applied.get("file"), name, test.reproduce))
 
     status = exit_status(t.outcome for t in tests)
+    shrank = shrank_lines(read, read_report(previous) if previous is not None else None, applied=known is None)
+    if shrank and status == 0:
+        status = 1
     capabilities = backend.get("capabilities") or {}
     supported = capabilities.get("supported_ops")
     supported_ops = [str(op) for op in supported] if isinstance(supported, list) else None
@@ -79,10 +86,54 @@ def gate_report(report: str, known: str | None = None) -> tuple[int, list[str]]:
     left_out = [w for w in listed if isinstance(w, str)] if isinstance(listed, list) else []
     for text in unexpected:
         lines += ["", *text.splitlines()]
+    lines += shrank
     lines.append(_separator(f"backendconf: conformance of backend {name!r}"))
     lines += end_lines(tests, supported_ops, left_out)
-    lines.append(_verdict(status, [t.outcome for t in tests]))
+    lines.append(_verdict(status, [t.outcome for t in tests]) + ("; the check set shrank" if shrank else ""))
     return status, [printable(line) for line in lines]
+
+
+def shrank_lines(report: Report, previous: Report | None, applied: bool) -> list[str]:
+    """Why ``report``'s checks are fewer than they should be, in lines; [] when they are not.
+
+    A cache may hold the samples the ops checks are made from; one that lost samples, or a plugin that
+    stopped generating checks, makes a run pass on fewer checks. Two witnesses see it: the entries of
+    the known-failures file the run applied that named no check of the suite it collected (the run's
+    ``known_failures.stale``, judged against its whole collection; ``applied``: the gate applies that
+    file), and an earlier report of the same selection whose checks this one does not all hold.
+    """
+    lines = []
+    stale = [p for p in report.section("known_failures").get("stale") or [] if isinstance(p, str)]
+    samples = report.section("ops").get("samples")
+    source = samples.get("source") if isinstance(samples, dict) else None
+    where = f"; the ops samples came from {source}" if source not in (None, "shipped") else ""
+    if applied and stale:
+        lines.append(
+            f"backendconf: the check set shrank: {counted(len(stale), 'known-failures entry', 'known-failures entries')} "
+            f"of {report.section('known_failures').get('file')} named no check the run collected "
+            f"({', '.join(stale[:3])}{', …' if len(stale) > 3 else ''}){where}: a check was renamed or removed, or "
+            "fewer were generated. Fix or remove the entries, or run again where the checks exist"
+        )
+    if previous is not None:
+        if previous.backend != report.backend:
+            raise ReportError(
+                f"--previous {previous.path!r} is a report of backend {previous.backend!r}, not {report.backend!r}: "
+                "pass an earlier report of the same backend"
+            )
+        now = {t.id for t in report.tests}
+        missing = [t.id for t in previous.tests if t.id not in now]
+        if previous.select != report.select:
+            lines.append(
+                f"backendconf: --previous {previous.path} ran another selection ({', '.join(previous.select) or 'all'}); "
+                "its checks are not compared"
+            )
+        elif missing:
+            lines.append(
+                f"backendconf: the check set shrank: {counted(len(missing), 'check')} of {previous.path} "
+                f"{'is' if len(missing) == 1 else 'are'} not in this report ({', '.join(missing[:3])}"
+                f"{', …' if len(missing) > 3 else ''}){where}"
+            )
+    return lines
 
 
 def _separator(title: str) -> str:

@@ -246,7 +246,7 @@ _SECTIONS: dict[str, dict[str, str]] = {
     },
     "known_failures": {"file": "string", "entries": "count", "stale": "list"},
     "errors": {"total": "count", "by_type": "object", "by_stage": "object"},
-    "ops": {"dtypes": "list", "overloads": "object"},
+    "ops": {"dtypes": "list", "overloads": "object", "samples": "object"},
     "delegation": {},
 }
 #: ``run.target``: the device a target command reached (`target.probe`).
@@ -282,6 +282,8 @@ def _check_sections(document: dict[str, Any]) -> None:
         for label, count in ((document.get("errors") or {}).get(key) or {}).items():
             check_type(count, "count", f"errors.{key}.{label}")
     ops = document.get("ops") or {}
+    for key, kind in (("count", "count"), ("digest", "string"), ("source", "string")):
+        field(ops.get("samples") or {}, key, kind, "ops.samples", optional=True)
     for i, dtype in enumerate(ops.get("dtypes") or []):
         check_type(dtype, "string", f"ops.dtypes[{i}]")
     for overload, row in (ops.get("overloads") or {}).items():

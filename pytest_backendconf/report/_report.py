@@ -32,7 +32,8 @@ REPORT_SCHEMA = "backendconf-report"
 # verdict: not_needed counts from it, not from the reason's words); 1.5: run.shard (a --backendconf-shard
 # run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards;
 # 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command);
-# 1.8: tests[].verdict (the test's outcome before known failures applied: a gate judges it again from there)
+# 1.8: tests[].verdict (the test's outcome before known failures applied: a gate judges it again from there);
+# ops.samples (the count, digest and source of the sample set the ops checks were made from)
 REPORT_SCHEMA_VERSION = (1, 8)
 
 
@@ -121,12 +122,18 @@ def not_under_test(capabilities: Any) -> list[str]:
     return found
 
 
-def ops_matrix_of(selected: RegisteredBackend, tests: list[ReportTest]) -> dict[str, Any] | None:
-    """The operator x dtype matrix of the run's ``ops`` checks, or None when none ran."""
+def ops_matrix_of(
+    selected: RegisteredBackend, tests: list[ReportTest], samples: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The report's ``ops``: the operator x dtype matrix of the run's ``ops`` checks, with the sample
+    set they were made from (``samples``: count, digest, source), or None when none ran."""
     from ._ops import ops_matrix
 
     declared = getattr(selected.backend, "capabilities", None)
-    return ops_matrix(tests, getattr(declared, "supported_ops", None))
+    matrix = ops_matrix(tests, getattr(declared, "supported_ops", None))
+    if matrix is not None and samples is not None:
+        matrix["samples"] = samples
+    return matrix
 
 
 def backend_entry(selected: RegisteredBackend) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class GatingPlugin:
         self.order: dict[str, int] = {}
         #: Patterns (of either file) that match no check of the suite; None while unknown.
         self.stale: set[str] | None = None
+        #: The ops checks' sample set (`conformance.ops.samples_record`); None without ops checks.
+        self.samples: dict[str, Any] | None = None
         self.workers = 0
         self.started = time.time()
         self.notes: list[str] = []
@@ -144,6 +146,13 @@ class GatingPlugin:
                 # A non-strict entry's pass is an XPASS that does not fail the run; the summary counts it apart.
                 item.add_marker(pytest.mark.xfail(strict=entry.strict, reason=reason))
         self.stale = self._stale(suite)
+        if any(item.check.category == "ops" for item in suite):
+            from ..conformance.ops import samples_record
+
+            # What the ops checks were made from: a sample set that shrank or changed shows in the report.
+            self.samples = samples_record(suite[0].ctx)
+            if self.workerinput is not None:
+                config.workeroutput["backendconf_samples"] = self.samples  # type: ignore[attr-defined]
         if self.stale is not None:
             for entry in self.known:
                 if entry.pattern in self.stale:
@@ -198,9 +207,11 @@ class GatingPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
-        stale = getattr(node, "workeroutput", {}).get("backendconf_stale")
-        if stale is not None:
-            self.stale = set(stale)
+        output = getattr(node, "workeroutput", {})
+        if output.get("backendconf_stale") is not None:
+            self.stale = set(output["backendconf_stale"])
+        if output.get("backendconf_samples") is not None:
+            self.samples = output["backendconf_samples"]
 
     # --- running ------------------------------------------------------------------
 
@@ -309,7 +320,7 @@ class GatingPlugin:
                 pytest_version=pytest.__version__,
                 hypothesis=report_entry(self.config),
                 known_failures=known_failures_entry(self.known_path, self.known, self.stale),
-                ops=ops_matrix_of(self.selected, results),
+                ops=ops_matrix_of(self.selected, results, self.samples),
             )
         if self.report_file is not None:
             self.report_file.write(json.dumps(document, indent=2) + "\n")

@@ -350,7 +350,7 @@ def _target_results(ctx: SuiteContext, row: dict) -> Iterator[tuple[str, str, st
                 found.result(_scenario_key(row, case)),
             )
     if not ran:
-        raise Unsupported("; ".join(problems.values()))
+        raise Unsupported("; ".join(str(problem) for problem in problems.values()))
 
 
 def _error_text(result: dict) -> str:

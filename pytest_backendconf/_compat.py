@@ -12,9 +12,12 @@ what breaks below 2.4, and what was and was not tried are in docs/vendor-ci.md
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.testing._internal.common_device_type import toleranceOverride
 
 #: The oldest torch the package supports: the oldest release the whole suite has run green under
 #: (docs/installing.md, "Which torch releases ran here"), with ops samples shipped for it. Releases
@@ -307,7 +310,7 @@ def opinfo_database() -> tuple[list[Any] | None, str]:
     return list(op_db), ""
 
 
-def opinfo_tolerance_override_type() -> type | None:
+def opinfo_tolerance_override_type() -> type[toleranceOverride] | None:
     """The class of OpInfo's ``toleranceOverride`` decorator (``.d``: dtype -> ``tol(atol, rtol)``), or ``None``.
 
     ``torch.testing._internal.common_device_type.toleranceOverride``: private,

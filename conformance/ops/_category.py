@@ -24,7 +24,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch
 
@@ -49,6 +49,9 @@ from ._long_samples import long_samples
 from ._program import OpCall, build_batch_program, build_program, op_call_class
 from .._spec import section
 from ._ties import InvalidIndices, settle_ties
+
+if TYPE_CHECKING:
+    from ...capabilities import Capabilities
 
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -306,8 +309,15 @@ def output_dtypes(program: Any) -> list[torch.dtype]:
     return [node.meta["val"].dtype for node in program.graph_module.graph.output_node().args[0]]
 
 
+class Judging(Protocol):
+    """What judging a sample reads of a suite context: the backend's capabilities (`backendconf rerun`
+    passes a stand-in holding only them)."""
+
+    capabilities: Capabilities
+
+
 def tolerance_for(
-    ctx: SuiteContext, sample: discovery.OpSample, low_precision: bool, out_dtypes: list[torch.dtype] | None = None
+    ctx: Judging, sample: discovery.OpSample, low_precision: bool, out_dtypes: list[torch.dtype] | None = None
 ) -> Tolerance:
     """The tolerance of the sample's dtype; of its floating outputs' dtype when its inputs are
     integers or bools (``cos`` of an int64 tensor is a float32 tensor, with float32's rounding)."""
@@ -429,7 +439,7 @@ class WritesInPlace(Exception):
 
 
 def judge(
-    ctx: SuiteContext,
+    ctx: Judging,
     sample: discovery.OpSample,
     program: Any,
     actual: list[torch.Tensor],

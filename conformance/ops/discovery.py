@@ -26,7 +26,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -151,7 +151,7 @@ def decode_arg(value: Any, inputs: list[Any]) -> Any:
             if item not in ("inf", "-inf", "nan"):
                 raise ValueError(f"{_short(value)}: $float holds 'inf', '-inf' or 'nan'")
             return float(item)
-        table = {
+        table: dict[str, Mapping[str, object]] = {
             "$dtype": _allowlist.DTYPES,
             "$memory_format": _allowlist.MEMORY_FORMATS,
             "$layout": _allowlist.LAYOUTS,

@@ -54,7 +54,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     for entry in spec.get("faults", ()):
         case = ctx.cases.get(entry["case"])
         dtypes = ctx.dtypes_for(case) if case else []
-        if not dtypes or entry["method"] not in case.methods:
+        if case is None or not dtypes or entry["method"] not in case.methods:
             continue
         suffix = "" if entry["method"] == "forward" else f".{entry['method']}"
         yield Check(

@@ -42,7 +42,12 @@ def backend(ctx: SuiteContext) -> TorchScriptBackend:
 def loaded(ctx: SuiteContext) -> TorchScriptBackend:
     """The backend with its library loaded in this process (once)."""
     record = backend(ctx)
-    ctx.memo(("torchscript", "library"), lambda: load_library(record) or True)
+
+    def load() -> bool:
+        load_library(record)
+        return True
+
+    ctx.memo(("torchscript", "library"), load)
     return record
 
 

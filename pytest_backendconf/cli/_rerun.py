@@ -149,7 +149,7 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
 
     try:
         # Fake tensors: the call's output shapes are known before anything is allocated.
-        program = build_program(sample, sample.inputs)  # type: ignore[attr-defined]
+        program = build_program(sample, sample.inputs)  # type: ignore[arg-type, attr-defined]
     except (RuntimeError, TypeError, ValueError, IndexError) as exc:
         raise RerunFileError(f"{path}: the sample's call cannot be built: {type(exc).__name__}: {exc}") from None
     check_output_sizes(path, program)
@@ -172,7 +172,7 @@ def _rerun_op(path: Path, sample: object, registered: object, low_precision: boo
     try:
         with torch.no_grad():
             actual = _compat.tree_leaves(lowered(*inputs))
-        results, reference = judge(_Ctx(), sample, program, actual, inputs, low_precision)
+        results, reference = judge(_Ctx(), sample, program, actual, inputs, low_precision)  # type: ignore[arg-type]
     except (StructureMismatch, InvalidIndices, WritesInPlace) as exc:
         print(f"{sample.name}: {exc}")  # type: ignore[attr-defined]
         return 1

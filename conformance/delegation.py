@@ -150,8 +150,10 @@ def _lower(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
     except UnsupportedNodeError as exc:
         # The backend said it takes this node (by declaration, or by accepting
         # its op on its own), and then rejected it inside a larger partition.
+        node = exc.node
+        named = f"node {node.name!r} ({op_overload(node)})" if isinstance(node, torch.fx.Node) else f"{node!r:.80}"
         return CheckFailed(
-            f"{case_name} ({dtype}): the backend claimed node {exc.node.name!r} ({op_overload(exc.node)}) "
+            f"{case_name} ({dtype}): the backend claimed {named} "
             f"{_how_claimed(ctx)}, but its preprocess rejected it in a partition: a backend must accept "
             f"every node it claims. Rejection:\n{exc}"
         )

@@ -26,7 +26,7 @@ import collections
 import keyword
 import math
 import operator
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from ._checks import MAX_NESTING, parse_json, short
 from ..errors import ArchiveManifestError
@@ -274,7 +274,7 @@ def from_treespec(spec: Any, what: str) -> Any:
             return {kind.__name__: [convert(c, f"{path}[{i}]", depth + 1) for i, c in enumerate(children)]}
         if kind is dict:
             items = []
-            for key, child in zip(context, children):
+            for key, child in zip(cast("list[object]", context), children):  # a dict's context: its keys
                 _check_key(key, f"{what} at {path}")
                 items.append([key, convert(child, f"{path}[{key!r}]", depth + 1)])
             return {"dict": items}

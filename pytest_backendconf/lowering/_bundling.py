@@ -11,7 +11,7 @@ writes: eager's outputs from the check itself).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 import torch
 
@@ -19,6 +19,9 @@ from .. import _compat
 from ..archive import Bundle, encode_bundles
 from ..capabilities import capabilities_of
 from ..errors import ArchiveError
+
+if TYPE_CHECKING:
+    from ..capabilities import Pair
 
 #: (rtol, atol) per dtype when neither ``tolerance=`` nor the backend's ``Capabilities.tolerances`` gives
 #: one: ``torch.testing.assert_close``'s defaults, which are also the conformance suite's parity
@@ -107,7 +110,7 @@ def _tolerance(core: Any, expected: Any, given: tuple[float, float] | None) -> t
     name = str(dtype).removeprefix("torch.")
     declared = capabilities_of(core.backend).tolerances or {}
     if dtype in declared:
-        rtol, atol = declared[dtype]
+        rtol, atol = cast("Pair", declared[dtype])  # a dtype's entry is a pair (Capabilities.tolerances)
         return float(rtol), float(atol), f"the backend's capabilities for {name}"
     rtol, atol = DEFAULT_TOLERANCES.get(name, (0.0, 0.0))
     return rtol, atol, f"default for {name}"

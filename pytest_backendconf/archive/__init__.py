@@ -29,10 +29,11 @@ from ._sidecar import check_pair, check_sidecar_size, debug_info_mode, default_s
 from ._tensor_codec import ITEMSIZE, from_message, to_message
 from ._tensorfile import TensorFileError, read_tensors, write_tensors
 from ._versions import declared_version
-from ._zip import MANIFEST, pack
+from ._zip import MANIFEST, ArchiveInput, pack
 
 __all__ = [
     "Archive",
+    "ArchiveInput",
     "BUNDLE_SCHEMA",
     "Bundle",
     "Bundles",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Hashable, Mapping, SupportsInt
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence, SupportsInt, cast
 
 from ..errors import InputSpecError, OutputSpecError
 
@@ -160,13 +160,16 @@ class DynamicShapes:
                 )
         return values
 
-    def check_outputs(self, method: str, backend: str, outputs: list, values: list[int | None]) -> None:
-        """Output sizes must follow the call's input sizes (a backend that kept the first shape does not)."""
+    def check_outputs(self, method: str, backend: str, outputs: Sequence[object], values: list[int | None]) -> None:
+        """Output sizes must follow the call's input sizes (a backend that kept the first shape does not).
+
+        ``outputs`` passed their specs' checks: the ones a symbol sizes are tensors.
+        """
         for use in self.outputs:
             value = values[use.symbol]
             if value is None:
                 continue
-            size = outputs[use.index].shape[use.dim]
+            size = cast("torch.Tensor", outputs[use.index]).shape[use.dim]
             if size != use.size_for(value):
                 raise OutputSpecError(
                     f"method {method!r} output {use.index}: dimension {use.dim} is {size} from backend "

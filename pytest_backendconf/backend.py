@@ -94,11 +94,12 @@ class ProfilesExecution(Protocol):
 
     def execute_profiled(
         self, handle: Any, inputs: list[Value]
-    ) -> tuple[Sequence[Value], Sequence[tuple[int, int, int]]]:
+    ) -> tuple[Sequence[Value], Sequence[tuple[int | Sequence[int], int, int]]]:
         """``execute``, plus events ``(debug_handle, start_ns, end_ns)`` on ``time.perf_counter_ns``.
 
         At least one event per node run; a fused kernel is reported under
-        each node it covers; every event lies within the call.
+        each node it covers, or once with the list of their handles in place
+        of the one; every event lies within the call.
         """
         ...
 

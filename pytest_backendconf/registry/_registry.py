@@ -17,7 +17,7 @@ import re
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, cast
+from typing import TYPE_CHECKING, Callable, Iterable, cast
 
 import pluggy
 
@@ -25,6 +25,9 @@ from .. import hookspecs
 from ..backend import Backend, TorchScriptBackend
 from ..capabilities import Capabilities
 from ..errors import DuplicateBackendError, InvalidBackendError, PluginLoadError, UnknownBackendError
+
+if TYPE_CHECKING:
+    from pluggy import HookimplOpts
 
 ENTRY_POINT_GROUP = "backendconf"
 BACKEND_METHODS = ("is_available", "preprocess", "compile", "execute")
@@ -88,11 +91,11 @@ class _PluginManager(pluggy.PluginManager):
     so that a ``conftest.py`` needs no import to register a backend.
     """
 
-    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> HookimplOpts | None:
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("backendconf_"):
             if inspect.isroutine(getattr(plugin, name, None)):
-                return {}
+                return cast("HookimplOpts", {})  # pluggy fills in every option's default
         return opts
 
 
@@ -314,9 +317,9 @@ class BackendRegistry:
             yield from collected
         yield from _EXPLICIT
 
-    def cases(self) -> list[Any]:
-        """Every `ModelCase` registered through ``backendconf_register_cases``."""
-        collected: list[Any] = []
+    def cases(self) -> list[object]:
+        """Everything registered through ``backendconf_register_cases`` (`ModelCase` objects, unchecked)."""
+        collected: list[object] = []
         self.plugin_manager.hook.backendconf_register_cases(register=collected.append)
         return collected
 
@@ -368,7 +371,7 @@ def _distribution_of(module_name: str) -> tuple[str | None, str | None]:
         return names[0], None
 
 
-def source_of_module(module: Any, description: str) -> Source:
+def source_of_module(module: object, description: str) -> Source:
     """A `Source` for a plugin module, with its distribution when installed."""
     return Source(description, *_distribution_of(getattr(module, "__name__", "") or ""))
 

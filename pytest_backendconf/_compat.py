@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, overload
 import torch
 
 if TYPE_CHECKING:
+    # Private torch types other modules annotate with, reached through here (2.4-2.14).
+    from torch._C import JitType as JitType
+    from torch._ops import OpOverload as OpOverload
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.export import ExportedProgram
     from torch.export.graph_signature import InputSpec, OutputSpec
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from torch.testing._internal.common_device_type import toleranceOverride
     from torch.testing._internal.opinfo.core import OpInfo
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._sympy.value_ranges import ValueRanges as ValueRanges
     from typing_extensions import TypeIs
 
 #: The oldest torch the package supports: the oldest release the whole suite has run green under

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 
 from .. import _compat
 from ..errors import OperatorRefusedError
 from ._operators import ALLOWED, CLOSED_NAMESPACES
+
+if TYPE_CHECKING:
+    from .._compat import JitType, OpOverload
 
 #: ``namespace.op.overload``: identifiers, none of them a dunder name.
 _OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
@@ -91,12 +95,12 @@ _VALUE_KINDS = frozenset(
 #: dropout is the identity; _unsafe_view is a view by design): what writes-checks must know.
 UNANNOTATED_ALIASES = frozenset({"aten.dropout.default", "aten._unsafe_view.default"})
 
-_CACHE: dict[str, torch._ops.OpOverload] = {}
+_CACHE: dict[str, OpOverload] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def resolve_operator(name: object, *, where: str) -> torch._ops.OpOverload:
-    """The registered ``torch._ops.OpOverload`` that ``name`` ("aten.add.Tensor") names.
+def resolve_operator(name: object, *, where: str) -> OpOverload:
+    """The registered ``OpOverload`` that ``name`` ("aten.add.Tensor") names.
 
     :param where: what named it, for the error ("fallback segment 'forward.fallback0', node 'mul'").
     :raises OperatorRefusedError: ``name`` is not ``namespace.op.overload``, names no registered
@@ -199,7 +203,7 @@ def _registered_schema(qualified: str, overload: str) -> torch.FunctionSchema | 
     return None
 
 
-def _kind_not_allowed(jit_type: torch._C.JitType) -> str | None:
+def _kind_not_allowed(jit_type: JitType) -> str | None:
     kind = jit_type.kind()
     if kind in ("OptionalType", "ListType"):
         return _kind_not_allowed(jit_type.getElementType())

@@ -22,7 +22,7 @@ from ._debug_table import PortablePaths
 from ._files import sync_files, write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
-from ._method_spec import MethodSpec, params_of, value_spec
+from ._method_spec import Constant, MethodSpec, params_of, value_spec
 from ._partitions import delegation
 from ._plan import Delegation, Plan, Step, format_delegation
 from ._sidecar import check_pair, check_sidecar_size, debug_info_mode, default_sidecar_path, read_sidecar
@@ -37,6 +37,7 @@ __all__ = [
     "BUNDLE_SCHEMA",
     "Bundle",
     "Bundles",
+    "Constant",
     "DEFAULT_LIMITS",
     "Delegation",
     "ITEMSIZE",

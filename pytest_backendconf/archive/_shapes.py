@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from typing import TypeGuard
 
     import torch
-    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from .._compat import ValueRanges
 
 
 @dataclasses.dataclass(frozen=True)

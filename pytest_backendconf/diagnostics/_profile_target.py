@@ -17,7 +17,6 @@ from ._profile import Call, Profile, _top_class
 
 if TYPE_CHECKING:
     from ..archive import Archive
-    from ..target._child import Channel
 
 HANDLER = "pytest_backendconf.diagnostics._profile_target:ProfileHandler"
 
@@ -97,10 +96,10 @@ def profile_on_target(
 class ProfileHandler:
     """On the target: load the archive (blocker in place) and time each call list ``repeat`` times."""
 
-    def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
+    def __init__(self, options: Mapping[str, Any], channel: object) -> None:
         self.channel = channel
 
-    def __call__(self, request: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
+    def __call__(self, request: Mapping[str, Any], channel: object) -> dict[str, Any]:
         from ..archive import read_archive
         from ..lowering import instantiate
         from ..target import call_on_target, error_record, load_on_target, prepare_target, unpack_value

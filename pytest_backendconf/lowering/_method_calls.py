@@ -18,7 +18,7 @@ from ..archive import MethodSpec
 from ..errors import InputSpecError, LoweringError, OutputSpecError
 
 if TYPE_CHECKING:
-    from ..archive._method_spec import Constant
+    from ..archive import Constant
 
 _Tensor = torch.Tensor
 

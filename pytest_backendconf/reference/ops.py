@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Callable, cast
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
 import torch.nn.functional as F
 
 from . import qkernels
+
+if TYPE_CHECKING:
+    from .._compat import OpOverload
 
 #: Tensor dtypes the backend executes; any other dtype is rejected at preprocess.
 #: Every kernel is an eager CPU kernel, so every dtype the blob format can name
@@ -240,7 +243,7 @@ class _Missing:
     """An overload this torch release does not have: its row is left out of the table."""
 
 
-def _aten(name: str) -> torch._ops.OpOverload | type[_Missing]:
+def _aten(name: str) -> OpOverload | type[_Missing]:
     """The ``torch.ops.aten`` overload ``name`` ("acos.default"), for ops without a public
     function of the schema's signature; `_Missing` if this torch release lacks it."""
     packet, overload = name.split(".")
@@ -255,7 +258,7 @@ def _quantized(name: str) -> Callable[..., object]:
     call: PT2E programs quantize and dequantize with these, and a literal Q/DQ node runs exactly as eager
     PyTorch runs it. They are registered on first use, so that a blob without them never pays for it."""
     packet, overload = name.split(".")
-    found: list[torch._ops.OpOverload] = []
+    found: list[OpOverload] = []
 
     def kernel(*args: object, **kwargs: object) -> object:
         if not found:

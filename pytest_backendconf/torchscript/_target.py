@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from torch.jit.mobile import LiteScriptModule
 
     from ..capabilities import Capabilities
-    from ..target._child import Channel
 
 #: Seconds the target child may take to start (import torch) and to answer.
 TARGET_TIMEOUT = 240.0
@@ -60,15 +59,18 @@ def run_torchscript_target(
 
 
 class TargetHandler:
-    """In the target child: load the library, then answer the one request."""
+    """In the target child: load the library, then answer the one request.
 
-    def __init__(self, options: dict, channel: Channel) -> None:
+    ``channel`` is the child's ``target`` Channel, a type that room does not export (hence ``Any``).
+    """
+
+    def __init__(self, options: dict, channel: Any) -> None:
         self.options = options
         self.blocker = channel.blocker
         if options.get("library"):
             torch.ops.load_library(options["library"])
 
-    def __call__(self, request: dict, channel: Channel) -> dict:
+    def __call__(self, request: dict, channel: Any) -> dict:
         results = [self._run(model) for model in self.options["models"]]
         return {"kind": "result", "models": results, "blocked": list(self.blocker.names)}
 
@@ -132,12 +134,12 @@ def lower_in_fresh_process(
 class LoweringHandler:
     """In a fresh child: load the library, lower each scripted file, fingerprint its processed module."""
 
-    def __init__(self, options: dict, channel: Channel) -> None:
+    def __init__(self, options: dict, channel: Any) -> None:
         self.options = options
         if options.get("library"):
             torch.ops.load_library(options["library"])
 
-    def __call__(self, request: dict, channel: Channel) -> dict:
+    def __call__(self, request: dict, channel: Any) -> dict:
         from .. import _compat
 
         prints: list[str | dict[str, str]] = []

@@ -156,7 +156,7 @@ suite-releases: release-torch
 demo: $(VENV)/.installed
 	$(BIN)/python examples/reference_walkthrough.py
 
-# ruff (lint and format check; its configuration and that of mypy are in pyproject.toml) and mypy on the package.
+# ruff (lint and format check; its configuration and that of mypy are in pyproject.toml) and mypy on the package and the suite.
 LINTED := pytest_backendconf conformance backends tests benchmarks examples
 # The linters install once (a stamp, like the engines): `make lint` itself only reads the checkout, so
 # .ci/run can run it beside the suite.
@@ -164,9 +164,11 @@ $(VENV)/.installed-lint: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[lint]'
 	touch $@
 
+# mypy reads the suite under its installed name through a link (pyproject.toml's [tool.mypy] says why).
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
+	mkdir -p build/mypy/pytest_backendconf && ln -sfn ../../../conformance build/mypy/pytest_backendconf/conformance
 	$(BIN)/mypy
 
 # The tests of seconds: under 5 minutes on 2 cores. What runs whole pytest sessions, fresh
@@ -201,4 +203,4 @@ test-slow: $(VENV)/.installed-onnxruntime torchscript-built target-venv
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build/mypy

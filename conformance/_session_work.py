@@ -14,6 +14,7 @@ import os
 import threading
 import warnings
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -93,7 +94,9 @@ class FreshLowerer:
         self.registered = registered
         self.backend_version = backend_version
         extra = registry.cases() if registry is not None else []
-        self.ctx = SuiteContext(registered, load_zoo() + extra, tmp_dir=lambda name: tempfile.mkdtemp(prefix=name))
+        self.ctx = SuiteContext(
+            registered, load_zoo() + extra, tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name))
+        )
         self.recorder = DebugHandleRecorder.default()
 
     def lower(self, item: dict, workdir: str) -> dict:

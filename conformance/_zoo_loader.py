@@ -15,12 +15,20 @@ import os
 import re
 import sys
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:
+        from importlib.abc import Traversable
 
 from pytest_backendconf.cases import FLOAT_DTYPES, ModelCase, TensorInput
 from pytest_backendconf.errors import BackendConfError
@@ -63,7 +71,7 @@ def _load_torchscript_seeds() -> tuple[ModelCase, ...]:
     return tuple(parse_models(resources.files(__package__).joinpath(TORCHSCRIPT_MODELS_FILE)))
 
 
-def parse_models(source: str | os.PathLike[str] | Any) -> list[ModelCase]:
+def parse_models(source: str | Path | Traversable) -> list[ModelCase]:
     """Cases from TOML: ``source`` is the TOML text (a `str`) or a file (a path or a `Traversable`).
 
     :raises ZooSpecError: for invalid TOML or an entry that breaks the schema

@@ -98,8 +98,9 @@ def subjects(ctx: SuiteContext) -> list[tuple[str, str]]:
     """(case, dtype) pairs the rows are checked with: suite.toml's cases, first dtype each."""
     found = []
     for name in section("availability")["cases"]:
-        if ctx.first_dtype(name) is not None:
-            found.append((name, ctx.first_dtype(name)))
+        dtype = ctx.first_dtype(name)
+        if dtype is not None:
+            found.append((name, dtype))
     if not found:
         raise Unsupported(
             f"none of the availability cases {section('availability')['cases']} runs in a dtype the backend declares"
@@ -350,7 +351,7 @@ def _target_results(ctx: SuiteContext, row: dict) -> Iterator[tuple[str, str, st
                 found.result(_scenario_key(row, case)),
             )
     if not ran:
-        raise Unsupported("; ".join(problems.values()))
+        raise Unsupported("; ".join(str(problem) for problem in problems.values()))
 
 
 def _error_text(result: dict) -> str:

@@ -43,12 +43,12 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                 case=case.name,
             )
     for name in section("delegation")["target_cases"]:
-        dtype = ctx.first_dtype(name) if name in ctx.cases else None
-        if dtype is not None:
+        first = ctx.first_dtype(name) if name in ctx.cases else None
+        if first is not None:
             yield Check(
                 category="delegation",
                 name=f"target[{name}]",
-                run=functools.partial(check_target, case_name=name, dtype=dtype),
+                run=functools.partial(check_target, case_name=name, dtype=first),
                 stage="target",
                 case=name,
             )
@@ -136,7 +136,7 @@ def _lower(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
     else:
         return NotNeeded(f"the backend lowers {case_name} ({dtype}) whole")
     case = ctx.cases[case_name]
-    spec = {m: {} for m in case.methods}
+    spec: dict[str, dict[str, Any]] = {m: {} for m in case.methods}
     programs = {m: ctx.program(case_name, dtype, m) for m in case.methods}
     try:
         return lower_programs(
@@ -150,8 +150,10 @@ def _lower(ctx: SuiteContext, case_name: str, dtype: str) -> Any:
     except UnsupportedNodeError as exc:
         # The backend said it takes this node (by declaration, or by accepting
         # its op on its own), and then rejected it inside a larger partition.
+        node = exc.node
+        named = f"node {node.name!r} ({op_overload(node)})" if isinstance(node, torch.fx.Node) else f"{node!r:.80}"
         return CheckFailed(
-            f"{case_name} ({dtype}): the backend claimed node {exc.node.name!r} ({op_overload(exc.node)}) "
+            f"{case_name} ({dtype}): the backend claimed {named} "
             f"{_how_claimed(ctx)}, but its preprocess rejected it in a partition: a backend must accept "
             f"every node it claims. Rejection:\n{exc}"
         )

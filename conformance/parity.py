@@ -327,9 +327,11 @@ def _compare_with_eager(
         }
         raise differs
     top = worst(results)
-    if top is not None and (seen.get("worst") is None or top.closeness > worst(seen["worst"]).closeness):
-        seen["worst"] = results
-        seen["how"] = how
+    if top is not None:
+        before = worst(seen.get("worst") or [])
+        if before is None or top.closeness > before.closeness:
+            seen["worst"] = results
+            seen["how"] = how
 
 
 def _with_saved_inputs(
@@ -409,7 +411,9 @@ def divergence_text(
     return "\n" + found.text()
 
 
-def size_choices(ctx: SuiteContext, case_name: str, method: str) -> tuple[dict, list[dict]]:
+def size_choices(
+    ctx: SuiteContext, case_name: str, method: str
+) -> tuple[st.SearchStrategy[dict[str, int]], list[dict[str, int]]]:
     """A Hypothesis strategy of ``{dim: size}`` in the case's bounds, and the sizes always tried.
 
     Always tried, in this order: every Dim at its minimum, at its maximum,

@@ -209,14 +209,16 @@ def _lowered(ctx: SuiteContext, case_name: str, scheme: str) -> tuple[Any, str]:
 
 def _lower(ctx: SuiteContext, case_name: str, scheme: str) -> Any:
     programs = quantized_programs(ctx, case_name, scheme)
-    spec = {m: {} for m in programs}
-    options = dict(module_type=type(ctx.module(case_name, DTYPE)), backend_version=ctx.registered.source.version)
+    spec: dict[str, dict[str, Any]] = {m: {} for m in programs}
+    lower = functools.partial(
+        lower_programs, module_type=type(ctx.module(case_name, DTYPE)), backend_version=ctx.registered.source.version
+    )
     try:
-        return lower_programs(programs, ctx.backend, spec, **options), "lowered whole"
+        return lower(programs, ctx.backend, spec), "lowered whole"
     except UnsupportedNodeError as exc:
         rejection = exc
     try:
-        lowered = lower_programs(programs, ctx.backend, spec, partition="supported", **options)
+        lowered = lower(programs, ctx.backend, spec, partition="supported")
     except (UnsupportedNodeError, LoweringError) as exc:
         return Unsupported(f"{case_name} [{scheme}]: rejected whole ({rejection.reason}) and in partitions: {exc}")
     records = bc.delegation(lowered)

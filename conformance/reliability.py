@@ -460,8 +460,9 @@ def check_memory_stays_flat(ctx: SuiteContext, *, case_name: str, dtype: str) ->
         if started:
             tracemalloc.stop()
     for kind in suspects:
-        index = 0 if kind == "RSS" else 1
-        growth = [(b[index] - a[index]) / 2**20 for a, b in zip(samples, samples[1:])]
+        values = _measures(samples, 0 if kind == "RSS" else 1)
+        assert values is not None  # _growing names only measures taken here
+        growth = [(b - a) / 2**20 for a, b in zip(values, values[1:])]
         per_call = growth[1] * 2**20 / size
         fail(
             f"{case_name} [{dtype}] keeps memory it does not free: {kind} grew by "
@@ -470,6 +471,13 @@ def check_memory_stays_flat(ctx: SuiteContext, *, case_name: str, dtype: str) ->
             f"after a warm-up, about {per_call / 1024:.0f} KiB per call (limits in suite.toml: "
             f"memory_{'rss' if kind == 'RSS' else 'python'}_floor_mib per window, memory_ratio)"
         )
+
+
+def _measures(samples: list[tuple[int | None, int]], index: int) -> list[int] | None:
+    """One measure (0: RSS, 1: Python allocations) across ``samples``; None where it cannot be taken."""
+    values = [s[index] for s in samples]
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
 
 
 def _growing(samples: list[tuple[int | None, int]], spec: dict) -> list[str]:
@@ -481,8 +489,8 @@ def _growing(samples: list[tuple[int | None, int]], spec: dict) -> list[str]:
         "Python allocations (tracemalloc)": float(spec.get("memory_python_floor_mib", 1)),
     }
     for index, (kind, floor) in enumerate(floors.items()):
-        values = [s[index] for s in samples]
-        if any(v is None for v in values):
+        values = _measures(samples, index)
+        if values is None:
             continue
         before, last = values[-2] - values[-3], values[-1] - values[-2]
         if last > floor * 2**20 and last >= ratio * before:

@@ -29,6 +29,7 @@ def _randomize_batch_norm(bn: nn.BatchNorm2d, seed: int) -> nn.BatchNorm2d:
     # identity, which would hide a backend that ignores them.
     generator = torch.Generator().manual_seed(seed)
     n = bn.num_features
+    assert bn.running_mean is not None and bn.running_var is not None  # track_running_stats, the default
     with torch.no_grad():
         bn.running_mean.copy_(torch.rand(n, generator=generator) - 0.5)
         bn.running_var.copy_(torch.rand(n, generator=generator) + 0.5)

@@ -12,9 +12,24 @@ what breaks below 2.4, and what was and was not tried are in docs/vendor-ci.md
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, overload
 
 import torch
+
+if TYPE_CHECKING:
+    # Private torch types other modules annotate with, reached through here (2.4-2.14).
+    from torch._C import JitType as JitType
+    from torch._ops import OpOverload as OpOverload
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import InputSpec, OutputSpec
+    from torch.fx import Node
+    from torch.fx.passes.shape_prop import TensorMetadata
+    from torch.testing._internal.common_device_type import toleranceOverride
+    from torch.testing._internal.opinfo.core import OpInfo
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._sympy.value_ranges import ValueRanges as ValueRanges
+    from typing_extensions import TypeIs
 
 #: The oldest torch the package supports: the oldest release the whole suite has run green under
 #: (docs/installing.md, "Which torch releases ran here"), with ops samples shipped for it. Releases
@@ -40,7 +55,13 @@ def check_torch_version() -> None:
         )
 
 
-def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, **options: Any) -> Any:
+def export(
+    module: torch.nn.Module,
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object] | None = None,
+    *,
+    dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
+) -> ExportedProgram:
     """``torch.export.export`` in non-strict mode, on every supported version.
 
     Needed by torch 2.4 to 2.7, whose ``export`` defaults to ``strict=True``
@@ -52,7 +73,7 @@ def export(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, **o
     ``strict=True`` forced, two symbolication checks of the suite fail. The
     ``strict`` keyword exists since 2.2, so passing it is safe everywhere.
     """
-    return torch.export.export(module, args, kwargs, strict=False, **options)
+    return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
 # --- private torch APIs ------------------------------------------------------------
@@ -82,7 +103,7 @@ TreeSpec = _pytree.TreeSpec
 EXPORT_FRAME_NAME = "forward"
 
 
-def spec_children(spec: Any) -> list[Any]:
+def spec_children(spec: TreeSpec) -> list[TreeSpec]:
     """The child specs of a pytree ``TreeSpec`` (ops discovery splits a batch program's outputs by them).
 
     torch 2.10 added ``TreeSpec.children()`` and deprecated the
@@ -93,7 +114,11 @@ def spec_children(spec: Any) -> list[Any]:
     return list(children() if callable(children) else spec.children_specs)
 
 
-def op_schema(target: Any) -> Any:
+@overload
+def op_schema(target: torch._ops.OpOverload) -> torch.FunctionSchema: ...
+@overload
+def op_schema(target: object) -> torch.FunctionSchema | None: ...
+def op_schema(target: object) -> torch.FunctionSchema | None:
     """The ``torch.FunctionSchema`` of an op overload (``aten.mul.Tensor``), or None for anything else.
 
     ``OpOverload._schema`` is private on 2.4-2.14; ``torch._ops.OpOverload``
@@ -104,7 +129,7 @@ def op_schema(target: Any) -> Any:
     return None
 
 
-def registered_schemas(qualified: str) -> list[Any]:
+def registered_schemas(qualified: str) -> list[torch.FunctionSchema]:
     """Every ``torch.FunctionSchema`` registered under ``"namespace::op"`` (one per overload), from the
     operator registry itself, without touching ``torch.ops``' attributes.
 
@@ -122,19 +147,19 @@ def torch_ops_attributes() -> set[str]:
     return found
 
 
-def op_overload(namespace: str, op: str, overload: str) -> Any:
+def op_overload(namespace: str, op: str, overload: str) -> torch._ops.OpOverload:
     """``torch.ops.<namespace>.<op>.<overload>``, for names `pytest_backendconf.allowlist` has checked
     against the registry (2.4-2.14: ``torch.ops`` resolves registered names through the dispatcher).
     Never call it with an unchecked name: ``torch.ops`` has attributes of its own."""
     return getattr(getattr(getattr(torch.ops, namespace), op), overload)
 
 
-def is_op_overload(target: Any) -> bool:
+def is_op_overload(target: object) -> TypeIs[torch._ops.OpOverload]:
     """Whether a node's target is an operator overload (``torch._ops.OpOverload`` on 2.4-2.14)."""
     return isinstance(target, torch._ops.OpOverload)
 
 
-def is_higher_order_op(target: Any) -> bool:
+def is_higher_order_op(target: object) -> TypeIs[torch._ops.HigherOrderOperator]:
     """Whether a node's target is a higher-order op such as ``torch.cond``
     (``torch._ops.HigherOrderOperator`` on 2.4-2.14)."""
     return isinstance(target, torch._ops.HigherOrderOperator)
@@ -152,7 +177,7 @@ MODULE_GLOBAL_HOOKS: tuple[dict, dict, dict, dict] = (
 
 #: Whether ``torch.jit.trace`` is tracing right now (``torch._C._get_tracing_state()``, private on
 #: 2.10-2.14): the function itself, not a wrapper, as every call of a lowered module asks it.
-tracing_state: Callable[[], Any] = torch._C._get_tracing_state
+tracing_state: Callable[[], torch._C.TracingState | None] = torch._C._get_tracing_state
 
 
 def import_export_tracer() -> None:
@@ -161,14 +186,14 @@ def import_export_tracer() -> None:
     import torch.export._trace  # noqa: F401
 
 
-def fake_tensor_mode(**options: Any) -> Any:
+def fake_tensor_mode(*, allow_non_fake_inputs: bool = False) -> FakeTensorMode:
     """A new ``FakeTensorMode`` (``torch._subclasses.fake_tensor``, private on 2.4-2.14): shapes without data."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    return FakeTensorMode(**options)
+    return FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
 
 
-def tensor_metadata(tensor: torch.Tensor) -> Any:
+def tensor_metadata(tensor: torch.Tensor) -> TensorMetadata:
     """The ``tensor_meta`` an exported node carries (``torch.fx.passes.shape_prop._extract_tensor_metadata``,
     private on 2.4-2.14)."""
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
@@ -176,7 +201,7 @@ def tensor_metadata(tensor: torch.Tensor) -> Any:
     return _extract_tensor_metadata(tensor)
 
 
-def dispatch_mode_base() -> type:
+def dispatch_mode_base() -> type[TorchDispatchMode]:
     """``torch.utils._python_dispatch.TorchDispatchMode`` (2.4-2.14): the base class of a mode that sees
     every aten call."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -184,7 +209,7 @@ def dispatch_mode_base() -> type:
     return TorchDispatchMode
 
 
-def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Any) -> list[list[Any]]:
+def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Callable[[Node], object]) -> list[list[Node]]:
     """The groups of selected op nodes torch's partitioner proposes, each a list of nodes.
 
     ``CapabilityBasedPartitioner`` (``torch.fx.passes.infra.partitioner``,
@@ -198,7 +223,7 @@ def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Any) -> 
     from torch.fx.passes.operator_support import OperatorSupportBase
 
     class _Selected(OperatorSupportBase):
-        def is_node_supported(self, submodules: Any, node: Any) -> bool:
+        def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: Node) -> bool:
             return bool(is_selected(node))
 
     partitioner = CapabilityBasedPartitioner(graph_module, _Selected(), allows_single_node_partition=True)
@@ -207,15 +232,15 @@ def propose_partitions(graph_module: torch.fx.GraphModule, is_selected: Any) -> 
 
 def exported_program(
     graph_module: torch.fx.GraphModule,
-    input_specs: list,
-    output_specs: list,
+    input_specs: list[InputSpec],
+    output_specs: list[OutputSpec],
     *,
-    state_dict: dict,
+    state_dict: dict[str, torch.Tensor | torch.nn.Parameter],
     constants: dict,
     range_constraints: dict,
     n_inputs: int,
     n_outputs: int,
-) -> Any:
+) -> ExportedProgram:
     """An ``ExportedProgram`` around a graph cut out of another (a partition of a method).
 
     The constructor takes ``constants`` since 2.3 and ``verifiers`` (keyword)
@@ -242,7 +267,7 @@ def exported_program(
     )
 
 
-def graph_arguments(program: Any, user_inputs: Any) -> list:
+def graph_arguments(program: ExportedProgram, user_inputs: Iterable[object]) -> list[object]:
     """The positional arguments of an exported program's graph module, in its signature's order.
 
     The user inputs given, in order, and the program's own state for every other input: a
@@ -252,7 +277,7 @@ def graph_arguments(program: Any, user_inputs: Any) -> list:
     from torch.export.graph_signature import InputKind
 
     given = iter(user_inputs)
-    args = []
+    args: list[object] = []
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             args.append(next(given))
@@ -263,7 +288,7 @@ def graph_arguments(program: Any, user_inputs: Any) -> list:
     return args
 
 
-def treespec_node(spec: Any) -> tuple[Any, Any, list]:
+def treespec_node(spec: TreeSpec) -> tuple[type | None, object, list[TreeSpec]]:
     """``(type, context, children)`` of a ``torch.utils._pytree.TreeSpec``; ``type`` is None for a leaf.
 
     The archive writes its own structure JSON from this (docs/archive-format.md,
@@ -282,7 +307,7 @@ def treespec_node(spec: Any) -> tuple[Any, Any, list]:
     return kind, context, list(children)
 
 
-def opinfo_database() -> tuple[list[Any] | None, str]:
+def opinfo_database() -> tuple[list[OpInfo] | None, str]:
     """PyTorch's OpInfo list (``op_db``) and ``""``, or ``None`` and a one-line reason.
 
     ``torch.testing._internal.common_methods_invocations.op_db`` is private
@@ -307,7 +332,7 @@ def opinfo_database() -> tuple[list[Any] | None, str]:
     return list(op_db), ""
 
 
-def opinfo_tolerance_override_type() -> type | None:
+def opinfo_tolerance_override_type() -> type[toleranceOverride] | None:
     """The class of OpInfo's ``toleranceOverride`` decorator (``.d``: dtype -> ``tol(atol, rtol)``), or ``None``.
 
     ``torch.testing._internal.common_device_type.toleranceOverride``: private,
@@ -324,7 +349,9 @@ def opinfo_tolerance_override_type() -> type | None:
 # Private since the API was added (torch 1.8) and unchanged through 2.14.
 
 
-def jit_to_backend(name: str, scripted: Any, method_compile_spec: dict) -> Any:
+def jit_to_backend(
+    name: str, scripted: torch.jit.ScriptModule, method_compile_spec: Mapping[str, Mapping[str, object]]
+) -> torch.jit.ScriptModule:
     """``torch._C._jit_to_backend``: a scripted module lowered to the TorchScript backend ``name``."""
     return torch._C._jit_to_backend(name, scripted, method_compile_spec)  # type: ignore[attr-defined]
 
@@ -332,12 +359,13 @@ def jit_to_backend(name: str, scripted: Any, method_compile_spec: dict) -> Any:
 def torchscript_backend_class(name: str) -> Any:
     """The Python wrapper of the C++ backend class ``__torch__.torch.classes.__backends__.<name>``.
 
-    A `RuntimeError` when no loaded library registers it.
+    A `RuntimeError` when no loaded library registers it. Its methods are the C++ class's, found at
+    run time (hence ``Any``).
     """
     return torch._C._get_custom_class_python_wrapper("__backends__", name)
 
 
-def save_for_lite_interpreter(module: Any, path: str, *, debug_info: bool) -> None:
+def save_for_lite_interpreter(module: torch.jit.ScriptModule, path: str, *, debug_info: bool) -> None:
     """``ScriptModule._save_for_lite_interpreter``; ``debug_info`` stores the debug handles' sources."""
     import warnings
 
@@ -346,14 +374,14 @@ def save_for_lite_interpreter(module: Any, path: str, *, debug_info: bool) -> No
         module._save_for_lite_interpreter(path, _save_mobile_debug_info=debug_info)
 
 
-def load_for_lite_interpreter(path: str) -> Any:
+def load_for_lite_interpreter(path: str) -> torch.jit.mobile.LiteScriptModule:
     """``torch.jit.mobile._load_for_lite_interpreter`` (torch.jit.mobile is not imported by ``import torch``)."""
     import torch.jit.mobile
 
     return torch.jit.mobile._load_for_lite_interpreter(path)
 
 
-def add_string_attribute(module: Any, name: str, value: str) -> None:
+def add_string_attribute(module: torch.jit.ScriptModule, name: str, value: str) -> None:
     """A new ``str`` attribute on a ScriptModule (``torch.utils.bundled_inputs`` adds its own this way)."""
     module._c._register_attribute(name, torch._C.StringType.get(), value)
 

@@ -12,13 +12,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import torch
+    from torch.export import ExportedProgram
+    from torch.fx import Node
 
     from .capabilities import Capabilities
+
+    #: One flat input or output of a lowered method: a tensor, or a Python constant of the program
+    #: (``archive.ValueSpec`` describes each).
+    Value: TypeAlias = "torch.Tensor | bool | int | float | str | None"
 
 #: The compile-spec key that asks a backend declaring ``fault_injection`` to
 #: raise a `BackendError` when execution reaches one node (docs/backend-contract.md,
@@ -38,7 +46,7 @@ class Backend(Protocol):
         ...
 
     def preprocess(
-        self, program: torch.export.ExportedProgram, compile_spec: dict[str, Any], debug_handles: Mapping[Any, int]
+        self, program: ExportedProgram, compile_spec: dict[str, Any], debug_handles: Mapping[Node, int]
     ) -> bytes:
         """Host only: turn one method's exported program into a deterministic blob.
 
@@ -48,11 +56,17 @@ class Backend(Protocol):
         """
         ...
 
-    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Turn every method's blob into a handle for `execute`; runs at lowering (if available) and every load."""
+    def compile(
+        self, processed: dict[str, bytes], method_compile_spec: dict[str, dict[str, Any]]
+    ) -> Mapping[str, object]:
+        """Turn every method's blob into a handle for `execute`; runs at lowering (if available) and every load.
+
+        A handle is the backend's own business: the package only hands it back to `execute`.
+        """
         ...
 
-    def execute(self, handle: Any, inputs: list[Any]) -> list[Any]:
+    # ``handle``: what this backend's compile returned, of the type it chose (hence Any).
+    def execute(self, handle: Any, inputs: list[Value]) -> Sequence[Value]:
         """Run one method on its flat user inputs; return its flat outputs.
 
         A failure tied to a node raises `BackendError(message, debug_handle=h)`.
@@ -78,11 +92,14 @@ class ExplainsUnavailability(Protocol):
 class ProfilesExecution(Protocol):
     """A backend that times its nodes: ``bc.profile`` and the ``execute_profiled_events`` check use it."""
 
-    def execute_profiled(self, handle: Any, inputs: list[Any]) -> tuple[list[Any], list[tuple[int, int, int]]]:
+    def execute_profiled(
+        self, handle: Any, inputs: list[Value]
+    ) -> tuple[Sequence[Value], Sequence[tuple[int | Sequence[int], int, int]]]:
         """``execute``, plus events ``(debug_handle, start_ns, end_ns)`` on ``time.perf_counter_ns``.
 
         At least one event per node run; a fused kernel is reported under
-        each node it covers; every event lies within the call.
+        each node it covers, or once with the list of their handles in place
+        of the one; every event lies within the call.
         """
         ...
 
@@ -98,7 +115,7 @@ class ChecksBlobVersions(Protocol):
         ...
 
 
-def fault_node_name(compile_spec: Mapping[str, Any]) -> str | None:
+def fault_node_name(compile_spec: Mapping[str, object]) -> str | None:
     """The FX node name at which ``compile_spec`` asks for an injected fault, or None.
 
     For a backend's ``preprocess``: when this returns a name, the blob must
@@ -175,7 +192,7 @@ class TorchScriptBackend:
     def library_path(self) -> str | None:
         return None if self.library is None else os.fspath(self.library)
 
-    def method_compile_spec(self, methods: list[str]) -> dict[str, dict[str, Any]]:
+    def method_compile_spec(self, methods: list[str]) -> dict[str, dict[str, object]]:
         """The compile spec lowering ``methods`` with ``torch._C._jit_to_backend``."""
         given = self.compile_spec or {}
         return {m: dict(given.get(m) or TORCHSCRIPT_DEFAULT_METHOD_SPEC) for m in methods}

@@ -35,7 +35,7 @@ _PREFIX = struct.Struct("<8sIIQQ")
 _Handle = TypeVar("_Handle")
 
 
-def pack_blob(magic: bytes, version: int, header: Mapping[str, Any], payload: bytes) -> bytes:
+def pack_blob(magic: bytes, version: int, header: Mapping[str, object], payload: bytes) -> bytes:
     """The framed blob of ``header`` (JSON-compatible, no NaN) and ``payload``.
 
     :param magic: exactly 8 bytes that say whose blob this is.
@@ -48,8 +48,10 @@ def pack_blob(magic: bytes, version: int, header: Mapping[str, Any], payload: by
     return _PREFIX.pack(magic, version, zlib.crc32(rest), len(head), len(payload)) + rest
 
 
-def unpack_blob(blob: Any, magic: bytes, version: int, *, kind: str, upgrade: str) -> tuple[Any, bytes]:
+def unpack_blob(blob: object, magic: bytes, version: int, *, kind: str, upgrade: str) -> tuple[Any, bytes]:
     """``(header, payload)`` of a blob written by `pack_blob`; ``ValueError`` naming what is wrong.
+
+    The header is the JSON value the blob holds, unchecked: its shape is the caller's to check.
 
     :param version: the newest format version this reader knows; newer blobs are refused.
     :param kind: what the messages call the blob, e.g. ``"executorch backend blob"``.
@@ -78,14 +80,14 @@ def unpack_blob(blob: Any, magic: bytes, version: int, *, kind: str, upgrade: st
     return header, rest[head_len:]
 
 
-def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], Any]) -> dict[str, Any]:
+def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], _Handle]) -> dict[str, _Handle]:
     """``{method: load(blob)}``: a ``compile`` whose blobs each hold all their method needs.
 
     A ``ValueError`` from ``load`` (a damaged or foreign blob, from
     `unpack_blob`) is raised again with the method's name in front, so the
     error says which of the archive's blobs it was.
     """
-    handles = {}
+    handles: dict[str, _Handle] = {}
     for method, blob in processed.items():
         try:
             handles[method] = load(blob)
@@ -98,7 +100,7 @@ def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], Any]) -
     return handles
 
 
-def checked_handle(handle: Any, handle_type: type[_Handle], compiled_by: str) -> _Handle:
+def checked_handle(handle: object, handle_type: type[_Handle], compiled_by: str) -> _Handle:
     """``handle``, if it is a ``handle_type``; else a ``TypeError`` naming what ``execute`` expects.
 
     :param compiled_by: the method that makes such handles, e.g. ``"OnnxRuntimeBackend.compile"``.

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import torch
+
+    #: An ``(rtol, atol)`` pair.
+    Pair = tuple[float, float]
+    #: `Capabilities.tolerances`: a dtype maps to a pair; an op overload or a model case name to a pair
+    #: or to ``{dtype: pair}``.
+    Tolerances = Mapping[torch.dtype | str, Pair | Mapping[torch.dtype, Pair]]
 
 
 #: torch's tracing entry points, blocked on the simulated target unless a
@@ -24,11 +33,11 @@ class Capabilities:
     #: Op overload names the backend compiles, e.g. ``{"aten.mul.Tensor"}``.
     supported_ops: frozenset[str] | None = None
     #: Tensor dtypes the backend executes, e.g. ``{torch.float32}``.
-    dtypes: frozenset[Any] | None = None
+    dtypes: frozenset[torch.dtype] | None = None
     #: ``(rtol, atol)`` per dtype (``{torch.float16: (1e-3, 1e-5)}``), and overrides keyed by an
     #: op overload or a model case name, most specific first: ``{"aten.exp.default": (rtol, atol)}``
     #: or ``{"small_cnn": {torch.float16: (rtol, atol)}}`` (docs/writing-a-backend.md, "Tolerances").
-    tolerances: Mapping[Any, Any] | None = None
+    tolerances: Tolerances | None = None
     #: Modules only ``preprocess`` needs; the target side blocks their import.
     host_only_modules: tuple[str, ...] = ()
     #: ``execute`` may be called from several threads at once.
@@ -70,12 +79,14 @@ class Capabilities:
             if bad:
                 found.append(f"supported_ops has {bad!r}: write overload names such as 'aten.mul.Tensor'")
         if self.dtypes is not None:
-            bad = [d for d in self.dtypes if type(d).__name__ != "dtype"]
-            if bad:
-                found.append(f"dtypes has {bad!r}: write torch dtypes such as torch.float32")
+            not_dtypes = [d for d in self.dtypes if type(d).__name__ != "dtype"]
+            if not_dtypes:
+                found.append(f"dtypes has {not_dtypes!r}: write torch dtypes such as torch.float32")
         for key, value in (self.tolerances or {}).items():
             # An op overload or model name may map to a pair or to {dtype: pair}.
-            pairs = value.items() if isinstance(key, str) and isinstance(value, Mapping) else [(None, value)]
+            pairs: Iterable[tuple[torch.dtype | None, object]] = (
+                value.items() if isinstance(key, str) and isinstance(value, Mapping) else [(None, value)]
+            )
             for dtype, pair in pairs:
                 if not _is_pair(pair):
                     where = f"tolerances[{key}]"

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import Dim
+    from typing_extensions import TypeIs
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
@@ -41,7 +46,7 @@ class TensorInput:
     that dimension varies (the same `Dim` in two places: always equal).
     """
 
-    shape: tuple[Any, ...]
+    shape: tuple[int | Dim, ...]
     dtype: str = "float"
     low: float | None = None
     high: float | None = None
@@ -61,7 +66,7 @@ class TensorInput:
                 )
 
     @property
-    def dims(self) -> dict[int, Any]:
+    def dims(self) -> dict[int, Dim]:
         """``{position: Dim}`` of the dimensions that vary."""
         return {i: d for i, d in enumerate(self.shape) if is_dim(d)}
 
@@ -71,7 +76,7 @@ class TensorInput:
         return tuple(sizes.get(d.__name__, max(2, d.min)) if is_dim(d) else d for d in self.shape)
 
 
-def is_dim(value: Any) -> bool:
+def is_dim(value: object) -> TypeIs[Dim]:
     """Whether ``value`` is a ``torch.export.Dim`` (checked without importing torch)."""
     return type(value).__name__ == "Dim" and hasattr(value, "min") and hasattr(value, "max")
 
@@ -96,9 +101,9 @@ class ModelCase:
     """
 
     name: str
-    build: Callable[[], Any]
-    inputs: Mapping[str, tuple[Any, ...]]
-    kwargs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    build: Callable[[], torch.nn.Module]
+    inputs: Mapping[str, tuple[TensorInput | object, ...]]
+    kwargs: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
     float_dtypes: tuple[str, ...] = FLOAT_DTYPES
     tags: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
@@ -139,9 +144,9 @@ class ModelCase:
         return tuple(self.inputs)
 
     @property
-    def dims(self) -> dict[str, Any]:
+    def dims(self) -> dict[str, Dim]:
         """``{name: Dim}`` of every varying dimension, over all methods (empty: static shapes only)."""
-        found: dict[str, Any] = {}
+        found: dict[str, Dim] = {}
         for args in self.inputs.values():
             for spec in args:
                 for dim in spec.dims.values() if isinstance(spec, TensorInput) else ():
@@ -153,7 +158,7 @@ class ModelCase:
                         )
         return found
 
-    def method_dims(self, method: str) -> dict[str, Any]:
+    def method_dims(self, method: str) -> dict[str, Dim]:
         """``{name: Dim}`` of the varying dimensions of one method's inputs."""
         return {
             d.__name__: d for spec in self.inputs[method] if isinstance(spec, TensorInput) for d in spec.dims.values()
@@ -163,7 +168,7 @@ class ModelCase:
         """The size of each Dim in the static example."""
         return {name: self.dim_examples.get(name, max(2, dim.min)) for name, dim in self.dims.items()}
 
-    def dynamic_shapes(self, method: str) -> tuple[Any, ...] | None:
+    def dynamic_shapes(self, method: str) -> tuple[dict[int, Dim] | None, ...] | None:
         """``torch.export``'s ``dynamic_shapes`` for one method's positional inputs (None: all static)."""
         if not self.method_dims(method):
             return None

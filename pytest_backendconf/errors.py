@@ -9,7 +9,12 @@ torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast, overload
+
+if TYPE_CHECKING:
+    from torch.fx import Node
+
+    from .debuginfo import DebugInfo
 
 
 class BackendConfError(Exception):
@@ -47,15 +52,17 @@ class Rejection:
 
     ``debug_info`` is filled in by the lowering (the node's debug handle,
     source line and module hierarchy); ``str()`` is the node's symbolicated
-    text, as `UnsupportedNodeError` gives it for a single node.
+    text, as `UnsupportedNodeError` gives it for a single node. ``node`` is
+    what the backend passed: a ``torch.fx.Node`` of its program, if it kept
+    the contract.
     """
 
     __slots__ = ("node", "reason", "debug_info")
 
-    def __init__(self, node: Any, reason: str = "") -> None:
+    def __init__(self, node: object, reason: str = "") -> None:
         self.node = node
         self.reason = reason
-        self.debug_info: Any = None
+        self.debug_info: DebugInfo | None = None
 
     @property
     def debug_handle(self) -> int | None:
@@ -78,7 +85,7 @@ class Rejection:
                     f"torch.fx.Node{reason}; pass the node of the program given to preprocess(), "
                     "so that the error can point at the model's source"
                 )
-            info = debug_info_for_node(self.node, method="", handle=-1)
+            info = debug_info_for_node(cast("Node", self.node), method="", handle=-1)
         return format_unsupported(info, self.reason)
 
 
@@ -103,8 +110,12 @@ class UnsupportedNodeError(BackendConfError):
     ``debug_info`` are the first one's.
     """
 
+    @overload
+    def __init__(self, node: Node, reason: str = "") -> None: ...
+    @overload
+    def __init__(self, *, rejections: Sequence[tuple[Node, str]]) -> None: ...
     def __init__(
-        self, node: Any = _NO_NODE, reason: str = "", *, rejections: Sequence[tuple[Any, str]] | None = None
+        self, node: object = _NO_NODE, reason: str = "", *, rejections: Sequence[tuple[object, str]] | None = None
     ) -> None:
         if rejections is None:
             if node is _NO_NODE:
@@ -127,7 +138,7 @@ class UnsupportedNodeError(BackendConfError):
     # The first rejection's fields, as the one-node error always had them (assignable: a lowering
     # step may add to the reason).
     @property
-    def node(self) -> Any:
+    def node(self) -> object:
         return self.rejections[0].node
 
     @property
@@ -139,14 +150,14 @@ class UnsupportedNodeError(BackendConfError):
         self.rejections[0].reason = value
 
     @property
-    def debug_info(self) -> Any:
+    def debug_info(self) -> DebugInfo | None:
         return self.rejections[0].debug_info
 
     @debug_info.setter
-    def debug_info(self, value: Any) -> None:
+    def debug_info(self, value: DebugInfo | None) -> None:
         self.rejections[0].debug_info = value
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_unsupported, ([(r.node, r.reason, r.debug_info) for r in self.rejections],))
 
     def __str__(self) -> str:
@@ -158,7 +169,7 @@ class UnsupportedNodeError(BackendConfError):
         return f"{first}\nThe backend rejected {more} more node{'s' if more != 1 else ''}:\n{rest}"
 
 
-def _rejections(given: Any) -> list[Rejection]:
+def _rejections(given: object) -> list[Rejection]:
     """``rejections=`` checked: a non-empty list of (node, reason) pairs, each node once."""
     if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
         raise TypeError(
@@ -187,8 +198,9 @@ def _rejections(given: Any) -> list[Rejection]:
     return entries
 
 
-def _rebuild_unsupported(entries: list[tuple[Any, str, Any]]) -> UnsupportedNodeError:
-    exc = UnsupportedNodeError(rejections=[(node, reason) for node, reason, _ in entries])
+def _rebuild_unsupported(entries: list[tuple[object, str, DebugInfo | None]]) -> UnsupportedNodeError:
+    # The nodes the backend raised with, unpickled: torch.fx Nodes if it kept the contract.
+    exc = UnsupportedNodeError(rejections=[(cast("Node", node), reason) for node, reason, _ in entries])
     for rejection, (_, _, info) in zip(exc.rejections, entries):
         rejection.debug_info = info
     return exc

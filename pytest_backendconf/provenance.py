@@ -22,9 +22,12 @@ says when a cached derivation of the program is stale.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 #: How many provenance records `ProgramNodes.origin` reads before giving up (a cycle would be a torch bug).
 _MAX_RECORDS = 10_000
@@ -53,7 +56,7 @@ def named_op_node(calls: list[torch.fx.Node], name: str) -> torch.fx.Node:
 class ProgramNodes:
     """The FX nodes of a given program (its subgraphs' too), and the way back to them from derived graphs."""
 
-    def __init__(self, program: Any) -> None:
+    def __init__(self, program: ExportedProgram) -> None:
         self.program = program
         self.by_graph: dict[tuple[int, str], torch.fx.Node] = {}
         self.by_name: dict[str, torch.fx.Node] = {}

@@ -122,7 +122,7 @@ def check_functional_signature(
                 raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the {backend} backend")
 
 
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
+def _tensors(value: object) -> Iterable[torch.Tensor]:
     import torch
 
     if isinstance(value, torch.Tensor):

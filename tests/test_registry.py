@@ -365,3 +365,20 @@ def test_backendconf_list_names_a_plugin_that_fails_to_import(capsys):
 
     assert main(["list", "-p", "no_such_plugin_module"]) == 1
     assert "plugin 'no_such_plugin_module' (-p) failed to import: ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_a_registered_case_that_is_not_a_model_case_is_an_error_naming_it():
+    import pytest_backendconf as bc
+    from pytest_backendconf.errors import RegistryError
+
+    class Plugin:
+        @bc.hookimpl
+        def backendconf_register_cases(self, register):
+            register({"name": "my_model"})
+
+    registry = BackendRegistry()
+    registry.add_plugin(Plugin(), Source("plugin cases"))
+    with pytest.raises(RegistryError) as info:
+        registry.cases()
+    assert "registered dict \"{'name': 'my_model'}\", not a model case" in str(info.value)
+    assert "register pytest_backendconf.ModelCase objects" in str(info.value)

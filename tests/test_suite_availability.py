@@ -207,3 +207,34 @@ def test_a_lowering_that_swallows_violations_fails_the_invalid_rows(pytester):
 def test_row_ids_are_plain_words_a_shell_and_fnmatch_leave_alone():
     for row in ROWS:
         assert row.replace("-", "").replace("_", "").isalnum(), row
+
+
+def test_a_backend_that_rejects_every_subject_skips_the_target_rows_naming_why(pytester):
+    outcomes, result = run_rows(
+        pytester,
+        "rejects_all",
+        """
+        import pytest_backendconf as bc
+        from backendconf_reference import ReferenceBackend
+
+        class RejectsAll(ReferenceBackend):
+            name = "rejects_all"
+
+            def preprocess(self, program, compile_spec, debug_handles):
+                node = next(n for n in program.graph.nodes if n.op == "call_function")
+                raise bc.UnsupportedNodeError(node, "this backend runs nothing")
+
+        def backendconf_register_backends(register):
+            register(RejectsAll())
+        """,
+        "target-*",
+    )
+    assert set(outcomes.values()) == {"skipped"}
+    reasons = {r.longrepr[2] for r in result.reprec.getreports("pytest_runtest_logreport") if r.skipped}
+    # Every subject's rejection, joined (they are Unsupported exceptions, not strings).
+    (reason,) = reasons
+    assert reason.startswith(
+        "Skipped: unsupported: The node of aten::conv2d is not supported in this compiler (this backend runs "
+        "nothing) at "
+    )
+    assert "; The node of aten::linear is not supported in this compiler (this backend runs nothing) at " in reason

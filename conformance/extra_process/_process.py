@@ -287,7 +287,8 @@ class Session:
                 if self.placed[key] is process:  # the first to notice retries everything that did not run
                     lost = [s for s in process.scenarios if _not_run(process.result(s.key))]
                     lost_lowerings = [item for item in process.lowerings if _not_run(process.result(item.key))]
-                    for item in [*lost, *lost_lowerings]:
+                    stale: list[Scenario | Lowering] = [*lost, *lost_lowerings]
+                    for item in stale:
                         self.retried.add(item.key)
                         del self.placed[item.key]
                     # Each scenario that may crash gets a process of its own this time.

@@ -24,7 +24,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import torch
 
@@ -49,6 +49,9 @@ from ._long_samples import long_samples
 from ._program import OpCall, build_batch_program, build_program, op_call_class
 from .._spec import section
 from ._ties import InvalidIndices, settle_ties
+
+if TYPE_CHECKING:
+    from ...capabilities import Capabilities
 
 LOW_PRECISION = ("float16", "bfloat16")
 
@@ -346,8 +349,15 @@ def output_dtypes(program: Any) -> list[torch.dtype]:
     return [node.meta["val"].dtype for node in program.graph_module.graph.output_node().args[0]]
 
 
+class Judging(Protocol):
+    """What judging a sample reads of a suite context: the backend's capabilities (`backendconf rerun`
+    passes a stand-in holding only them)."""
+
+    capabilities: Capabilities
+
+
 def tolerance_for(
-    ctx: SuiteContext, sample: discovery.OpSample, low_precision: bool, out_dtypes: list[torch.dtype] | None = None
+    ctx: Judging, sample: discovery.OpSample, low_precision: bool, out_dtypes: list[torch.dtype] | None = None
 ) -> Tolerance:
     """The tolerance of the sample's dtype; of its floating outputs' dtype when its inputs are
     integers or bools (``cos`` of an int64 tensor is a float32 tensor, with float32's rounding)."""
@@ -469,7 +479,7 @@ class WritesInPlace(Exception):
 
 
 def judge(
-    ctx: SuiteContext,
+    ctx: Judging,
     sample: discovery.OpSample,
     program: Any,
     actual: list[torch.Tensor],
@@ -638,7 +648,8 @@ def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
                     # The check alone is this one node's rejection: the same text, one node. A one-node
                     # rejection decides, as it always has; a list's entries wait for a rejection alone.
                     error = rejection(sample, _single(one), ctx.capabilities.supported_ops is not None)
-                    (decided if len(owners) == 1 else rejected)[check.id] = run_check(_Raises(error), ctx)
+                    raising = dataclasses.replace(check, run=functools.partial(_raise, error))
+                    (decided if len(owners) == 1 else rejected)[check.id] = run_check(raising, ctx)
                 else:
                     alone.append(check.id)
                 pending.remove(check)
@@ -653,8 +664,8 @@ def run_batch(ctx: SuiteContext, checks: list[Check]) -> dict[str, Any]:
             return _result(decided, rejected, alone, pending, named)
         for check, sample, own, (start, stop) in zip(pending, samples, inputs, spans):
             number = check.batch.item  # type: ignore[union-attr]
-            judged = _Judged(sample, number, own, outputs[start:stop])
-            outcome = run_check(judged, ctx)
+            judged = functools.partial(_judge_part, sample, number, own, outputs[start:stop])
+            outcome = run_check(dataclasses.replace(check, run=judged), ctx)
             if outcome.outcome == "passed":
                 decided[check.id] = outcome
             else:
@@ -715,22 +726,14 @@ def _owner(one: Any, pending: list[Check], samples: list[Any]) -> tuple[Check, A
     return None
 
 
-class _Raises:
-    """A check-like object whose run raises ``error`` (the outcome `run_check` makes of it)."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def run(self, ctx: SuiteContext) -> Any:
-        raise self.error
+def _raise(error: Exception, ctx: SuiteContext) -> Any:
+    """The run of a batch's check that its lowering rejected: ``error`` (the outcome `run_check` makes of it)."""
+    raise error
 
 
-class _Judged:
-    """A check-like object whose run judges one sample's part of a batch, as `ops.check_op` does."""
-
-    def __init__(self, sample: Any, number: int, inputs: list[torch.Tensor], actual: list[torch.Tensor]) -> None:
-        self.sample, self.number, self.inputs, self.actual = sample, number, inputs, actual
-
-    def run(self, ctx: SuiteContext) -> Any:
-        program = program_of(ctx, self.number)
-        return verdict(ctx, self.sample, self.number, program, list(self.actual), self.inputs, explain=False)
+def _judge_part(
+    sample: Any, number: int, inputs: list[torch.Tensor], actual: list[torch.Tensor], ctx: SuiteContext
+) -> Any:
+    """The run of a batch's check: one sample's part of the batch's outputs, judged as `check_op` judges it."""
+    program = program_of(ctx, number)
+    return verdict(ctx, sample, number, program, list(actual), inputs, explain=False)

@@ -367,6 +367,8 @@ def _register_weight(module: torch.nn.Module, weight: tuple, bias: torch.Tensor)
 class _StaticWeighted(torch.nn.Module):
     """``dq(x) → op(·, dq(w), bias) → q``: int8 in, int8 out."""
 
+    weight_scales: torch.Tensor  #: a buffer (`_register_weight`)
+
     def __init__(self, op: Any, weight: Any, bias: torch.Tensor, x_q: tuple, y_q: tuple, **kwargs: Any) -> None:
         super().__init__()
         _register_weight(self, weight, bias)

@@ -28,7 +28,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -167,7 +167,7 @@ def decode_arg(value: Any, inputs: list[Any]) -> Any:
             if item not in ("inf", "-inf", "nan"):
                 raise ValueError(f"{_short(value)}: $float holds 'inf', '-inf' or 'nan'")
             return float(item)
-        table = {
+        table: dict[str, Mapping[str, object]] = {
             "$dtype": _allowlist.DTYPES,
             "$memory_format": _allowlist.MEMORY_FORMATS,
             "$layout": _allowlist.LAYOUTS,
@@ -799,7 +799,7 @@ def _check_tolerances(tolerances: object) -> None:
                 check_type(value, "number", where)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped_tolerances(version: str) -> dict[str, dict[str, list[float]]]:
     """The OpInfo tolerance overrides of the shipped data: ``version``'s own first, then every other
     release's, the newest first.

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
-    cases = [(name, ctx.first_dtype(name)) for name in ctx.cases if ctx.first_dtype(name) is not None]
+    cases = [(name, dtype) for name in ctx.cases if (dtype := ctx.first_dtype(name)) is not None]
     spec = section("serialization")
     per_case = [(check_round_trip, "load"), (check_resave_is_byte_identical, "save")]
     for name, dtype in cases:
@@ -291,9 +291,10 @@ def items_at_hand(ctx: SuiteContext, asking: str) -> tuple[list[Scenario], list[
     """
     scenarios = []
     for case in ctx.cases.values():
-        if _at_hand(ctx, case.name):
+        dtype = ctx.first_dtype(case.name)
+        if dtype is not None and _at_hand(ctx, case.name):
             try:
-                _saved(ctx, case.name, ctx.first_dtype(case.name))
+                _saved(ctx, case.name, dtype)
             except Exception:  # Unsupported, or broken: the case's own checks report it
                 continue
             scenarios.append(_scenario(ctx, case.name))
@@ -315,18 +316,17 @@ def _lowerings(ctx: SuiteContext, *, also: str | None = None) -> list[Lowering]:
     lowering them here would repeat its work.
     """
     cases = [
-        c
+        (c, dtype)
         for c in section("serialization")["deterministic_cases"]
-        if ctx.first_dtype(c) is not None and (c == also or _at_hand(ctx, c))
+        if (dtype := ctx.first_dtype(c)) is not None and (c == also or _at_hand(ctx, c))
     ]
     found = []
-    for case in cases:
-        dtype = ctx.first_dtype(case)
+    for case, dtype in cases:
         try:
             saved = _saved(ctx, case, dtype)
         except Exception:
             continue
-        spec = {m: {} for m in saved.lowered.lowered.methods}
+        spec: dict[str, dict[str, Any]] = {m: {} for m in saved.lowered.lowered.methods}
         found.append(Lowering(f"fresh:{case}", case, dtype, spec, min(bc.debug_info(saved.lowered))))
     return found
 

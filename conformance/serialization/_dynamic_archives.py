@@ -29,7 +29,7 @@ SHAPES = ("example", "max", "min", "outside")
 
 
 def checks(ctx: SuiteContext) -> Iterator[Check]:
-    cases = [(c.name, ctx.first_dtype(c.name)) for c in ctx.cases.values() if c.dims and ctx.first_dtype(c.name)]
+    cases = [(c.name, dtype) for c in ctx.cases.values() if c.dims and (dtype := ctx.first_dtype(c.name))]
     for name, dtype in cases:
         yield serialization_check(check_dynamic_round_trip, name, dtype, "load")
     for name, dtype in cases:

@@ -54,7 +54,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
     for entry in spec.get("faults", ()):
         case = ctx.cases.get(entry["case"])
         dtypes = ctx.dtypes_for(case) if case else []
-        if not dtypes or entry["method"] not in case.methods:
+        if case is None or not dtypes or entry["method"] not in case.methods:
             continue
         suffix = "" if entry["method"] == "forward" else f".{entry['method']}"
         yield Check(
@@ -205,12 +205,12 @@ def _unrelated_rejection(ctx: SuiteContext, exc: UnsupportedNodeError, program: 
     replaced by ``aten.clone`` is preprocessed again: a backend that lacks the
     op rejects the same node there too.
     """
-    node = exc.node
-    if not any(node is n for n in walk_nodes(program.graph_module)) or op_name(node) == probe:
+    node = next((n for n in walk_nodes(program.graph_module) if n is exc.node), None)
+    if node is None or op_name(node) == probe:
         return None
     twin = copy.deepcopy(program)
     for graph_module in {
-        id(n.graph.owning_module): n.graph.owning_module for n in walk_nodes(twin.graph_module)
+        id(owner): owner for n in walk_nodes(twin.graph_module) if (owner := n.graph.owning_module) is not None
     }.values():
         for n in graph_module.graph.nodes:
             if n.op == "call_function" and op_name(n) == probe:
@@ -234,8 +234,8 @@ def _problems_with_rejection(
     problems = []
     node = exc.node
     if node is not target:
-        in_program = any(node is n for n in walk_nodes(program.graph_module))
-        kind = op_name(node) if in_program else "not a node of this program"
+        found = next((n for n in walk_nodes(program.graph_module) if n is node), None)
+        kind = op_name(found) if found is not None else "not a node of this program"
         what = f"node {getattr(node, 'name', node)!r} ({kind})"
         problems.append(
             f"UnsupportedNodeError.node is {what}; expected node {target.name!r} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import pytest
 import torch
@@ -22,6 +22,7 @@ from ...torchscript import Scripted, backend_is_available, load_library, lower, 
 from .._spec import section
 
 if TYPE_CHECKING:
+    from pytest_backendconf.capabilities import Pair
     from pytest_backendconf.suite import SuiteContext
 
 #: The text the seed's demo compiler opens a rejection with.
@@ -42,7 +43,12 @@ def backend(ctx: SuiteContext) -> TorchScriptBackend:
 def loaded(ctx: SuiteContext) -> TorchScriptBackend:
     """The backend with its library loaded in this process (once)."""
     record = backend(ctx)
-    ctx.memo(("torchscript", "library"), lambda: load_library(record) or True)
+
+    def load() -> bool:
+        load_library(record)
+        return True
+
+    ctx.memo(("torchscript", "library"), load)
     return record
 
 
@@ -181,7 +187,7 @@ def tolerance(ctx: SuiteContext, dtype: str) -> tuple[float, float]:
     declared = ctx.capabilities.tolerances or {}
     for key in (getattr(torch, dtype, None), dtype):
         if key is not None and key in declared:
-            rtol, atol = declared[key]
+            rtol, atol = cast("Pair", declared[key])  # a dtype's entry is a pair (Capabilities.tolerances)
             return float(rtol), float(atol)
     default = spec()["tolerances"].get(dtype, [0.0, 0.0])
     return float(default[0]), float(default[1])

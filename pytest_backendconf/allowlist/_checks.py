@@ -12,19 +12,22 @@ table or through the dispatcher.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _segment_reduce(
-    data: Any,
-    reduce: Any,
+    data: torch.Tensor,
+    reduce: str,
     *,
-    lengths: Any = None,
-    indices: Any = None,
-    offsets: Any = None,
+    lengths: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
     axis: int = 0,
     unsafe: bool = False,
-    initial: Any = None,
+    initial: object = None,
 ) -> None:
     if unsafe:
         raise ValueError("aten.segment_reduce with unsafe=True skips its own argument checks; it is refused")

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .. import _compat
 from ..errors import OperatorRefusedError
 from ._operators import ALLOWED, CLOSED_NAMESPACES
+
+if TYPE_CHECKING:
+    from .._compat import JitType, OpOverload
 
 #: ``namespace.op.overload``: identifiers, none of them a dunder name.
 _OVERLOAD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
@@ -92,12 +95,12 @@ _VALUE_KINDS = frozenset(
 #: dropout is the identity; _unsafe_view is a view by design): what writes-checks must know.
 UNANNOTATED_ALIASES = frozenset({"aten.dropout.default", "aten._unsafe_view.default"})
 
-_CACHE: dict[str, Any] = {}
+_CACHE: dict[str, OpOverload] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def resolve_operator(name: Any, *, where: str) -> Any:
-    """The registered ``torch._ops.OpOverload`` that ``name`` ("aten.add.Tensor") names.
+def resolve_operator(name: object, *, where: str) -> OpOverload:
+    """The registered ``OpOverload`` that ``name`` ("aten.add.Tensor") names.
 
     :param where: what named it, for the error ("fallback segment 'forward.fallback0', node 'mul'").
     :raises OperatorRefusedError: ``name`` is not ``namespace.op.overload``, names no registered
@@ -150,7 +153,7 @@ def resolve_operator(name: Any, *, where: str) -> Any:
     return overload_object
 
 
-def refusal_reason(schema: Any) -> str | None:
+def refusal_reason(schema: torch.FunctionSchema) -> str | None:
     """Why an operator with this ``torch.FunctionSchema`` is refused, or None: the rules in one place."""
     namespace = schema.name.split("::")[0]
     if namespace in REFUSED_NAMESPACES:
@@ -177,14 +180,14 @@ def refusal_reason(schema: Any) -> str | None:
     return None
 
 
-def written_arguments(schema: Any) -> tuple[tuple[int, str], ...]:
+def written_arguments(schema: torch.FunctionSchema) -> tuple[tuple[int, str], ...]:
     """``(position, name)`` of each argument the schema declares it writes to (``Tensor(a!)``)."""
     return tuple(
         (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
     )
 
 
-def schema_named(name: str) -> Any:
+def schema_named(name: str) -> torch.FunctionSchema | None:
     """The registered schema of an overload name ("aten.add_.Tensor"), or None (no lookup through torch.ops)."""
     parts = name.split(".")
     if len(parts) != 3:
@@ -193,14 +196,14 @@ def schema_named(name: str) -> Any:
     return _registered_schema(f"{namespace}::{op}", "" if overload == "default" else overload)
 
 
-def _registered_schema(qualified: str, overload: str) -> Any:
+def _registered_schema(qualified: str, overload: str) -> torch.FunctionSchema | None:
     for schema in _compat.registered_schemas(qualified):
         if schema.overload_name == overload:
             return schema
     return None
 
 
-def _kind_not_allowed(jit_type: Any) -> str | None:
+def _kind_not_allowed(jit_type: JitType) -> str | None:
     kind = jit_type.kind()
     if kind in ("OptionalType", "ListType"):
         return _kind_not_allowed(jit_type.getElementType())
@@ -238,7 +241,7 @@ MEMORY_FORMATS = {
 LAYOUTS = {str(k).removeprefix("torch."): k for k in (torch.strided,)}
 
 
-def dtype_named(name: Any, *, where: str) -> torch.dtype:
+def dtype_named(name: object, *, where: str) -> torch.dtype:
     """The dtype of `DTYPES` called ``name``; a `ValueError` naming ``where`` and the known names else."""
     found = DTYPES.get(name) if type(name) is str else None
     if found is None:

@@ -23,20 +23,22 @@ from ._files import sync_files, write_atomic
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
 from ._output import OutputFile, OutputPathError, output_file
-from ._method_spec import MethodSpec, params_of, value_spec
+from ._method_spec import Constant, MethodSpec, params_of, value_spec
 from ._partitions import delegation
 from ._plan import Delegation, Plan, Step, format_delegation
 from ._sidecar import check_pair, check_sidecar_size, debug_info_mode, default_sidecar_path, read_sidecar
 from ._tensor_codec import ITEMSIZE, from_message, to_message
 from ._tensorfile import TensorFileError, read_tensors, write_tensors
 from ._versions import declared_version
-from ._zip import MANIFEST, pack
+from ._zip import MANIFEST, ArchiveInput, pack
 
 __all__ = [
     "Archive",
+    "ArchiveInput",
     "BUNDLE_SCHEMA",
     "Bundle",
     "Bundles",
+    "Constant",
     "DEFAULT_LIMITS",
     "Delegation",
     "ITEMSIZE",

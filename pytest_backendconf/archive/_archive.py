@@ -42,7 +42,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, cast
 
 from . import _partitions as _archive_partitions
 from ._attributes import RESERVED_METHODS as _RESERVED_METHODS
@@ -73,6 +73,12 @@ from ._tensor_codec import decode_tensor as tensor_from_bytes
 from ._tensor_codec import encode_tensor as tensor_to_bytes
 from ..errors import ArchiveError, DebugSidecarError
 
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from ..lowering import LoweredModule
+    from ._tensor_codec import Encoded
+
 __all__ = [
     "ATTRIBUTES",
     "DEBUG",
@@ -101,7 +107,7 @@ __all__ = [
 
 
 def encode(
-    core: Any, attributes: Any, *, separate: bool, bundles: Mapping[str, bytes] | None = None
+    core: LoweredModule, attributes: Encoded, *, separate: bool, bundles: Mapping[str, bytes] | None = None
 ) -> tuple[bytes, bytes | None]:
     """The archive bytes of a lowered module's records (and its ``.debug`` file when ``separate``).
 
@@ -166,7 +172,7 @@ def encode(
     return archive, sidecar_bytes(full_debug, hashlib.sha256(archive).hexdigest())
 
 
-def with_sidecar(archive: Archive, file: Any, debug_file: Any, limits: Limits | None) -> Archive:
+def with_sidecar(archive: Archive, file: object, debug_file: object, limits: Limits | None) -> Archive:
     """``archive`` with the debug info of its ``.debug`` file, if it is handles-only and one is at hand."""
     if archive.separate_debug is None:
         if debug_file is not None:
@@ -186,7 +192,7 @@ def with_sidecar(archive: Archive, file: Any, debug_file: Any, limits: Limits | 
     return dataclasses.replace(archive, debug=sidecar.debug)
 
 
-def debug_source(file: Any, *, limits: Limits | None = None) -> Archive | Sidecar:
+def debug_source(file: object, *, limits: Limits | None = None) -> Archive | Sidecar:
     """What `symbolicate` reads from a path or bytes: an archive (with its sidecar if handles-only) or a ``.debug`` file."""
     limits = check_limits(limits)
     if isinstance(file, (Archive, Sidecar)):
@@ -216,14 +222,23 @@ def _require_debug(missing: bool, source: str) -> None:
         )
 
 
-def read_archive(file: Any, *, limits: Limits | None = None) -> "Archive":
-    """Read and verify an archive without creating its backend (and without torch)."""
+def read_archive(file: object, *, limits: Limits | None = None) -> "Archive":
+    """Read and verify an archive without creating its backend (and without torch).
+
+    ``file`` is an `ArchiveInput`; anything else is an `ArchiveError` saying what it reads.
+    """
     limits = check_limits(limits)
     data, source = read_input(file, limits)
     return ArchiveReader(data, source, limits).read()
 
 
-def symbolicate(source: Any, handles: int | Iterable[int], *, fused: bool = False, limits: Limits | None = None) -> str:
+def symbolicate(
+    source: object,
+    handles: int | Iterable[int],
+    *,
+    fused: bool = False,
+    limits: Limits | None = None,
+) -> str:
     """The symbolicated text of each debug handle, offline, from the archive's debug info alone.
 
     ``source`` is an archive path, bytes, a binary file, an `Archive`, or a
@@ -246,7 +261,10 @@ def symbolicate(source: Any, handles: int | Iterable[int], *, fused: bool = Fals
     return join_texts(table.text, handles)  # capped: docs/archive-format.md, "Bounded text"
 
 
-def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:
+def debug_info_sizes(
+    lowered_or_archive: object,
+    programs: ExportedProgram | list[ExportedProgram] | tuple[ExportedProgram, ...] | Mapping[str, ExportedProgram],
+) -> DebugInfoSizes:
     """Compare the archive's debug section with the stack traces ``torch.export`` stores.
 
     :param lowered_or_archive: a lowered module, or an archive (path, bytes,
@@ -261,20 +279,22 @@ def debug_info_sizes(lowered_or_archive: Any, programs: Any) -> DebugInfoSizes:
     if isinstance(lowered_or_archive, Archive):
         raw, stored = lowered_or_archive.debug_sizes
     elif hasattr(lowered_or_archive, "lowered") or type(lowered_or_archive).__name__ == "LoweredModule":
-        core = getattr(lowered_or_archive, "lowered", lowered_or_archive)
+        core = cast("LoweredModule", getattr(lowered_or_archive, "lowered", lowered_or_archive))  # by the test above
         text = _debug_json(core.debug)
         raw, stored = len(text), len(deflate(text))
     else:
         raw, stored = read_archive(lowered_or_archive).debug_sizes
     if isinstance(programs, Mapping):
-        programs = list(programs.values())
-    elif not isinstance(programs, (list, tuple)):
-        programs = [programs]
-    torch_bytes = sum(torch_stack_trace_bytes(p) for p in programs)
+        each = list(programs.values())
+    elif isinstance(programs, (list, tuple)):
+        each = list(programs)
+    else:
+        each = [programs]
+    torch_bytes = sum(torch_stack_trace_bytes(p) for p in each)
     return DebugInfoSizes(stored, torch_bytes, raw)
 
 
-def _symbol_table(source: Any, limits: Limits) -> SymbolTable:
+def _symbol_table(source: object, limits: Limits) -> SymbolTable:
     if isinstance(source, Archive):
         _require_debug(source.separate_debug is not None and not source.debug, source.source)
         return cached_table(("archive", id(source)), source, lambda: source.debug)

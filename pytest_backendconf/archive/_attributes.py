@@ -8,7 +8,7 @@ refuses any name that would replace a member of the lowered module.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import kind as _kind
@@ -16,12 +16,17 @@ from ._checks import short as _short
 from ._tensor_codec import Encoded, ValueEncoder, check_tensor_meta, check_value, decode_value, is_tensor
 from ..errors import ArchiveError, ArchiveManifestError
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..lowering import WrapperModule
+
 #: Method names the wrapper needs for itself.
 RESERVED_METHODS = frozenset({"lowered", "extra_attributes", "bundled_inputs"})
 _ATTRIBUTE_KINDS = ("attribute", "parameter", "buffer")
 
 
-def encode_attributes(wrapper: Any, extra: Mapping[str, Any]) -> Encoded:
+def encode_attributes(wrapper: WrapperModule | None, extra: Mapping[str, object]) -> Encoded:
     encoder = ValueEncoder()
     records = []
     for name, value in extra.items():
@@ -34,7 +39,7 @@ def encode_attributes(wrapper: Any, extra: Mapping[str, Any]) -> Encoded:
         record: dict[str, Any] = {"name": name}
         if wrapper is not None and name in wrapper._parameters:
             record["kind"] = "parameter"
-            record["requires_grad"] = bool(value is not None and value.requires_grad)
+            record["requires_grad"] = bool(is_tensor(value) and value.requires_grad)
         elif wrapper is not None and name in wrapper._buffers:
             record["kind"] = "buffer"
             record["persistent"] = name not in wrapper._non_persistent_buffers_set
@@ -55,7 +60,7 @@ def encode_attributes(wrapper: Any, extra: Mapping[str, Any]) -> Encoded:
     return Encoded(text.encode("ascii"), encoder.data)
 
 
-def check_attributes(document: Any, where: str, methods: set[str]) -> tuple[list[dict], list[dict]]:
+def check_attributes(document: object, where: str, methods: set[str]) -> tuple[list[dict], list[dict]]:
     def bad(what: str) -> ArchiveManifestError:
         return ArchiveManifestError(f"{where}: {what}; {_REWRITE}")
 
@@ -106,7 +111,7 @@ def check_attributes(document: Any, where: str, methods: set[str]) -> tuple[list
 _WRAPPER_MEMBERS = frozenset({"_baseline", "training", "lowered"})
 
 
-def restore_attributes(wrapper: Any, records: list[dict], tensors: list[Any], where: str) -> None:
+def restore_attributes(wrapper: WrapperModule, records: list[dict], tensors: list[torch.Tensor], where: str) -> None:
     import torch
 
     taken = set(wrapper.__dict__) | set(dir(type(wrapper)))

@@ -24,7 +24,7 @@ import dataclasses
 import json
 import math
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import kind as _kind
@@ -59,7 +59,7 @@ class Bundle:
     """
 
     inputs: tuple
-    expected: Any
+    expected: object
     rtol: float
     atol: float
     tolerance: str = "given to save()"
@@ -170,7 +170,11 @@ class Bundles:
 
 
 def read_bundles(
-    document: Any, contents: Mapping[str, bytes], methods: set[str], version: tuple[int, int], where: Any
+    document: object,
+    contents: Mapping[str, bytes],
+    methods: set[str],
+    version: tuple[int, int],
+    where: Callable[[str], str],
 ) -> Bundles | None:
     """Check ``bundles.json`` (already parsed, or None when absent) against the entries; None without bundles."""
     names = [n for n in contents if BUNDLE_TENSOR.match(n)]
@@ -220,7 +224,7 @@ def read_bundles(
     return Bundles({m: list(v) for m, v in records.items()}, metas, tensor_bytes, here)
 
 
-def _tensor_indices(tree: Any) -> set[int]:
+def _tensor_indices(tree: object) -> set[int]:
     found: set[int] = set()
     stack = [tree]
     while stack:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import field as _field
 from ._checks import short as _short
 from ._zip import _STORED, MANIFEST, ZipReader, pack
 from ..errors import ArchiveEntryError, ArchiveFormatError, ArchiveManifestError, ArchiveSizeError, ArchiveVersionError
+
+if TYPE_CHECKING:
+    from ._limits import Limits
 
 CACHE_ENTRY_FORMAT = "backendconf-preprocess-cache"
 CACHE_ENTRY_SCHEMA = (1, 0)
@@ -35,7 +38,7 @@ def encode_cache_entry(key: str, blob: bytes) -> bytes:
     return pack([(MANIFEST, json.dumps(manifest, sort_keys=True).encode()), (BLOB, blob)])
 
 
-def read_cache_entry(data: bytes, source: str, key: str, limits: Any) -> bytes:
+def read_cache_entry(data: bytes, source: str, key: str, limits: Limits) -> bytes:
     """The blob an entry file holds, if it is intact and was stored under ``key``; else an `ArchiveError`."""
     return _EntryReader(data, source, limits).read(key)
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ..errors import ArchiveManifestError
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+_T = TypeVar("_T")
 
 #: The fix every damaged-archive message ends with.
 REWRITE = (
@@ -22,25 +27,25 @@ REWRITE = (
 MAX_NESTING = 64
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """A JSON integer (``bool`` is not one)."""
     return type(value) is int
 
 
-def kind(value: Any) -> str:
+def kind(value: object) -> str:
     """What a JSON value is, in words, for messages."""
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__
     )
 
 
-def short(value: Any, limit: int = 60) -> str:
+def short(value: object, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters, for messages."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def field(mapping: dict, key: str, expected: type, where: str) -> Any:
+def field(mapping: dict, key: str, expected: type[_T], where: str) -> _T:
     """``mapping[key]`` if it is of type ``expected``, else an `ArchiveManifestError` naming it."""
     value = mapping.get(key)
     if not isinstance(value, expected) or (expected is int and not is_int(value)):
@@ -72,7 +77,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not allowed")
 
 

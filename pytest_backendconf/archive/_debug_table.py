@@ -14,7 +14,8 @@ import math
 import os
 import sys
 import threading
-from typing import Any, Iterator, Mapping, NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, Mapping, NamedTuple
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import is_int as _is_int
@@ -22,6 +23,9 @@ from ._checks import kind as _kind
 from ._checks import short as _short
 from ..debuginfo import DebugInfo, Frame
 from ..errors import ArchiveManifestError
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 INT64_MAX = 2**63 - 1
 #: Source line numbers are below this (a file of a billion lines is not a model).
@@ -32,10 +36,10 @@ class _Table:
     """Deduplicates values into a list, by first appearance."""
 
     def __init__(self) -> None:
-        self.index: dict[Any, int] = {}
-        self.items: list[Any] = []
+        self.index: dict[Hashable, int] = {}
+        self.items: list[object] = []
 
-    def __call__(self, value: Any) -> int:
+    def __call__(self, value: Hashable) -> int:
         found = self.index.get(value)
         if found is None:
             found = self.index[value] = len(self.items)
@@ -89,7 +93,7 @@ def encode_debug(debug: Mapping[int, DebugInfo]) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, DebugInfo]:
+def decode_debug(document: object, where: str, methods: set[str]) -> dict[int, DebugInfo]:
     def bad(what: str) -> ArchiveManifestError:
         return ArchiveManifestError(f"{where}: {what}; {_REWRITE}")
 
@@ -109,7 +113,7 @@ def decode_debug(document: Any, where: str, methods: set[str]) -> dict[int, Debu
     portable = PortablePaths()
     files = [portable.absolute(f) for f in files]
 
-    def index(value: Any, table: list, what: str, optional: bool = False) -> Any:
+    def index(value: object, table: list, what: str, optional: bool = False) -> Any:
         if optional and value == -1 and _is_int(value):
             return None
         if not _is_int(value) or not 0 <= value < len(table):
@@ -219,7 +223,7 @@ class DebugInfoSizes(NamedTuple):
         return self.debug_bytes / self.torch_stack_trace_bytes if self.torch_stack_trace_bytes else math.inf
 
 
-def torch_stack_trace_bytes(program: Any) -> int:
+def torch_stack_trace_bytes(program: ExportedProgram) -> int:
     """UTF-8 bytes of the ``stack_trace`` strings ``torch.export.save`` stores for ``program``."""
     import zipfile
 
@@ -249,7 +253,7 @@ def torch_stack_trace_bytes(program: Any) -> int:
     )
 
 
-def _values_of(document: Any, key: str) -> Iterator[str]:
+def _values_of(document: object, key: str) -> Iterator[str]:
     stack = [document]
     while stack:
         item = stack.pop()
@@ -282,10 +286,10 @@ class _LoadedModules:
 
     def __init__(self) -> None:
         #: ``{name: module}`` as indexed, in ``sys.modules`` order.
-        self._seen: dict[str, Any] = {}
-        self._last: tuple[Any, Any] = (None, None)
+        self._seen: dict[str, ModuleType] = {}
+        self._last: tuple[str | None, ModuleType | None] = (None, None)
         #: ``{absolute file: (stored path, module name, module)}``, by first appearance.
-        self._files: dict[str, tuple[str, str, Any]] = {}
+        self._files: dict[str, tuple[str, str, ModuleType]] = {}
         #: ``{stored path: absolute file}``, the first file stored under that path.
         self._stored: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -315,7 +319,7 @@ class _LoadedModules:
                 last = next(reversed(modules))
                 if len(modules) == len(seen) and last == self._last[0] and modules[last] is self._last[1]:
                     return
-                added: list[tuple[str, Any]] = []
+                added: list[tuple[str, ModuleType]] = []
                 for name in reversed(modules):  # what was added since is at the end: dicts keep order
                     module = modules[name]
                     if seen.get(name, _MISSING) is module:
@@ -335,7 +339,7 @@ class _LoadedModules:
         for name, module in list(sys.modules.items()):
             self._add(name, module)
 
-    def _add(self, name: str, module: Any) -> None:
+    def _add(self, name: str, module: ModuleType) -> None:
         self._seen[name] = module
         self._last = (name, module)
         file = getattr(module, "__file__", None)

@@ -52,7 +52,7 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-def check_limits(limits: Any) -> Limits:
+def check_limits(limits: object) -> Limits:
     """``limits`` if it is a `Limits` (``None`` gives the defaults), else a `TypeError` saying what to pass."""
     if limits is None:
         return DEFAULT_LIMITS

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._bundles import BUNDLE_SCHEMA, BUNDLES, is_bundle_entry, read_bundles
 from ._partitions import is_partition_entry
@@ -42,6 +42,11 @@ from ..errors import (
     ArchiveVersionError,
     RegistryError,
 )
+
+if TYPE_CHECKING:
+    from ..backend import Backend
+    from ..lowering import WrapperModule
+    from ._partitions import Partitions
 
 FORMAT_NAME = "backendconf-archive"
 #: (major, minor): a reader loads any minor of its major; a new major is refused.
@@ -93,19 +98,20 @@ class Archive:
     _tensor_meta: list[dict[str, Any]] = dataclasses.field(repr=False)
     _tensor_bytes: list[bytes] = dataclasses.field(repr=False)
     #: Partitioned methods (schema 1.1), a `_partitions.Partitions`.
-    partitions: Any = dataclasses.field(default=None, repr=False)
+    partitions: Partitions | None = dataclasses.field(default=None, repr=False)
     #: A handles-only archive (schema 1.3, `_sidecar`): the manifest's ``debug_info`` field, the
     #: handles, and the SHA-256 of the archive file; ``debug`` is empty until a sidecar is attached.
     separate_debug: dict[str, Any] | None = None
     handles: tuple[int, ...] = ()
     sha256: str | None = None
     #: Bundled inputs (schema 1.4), a `_bundles.Bundles`, or None.
+    #: (``Any``: target/_replay.py reads it without asking for None; its type is ``Bundles | None``.)
     bundles: Any = dataclasses.field(default=None, repr=False)
 
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
 
-    def registered_backend(self) -> Any:
+    def registered_backend(self) -> Backend:
         """The backend registered here under the manifest's name (`ArchiveBackendError` if none)."""
         from ..registry import lookup_backend
 
@@ -117,7 +123,7 @@ class Archive:
                 f"which cannot be used here: {exc}"
             ) from None
 
-    def check_blob_version(self, backend: Any) -> None:
+    def check_blob_version(self, backend: object) -> None:
         """Refuse blobs that ``backend`` does not accept (`ArchiveVersionError`)."""
         check_blob_version(backend, self.backend_version, self.where(MANIFEST))
 
@@ -134,7 +140,7 @@ class Archive:
             f"{self.where(MANIFEST)}: its methods cannot be set up: {type(exc).__name__}: {exc}; {_REWRITE}"
         )
 
-    def restore_attributes(self, wrapper: Any) -> None:
+    def restore_attributes(self, wrapper: WrapperModule) -> None:
         """Set the wrapper attributes this archive records on ``wrapper``, tensors included."""
         tensors = [
             tensor_from_checked(data, meta, f"{self.where(f'tensors/{i}.bin')}")

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from . import _structure as structure
 from ._shapes import DynamicShapes
+
+if TYPE_CHECKING:
+    import torch
 
 _KIND_BY_NAME = {
     "POSITIONAL_ONLY": inspect.Parameter.POSITIONAL_ONLY,
@@ -41,6 +44,8 @@ DTYPE_NAMES = (
     "bool",
 )
 _SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "none"}
+#: A Python constant of a program: a scalar input or output baked into it, or a parameter's default.
+Constant = bool | int | float | str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,7 @@ class ValueSpec:
     kind: str  # "tensor", or the scalar kinds "int", "float", "bool", "str", "none"
     dtype: str | None = None  # tensors: a name from DTYPE_NAMES
     shape: tuple[int | None, ...] | None = None  # None for a dimension that is symbolic
-    value: Any = None  # constants baked into the program (scalar inputs)
+    value: Constant = None  # constants baked into the program (scalar inputs)
 
     def describe(self) -> str:
         if self.kind == "tensor":
@@ -93,10 +98,10 @@ class ParamSpec:
     name: str
     kind: str  # an inspect.Parameter kind name
     has_default: bool = False
-    default: Any = None  # only JSON-compatible defaults are kept
+    default: Constant = None  # only JSON-compatible defaults are kept
 
     def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "kind": self.kind}
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
         if self.has_default:
             out["default"] = self.default
         return out
@@ -177,7 +182,7 @@ class MethodSpec:
         )
 
 
-def params_of(function: Any) -> tuple[ParamSpec, ...]:
+def params_of(function: Callable[..., object]) -> tuple[ParamSpec, ...]:
     """The parameters of a method (``self`` dropped), keeping JSON-compatible defaults."""
     params = list(inspect.signature(function).parameters.values())[1:]
     specs = []
@@ -187,13 +192,13 @@ def params_of(function: Any) -> tuple[ParamSpec, ...]:
     return tuple(specs)
 
 
-def is_json_scalar(value: Any) -> bool:
+def is_json_scalar(value: object) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, (bool, int, str))
 
 
-def value_spec(name: str, value: Any) -> ValueSpec:
+def value_spec(name: str, value: object) -> ValueSpec:
     """The spec of an example value (a real or fake tensor, or a Python constant)."""
     dtype = getattr(value, "dtype", None)
     if dtype is not None and hasattr(value, "shape"):
@@ -202,10 +207,10 @@ def value_spec(name: str, value: Any) -> ValueSpec:
     kind = _SCALAR_KINDS.get(type(value))
     if kind is None:
         raise TypeError(f"{name} is a {type(value).__name__}; only tensors and Python scalars are supported")
-    return ValueSpec(name=name, kind=kind, value=value)
+    return ValueSpec(name=name, kind=kind, value=cast(Constant, value))  # its type is one of _SCALAR_KINDS
 
 
-def _is_static(dim: Any) -> bool:
+def _is_static(dim: int | torch.SymInt) -> bool:
     node = getattr(dim, "node", None)
     if node is not None:
         # Never int() a SymInt: that guards on its example value and

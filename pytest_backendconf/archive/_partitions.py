@@ -16,9 +16,14 @@ nodes of each whole-method lowering, for `delegation`. Archives of schema
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import ArchiveEntryError, ArchiveManifestError
+
+if TYPE_CHECKING:
+    from ..lowering import LoweredModule
+    from ._manifest import Archive
+    from ._plan import Delegation, Plan
 
 PARTITION_BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.(partition[0-9]+)\.bin\Z")
 FALLBACK_BLOB = re.compile(r"fallback/([A-Za-z][A-Za-z0-9_]*)\.(fallback[0-9]+)\.bin\Z")
@@ -29,7 +34,7 @@ def is_partition_entry(name: str) -> bool:
     return bool(PARTITION_BLOB.match(name) or FALLBACK_BLOB.match(name))
 
 
-def write(core: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+def write(core: LoweredModule) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest fields and the entries of ``core``'s partitions (empty for whole methods)."""
     fields: dict[str, Any] = {}
     entries: dict[str, bytes] = {}
@@ -57,7 +62,7 @@ class Partitions:
     """What an archive says about partitions, checked against its entries."""
 
     def __init__(self) -> None:
-        self.plans: dict[str, Any] = {}
+        self.plans: dict[str, Plan] = {}
         self.compile_specs: dict[str, dict] = {}
         self.delegated_blobs: dict[str, bytes] = {}
         self.fallback_blobs: dict[str, bytes] = {}
@@ -67,7 +72,7 @@ class Partitions:
     def methods(self) -> set[str]:
         return set(self.plans)
 
-    def apply(self, lowered: Any) -> None:
+    def apply(self, lowered: LoweredModule) -> None:
         lowered.whole_method_nodes.update(self.op_nodes)
         for method, plan in self.plans.items():
             specs = {k: v for k, v in self.compile_specs.items() if k.split(".")[0] == method}
@@ -75,7 +80,9 @@ class Partitions:
             lowered.add_plan(method, plan, specs, fallbacks)
 
 
-def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: set[str], where: Any) -> Partitions:
+def read(
+    manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: set[str], where: Callable[[str], str]
+) -> Partitions:
     """Check the manifest's partition fields and collect the partition entries.
 
     :param where: ``where(entry)`` → "archive 'x', entry 'y'", for messages.
@@ -135,12 +142,12 @@ def read(manifest: Mapping[str, Any], contents: Mapping[str, bytes], methods: se
     return found
 
 
-def delegation(archive: Any) -> dict[str, Any]:
+def delegation(archive: Archive) -> dict[str, Delegation]:
     """`bc.delegation` of an archive's module, read without a backend (for `backendconf inspect`)."""
     from ._plan import Delegation
 
     found = archive.partitions or Partitions()
-    out = {}
+    out: dict[str, Delegation] = {}
     for method in archive.methods:
         if method in found.plans:
             out[method] = found.plans[method].delegation

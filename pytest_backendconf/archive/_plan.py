@@ -106,7 +106,7 @@ class Plan:
     n_values: int
     steps: tuple[Step, ...]
     #: Per method output: a value index, or ``{"constant": v}`` for a value baked into the program.
-    outputs: tuple[Any, ...]
+    outputs: tuple[int | dict[str, object], ...]
     delegation: Delegation
 
     def to_json(self) -> dict[str, Any]:
@@ -157,7 +157,7 @@ class Plan:
         return [s.key for s in self.steps]
 
 
-def _index(value: Any) -> int:
+def _index(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{value!r} is not a value index")
     return value

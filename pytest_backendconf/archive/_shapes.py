@@ -13,9 +13,17 @@ backend's outputs against the sizes the inputs bound.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence, SupportsInt, cast
 
 from ..errors import InputSpecError, OutputSpecError
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    import torch
+
+    from .._compat import ValueRanges
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +79,10 @@ class DynamicShapes:
 
     @classmethod
     def from_program(
-        cls, inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]], range_constraints: Any
+        cls,
+        inputs: list[tuple[str, object]],
+        outputs: list[tuple[str, object]],
+        range_constraints: Mapping[object, ValueRanges],
     ) -> "DynamicShapes | None":
         """From the example values (fake tensors) of a program's user inputs and outputs.
 
@@ -81,7 +92,7 @@ class DynamicShapes:
         """
         import sympy
 
-        order: dict[Any, int] = {}
+        order: dict[Hashable, int] = {}
         symbols: list[Symbol] = []
         found_inputs: list[SymbolicDim] = []
         for index, (_, value) in enumerate(inputs):
@@ -150,13 +161,16 @@ class DynamicShapes:
                 )
         return values
 
-    def check_outputs(self, method: str, backend: str, outputs: list, values: list[int | None]) -> None:
-        """Output sizes must follow the call's input sizes (a backend that kept the first shape does not)."""
+    def check_outputs(self, method: str, backend: str, outputs: Sequence[object], values: list[int | None]) -> None:
+        """Output sizes must follow the call's input sizes (a backend that kept the first shape does not).
+
+        ``outputs`` passed their specs' checks: the ones a symbol sizes are tensors.
+        """
         for use in self.outputs:
             value = values[use.symbol]
             if value is None:
                 continue
-            size = outputs[use.index].shape[use.dim]
+            size = cast("torch.Tensor", outputs[use.index]).shape[use.dim]
             if size != use.size_for(value):
                 raise OutputSpecError(
                     f"method {method!r} output {use.index}: dimension {use.dim} is {size} from backend "
@@ -199,7 +213,7 @@ class DynamicShapes:
         }
 
     @classmethod
-    def from_json(cls, data: Any, inputs: tuple, outputs: tuple) -> "DynamicShapes":
+    def from_json(cls, data: object, inputs: tuple, outputs: tuple) -> "DynamicShapes":
         """Read and check the JSON against the method's value specs; `ValueError` says what is wrong."""
         if not isinstance(data, dict) or set(data) != {"symbols", "inputs", "outputs"}:
             raise ValueError("dynamic_shapes must be an object with symbols, inputs and outputs")
@@ -224,8 +238,8 @@ class DynamicShapes:
         return cls(tuple(symbols), uses["input"], uses["output"])
 
 
-def _affine(size: Any, sympy: Any) -> tuple[Any, int, int] | None:
-    """``(symbol, times, plus)`` when ``size`` is a SymInt ``times*symbol + plus``, else None."""
+def _affine(size: object, sympy: ModuleType) -> tuple[Hashable, int, int] | None:
+    """``(symbol, times, plus)`` when ``size`` is a SymInt ``times*symbol + plus``, else None (the symbol: sympy's)."""
     node = getattr(size, "node", None)
     expr = getattr(node, "expr", None)
     if expr is None:
@@ -246,14 +260,14 @@ def _affine(size: Any, sympy: Any) -> tuple[Any, int, int] | None:
     return symbol, int(times), int(plus)
 
 
-def _symbol_range(symbol: Any, range_constraints: Any) -> Symbol:
+def _symbol_range(symbol: Hashable, range_constraints: Mapping[object, ValueRanges]) -> Symbol:
     bounds = range_constraints.get(symbol) if range_constraints else None
     if bounds is None:
         return Symbol(0, None)
     return Symbol(max(0, _finite(bounds.lower) or 0), _finite(bounds.upper))
 
 
-def _finite(value: Any) -> int | None:
+def _finite(value: SupportsInt) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError):
@@ -267,17 +281,17 @@ def _formula(use: SymbolicDim, of: str) -> str:
     return text
 
 
-def _size(value: Any) -> bool:
+def _size(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0
 
 
-def _list(value: Any, where: str) -> list:
+def _list(value: object, where: str) -> list:
     if not isinstance(value, list):
         raise ValueError(f"{where} must be a list")
     return value
 
 
-def _use(record: Any, key: str, i: int, specs: tuple, n_symbols: int) -> SymbolicDim:
+def _use(record: object, key: str, i: int, specs: tuple, n_symbols: int) -> SymbolicDim:
     where = f"dynamic_shapes.{key}s[{i}]"
     allowed = {key, "dim", "symbol", "times", "plus"}
     if not isinstance(record, dict) or not {key, "dim", "symbol"} <= set(record) <= allowed:
@@ -299,7 +313,7 @@ def _use(record: Any, key: str, i: int, specs: tuple, n_symbols: int) -> Symboli
 # --- to_backend's argument -------------------------------------------------------------
 
 
-def per_method(dynamic_shapes: Any, methods: dict[str, Any], module: Any) -> dict[str, Any]:
+def per_method(dynamic_shapes: Any, methods: Mapping[str, object], module: torch.nn.Module) -> dict[str, Any]:
     """``to_backend``'s ``dynamic_shapes`` as ``{method: torch.export's form}``.
 
     One method lowered: ``torch.export.export``'s own form (a dict by

@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .._quoting import shell_command
 from ._checks import REWRITE as _REWRITE
@@ -45,6 +45,10 @@ from ..errors import (
     DebugSidecarError,
 )
 
+if TYPE_CHECKING:
+    from ._limits import Limits
+    from ._manifest import Archive
+
 SIDECAR_FORMAT = "backendconf-debug"
 SIDECAR_SCHEMA = (1, 0)
 #: The archive schema a handles-only archive is written with (1.3 added ``debug_info``).
@@ -53,7 +57,7 @@ SEPARATE = "separate"
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 
 
-def debug_info_mode(value: Any) -> str:
+def debug_info_mode(value: object) -> str:
     """``debug_info=`` of `save`, checked: ``"embedded"`` or ``"separate"``."""
     if value not in ("embedded", SEPARATE):
         raise ValueError(
@@ -105,7 +109,7 @@ def read_manifest_field(manifest: dict, version: tuple[int, int], where: str) ->
     return value
 
 
-def decode_handles(document: Any, where: str) -> tuple[int, ...]:
+def decode_handles(document: object, where: str) -> tuple[int, ...]:
     """The handles of a handles-only ``debug.json``."""
     handles = document.get("handles") if isinstance(document, dict) else None
     if not isinstance(handles, list):
@@ -159,12 +163,12 @@ class Sidecar:
 _SIDECAR_OVERHEAD = 64 * 2**10
 
 
-def sidecar_cap(limits: Any) -> int:
+def sidecar_cap(limits: Limits) -> int:
     """The most bytes a debug file can have: its debug table is at most ``max_debug_bytes`` (deflated, less)."""
     return min(limits.max_archive_bytes, limits.max_debug_bytes + _SIDECAR_OVERHEAD)
 
 
-def check_sidecar_size(path: str, limits: Any) -> None:
+def check_sidecar_size(path: str, limits: Limits) -> None:
     """Refuse the file at ``path`` if it is larger than any ``.debug`` file can be, before reading any of it.
 
     A folder is an `ArchiveError` too (as `read_input` says), not a raw `IsADirectoryError`.
@@ -180,7 +184,7 @@ def check_sidecar_size(path: str, limits: Any) -> None:
         )
 
 
-def read_sidecar(file: Any, limits: Any) -> Sidecar:
+def read_sidecar(file: object, limits: Limits) -> Sidecar:
     """Read and verify a ``.debug`` file; its size is checked before any of it is read."""
     cap = sidecar_cap(limits)
     name = os.fspath(file) if isinstance(file, (str, os.PathLike)) else None
@@ -256,14 +260,15 @@ class SidecarReader(ZipReader):
         return Sidecar(self.source, archive_sha, debug_sha, debug)
 
 
-def _methods_named(document: Any) -> set[str]:
+def _methods_named(document: object) -> set[str]:
     """Every name a debug table's rows may use as a method (checked against the archive on pairing)."""
     names = document.get("names") if isinstance(document, dict) else None
     return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
-def check_pair(archive: Any, sidecar: Sidecar) -> None:
+def check_pair(archive: Archive, sidecar: Sidecar) -> None:
     """Refuse a sidecar that was not written with ``archive``, naming both files' hashes."""
+    assert archive.separate_debug is not None, "only a handles-only archive has a .debug file"
     expected = archive.separate_debug["sha256"]
     if sidecar.archive_sha256 == archive.sha256 and sidecar.debug_sha256 == expected:
         methods = {info.method for info in sidecar.debug.values()}
@@ -279,7 +284,7 @@ def check_pair(archive: Any, sidecar: Sidecar) -> None:
     )
 
 
-def read_format(data: bytes, source: str, limits: Any) -> str | None:
+def read_format(data: bytes, source: str, limits: Limits) -> str | None:
     """The ``format`` a file's manifest names (``None`` if it has none), to tell a sidecar from an archive."""
     reader = ZipReader(data, source, limits)
     first = reader._parse_zip()[0]

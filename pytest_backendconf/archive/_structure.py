@@ -26,10 +26,15 @@ import collections
 import keyword
 import math
 import operator
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 from ._checks import MAX_NESTING, parse_json, short
 from ..errors import ArchiveManifestError
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    from .._compat import TreeSpec
 
 LEAF = "leaf"
 NONE = "none"
@@ -45,13 +50,13 @@ class StructureError(ValueError):
 # --- reading -----------------------------------------------------------------------------
 
 
-def check(structure: Any) -> int:
+def check(structure: object) -> int:
     """Verify ``structure`` strictly and return its number of leaves; `StructureError` if malformed."""
     budget = [MAX_NODES]
     return _check(structure, "structure", 0, budget)
 
 
-def _check(node: Any, path: str, depth: int, budget: list[int]) -> int:
+def _check(node: object, path: str, depth: int, budget: list[int]) -> int:
     budget[0] -= 1
     if budget[0] < 0:
         raise StructureError(f"structure has more than {MAX_NODES} nodes")
@@ -104,7 +109,7 @@ def _check(node: Any, path: str, depth: int, budget: list[int]) -> int:
     raise StructureError(f"{path} has the unknown kind {short(tag)}")
 
 
-def _check_key(key: Any, path: str) -> None:
+def _check_key(key: object, path: str) -> None:
     if key is None or type(key) in (str, bool):
         return
     if type(key) is int and -_INT64 <= key < _INT64:
@@ -116,7 +121,7 @@ def _check_key(key: Any, path: str) -> None:
     )
 
 
-def _is_identifier(value: Any) -> bool:
+def _is_identifier(value: object) -> TypeGuard[str]:
     return type(value) is str and value.isidentifier() and not keyword.iskeyword(value)
 
 
@@ -145,19 +150,19 @@ def _describe(node: Any) -> str:
     return f"{body['name']}(" + ", ".join(f"{f}={_describe(c)}" for f, c in zip(body["fields"], body["items"])) + ")"
 
 
-def describe_value(value: Any, depth: int = 0) -> str:
+def describe_value(value: object, depth: int = 0) -> str:
     """The same picture for a call's actual value (anything that is not a container is a leaf)."""
     if depth > MAX_NESTING:
         return "..."
     kind = type(value)
     if value is None:
         return "None"
-    if kind is tuple:
+    if type(value) is tuple:
         inner = ", ".join(describe_value(v, depth + 1) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if kind is list:
+    if type(value) is list:
         return "[" + ", ".join(describe_value(v, depth + 1) for v in value) + "]"
-    if kind is dict:
+    if type(value) is dict:
         return "{" + ", ".join(f"{k!r}: {describe_value(v, depth + 1)}" for k, v in value.items()) + "}"
     if isinstance(value, tuple) and hasattr(kind, "_fields"):
         return (
@@ -171,13 +176,13 @@ def describe_value(value: Any, depth: int = 0) -> str:
 # --- using, at call time -------------------------------------------------------------------
 
 
-def flatten(structure: Any, value: Any) -> list | None:
+def flatten(structure: Any, value: object) -> list | None:
     """The leaves of ``value`` in ``structure``'s order, or ``None`` if ``value`` is not shaped like it."""
     out: list = []
     return out if _flatten(structure, value, out) else None
 
 
-def _flatten(node: Any, value: Any, out: list) -> bool:
+def _flatten(node: Any, value: object, out: list) -> bool:
     if node == LEAF:
         out.append(value)
         return True
@@ -185,7 +190,11 @@ def _flatten(node: Any, value: Any, out: list) -> bool:
         return value is None
     ((tag, body),) = node.items()
     if tag == "tuple" or tag == "list":
-        if type(value) is not (tuple if tag == "tuple" else list) or len(value) != len(body):
+        if (
+            not isinstance(value, (tuple, list))
+            or type(value) is not (tuple if tag == "tuple" else list)
+            or len(value) != len(body)
+        ):
             return False
         return all(_flatten(c, v, out) for c, v in zip(body, value))
     if tag == "dict":
@@ -201,7 +210,7 @@ def _flatten(node: Any, value: Any, out: list) -> bool:
     return all(_flatten(c, v, out) for c, v in zip(body["items"], value))
 
 
-def rebuilder(structure: Any) -> Callable[[Any], Any]:
+def rebuilder(structure: Any) -> Callable[[Sequence[object]], object]:
     """A function from the flat outputs to ``structure`` filled with them.
 
     A single leaf, and a flat tuple, list or dict of leaves, are rebuilt
@@ -240,7 +249,7 @@ def _make_classes(node: Any, classes: dict[int, type]) -> None:
         _make_classes(child, classes)
 
 
-def _build(node: Any, leaves: Iterator[Any], classes: dict[int, type]) -> Any:
+def _build(node: Any, leaves: Iterator[object], classes: dict[int, type]) -> object:
     if node == LEAF:
         return next(leaves)
     if node == NONE:
@@ -258,11 +267,11 @@ def _build(node: Any, leaves: Iterator[Any], classes: dict[int, type]) -> Any:
 # --- writing, from torch.export's call spec --------------------------------------------------
 
 
-def from_treespec(spec: Any, what: str) -> Any:
+def from_treespec(spec: TreeSpec, what: str) -> object:
     """The structure of a torch pytree ``TreeSpec`` (through `_compat`); `StructureError` names what cannot be stored."""
     from .._compat import treespec_node
 
-    def convert(node: Any, path: str, depth: int) -> Any:
+    def convert(node: TreeSpec, path: str, depth: int) -> object:
         if depth > MAX_NESTING:
             raise StructureError(f"{what} is nested more than {MAX_NESTING} levels deep")
         kind, context, children = treespec_node(node)
@@ -274,21 +283,21 @@ def from_treespec(spec: Any, what: str) -> Any:
             return {kind.__name__: [convert(c, f"{path}[{i}]", depth + 1) for i, c in enumerate(children)]}
         if kind is dict:
             items = []
-            for key, child in zip(context, children):
+            for key, child in zip(cast("list[object]", context), children):  # a dict's context: its keys
                 _check_key(key, f"{what} at {path}")
                 items.append([key, convert(child, f"{path}[{key!r}]", depth + 1)])
             return {"dict": items}
         fields = getattr(kind, "_fields", None)
         if isinstance(kind, type) and issubclass(kind, tuple) and isinstance(fields, tuple):
-            node = {
+            record = {
                 "namedtuple": {
                     "name": kind.__name__,
                     "fields": list(fields),
                     "items": [convert(c, f"{path}.{f}", depth + 1) for f, c in zip(fields, children)],
                 }
             }
-            _check(node, path, 0, [MAX_NODES])
-            return node
+            _check(record, path, 0, [MAX_NODES])
+            return record
         raise StructureError(
             f"{what} holds a {getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', kind)} at "
             f"{path}, which an archive cannot record; use tuples, lists, dicts with string or number "
@@ -306,7 +315,7 @@ def from_treespec(spec: Any, what: str) -> Any:
 _OLD_TYPES = {"builtins.tuple": "tuple", "builtins.list": "list", "builtins.dict": "dict"}
 
 
-def from_treespec_1_0(text: Any) -> Any:
+def from_treespec_1_0(text: object) -> object:
     """The structure of a ``treespec_dumps`` string of a schema 1.0 archive; `StructureError` otherwise.
 
     Only JSON is parsed; no module is imported and no name is looked up.

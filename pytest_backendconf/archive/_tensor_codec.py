@@ -20,7 +20,7 @@ import base64
 import binascii
 import math
 import sys
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ._checks import MAX_NESTING as _MAX_NESTING
 from ._checks import REWRITE as _REWRITE
@@ -29,6 +29,10 @@ from ._checks import kind as _kind
 from ._checks import short as _short
 from ._method_spec import DTYPE_NAMES
 from ..errors import ArchiveEntryError, ArchiveError, ArchiveManifestError, ArchiveSizeError
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import TypeIs
 
 ITEMSIZE = {
     "float64": 8,
@@ -63,21 +67,22 @@ class ValueEncoder:
     def __init__(self) -> None:
         self.meta: list[dict[str, Any]] = []
         self.data: list[bytes] = []
-        self._seen: dict[int, tuple[int, Any]] = {}
+        self._seen: dict[int, tuple[int, torch.Tensor]] = {}
 
-    def encode(self, value: Any, where: str, depth: int = 0) -> Any:
+    def encode(self, value: object, where: str, depth: int = 0) -> Any:
+        """``value`` as JSON (the encoding above); its tensors go to `meta` and `data`."""
         if depth > _MAX_NESTING:
             raise ArchiveError(f"{where} is nested more than {_MAX_NESTING} levels deep (or contains itself)")
         kind = type(value)
         if value is None or kind is bool or kind is str or kind is int:
             return value
-        if kind is float:
+        if type(value) is float:
             return value if math.isfinite(value) else {"float": repr(value)}
-        if kind is list:
+        if type(value) is list:
             return [self.encode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
-        if kind is tuple:
+        if type(value) is tuple:
             return {"tuple": [self.encode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]}
-        if kind is dict:
+        if type(value) is dict:
             items = []
             for k, v in value.items():
                 if not (k is None or type(k) in (bool, int, float, str)):
@@ -93,7 +98,7 @@ class ValueEncoder:
             "tensors, int, float, bool, str, None, and lists, tuples or dicts of them"
         )
 
-    def tensor(self, t: Any, where: str) -> int:
+    def tensor(self, t: torch.Tensor, where: str) -> int:
         seen = self._seen.get(id(t))
         if seen is not None and seen[1] is t:
             return seen[0]
@@ -104,7 +109,7 @@ class ValueEncoder:
         return len(self.meta) - 1
 
 
-def encode_tensor(t: Any, where: str) -> tuple[dict[str, Any], bytes]:
+def encode_tensor(t: torch.Tensor, where: str) -> tuple[dict[str, Any], bytes]:
     """``({"dtype", "shape"}, raw little-endian bytes)`` of a dense CPU-copyable tensor."""
     import torch
 
@@ -129,12 +134,12 @@ def encode_tensor(t: Any, where: str) -> tuple[dict[str, Any], bytes]:
     return {"dtype": dtype, "shape": list(c.shape)}, bytes(out)
 
 
-def decode_tensor(data: bytes, meta: Mapping[str, Any], where: str) -> Any:
+def decode_tensor(data: bytes, meta: Mapping[str, Any], where: str) -> torch.Tensor:
     """The tensor of `encode_tensor`'s ``(meta, data)``; a bad record is an `ArchiveError` naming ``where``."""
     return tensor_from_checked(data, check_tensor_meta(meta, where), where)
 
 
-def tensor_from_checked(data: bytes, meta: Mapping[str, Any], where: str) -> Any:
+def tensor_from_checked(data: bytes, meta: Mapping[str, Any], where: str) -> torch.Tensor:
     """`decode_tensor` for a record `check_tensor_meta` returned."""
     import torch
 
@@ -186,7 +191,7 @@ def tensor_entries(
     return found
 
 
-def check_tensor_meta(meta: Any, where: str) -> dict[str, Any]:
+def check_tensor_meta(meta: object, where: str) -> dict[str, Any]:
     """``{"dtype", "shape", "numel"}`` of a tensor record, or `ArchiveManifestError`/`ArchiveSizeError`."""
     if not isinstance(meta, dict):
         raise ArchiveManifestError(f"{where}: tensor record must be an object, got {_kind(meta)}; {_REWRITE}")
@@ -205,8 +210,12 @@ def check_tensor_meta(meta: Any, where: str) -> dict[str, Any]:
     return {"dtype": dtype, "shape": shape, "numel": numel}
 
 
-def decode_value(tree: Any, tensors: Sequence[Any], where: str) -> Any:
-    """Inverse of `ValueEncoder.encode`, ``tensors`` by index (call `check_value` first)."""
+def decode_value(tree: Any, tensors: Sequence[torch.Tensor], where: str) -> Any:
+    """Inverse of `ValueEncoder.encode`, ``tensors`` by index (call `check_value` first).
+
+    ``tree`` is JSON `check_value` accepted; what it decodes to (a tensor, a scalar, a container of
+    them) is the JSON's to say, hence ``Any``.
+    """
     if isinstance(tree, list):
         return [decode_value(v, tensors, where) for v in tree]
     if isinstance(tree, dict):
@@ -221,7 +230,7 @@ def decode_value(tree: Any, tensors: Sequence[Any], where: str) -> Any:
     return tree
 
 
-def check_value(tree: Any, n_tensors: int, where: str, depth: int = 0, key: bool = False) -> None:
+def check_value(tree: object, n_tensors: int, where: str, depth: int = 0, key: bool = False) -> None:
     """Raise `ArchiveManifestError` unless ``tree`` is a value `ValueEncoder` writes."""
 
     def bad(what: str) -> ArchiveManifestError:
@@ -259,7 +268,7 @@ def check_value(tree: Any, n_tensors: int, where: str, depth: int = 0, key: bool
     raise bad(f"{_short(tree)} is not an encoded value")
 
 
-def to_message(value: Any, where: str) -> dict[str, Any]:
+def to_message(value: object, where: str) -> dict[str, Any]:
     """``value`` as one JSON-compatible document, tensor bytes in base64 (for JSON messages)."""
     encoder = ValueEncoder()
     tree = encoder.encode(value, where)
@@ -269,8 +278,8 @@ def to_message(value: Any, where: str) -> dict[str, Any]:
     return {"value": tree, "tensors": tensors}
 
 
-def from_message(message: Any, where: str) -> Any:
-    """Inverse of `to_message`; anything malformed is an `ArchiveError` naming ``where``."""
+def from_message(message: object, where: str) -> Any:
+    """Inverse of `to_message`; anything malformed is an `ArchiveError` naming ``where`` (the value: `decode_value`)."""
     if not isinstance(message, dict) or not isinstance(message.get("tensors"), list) or "value" not in message:
         raise ArchiveManifestError(
             f"{where}: must be an object with 'value' and a list 'tensors', got {_short(message)}"
@@ -289,6 +298,6 @@ def from_message(message: Any, where: str) -> Any:
     return decode_value(message["value"], tensors, where)
 
 
-def is_tensor(value: Any) -> bool:
+def is_tensor(value: object) -> TypeIs[torch.Tensor]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)

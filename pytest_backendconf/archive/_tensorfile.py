@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 import functools
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,7 @@ _CODE_OF_NAME = {
 
 
 @functools.cache
-def _codes() -> tuple[dict[Any, str], dict[str, Any]]:
+def _codes() -> tuple[dict[torch.dtype, str], dict[str, torch.dtype]]:
     """``({torch dtype: code}, {code: torch dtype})``; torch is imported on first use, so that the
     archive package (which re-exports this module's names) stays importable without it."""
     from ..allowlist import DTYPES
@@ -134,7 +134,9 @@ _MAX_NDIM = 64
 _MAX_DIM = 2**62
 
 
-def _checked_record(path: Any, name: str, record: Any, body: int) -> tuple[Any, list[int], int, int]:
+def _checked_record(
+    path: str | os.PathLike[str], name: str, record: object, body: int
+) -> tuple[torch.dtype, list[int], int, int]:
     """``(dtype, shape, start, end)`` of one header record, each field checked; `TensorFileError` naming it."""
     shown = repr(name) if len(name) <= 60 else repr(name[:57] + "...")
 
@@ -162,7 +164,7 @@ def _checked_record(path: Any, name: str, record: Any, body: int) -> tuple[Any, 
     return dtype, shape, start, end
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -10,12 +10,10 @@ failing somewhere inside ``compile``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import BackendContractError, BackendVersionError
 
 
-def declared_version(backend: Any, fallback: str | None = None) -> str | None:
+def declared_version(backend: object, fallback: str | None = None) -> str | None:
     """The backend's own ``version`` if it declares one, else ``fallback`` (its distribution's)."""
     version = getattr(backend, "version", None)
     if version is None:
@@ -28,7 +26,7 @@ def declared_version(backend: Any, fallback: str | None = None) -> str | None:
     return version
 
 
-def check_blob_version(backend: Any, archive_version: str | None, where: str) -> None:
+def check_blob_version(backend: object, archive_version: str | None, where: str) -> None:
     """Ask the backend whether it reads blobs written by ``archive_version``; refuse clearly if not.
 
     A backend without ``accepts_blob_version`` accepts every version (its
@@ -70,7 +68,7 @@ def check_blob_version(backend: Any, archive_version: str | None, where: str) ->
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """``same_major_not_newer``, which lived here, still imports, with a `DeprecationWarning` naming its home."""
     if name == "same_major_not_newer":
         from .._moved import warn_moved

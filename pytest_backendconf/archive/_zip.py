@@ -15,11 +15,23 @@ import os
 import re
 import struct
 import zlib
-from typing import Any, Sequence
+from typing import IO, TYPE_CHECKING, Any, Sequence
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import parse_json
 from ..errors import ArchiveChecksumError, ArchiveEntryError, ArchiveError, ArchiveFormatError, ArchiveSizeError
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from ._limits import Limits
+
+    class _Readable(Protocol):
+        def read(self, size: int, /) -> object: ...
+
+
+#: What the readers take an archive (or a ``.debug`` file) from: a path, its bytes, or a binary file object.
+ArchiveInput = str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes]
 
 MANIFEST = "manifest.json"
 DEBUG = "debug.json"
@@ -57,7 +69,7 @@ class ZipReader:
     says about the archive's version.
     """
 
-    def __init__(self, data: bytes, source: str, limits: Any) -> None:
+    def __init__(self, data: bytes, source: str, limits: Limits) -> None:
         self.data = memoryview(data)
         self.source = source
         self.limits = limits
@@ -375,7 +387,7 @@ def deflate(data: bytes) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-def read_input(file: Any, limits: Any) -> tuple[bytes, str]:
+def read_input(file: object, limits: Limits) -> tuple[bytes, str]:
     """The bytes of an archive given as bytes, a path or a binary file object, and its name for messages.
 
     A file is read by its size and a stream in chunks, stopping at
@@ -413,7 +425,7 @@ def read_input(file: Any, limits: Any) -> tuple[bytes, str]:
 _CHUNK = 1 << 20
 
 
-def _read_stream(f: Any, cap: int, source: str, size: int | None) -> bytes:
+def _read_stream(f: _Readable, cap: int, source: str, size: int | None) -> bytes:
     chunks = []
     total = 0
     while total <= cap:

@@ -16,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import types
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 STRING_FILE = "<string>"
 TRACEABLE = "<string:backendconf>"
@@ -30,7 +33,7 @@ def user_file(file: str) -> str:
 
 
 @contextlib.contextmanager
-def traceable(module: Any) -> Iterator[None]:
+def traceable(module: torch.nn.Module) -> Iterator[None]:
     """While exporting ``module``: frames of ``forward`` methods ``exec``'d from strings are recorded."""
     swapped = []
     for sub in module.modules():

@@ -11,7 +11,10 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule, Node
 
 INT64_MAX = 2**63 - 1
 
@@ -64,7 +67,7 @@ class DebugHandleRecorder:
             i = bisect.bisect_right(self._starts, handle) - 1
             return i >= 0 and handle < self._stops[i]
 
-    def assign(self, graph_module: Any) -> "DebugHandles":
+    def assign(self, graph_module: GraphModule) -> "DebugHandles":
         """Give every node of ``graph_module`` and its nested subgraphs a handle.
 
         Nodes are numbered in graph order, each subgraph right after the
@@ -76,13 +79,13 @@ class DebugHandleRecorder:
         return DebugHandles(dict(zip(nodes, block)))
 
 
-class DebugHandles(Mapping):
+class DebugHandles(Mapping["Node", int]):
     """``debug_handles[node]`` → the node's debug handle, nested subgraphs included."""
 
-    def __init__(self, by_node: dict[Any, int]) -> None:
+    def __init__(self, by_node: dict[Node, int]) -> None:
         self._by_node = by_node
 
-    def __getitem__(self, node: Any) -> int:
+    def __getitem__(self, node: Node) -> int:
         try:
             return self._by_node[node]
         except KeyError:
@@ -91,7 +94,7 @@ class DebugHandles(Mapping):
                 "of the program given to preprocess (did a pass copy the graph?)"
             ) from None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Node]:
         return iter(self._by_node)
 
     def __len__(self) -> int:
@@ -103,18 +106,18 @@ class DebugHandles(Mapping):
         return f"<DebugHandles {len(handles)} nodes, handles {span}>"
 
 
-def walk_nodes(graph_module: Any) -> Iterator[Any]:
+def walk_nodes(graph_module: GraphModule) -> Iterator[Node]:
     """Every node of ``graph_module``, each subgraph after the node that uses it."""
     for node in graph_module.graph.nodes:
         yield node
         if node.op == "get_attr":
-            sub = _submodule(graph_module, node.target)
+            sub = _submodule(graph_module, str(node.target))
             if sub is not None and hasattr(sub, "graph"):
-                yield from walk_nodes(sub)
+                yield from walk_nodes(cast("GraphModule", sub))  # a subgraph (torch.cond's branches)
 
 
-def _submodule(graph_module: Any, target: str) -> Any:
-    obj = graph_module
+def _submodule(graph_module: GraphModule, target: str) -> object:
+    obj: object = graph_module
     for part in target.split("."):
         obj = getattr(obj, part, None)
         if obj is None:

@@ -14,10 +14,16 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from .._quoting import visible
 from . import _exec_sources, _source
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule, Node
+
+#: A node's ``nn_module_stack`` as ``torch.export`` records it: module path -> (path, class or its name).
+ModuleStack = Mapping[str, tuple[str, object]]
 
 HERE = " <--- HERE"
 
@@ -296,7 +302,7 @@ def _locator(info: DebugInfo) -> str:
 # --- building debug info from torch.export metadata ---------------------------
 
 
-def op_name(node: Any) -> str:
+def op_name(node: Node) -> str:
     """``aten::mul`` for an aten overload, ``higher_order::cond``, ``getitem``, or the node's op."""
     if node.op != "call_function":
         return node.op
@@ -312,11 +318,11 @@ def op_name(node: Any) -> str:
 
 
 def debug_info_for_node(
-    node: Any,
+    node: Node,
     *,
     method: str,
     handle: int,
-    inherited_stack: Any = None,
+    inherited_stack: ModuleStack | None = None,
     top_class: str | None = None,
     occurrences: collections.Counter | None = None,
 ) -> DebugInfo:
@@ -350,7 +356,9 @@ def debug_info_for_node(
     )
 
 
-def build_debug_infos(graph_module: Any, handles: Any, *, method: str, top_class: str) -> dict[int, DebugInfo]:
+def build_debug_infos(
+    graph_module: GraphModule, handles: Mapping[Node, int], *, method: str, top_class: str
+) -> dict[int, DebugInfo]:
     """`DebugInfo` for every node of ``graph_module`` and its subgraphs, by handle."""
     occurrences: collections.Counter = collections.Counter()
     infos: dict[int, DebugInfo] = {}
@@ -367,7 +375,9 @@ def build_debug_infos(graph_module: Any, handles: Any, *, method: str, top_class
     return infos
 
 
-def _nodes_with_owner_stack(graph_module: Any, inherited: Any) -> Iterator[tuple[Any, Any]]:
+def _nodes_with_owner_stack(
+    graph_module: GraphModule, inherited: ModuleStack | None
+) -> Iterator[tuple[Node, ModuleStack | None]]:
     for node in graph_module.graph.nodes:
         yield node, inherited
         if node.op == "get_attr":
@@ -376,7 +386,7 @@ def _nodes_with_owner_stack(graph_module: Any, inherited: Any) -> Iterator[tuple
                 yield from _nodes_with_owner_stack(sub, node.meta.get("nn_module_stack") or inherited)
 
 
-def _module_hierarchy(stack: Any, top_class: str | None) -> tuple[tuple[str, str], ...]:
+def _module_hierarchy(stack: ModuleStack | None, top_class: str | None) -> tuple[tuple[str, str], ...]:
     hierarchy: list[tuple[str, str]] = [("top", top_class or "?")]
     parent = ""
     for path, cls in (stack or {}).values():

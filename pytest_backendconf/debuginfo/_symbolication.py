@@ -10,11 +10,12 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
 from ._info import (
     MAX_TEXT_CHARS,
     DebugInfo,
+    Frame,
     clip,
     format_missing,
     one_line,
@@ -62,7 +63,7 @@ def check_handles(handles: int | Iterable[int]) -> list[int]:
     return handles
 
 
-def short_repr(value: Any, limit: int = 40) -> str:
+def short_repr(value: object, limit: int = 40) -> str:
     """``repr`` for messages, cut short; an int too long to print says how many digits it has."""
     if type(value) is int and not -(10**limit) < value < 10**limit:
         return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
@@ -79,12 +80,15 @@ class SymbolTable:
     identity (each entry keeps its object, so a reused id never matches).
     """
 
+    #: What the table was built for (`cached_table`), or None: a cached table must belong to it.
+    owner: weakref.ref[object] | None
+
     def __init__(self, debug: Mapping[int, DebugInfo]) -> None:
         self.debug = debug
-        self.cache: dict[Any, str] = {}
+        self.cache: dict[int, str] = {}
         self.cached_chars = 0
-        self._tracebacks: dict[int, tuple[Any, str]] = {}
-        self._hierarchies: dict[tuple[int, str], tuple[Any, str]] = {}
+        self._tracebacks: dict[int, tuple[tuple[Frame, ...], str]] = {}
+        self._hierarchies: dict[tuple[int, str], tuple[tuple[tuple[str, str], ...], str]] = {}
 
     def text(self, handle: int) -> str:
         found = self.cache.get(handle)
@@ -134,20 +138,20 @@ class SymbolTable:
         return f"  Module hierarchy:{hierarchy}\n{traceback[1]}"
 
 
-_TABLES: "collections.OrderedDict[Any, SymbolTable]" = collections.OrderedDict()
+_TABLES: "collections.OrderedDict[Hashable, SymbolTable]" = collections.OrderedDict()
 _TABLES_LOCK = threading.Lock()
 
 
-def cached_table(key: Any, owner: Any, debug: Callable[[], Mapping[int, DebugInfo]]) -> SymbolTable:
+def cached_table(key: Hashable, owner: object, debug: Callable[[], Mapping[int, DebugInfo]]) -> SymbolTable:
     """The cached table of ``key`` (built from ``debug()`` when missing); ``owner`` must be alive and the same."""
     with _TABLES_LOCK:
         found = _TABLES.get(key)
         # id() keys are reused after collection: the table must belong to this very object.
-        if found is not None and (owner is None or found.owner() is owner):  # type: ignore[attr-defined]
+        if found is not None and (owner is None or (found.owner is not None and found.owner() is owner)):
             _TABLES.move_to_end(key)
             return found
     table = SymbolTable(debug())
-    table.owner = weakref.ref(owner) if owner is not None else None  # type: ignore[attr-defined]
+    table.owner = weakref.ref(owner) if owner is not None else None
     with _TABLES_LOCK:
         _TABLES[key] = table
         while len(_TABLES) > 8:

@@ -21,7 +21,7 @@ import dataclasses
 import inspect
 import math
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -49,6 +49,12 @@ from ..numerics import (
     tie_open_call,
     worst,
 )
+
+if TYPE_CHECKING:
+    from torch.fx import Node
+    from torch.fx.node import Argument
+
+    from ..backend import Backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +112,7 @@ def _where(info: DebugInfo) -> str:
 
 def locate_divergence(
     module: torch.nn.Module,
-    backend: Any,
+    backend: str | object,
     example_inputs: tuple,
     *,
     method: str = "forward",
@@ -158,8 +164,8 @@ def default_tolerance(dtype: torch.dtype) -> Tolerance:
 
 def locate_in_program(
     program: ExportedProgram,
-    backend: Any,
-    user_inputs: list,
+    backend: Backend,
+    user_inputs: list[object],
     *,
     top_class: str,
     method: str = "forward",
@@ -175,7 +181,7 @@ def locate_in_program(
     infos = build_debug_infos(program.graph_module, handles, method=method, top_class=top_class)
     by_name = {info.node: info for info in infos.values()}
 
-    def judge(nodes: list[Any]) -> tuple[Any, Closeness] | None:
+    def judge(nodes: list[Node]) -> tuple[Node, Closeness] | None:
         """The first of ``nodes``' outputs out of tolerance when they run together on the backend."""
         try:
             results = run_on_backend(nodes, env, backend, program=program)
@@ -187,9 +193,9 @@ def locate_in_program(
                 closeness = compare_outputs(actual, expected, tol)
             except StructureMismatch:
                 continue
-            bad = [c for c in closeness if not c.passed]
-            if bad:
-                return node, worst(bad)  # type: ignore[return-value]
+            top = worst(c for c in closeness if not c.passed)
+            if top is not None:
+                return node, top
         return None
 
     for node in candidates:
@@ -224,7 +230,7 @@ def locate_in_program(
     return dataclasses.replace(found, group=group)
 
 
-def _divergence(verdict: tuple[Any, Closeness], by_name: dict[str, DebugInfo]) -> Divergence | None:
+def _divergence(verdict: tuple[Node, Closeness], by_name: dict[str, DebugInfo]) -> Divergence | None:
     node, closeness = verdict
     info = by_name.get(node.name)
     if info is None:
@@ -232,12 +238,12 @@ def _divergence(verdict: tuple[Any, Closeness], by_name: dict[str, DebugInfo]) -
     return Divergence(node.name, info.op, info, closeness)
 
 
-def _tolerance_of(value: Any) -> Tolerance:
+def _tolerance_of(value: object) -> Tolerance:
     leaves = [v for v in _compat.tree_leaves(value) if isinstance(v, torch.Tensor)]
     return default_tolerance(leaves[0].dtype if leaves else torch.float32)
 
 
-def _localizable(node: Any) -> bool:
+def _localizable(node: Node) -> bool:
     # Control flow (torch.cond) refers to subgraphs by get_attr: it is not cut out alone.
     return not any(a.op == "get_attr" for a in node.all_input_nodes) and isinstance(
         node.meta.get("val"), (torch.Tensor, tuple, list)
@@ -245,17 +251,17 @@ def _localizable(node: Any) -> bool:
 
 
 class _Recorder(torch.fx.Interpreter):
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: torch.fx.GraphModule) -> None:
         super().__init__(module)
-        self.values: dict[Any, Any] = {}
+        self.values: dict[Node, object] = {}
 
-    def run_node(self, n: Any) -> Any:
+    def run_node(self, n: Node) -> object:
         value = super().run_node(n)
         self.values[n] = value
         return value
 
 
-def eager_intermediates(program: ExportedProgram, user_inputs: list) -> dict[Any, Any]:
+def eager_intermediates(program: ExportedProgram, user_inputs: Sequence[object]) -> dict[Node, object]:
     """Every node's eager value, running the exported graph with the program's own state."""
     recorder = _Recorder(program.graph_module)
     with torch.no_grad():
@@ -264,13 +270,13 @@ def eager_intermediates(program: ExportedProgram, user_inputs: list) -> dict[Any
 
 
 def run_on_backend(
-    nodes: list[Any],
-    env: dict[Any, Any],
-    backend: Any,
+    nodes: list[Node],
+    env: dict[Node, object],
+    backend: Backend,
     *,
     program: ExportedProgram | None = None,
-    outputs: list[Any] | None = None,
-) -> list[tuple[Any, list, list]]:
+    outputs: list[Node] | None = None,
+) -> list[tuple[Node, list[object], list[object]]]:
     """Lower ``nodes`` (in order) as one program fed with eager values: per output node, its outputs
     from the backend and from eager (the items of a tuple that the graph uses).
 
@@ -288,12 +294,16 @@ def run_on_backend(
     for node, items in counts:
         values = flat[position : position + len(items)]
         position += len(items)
-        expected = [env[node]] if items == [None] else [env[node][i] for i in items]
+        value = env[node]
+        # Items: the node returns a tuple, and the graph reads these of it (getitem).
+        expected = [value] if items == [None] else [cast("Sequence[object]", value)[i] for i in items if i is not None]
         results.append((node, _settle_ties(node, items, values, expected, env), expected))
     return results
 
 
-def _settle_ties(node: Any, items: list, values: list, expected: list, env: dict[Any, Any]) -> list:
+def _settle_ties(
+    node: Node, items: list[int | None], values: list[object], expected: list[object], env: dict[Node, object]
+) -> list[object]:
     """``values`` with a valid other order of ties in ``node``'s index output counted as eager's (numerics' rule)."""
     if not _compat.is_op_overload(node.target):
         return values
@@ -307,19 +317,21 @@ def _settle_ties(node: Any, items: list, values: list, expected: list, env: dict
     if at is None:
         return values
     try:
-        settled, _ = settle_ties(values, expected, {at: TieOpen(call, env[node.args[0]], expected[at])})
+        # A tie-open op selects from its first argument, a tensor node, and its indices are a tensor.
+        source = cast(torch.Tensor, env[cast("Node", node.args[0])])
+        settled, _ = settle_ties(values, expected, {at: TieOpen(call, source, cast(torch.Tensor, expected[at]))})
     except InvalidIndices:
         return values  # other values selected: the comparison reports the difference
     return settled
 
 
 def piece_program(
-    nodes: list[Any],
-    env: dict[Any, Any],
+    nodes: list[Node],
+    env: dict[Node, object],
     *,
     program: ExportedProgram | None = None,
-    outputs: list[Any] | None = None,
-) -> tuple[ExportedProgram, list, list[tuple[Any, list]]]:
+    outputs: list[Node] | None = None,
+) -> tuple[ExportedProgram, list[torch.Tensor], list[tuple[Node, list[int | None]]]]:
     """A program of ``nodes`` whose outside inputs are placeholders fed with eager values.
 
     With ``program`` (the program the nodes come from), its weights (parameters, buffers, lifted
@@ -332,19 +344,20 @@ def piece_program(
     (``[None]``: the node's tensor; else the tuple indices the graph uses).
     """
     graph = torch.fx.Graph()
-    mapping: dict[Any, Any] = {}
-    inputs: list[Any] = []
+    mapping: dict[Node, Argument] = {}
+    inputs: list[torch.Tensor] = []
     inside = set(nodes)
     weights = _weights_of(program)
-    constants: dict[str, Any] = {}
+    constants: dict = {}  # name -> tensor (ExportedProgram's own annotation is wider)
 
-    def outside(n: Any) -> Any:
+    def outside(n: Node) -> Argument:
         if n in mapping:
             return mapping[n]
         value = env[n]
         if not isinstance(value, torch.Tensor):
-            mapping[n] = value  # a number from an earlier node (a size): a constant here
-            return value
+            constant = cast("Argument", value)  # a number from an earlier node (a size): a constant here
+            mapping[n] = constant
+            return constant
         if n in weights:
             placeholder = graph.placeholder(f"weight{len(constants)}")
             placeholder.meta["val"] = n.meta.get("val")
@@ -366,19 +379,22 @@ def piece_program(
         for user in node.users:
             if user.target is operator.getitem and user not in inside:
                 mapping[user] = graph.node_copy(user, lambda n: mapping[n])
-    output_nodes: list[Any] = []
-    counts: list[tuple[Any, list]] = []
+    # The piece's outputs: copies of the nodes (the constants in `mapping` stand for nodes outside).
+    output_nodes: list[Node] = []
+    counts: list[tuple[Node, list[int | None]]] = []
     for node in nodes if outputs is None else outputs:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
-            output_nodes.append(mapping[node])
+            output_nodes.append(cast("Node", mapping[node]))
             counts.append((node, [None]))
         else:
+            # A tuple: the items the graph reads (getitem's index, an int).
             items = sorted(
-                (u for u in node.users if u.target is operator.getitem and u in mapping), key=lambda u: u.args[1]
+                (u for u in node.users if u.target is operator.getitem and u in mapping),
+                key=lambda u: cast(int, u.args[1]),
             )
-            output_nodes.extend(mapping[u] for u in items)
-            counts.append((node, [u.args[1] for u in items]))
+            output_nodes.extend(cast("Node", mapping[u]) for u in items)
+            counts.append((node, [cast(int, u.args[1]) for u in items]))
     graph.output(tuple(output_nodes))
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -409,7 +425,7 @@ def piece_program(
     return piece, inputs, counts
 
 
-def _weights_of(program: ExportedProgram | None) -> dict[Any, torch.Tensor]:
+def _weights_of(program: ExportedProgram | None) -> dict[Node, torch.Tensor]:
     """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their tensors."""
     if program is None:
         return {}
@@ -432,7 +448,7 @@ def inputs_module_type(arity: int) -> type:
         inspect.Parameter(f"input{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD) for i in range(arity)
     ]
 
-    def forward(self: Any, *inputs: Any) -> Any:  # pragma: no cover - never called: the type names the signature
+    def forward(self: torch.nn.Module, *inputs: torch.Tensor) -> NoReturn:  # pragma: no cover - never called
         raise NotImplementedError
 
     forward.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

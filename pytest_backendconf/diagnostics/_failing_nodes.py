@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextvars
 import operator
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
 
 from ..debuginfo import DebugHandleRecorder
 from ._divergence import piece_program
+
+if TYPE_CHECKING:
+    from ..backend import Backend
 
 # True while failing_nodes probes: the backend's preprocess, called on a one-node
 # program, must not probe again (it would recurse without end).
@@ -53,7 +56,7 @@ class FailingNodes(list[torch.fx.Node]):
 
 
 def failing_nodes(
-    program: ExportedProgram, backend: Any, compile_spec: Mapping[str, Any] | None = None
+    program: ExportedProgram, backend: str | object, compile_spec: Mapping[str, Any] | None = None
 ) -> FailingNodes:
     """The nodes of ``program`` whose one-node programs ``backend`` fails to lower, in program order.
 
@@ -91,7 +94,7 @@ def failing_nodes(
         _probing.reset(token)
 
 
-def _candidates(program: ExportedProgram) -> list[Any]:
+def _candidates(program: ExportedProgram) -> list[torch.fx.Node]:
     # Control flow (torch.cond) refers to subgraphs by get_attr: it is not cut out alone.
     return [
         n
@@ -103,7 +106,7 @@ def _candidates(program: ExportedProgram) -> list[Any]:
     ]
 
 
-def _build_alone(node: Any, backend: Any, compile_spec: dict[str, Any]) -> str | None:
+def _build_alone(node: torch.fx.Node, backend: Backend, compile_spec: dict[str, Any]) -> str | None:
     """The text of the error building ``node`` alone raised, or ``None`` if it builds."""
     # The metadata values stand in for the eager ones: the piece is built, never run.
     env = {n: n.meta.get("val") for n in node.all_input_nodes}

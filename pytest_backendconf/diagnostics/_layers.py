@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
@@ -33,6 +33,9 @@ from ..debuginfo import DebugHandleRecorder, DebugInfo, build_debug_infos
 from ..quant import QuantizedRule
 from ..quant import DEQUANTIZE, RUNTIME_QPARAMS, errors_in_steps, implied_step, steps_off, within
 from ._divergence import _where, eager_intermediates, run_on_backend
+
+if TYPE_CHECKING:
+    pass
 
 #: A layer ends where its result is requantized with parameters fixed in the program.
 _QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
@@ -139,10 +142,11 @@ def judge_layers(
             return LayerVerdict(
                 reason=f"the layer ending at '{end.name}' does not run alone: {type(exc).__name__}: {exc}"
             )
-        if len(actual) != 1 or not isinstance(actual[0], torch.Tensor) or actual[0].shape != expected[0].shape:
+        got, want = (actual[0], expected[0]) if len(actual) == 1 else (None, None)
+        if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
             return LayerVerdict(reason=f"the layer ending at '{end.name}' gives another structure alone")
-        most, off = _steps(end, actual[0], expected[0])
-        numel = expected[0].numel()
+        most, off = _steps(end, got, want)
+        numel = want.numel()
         layers.append(
             Layer(
                 node=end.name,
@@ -157,9 +161,9 @@ def judge_layers(
     return LayerVerdict(layers=tuple(layers))
 
 
-def _layer_nodes(end: Any, boundary: set) -> set:
+def _layer_nodes(end: torch.fx.Node, boundary: set[torch.fx.Node]) -> set[torch.fx.Node]:
     """``end`` and the nodes it is computed from, back to the quantize nodes ending earlier layers."""
-    found: set = set()
+    found: set[torch.fx.Node] = set()
     pending = [end]
     while pending:
         node = pending.pop()
@@ -170,7 +174,7 @@ def _layer_nodes(end: Any, boundary: set) -> set:
     return found
 
 
-def _steps(end: Any, actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, int]:
+def _steps(end: torch.fx.Node, actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, int]:
     """The largest difference in steps and how many elements are off by a step or more."""
     if not expected.is_floating_point():  # a layer's integers: one step is one
         error = (actual.long() - expected.long()).abs().double()
@@ -182,11 +186,11 @@ def _steps(end: Any, actual: torch.Tensor, expected: torch.Tensor) -> tuple[floa
     return error.max().item(), steps_off(error)
 
 
-def _is_dequantize(node: Any) -> bool:
+def _is_dequantize(node: torch.fx.Node) -> bool:
     return "dequantize" in str(node.target)
 
 
-def _op_name(node: Any) -> str:
+def _op_name(node: torch.fx.Node) -> str:
     """``aten.conv2d.default`` -> ``conv2d``."""
     if node.target is operator.getitem:
         return "getitem"

@@ -27,7 +27,14 @@ import dataclasses
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from ..backend import Backend
+    from ..target import ChildProcess
 
 #: Seconds ``bc.minify`` and the suite spend on one failure (``--backendconf-minify-budget``).
 DEFAULT_BUDGET = 60.0
@@ -83,8 +90,8 @@ class Reproduction:
     candidate failed. ``program, inputs = bc.minify(...)`` unpacks it.
     """
 
-    program: Any
-    inputs: list
+    program: ExportedProgram | None
+    inputs: list[torch.Tensor]
     #: The failing candidate the program was made of (``None`` with no program).
     candidate: Candidate | None
     #: Operator nodes of the whole program, and how many candidates ran.
@@ -101,15 +108,15 @@ class Reproduction:
         """The operator sequence of the minimal program (``("aten::convolution", "aten::gelu")``)."""
         return self.candidate.ops if self.candidate is not None else ()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[ExportedProgram | list[torch.Tensor] | None]:
         yield self.program
         yield self.inputs
 
 
 def minify(
-    program: Any,
-    backend: Any,
-    inputs: Sequence[Any],
+    program: ExportedProgram,
+    backend: str | Backend,
+    inputs: Sequence[torch.Tensor],
     still_fails: Callable[[Candidate], bool],
     *,
     budget: float = DEFAULT_BUDGET,
@@ -215,13 +222,13 @@ def _short(op: str) -> str:
     return op.split("::")[-1].split(".")[0]
 
 
-def _op(node: Any) -> str:
+def _op(node: torch.fx.Node) -> str:
     from ._minify_child import op_name
 
     return op_name(node)
 
 
-def _cuttable(node: Any) -> bool:
+def _cuttable(node: torch.fx.Node) -> bool:
     import operator
 
     from ._divergence import _localizable
@@ -239,7 +246,7 @@ class _Runner:
     def __init__(self, options: dict, plugins: Sequence[str] | None) -> None:
         self.options = options
         self.plugins = plugins
-        self.child: Any = None
+        self.child: ChildProcess | None = None
 
     def run(self, nodes: list[str], timeout: float) -> Outcome | None:
         """How the candidate ended; ``None``: the child could not even start in time."""
@@ -254,6 +261,7 @@ class _Runner:
             )
             if not self.child.wait_ready():
                 ended = self.child.ended
+                assert ended is not None  # wait_ready is False when the child ended
                 raise RuntimeError(f"the minimiser's child process {ended.describe()}: {ended.stderr[-2000:]}")
         result = self.child.request({"nodes": nodes}, timeout=timeout)
         if isinstance(result, Ended):
@@ -280,7 +288,7 @@ class _Search:
     def __init__(
         self,
         runner: _Runner,
-        nodes: dict[str, Any],
+        nodes: dict[str, torch.fx.Node],
         still_fails: Callable[[Candidate], bool],
         deadline: float,
         timeout: float | None,

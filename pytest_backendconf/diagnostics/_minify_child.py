@@ -13,13 +13,16 @@ the backend, run, and compared with eager.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: ``aten::gelu``, ``aten.gelu.default``, ``aten.gelu``: an operator named in an error message.
 _OP_IN_TEXT = re.compile(r"\baten(?:::|\.)([A-Za-z0-9_]+)")
 
 
-def op_name(node: Any) -> str:
+def op_name(node: torch.fx.Node) -> str:
     """``aten::gelu``: the operator of a ``call_function`` node, as debug infos name it."""
     schema = getattr(node.target, "_schema", None)
     if schema is not None:
@@ -35,7 +38,7 @@ def ops_in_text(text: str) -> set[str]:
 class CandidateHandler:
     """In the child: the program, its eager intermediates, and the backend; runs one candidate per request."""
 
-    def __init__(self, options: dict, channel: Any) -> None:
+    def __init__(self, options: dict, channel: object) -> None:
         import torch
 
         from ..archive import read_tensors
@@ -57,7 +60,7 @@ class CandidateHandler:
         tolerance = options.get("tolerance")
         self.tolerance = None if tolerance is None else Tolerance(float(tolerance[0]), float(tolerance[1]), "given")
 
-    def __call__(self, request: dict, channel: Any) -> dict:
+    def __call__(self, request: dict, channel: object) -> dict:
         from ..target import error_record
         from ._divergence import _tolerance_of, run_on_backend
         from ..numerics import StructureMismatch, compare_outputs, worst

@@ -16,10 +16,13 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from ..debuginfo import DebugInfo, hierarchy_prefix, one_line
 from ..errors import BackendContractError, BackendError
+
+if TYPE_CHECKING:
+    from ..lowering import LoweredModule, WrapperModule
 
 #: One event: (debug handle, start, end), nanoseconds of time.perf_counter_ns.
 Event = tuple[int, int, int]
@@ -38,7 +41,7 @@ class Call:
         return self.end_ns - self.start_ns
 
 
-def profiled_call(core: Any, method: str, args: tuple, kwargs: dict) -> tuple[Any, Call]:
+def profiled_call(core: LoweredModule, method: str, args: tuple, kwargs: dict) -> tuple[Any, Call]:
     """Run ``method`` of a `LoweredModule` once, through ``execute_profiled`` when the backend has it.
 
     Returns the method's result (structure restored, checked as every call
@@ -58,10 +61,12 @@ def profiled_call(core: Any, method: str, args: tuple, kwargs: dict) -> tuple[An
         raise BackendUnavailableError(core._unavailable_text(f"cannot profile method {method!r}"))
     if core.handles is None:
         core.compile_now(at="call")
+    handles = core.handles
+    assert handles is not None  # compile_now set them
     inputs = runner.flatten(args, kwargs)
     start = time.perf_counter_ns()
     try:
-        answer = profiled(core.handles[method], inputs)
+        answer = profiled(handles[method], inputs)
     except BackendError as exc:
         raise core._symbolicate(exc, method) from exc
     end = time.perf_counter_ns()
@@ -74,7 +79,7 @@ def profiled_call(core: Any, method: str, args: tuple, kwargs: dict) -> tuple[An
     return runner.unflatten(outputs, name), Call(start, end, check_events(events, name, method))
 
 
-def check_events(events: Any, backend: str, method: str) -> tuple[Event, ...]:
+def check_events(events: object, backend: str, method: str) -> tuple[Event, ...]:
     """``events`` as a tuple of ``(handle, start_ns, end_ns)`` int triples, or a contract error naming the first bad one."""
     if not isinstance(events, (list, tuple)):
         raise BackendContractError(
@@ -117,7 +122,9 @@ def share_kernel(handles: list[int], start: int, end: int) -> list[Event]:
     return [(h, bounds[k], bounds[k + 1]) for k, h in enumerate(handles)]
 
 
-def profile(lowered: Any, *args: Any, repeat: int = 1, method: str = "forward", **kwargs: Any) -> "Profile":
+def profile(
+    lowered: WrapperModule | LoweredModule, *args: object, repeat: int = 1, method: str = "forward", **kwargs: object
+) -> "Profile":
     """Call ``method`` of ``lowered`` ``repeat`` times and report where the time goes.
 
     :param lowered: what `to_backend` or `load` returned.
@@ -253,8 +260,10 @@ class Profile:
             rows.append({"hierarchy": name, "calls": events, "self_ns": self_ns, "total_ns": total})
         return sorted(rows, key=lambda r: (-r["total_ns"], r["hierarchy"]))
 
-    def _aggregate(self, key: Any, keep: Sequence[str] = ("op", "file", "line", "hierarchy")) -> list[dict[str, Any]]:
-        groups: dict[Any, dict[str, Any]] = {}
+    def _aggregate(
+        self, key: Callable[[dict[str, Any]], Hashable], keep: Sequence[str] = ("op", "file", "line", "hierarchy")
+    ) -> list[dict[str, Any]]:
+        groups: dict[Hashable, dict[str, Any]] = {}
         for event, self_ns in self.spans():
             where = self._where(event[0])
             row = groups.get(key(where))

@@ -11,16 +11,20 @@ handles-only archive needs no sidecar on the device.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._profile import Call, Profile, _top_class
+
+if TYPE_CHECKING:
+    from ..archive import Archive
+    from ..target import Channel
 
 HANDLER = "pytest_backendconf.diagnostics._profile_target:ProfileHandler"
 
 
 def profile_on_target(
     path: str | os.PathLike,
-    archive: Any,
+    archive: Archive,
     calls: Mapping[str, Sequence[tuple]],
     *,
     repeat: int,
@@ -93,10 +97,10 @@ def profile_on_target(
 class ProfileHandler:
     """On the target: load the archive (blocker in place) and time each call list ``repeat`` times."""
 
-    def __init__(self, options: Mapping[str, Any], channel: Any) -> None:
+    def __init__(self, options: Mapping[str, Any], channel: Channel) -> None:
         self.channel = channel
 
-    def __call__(self, request: Mapping[str, Any], channel: Any) -> dict[str, Any]:
+    def __call__(self, request: Mapping[str, Any], channel: Channel) -> dict[str, Any]:
         from ..archive import read_archive
         from ..lowering import instantiate
         from ..target import call_on_target, error_record, load_on_target, prepare_target, unpack_value

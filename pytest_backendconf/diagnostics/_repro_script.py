@@ -16,9 +16,16 @@ import os
 import re
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .._quoting import python_comment, python_literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from torch.export import ExportedProgram
+
+    from ._minify import Candidate, Outcome, Reproduction
 
 _HEADER = '''\
 """Minimal reproduction of a backend's failure, cut by pytest-backendconf: what fails is said below."""
@@ -93,7 +100,7 @@ def script_stem(check_id: str) -> str:
 
 
 def write_script(
-    repro: Any,
+    repro: Reproduction,
     directory: Path,
     stem: str,
     *,
@@ -112,18 +119,18 @@ def write_script(
     from ..archive import write_atomic, write_tensors
     from ._divergence import default_tolerance
 
+    program, candidate = repro.program, repro.candidate
+    assert program is not None and candidate is not None  # a Reproduction with a program
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / f"{stem}.py"
     tensors = directory / f"{stem}.safetensors"
     write_tensors(tensors, {f"input{i}": t for i, t in enumerate(repro.inputs)}, {"kind": "minimal-reproduction"})
-    outputs = [n.meta.get("val") for n in repro.program.graph_module.graph.output_node().args[0]]
+    outputs = [n.meta.get("val") for n in program.graph_module.graph.output_node().args[0]]
     if tolerances is None:
         tolerances = [
             (default_tolerance(v.dtype).rtol, default_tolerance(v.dtype).atol) for v in outputs if v is not None
         ]
-    code = repro.program.graph_module.code.strip("\n")
-    candidate = repro.candidate
-    assert candidate is not None
+    code = program.graph_module.code.strip("\n")
     count = len(candidate.nodes)
     # Everything below but the graph's code comes from a model, a check id or an engine's error: prose
     # goes into comment lines and values into literals (`_quoting`), so no text of theirs can run.
@@ -131,7 +138,7 @@ def write_script(
         f"{title}.\n\n{_failure_line(candidate.outcome)}\n"
         f"{count} operator node{'' if count == 1 else 's'} ({', '.join(candidate.ops)}), cut by "
         f"pytest-backendconf from the program of\n{subject}; the values flowing into them are inputs, "
-        f"read from {tensors.name}.\n{_node_lines(repro)}\nRun it from any folder:  python {script.name}"
+        f"read from {tensors.name}.\n{_node_lines(program, candidate)}\nRun it from any folder:  python {script.name}"
     )
     text = _HEADER.format(
         about=python_comment(about),
@@ -148,7 +155,7 @@ def write_script(
     return script
 
 
-def _failure_line(outcome: Any) -> str:
+def _failure_line(outcome: Outcome) -> str:
     if outcome.kind == "crashed":
         return f"It crashes the process running it ({outcome.message})."
     if outcome.kind == "timed_out":
@@ -159,17 +166,17 @@ def _failure_line(outcome: Any) -> str:
     return f"It raises {outcome.error_type}: {first[:300]}"
 
 
-def _node_lines(repro: Any) -> str:
+def _node_lines(program: ExportedProgram, candidate: Candidate) -> str:
     """One line per node: its name, operator and the model's source line it came from."""
-    nodes = {n.name: n for n in repro.program.graph_module.graph.nodes}
+    nodes = {n.name: n for n in program.graph_module.graph.nodes}
     lines = []
-    for name, op in zip(repro.candidate.nodes, repro.candidate.ops):
+    for name, op in zip(candidate.nodes, candidate.ops):
         where = _source_of(nodes.get(name))
         lines.append(f"  {name}: {op}" + (f"  ({where})" if where else ""))
     return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
-def _source_of(node: Any) -> str:
+def _source_of(node: torch.fx.Node | None) -> str:
     trace = (node.meta.get("stack_trace") or "") if node is not None else ""
     found = re.findall(r'File "([^"]+)", line (\d+)', trace)
     if not found:

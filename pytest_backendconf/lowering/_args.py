@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -20,14 +20,14 @@ if TYPE_CHECKING:
     from ..backend import Backend
 
 
-def resolve_backend(backend: str | object) -> tuple[Any, Source | None]:
+def resolve_backend(backend: str | object) -> tuple[Backend, Source | None]:
+    found: Backend | TorchScriptBackend
     if isinstance(backend, str):
         registered = lookup_backend(backend)
-        found: Any = registered.backend
+        found = registered.backend
         source: Source | None = registered.source
     else:
-        check_backend(backend, Source("the backend object given to to_backend()"))
-        found, source = backend, None
+        found, source = check_backend(backend, Source("the backend object given to to_backend()")), None
     if isinstance(found, TorchScriptBackend):
         raise LoweringError(
             f"backend {found.name!r} is a TorchScript backend (C++ behind torch._C._jit_to_backend): "
@@ -53,13 +53,13 @@ def availability(backend: Backend) -> bool:
     return available
 
 
-def check_compile_spec(module: torch.nn.Module, spec: Any) -> dict[str, dict[str, Any]]:
+def check_compile_spec(module: torch.nn.Module, spec: object) -> dict[str, dict[str, Any]]:
     if not isinstance(spec, Mapping) or not spec:
         raise LoweringError(
             f"the method compile spec must be a non-empty dict {{method_name: {{key: value}}}}, "
             f"got {spec!r}; e.g. {{'forward': {{}}}}"
         )
-    checked = {}
+    checked: dict[str, dict[str, Any]] = {}
     for name, options in spec.items():
         method = getattr(type(module), name, None) if isinstance(name, str) else None
         if not isinstance(name, str) or not inspect.isfunction(method):
@@ -86,7 +86,7 @@ _MAX_SPEC_DEPTH = 32
 _SPEC_INT_RANGE = (-(2**63), 2**64 - 1)
 
 
-def check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = ()) -> None:
+def check_json(value: object, where: str, path: str = "", _open: tuple[int, ...] = ()) -> None:
     at = path or "top level"
     if isinstance(value, (Mapping, list, tuple)):
         if id(value) in _open:
@@ -127,7 +127,7 @@ def check_json(value: Any, where: str, path: str = "", _open: tuple[int, ...] = 
 
 
 def check_examples(
-    specs: dict[str, Any], example_inputs: Any, example_kwargs: Mapping[str, Any]
+    specs: Mapping[str, object], example_inputs: object, example_kwargs: Mapping[str, object]
 ) -> dict[str, tuple[tuple, dict]]:
     if isinstance(example_inputs, tuple):
         example_inputs = {"forward": example_inputs}
@@ -159,7 +159,7 @@ def check_examples(
     return out
 
 
-def normalize(function: Any, name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def normalize(function: Callable[..., object], name: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Bind the example call to the method's signature and fill in defaults,
 
     so that the exported structure is the one every later call is normalized to.

@@ -11,7 +11,7 @@ writes: eager's outputs from the check itself).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping, cast
 
 import torch
 
@@ -19,6 +19,10 @@ from .. import _compat
 from ..archive import Bundle, encode_bundles
 from ..capabilities import capabilities_of
 from ..errors import ArchiveError
+
+if TYPE_CHECKING:
+    from ..capabilities import Pair
+    from ._lowered_module import LoweredModule, WrapperModule
 
 #: (rtol, atol) per dtype when neither ``tolerance=`` nor the backend's ``Capabilities.tolerances`` gives
 #: one: ``torch.testing.assert_close``'s defaults, which are also the conformance suite's parity
@@ -33,9 +37,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def bundles(module: Any, method: str = "forward") -> list[Bundle]:
+def bundles(module: WrapperModule | LoweredModule, method: str = "forward") -> list[Bundle]:
     """The bundles of ``method`` of a module loaded from an archive: inputs, expected outputs, tolerance."""
-    lowered = getattr(module, "lowered", module)
+    lowered: object = getattr(module, "lowered", module)
     if not hasattr(lowered, "methods") or not hasattr(lowered, "bundles"):
         raise TypeError(f"bundles() needs a lowered module (from load or to_backend), got {type(module).__name__}")
     if method not in lowered.methods:
@@ -44,7 +48,7 @@ def bundles(module: Any, method: str = "forward") -> list[Bundle]:
 
 
 def bundle_entries(
-    core: Any, bundled_inputs: Mapping[str, Any] | None, eager: Any, tolerance: tuple[float, float] | None
+    core: LoweredModule, bundled_inputs: object, eager: object, tolerance: tuple[float, float] | None
 ) -> dict[str, bytes]:
     """The archive entries of the bundles to save with ``core`` (a `LoweredModule`)."""
     if bundled_inputs is None:
@@ -74,7 +78,9 @@ def bundle_entries(
     return encode_bundles(made, list(core.methods))
 
 
-def _bundle(core: Any, method: str, i: int, item: Any, eager: Any, tolerance: tuple[float, float] | None) -> Bundle:
+def _bundle(
+    core: LoweredModule, method: str, i: int, item: object, eager: object, tolerance: tuple[float, float] | None
+) -> Bundle:
     where = f"bundled_inputs[{method!r}][{i}]"
     if isinstance(item, Bundle):
         return item
@@ -96,7 +102,7 @@ def _bundle(core: Any, method: str, i: int, item: Any, eager: Any, tolerance: tu
     return Bundle(inputs=item, expected=_detached(expected), rtol=rtol, atol=atol, tolerance=source)
 
 
-def _tolerance(core: Any, expected: Any, given: tuple[float, float] | None) -> tuple[float, float, str]:
+def _tolerance(core: LoweredModule, expected: object, given: tuple[float, float] | None) -> tuple[float, float, str]:
     if given is not None:
         return float(given[0]), float(given[1]), "given to save()"
     floats = [t.dtype for t in _compat.tree_leaves(expected) if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -107,11 +113,11 @@ def _tolerance(core: Any, expected: Any, given: tuple[float, float] | None) -> t
     name = str(dtype).removeprefix("torch.")
     declared = capabilities_of(core.backend).tolerances or {}
     if dtype in declared:
-        rtol, atol = declared[dtype]
+        rtol, atol = cast("Pair", declared[dtype])  # a dtype's entry is a pair (Capabilities.tolerances)
         return float(rtol), float(atol), f"the backend's capabilities for {name}"
     rtol, atol = DEFAULT_TOLERANCES.get(name, (0.0, 0.0))
     return rtol, atol, f"default for {name}"
 
 
-def _detached(value: Any) -> Any:
+def _detached(value: object) -> object:
     return _compat.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, value)

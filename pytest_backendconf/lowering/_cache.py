@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
@@ -31,6 +31,12 @@ from .. import _compat
 from ..archive import DEFAULT_LIMITS, encode_cache_entry, read_cache_entry, write_atomic
 from ..debuginfo import walk_nodes
 from ..errors import ArchiveError
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+    from torch.fx import Node
+
+    from ..backend import Backend
 
 #: The folder's size cap when none is given (``--backendconf-cache-size``), in MiB.
 DEFAULT_MAX_MIB = 1024
@@ -51,7 +57,9 @@ class _Uncacheable(Exception):
 class PreprocessCache:
     """The folder of cached ``preprocess`` results for one backend object."""
 
-    def __init__(self, directory: str | os.PathLike, backend: Any, backend_version: str | None, max_bytes: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike, backend: Backend, backend_version: str | None, max_bytes: int
+    ) -> None:
         self.directory = Path(directory)
         self.backend = backend
         self.backend_version = backend_version
@@ -70,7 +78,7 @@ class PreprocessCache:
         else:  # the tag exists: still prove the folder is writable now
             write_atomic(tag, tag.read_bytes(), sync=False)
 
-    def key(self, program: Any, spec: dict, handles: Any) -> str | None:
+    def key(self, program: ExportedProgram, spec: dict, handles: Mapping[Node, int]) -> str | None:
         """The entry key of ``preprocess(program, spec, handles)``; None when it cannot be cached."""
         try:
             parts = {
@@ -171,7 +179,9 @@ def active_cache() -> PreprocessCache | None:
     return _ACTIVE
 
 
-def cached_preprocess(backend: Any, program: Any, spec: dict, handles: Any, preprocess: Callable[[], bytes]) -> bytes:
+def cached_preprocess(
+    backend: Backend, program: ExportedProgram, spec: dict, handles: Mapping[Node, int], preprocess: Callable[[], bytes]
+) -> bytes:
     """``preprocess()``'s blob, from the active cache when it serves ``backend`` and holds the key."""
     cache = _ACTIVE
     key = cache.key(program, spec, handles) if cache is not None and cache.backend is backend else None
@@ -232,7 +242,7 @@ def _files_digest(root: Path) -> str | None:
     return digest.hexdigest()
 
 
-def program_digest(program: Any) -> str:
+def program_digest(program: ExportedProgram) -> str:
     """A hash of an exported program's content that is the same in every process for the same program.
 
     Built from text that does not depend on the process: node names, ops, arguments, the values'
@@ -242,7 +252,7 @@ def program_digest(program: Any) -> str:
     """
     digest = hashlib.sha256()
 
-    def put(*parts: Any) -> None:
+    def put(*parts: object) -> None:
         for part in parts:
             digest.update(str(part).encode())
             digest.update(b"\0")
@@ -259,7 +269,7 @@ def program_digest(program: Any) -> str:
     return digest.hexdigest()
 
 
-def _target(target: Any) -> str:
+def _target(target: object) -> str:
     if isinstance(target, str):
         return target
     if _compat.is_op_overload(target):
@@ -272,7 +282,7 @@ def _target(target: Any) -> str:
     return f"{getattr(target, '__module__', '')}.{name}"
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, torch.fx.Node):
         return f"%{value.name}"
     if isinstance(value, (list, tuple)):
@@ -289,7 +299,7 @@ def _text(value: Any) -> str:
     return text
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: object) -> str:
     """A node's value as the program records it: a tensor's dtype, shape and strides, else its text."""
     if isinstance(value, torch.Tensor):
         return f"tensor({value.dtype}, {tuple(str(d) for d in value.shape)}, {tuple(str(s) for s in value.stride())})"
@@ -298,7 +308,7 @@ def _value_text(value: Any) -> str:
     return _text(value)
 
 
-def _tensor_digest(value: Any) -> str:
+def _tensor_digest(value: object) -> str:
     if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
         raise _Uncacheable(type(value).__name__)
     tensor = value.detach().cpu()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -33,6 +33,17 @@ from ..errors import (
     UnsupportedNodeError,
 )
 
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from ..backend import Value
+    from ..reference.interpreter import LoadedProgram
+    from ._partition import CutProgram
+
+    #: A step's call: the backend's execute on a partition's handle (of the backend's own type, hence
+    #: Any, as in `Backend.execute`), or `_run_fallback` on a fallback segment.
+    Execute = Callable[[Any, list[Value]], Sequence[Value]]
+
 FAULT_KEY = "__backendconf_fault__"
 
 
@@ -50,13 +61,13 @@ class PartitionedMethod:
 
 
 def lower_units(
-    program: Any,
+    program: ExportedProgram,
     units: list[Unit],
     handles: DebugHandles,
     infos: dict[int, DebugInfo],
     method: str,
     spec: dict,
-    preprocess: Callable[[Any, dict, DebugHandles, str], bytes],
+    preprocess: Callable[[ExportedProgram, dict, DebugHandles, str], bytes],
 ) -> PartitionedMethod:
     """Cut each unit out of ``program``, preprocess the delegated ones, compile the fallback."""
     from ._program_io import user_inputs
@@ -118,26 +129,31 @@ def lower_units(
     return PartitionedMethod(plan, delegated_blobs, fallback_blobs, compile_specs)
 
 
-def _compile_fallback(compile_program: Any, piece: Any, spec: dict | None, infos: dict[int, DebugInfo]) -> bytes:
+def _compile_fallback(
+    compile_program: Callable[..., bytes], piece: CutProgram, spec: dict | None, infos: dict[int, DebugInfo]
+) -> bytes:
     try:
         return compile_program(piece.program, spec, piece.handles, fallback=True)
     except UnsupportedNodeError as exc:
         # The user's source line, as for a delegated node the backend rejects.
         for rejection in exc.rejections:
-            handle = piece.handles.get(rejection.node)
+            node = rejection.node
+            handle = piece.handles.get(node) if isinstance(node, torch.fx.Node) else None
             if handle is not None and handle in infos:
                 rejection.debug_info = infos[handle]
             rejection.reason = f"the CPU fallback cannot run it either: {rejection.reason}"
         raise
 
 
-def _method_outputs(program: Any, value_of: dict, method: str) -> list[Any]:
+def _method_outputs(
+    program: ExportedProgram, value_of: dict[torch.fx.Node, int], method: str
+) -> list[int | dict[str, object]]:
     from torch.export.graph_signature import OutputKind
 
     output_node = program.graph.output_node()
     values = output_node.args[0]
     values = values if isinstance(values, (list, tuple)) else (values,)
-    out = []
+    out: list[int | dict[str, object]] = []
     for spec, value in zip(program.graph_signature.output_specs, values):
         if spec.kind != OutputKind.USER_OUTPUT:
             continue
@@ -159,7 +175,7 @@ def _method_outputs(program: Any, value_of: dict, method: str) -> list[Any]:
 # --- running a plan ---------------------------------------------------------------------
 
 
-def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> Any:
+def load_fallback(blob: bytes, key: str, debug: dict[int, DebugInfo]) -> LoadedProgram:
     """Decode a fallback segment; an operator missing here names itself and the user's line."""
     from ..reference.interpreter import UnregisteredOperatorError, load
 
@@ -186,12 +202,20 @@ class PlanRunner:
 
     __slots__ = ("bound", "n_values", "n_inputs", "outputs", "constants", "method", "backend_name")
 
-    def __init__(self, plan: Plan, execute: Callable, handles: dict, fallbacks: dict, method: str, backend_name: str):
+    def __init__(
+        self,
+        plan: Plan,
+        execute: Execute,
+        handles: dict[str, object],
+        fallbacks: dict[str, LoadedProgram],
+        method: str,
+        backend_name: str,
+    ):
         self.method = method
         self.backend_name = backend_name
         self.n_inputs = plan.n_inputs
         self.n_values = plan.n_values
-        bound = []
+        bound: list[tuple[Execute, object, tuple[int, ...], tuple[int, ...], tuple | None, Step]] = []
         for step in plan.steps:
             if step.delegated:
                 checks = tuple(
@@ -207,8 +231,8 @@ class PlanRunner:
         self.outputs = tuple(o for o in plan.outputs)
         self.constants = tuple((i, o["constant"]) for i, o in enumerate(plan.outputs) if isinstance(o, dict))
 
-    def run(self, inputs: list) -> list:
-        values = [*inputs, *([None] * (self.n_values - self.n_inputs))]
+    def run(self, inputs: list[Value]) -> list[Value]:
+        values: list[Value] = [*inputs, *([None] * (self.n_values - self.n_inputs))]
         for call, handle, reads, writes, checks, step in self.bound:
             outs = call(handle, [values[i] for i in reads])
             if checks is not None:
@@ -216,10 +240,10 @@ class PlanRunner:
             for i, value in zip(writes, outs):
                 values[i] = value
         if self.constants:
-            return [o["constant"] if isinstance(o, dict) else values[o] for o in self.outputs]
-        return [values[i] for i in self.outputs]
+            return [cast("Value", o["constant"]) if isinstance(o, dict) else values[o] for o in self.outputs]
+        return [values[i] for i in cast("tuple[int, ...]", self.outputs)]  # no constant output: all indices
 
-    def _check(self, outs: Any, checks: tuple, step: Step) -> None:
+    def _check(self, outs: object, checks: tuple, step: Step) -> None:
         if not isinstance(outs, (list, tuple)) or len(outs) != len(checks):
             got = f"{len(outs)} outputs" if isinstance(outs, (list, tuple)) else type(outs).__name__
             raise OutputSpecError(
@@ -250,16 +274,18 @@ class PlanRunner:
                 )
 
 
-def _expected(shape: Any) -> Any:
+def _expected(shape: tuple[int | None, ...] | None) -> torch.Size | tuple[int | None, ...]:
     """A `torch.Size` for a static shape; the tuple, ``None`` for each symbolic dimension, else."""
-    return torch.Size(shape) if all(d is not None for d in shape) else tuple(shape)
+    assert shape is not None  # a tensor's spec has a shape (ValueSpec)
+    static = [d for d in shape if d is not None]
+    return torch.Size(static) if len(static) == len(shape) else tuple(shape)
 
 
-def _same_shape(actual: Any, expected: Any) -> bool:
+def _same_shape(actual: Sequence[object], expected: Sequence[int | None]) -> bool:
     if actual == expected:
         return True
     return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected))
 
 
-def _run_fallback(program: Any, inputs: list) -> list:
+def _run_fallback(program: LoadedProgram, inputs: list[Value]) -> list[Value]:
     return program.run(inputs)

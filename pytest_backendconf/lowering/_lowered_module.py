@@ -6,7 +6,7 @@ and `debug_info` read them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -25,6 +25,11 @@ from ..errors import (
     OperatorRefusedError,
 )
 
+if TYPE_CHECKING:
+    from ..archive import Bundles, Delegation, Plan
+    from ..reference.interpreter import LoadedProgram
+    from ._fallback import PlanRunner
+
 
 _tracing_state = _compat.tracing_state
 _global_forward_hooks, _global_forward_pre_hooks, _global_backward_hooks, _global_backward_pre_hooks = (
@@ -32,7 +37,7 @@ _global_forward_hooks, _global_forward_pre_hooks, _global_backward_hooks, _globa
 )
 
 
-def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Any]:
+def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Delegation]:
     """``{method: Delegation}``: which op nodes each partition runs and which stay on the CPU fallback."""
 
     lowered = module.lowered if isinstance(module, WrapperModule) else module
@@ -66,32 +71,33 @@ class LoweredModule(torch.nn.Module):
         self.methods = methods
         self.blobs = blobs
         self.debug = debug
-        self.handles: dict[str, Any] | None = None
+        #: The backend's handle of each blob, once compiled: opaque here, handed back to its execute.
+        self.handles: dict[str, object] | None = None
         self._runners = {name: MethodRunner(spec) for name, spec in methods.items()}
         # Partial delegation (see _fallback): per partitioned method, its plan,
         # the compile spec of each delegated partition, the fallback's blobs,
         # and once compiled, the runner of the plan.
-        self.plans: dict[str, Any] = {}
+        self.plans: dict[str, Plan] = {}
         self.partition_specs: dict[str, dict] = {}
         self.fallback_blobs: dict[str, bytes] = {}
-        self._plan_runners: dict[str, Any] = {}
+        self._plan_runners: dict[str, PlanRunner] = {}
         #: Op node names of each whole-method lowering, for `delegation` (None when unknown).
         self.whole_method_nodes: dict[str, tuple[str, ...]] = {}
         #: Loaded from a handles-only archive (`archive._sidecar`): its debug_info field, handles and the
         #: symbolicate command for its .debug file; ``debug`` is empty unless the sidecar was loaded.
         self.separate_debug: dict[str, Any] | None = None
         #: Bundled inputs read from an archive (`archive.Bundles`), written back by a re-save; None without.
-        self.bundles: Any = None
+        self.bundles: Bundles | None = None
 
     def add_plan(
-        self, method: str, plan: Any, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
+        self, method: str, plan: Plan, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
     ) -> None:
         """Make ``method`` a partitioned one (at lowering, and by the archive reader at load)."""
         self.plans[method] = plan
         self.partition_specs.update(compile_specs)
         self.fallback_blobs.update(fallback_blobs)
 
-    def delegation_of(self, method: str) -> Any:
+    def delegation_of(self, method: str) -> Delegation:
         from ..archive import Delegation
 
         plan = self.plans.get(method)
@@ -155,12 +161,13 @@ class LoweredModule(torch.nn.Module):
             }
         self.handles = handles
 
-    def _load_fallbacks(self) -> dict[str, Any]:
+    def _load_fallbacks(self) -> dict[str, LoadedProgram]:
         from ._fallback import load_fallback
 
         return {key: load_fallback(blob, key, self.debug) for key, blob in self.fallback_blobs.items()}
 
     def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """``method`` called with ``args`` and ``kwargs``: what it returns (the model's own outputs)."""
         # The hot path: every call of a lowered method comes through here
         # (benchmarks/run.py holds it to a few microseconds over execute).
         runner = self._runners.get(method)
@@ -178,6 +185,7 @@ class LoweredModule(torch.nn.Module):
             handles = self.handles
         inputs = runner.flatten(args, kwargs)
         sizes = runner.check_sizes(inputs) if runner.dynamic is not None else None
+        outputs: Sequence[object]
         try:
             if method in self._plan_runners:
                 outputs = self._plan_runners[method].run(inputs)
@@ -271,11 +279,11 @@ class WrapperModule(torch.nn.Module):
             self.__dict__[name] = _method_caller(lowered, name, spec)
         self._baseline = frozenset(self.__dict__) | {"_baseline"}
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: object, **kwargs: object) -> Any:
         # Reached only when forward was not lowered: run() names the methods that were.
         return self.lowered.run("forward", args, kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         # nn.Module.__call__ costs about a microsecond of hook checks and
         # argument repacking before reaching forward; without hooks (the
         # usual case) go straight to the lowered module. With any hook
@@ -324,8 +332,8 @@ class WrapperModule(torch.nn.Module):
         return dict(sorted(extra.items()))
 
 
-def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
+def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Callable[..., Any]:
+    def call(*args: object, **kwargs: object) -> Any:
         return lowered.run(name, args, kwargs)
 
     call.__name__ = call.__qualname__ = name

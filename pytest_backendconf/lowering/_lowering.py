@@ -14,7 +14,7 @@ import functools
 import threading
 import types
 import warnings
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,19 @@ from ..archive import MethodSpec, params_of, value_spec
 from ._args import availability, check_compile_spec, check_examples, normalize, resolve_backend
 from ..errors import BackendContractError, BackendUnavailableWarning, LoweringError, UnsupportedNodeError
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from torch.export import ExportedProgram
+    from torch.fx import Node
+
+    from .._compat import TreeSpec
+    from ..debuginfo import DebugHandles
+    from ._fallback import PartitionedMethod
+
+    #: ``partition=``: None (whole methods), "supported", submodule names, or a function node -> bool.
+    Partition: TypeAlias = "str | Sequence[str] | Callable[[Node], bool] | None"
+
 
 def to_backend(
     module: torch.nn.Module,
@@ -37,8 +50,8 @@ def to_backend(
     method_compile_spec: Mapping[str, Mapping[str, Any]],
     *,
     example_inputs: tuple | Mapping[str, tuple],
-    example_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-    partition: Any = None,
+    example_kwargs: Mapping[str, Mapping[str, object]] | None = None,
+    partition: Partition = None,
     dynamic_shapes: Any = None,
 ) -> WrapperModule:
     """Lower the methods of ``module`` named in ``method_compile_spec`` to ``backend``.
@@ -88,28 +101,30 @@ def to_backend(
     )
 
 
-def export_method(module: torch.nn.Module, name: str, args: tuple, kwargs: dict, *, dynamic_shapes: Any = None) -> Any:
+def export_method(
+    module: torch.nn.Module, name: str, args: tuple, kwargs: dict, *, dynamic_shapes: Any = None
+) -> ExportedProgram:
     """Export one method of ``module`` the way `to_backend` does (defaults bound, checked).
 
     The suite calls this once per (model, input signature) and lowers the
     cached program many times with `lower_programs`.
     """
     args, kwargs = normalize(getattr(type(module), name), name, args, kwargs)
-    options = {} if dynamic_shapes is None else {"dynamic_shapes": shapes.fit_positional(dynamic_shapes, len(args))}
-    program = _export(module, name, args, kwargs, **options)
+    fitted = None if dynamic_shapes is None else shapes.fit_positional(dynamic_shapes, len(args))
+    program = _export(module, name, args, kwargs, dynamic_shapes=fitted)
     _reject_mutations(program, name)
     return program
 
 
 def lower_programs(
-    programs: Mapping[str, Any],
+    programs: Mapping[str, ExportedProgram],
     backend: Backend,
     method_compile_spec: Mapping[str, Mapping[str, Any]],
     *,
     module_type: type,
     backend_version: str | None = None,
     stacklevel: int = 2,
-    partition: Any = None,
+    partition: Partition = None,
 ) -> WrapperModule:
     """Lower already exported programs (one per method) to ``backend``.
 
@@ -123,7 +138,7 @@ def lower_programs(
     methods: dict[str, MethodSpec] = {}
     blobs: dict[str, bytes] = {}
     debug: dict[int, DebugInfo] = {}
-    partitioned: dict[str, Any] = {}
+    partitioned: dict[str, PartitionedMethod] = {}
     whole: dict[str, tuple[str, ...]] = {}
     for name, spec in method_compile_spec.items():
         program = programs[name]
@@ -167,14 +182,20 @@ def lower_programs(
 
 
 def _lower_partitioned(
-    backend: Any, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str, partition: Any
-) -> Any:
+    backend: Backend,
+    program: ExportedProgram,
+    spec: dict,
+    handles: DebugHandles,
+    infos: dict[int, DebugInfo],
+    name: str,
+    partition: Partition,
+) -> PartitionedMethod:
     from . import _fallback, _partition
 
     selected = _partition.select_nodes(program, partition, backend, spec, handles, name)
     units = _partition.plan_units(program, selected)
 
-    def preprocess(piece: Any, unit_spec: dict, unit_handles: Any, key: str) -> bytes:
+    def preprocess(piece: ExportedProgram, unit_spec: dict, unit_handles: DebugHandles, key: str) -> bytes:
         run = functools.partial(run_preprocess, backend, piece, unit_spec, unit_handles, infos, key)
         return cached_preprocess(backend, piece, unit_spec, unit_handles, run)
 
@@ -187,13 +208,15 @@ def _lower_partitioned(
 _EXPORT_LOCK = threading.Lock()
 
 
-def _export(work: torch.nn.Module, name: str, args: tuple, kwargs: dict, **options: Any) -> Any:
+def _export(
+    work: torch.nn.Module, name: str, args: tuple, kwargs: dict, *, dynamic_shapes: Any = None
+) -> ExportedProgram:
     original = type(work)
     if name != "forward":
         work.__class__ = _class_exporting(original, name)
     try:
         with _EXPORT_LOCK, traceable(work):
-            return _compat.export(work, args, kwargs, **options)
+            return _compat.export(work, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as exc:
         raise LoweringError(
             f"torch.export could not export method {name!r} of {original.__name__}: {type(exc).__name__}: {exc}"
@@ -219,7 +242,7 @@ def _class_exporting(cls: type, method: str) -> type:
     )
 
 
-def _reject_mutations(program: Any, name: str) -> None:
+def _reject_mutations(program: ExportedProgram, name: str) -> None:
     mutated = [
         f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
         for spec in program.graph_signature.output_specs
@@ -241,12 +264,12 @@ def _reject_mutations(program: Any, name: str) -> None:
         )
 
 
-def _written_arguments(node: Any) -> list[Any]:
+def _written_arguments(node: Node) -> list[Node]:
     """The graph nodes an in-place op writes to (from its schema's alias annotations)."""
     schema = _compat.op_schema(node.target) if node.op == "call_function" else None
     if schema is None or not schema.is_mutable:
         return []
-    written = []
+    written: list[Node] = []
     for i, argument in enumerate(schema.arguments):
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
@@ -256,7 +279,12 @@ def _written_arguments(node: Any) -> list[Any]:
 
 
 def run_preprocess(
-    backend: Backend, program: Any, spec: dict, handles: Any, infos: dict[int, DebugInfo], name: str
+    backend: Backend,
+    program: ExportedProgram,
+    spec: dict,
+    handles: DebugHandles,
+    infos: dict[int, DebugInfo],
+    name: str,
 ) -> bytes:
     """``backend.preprocess`` of method ``name`` as `to_backend` calls it: rejected nodes get their debug
     info (for the error's source lines), and a blob that is not bytes is a `BackendContractError`."""
@@ -265,7 +293,8 @@ def run_preprocess(
     except UnsupportedNodeError as exc:
         # Every rejected node gets its own source line (a backend may name several at once).
         for rejection in exc.rejections:
-            handle = handles.get(rejection.node) if _hashable(rejection.node) else None
+            node = rejection.node
+            handle = handles.get(node) if isinstance(node, torch.fx.Node) else None
             if handle is not None:
                 rejection.debug_info = infos[handle]
         raise
@@ -277,15 +306,7 @@ def run_preprocess(
     return blob
 
 
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
-def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSpec:
+def _method_spec(program: ExportedProgram, name: str, spec: dict, function: Callable[..., object]) -> MethodSpec:
     example_inputs, example_outputs = user_inputs(program), user_outputs(program)
     inputs = [value_spec(n, v) for n, v in example_inputs]
     outputs = [value_spec(n, v) for n, v in example_outputs]
@@ -301,7 +322,7 @@ def _method_spec(program: Any, name: str, spec: dict, function: Any) -> MethodSp
     )
 
 
-def _structure_of(spec: Any, method: str, what: str) -> Any:
+def _structure_of(spec: TreeSpec, method: str, what: str) -> Any:
     """The archive's structure JSON of an exported program's input or output pytree."""
     try:
         return structure.from_treespec(spec, f"the {what} of method {method!r}")

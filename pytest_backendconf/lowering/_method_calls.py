@@ -8,7 +8,7 @@ structure (`MethodRunner`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
@@ -16,6 +16,9 @@ from ..allowlist import dtype_named
 from ..archive import structure
 from ..archive import MethodSpec
 from ..errors import InputSpecError, LoweringError, OutputSpecError
+
+if TYPE_CHECKING:
+    from ..archive import Constant
 
 _Tensor = torch.Tensor
 
@@ -45,7 +48,7 @@ class MethodRunner:
         ]
         self.constants = [(i, v) for i, v in enumerate(spec.inputs) if v.kind != "tensor"]
         self.n_outputs = len(spec.outputs)
-        self.output_checks = [
+        self.output_checks: list[tuple[torch.dtype, torch.Size | tuple[int | None, ...]] | tuple[None, Constant]] = [
             (_torch_dtype(v.dtype), _expected_shape(v.shape)) if v.kind == "tensor" else (None, v.value)
             for v in spec.outputs
         ]
@@ -108,7 +111,8 @@ class MethodRunner:
                     "lower it again with that value, or pass it as a tensor"
                 )
 
-    def unflatten(self, outputs: Any, backend_name: str) -> Any:
+    def unflatten(self, outputs: object, backend_name: str) -> Any:
+        """The method's return value (its structure, filled with ``outputs``), once they pass the checks."""
         checks = self.fast_outputs
         if (
             checks is not None
@@ -124,22 +128,22 @@ class MethodRunner:
                 f"of {_outputs(self.n_outputs)}, got {got}",
                 differs=("count",),
             )
-        for value, (dtype, expected) in zip(outputs, self.output_checks):
-            if dtype is None:
-                if value != expected:
+        for value, check in zip(outputs, self.output_checks):
+            if check[0] is None:
+                if value != check[1]:
                     self._bad_output(outputs, backend_name)
             elif (
                 not isinstance(value, torch.Tensor)
-                or value.dtype is not dtype
-                or (value.shape != expected and not _shape_matches(value.shape, expected))
+                or value.dtype is not check[0]
+                or (value.shape != check[1] and not _shape_matches(value.shape, check[1]))
             ):
                 self._bad_output(outputs, backend_name)
         return self.rebuild(outputs)
 
-    def _bad_output(self, outputs: Any, backend_name: str) -> None:
+    def _bad_output(self, outputs: Sequence[object], backend_name: str) -> None:
         """Raise the error for the first output that does not match its spec."""
-        for i, (value, spec, (dtype, _)) in enumerate(zip(outputs, self.spec.outputs, self.output_checks)):
-            if dtype is None:
+        for i, (value, spec, check) in enumerate(zip(outputs, self.spec.outputs, self.output_checks)):
+            if check[0] is None:
                 if value != spec.value:
                     raise OutputSpecError(
                         f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got {value!r} "
@@ -149,7 +153,7 @@ class MethodRunner:
                         differs=("value",),
                     )
                 continue
-            differs = tensor_differences(value, dtype, spec.shape)
+            differs = tensor_differences(value, check[0], check[1])
             if differs:
                 raise OutputSpecError(
                     f"method {self.spec.name!r} output {i}: expected {spec.describe()}, got "
@@ -160,7 +164,7 @@ class MethodRunner:
                 )
 
 
-def _tensors_match(values: Any, checks: tuple) -> bool:
+def _tensors_match(values: Iterable[object], checks: tuple) -> bool:
     """Whether each value is a tensor of its check's ``(dtype, shape)``: the common call's one loop
     (a mismatch goes on to the full checks, which name it)."""
     for value, (dtype, shape) in zip(values, checks):
@@ -174,15 +178,15 @@ def _tensors_match(values: Any, checks: tuple) -> bool:
     return True
 
 
-def _expected_shape(shape: Any) -> Any:
+def _expected_shape(shape: tuple[int | None, ...] | None) -> torch.Size | tuple[int | None, ...]:
     """A `torch.Size` for a static shape, else the tuple with ``None`` for each symbolic dimension.
 
     The checks compare ``value.shape != expected`` first (one comparison in
     C, false for a match of a static shape) and only then `_shape_matches`.
     """
-    if shape is not None and all(d is not None for d in shape):
-        return torch.Size(shape)
-    return shape
+    assert shape is not None  # a tensor's spec has a shape (ValueSpec)
+    static = [d for d in shape if d is not None]
+    return torch.Size(static) if len(static) == len(shape) else shape
 
 
 def _torch_dtype(name: str | None) -> torch.dtype:
@@ -193,20 +197,20 @@ def _torch_dtype(name: str | None) -> torch.dtype:
         raise LoweringError(str(exc)) from None
 
 
-def tensor_differences(value: Any, dtype: torch.dtype, shape: Any) -> tuple[str, ...]:
+def tensor_differences(value: object, dtype: torch.dtype, shape: Sequence[int | None]) -> tuple[str, ...]:
     """What of an output differs from its spec: ``("type",)`` for a non-tensor, else ``"dtype"`` and/or ``"shape"``."""
     if not isinstance(value, torch.Tensor):
         return ("type",)
     return (("dtype",) if value.dtype != dtype else ()) + (("shape",) if not _shape_matches(value.shape, shape) else ())
 
 
-def _shape_matches(actual: Any, expected: Any) -> bool:
+def _shape_matches(actual: Sequence[object], expected: Sequence[int | None]) -> bool:
     if len(actual) != len(expected):
         return False
     return all(e is None or a == e for a, e in zip(actual, expected))
 
 
-def _describe_value(value: Any) -> str:
+def _describe_value(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
     return f"{type(value).__name__} {value!r}"

@@ -18,7 +18,7 @@ import json
 import operator
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.fx
@@ -30,19 +30,25 @@ from ..debuginfo import op_name
 from ..archive import Delegation, format_delegation  # noqa: F401  (re-exported)
 from ..errors import BackendContractError, LoweringError, UnsupportedNodeError
 
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+    from torch.export.graph_signature import InputSpec, OutputSpec, TensorArgument
+
+    from ..backend import Backend
+
 _CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 # --- choosing nodes -------------------------------------------------------------------
 
 
-def op_nodes(program: Any) -> list[torch.fx.Node]:
+def op_nodes(program: ExportedProgram) -> list[torch.fx.Node]:
     """The op nodes of a method's top-level graph: what is delegated or falls back."""
     return [n for n in program.graph.nodes if n.op == "call_function"]
 
 
 def select_nodes(
-    program: Any, partition: Any, backend: Any, spec: dict, handles: DebugHandles, method: str
+    program: ExportedProgram, partition: object, backend: Backend, spec: dict, handles: DebugHandles, method: str
 ) -> set[torch.fx.Node]:
     """The op nodes ``partition=`` asks to delegate."""
     nodes = op_nodes(program)
@@ -72,7 +78,9 @@ def select_nodes(
     )
 
 
-def _under_submodules(program: Any, nodes: list, names: list[str], method: str) -> set[torch.fx.Node]:
+def _under_submodules(
+    program: ExportedProgram, nodes: list[torch.fx.Node], names: list[str], method: str
+) -> set[torch.fx.Node]:
     paths = {path for n in nodes for path, _ in (n.meta.get("nn_module_stack") or {}).values() if path}
     unknown = [name for name in names if name not in paths]
     if unknown:
@@ -88,7 +96,9 @@ def _under_submodules(program: Any, nodes: list, names: list[str], method: str) 
     return {n for n in nodes if under(n)}
 
 
-def accepted_nodes(program: Any, backend: Any, spec: dict, handles: DebugHandles, method: str) -> set[torch.fx.Node]:
+def accepted_nodes(
+    program: ExportedProgram, backend: Backend, spec: dict, handles: DebugHandles, method: str
+) -> set[torch.fx.Node]:
     """The op nodes the backend accepts: ``supported_nodes``, else ``supported_ops``, else asked op by op."""
     nodes = op_nodes(program)
     supported_nodes = getattr(backend, "supported_nodes", None)
@@ -135,7 +145,7 @@ def op_overload(node: torch.fx.Node) -> str:
     return f"{getattr(target, '__module__', None) or '<unknown>'}.{getattr(target, '__name__', repr(target))}"
 
 
-def _dtypes_within(node: torch.fx.Node, dtypes: Any) -> bool:
+def _dtypes_within(node: torch.fx.Node, dtypes: Iterable[torch.dtype] | None) -> bool:
     if dtypes is None:
         return True
     values = _compat.tree_leaves(node.meta.get("val"))
@@ -148,7 +158,7 @@ _PROBES: dict[tuple, bool] = {}
 _PROBES_LOCK = threading.Lock()
 
 
-def probe(program: Any, node: torch.fx.Node, backend: Any, spec: dict, handles: DebugHandles) -> bool:
+def probe(program: ExportedProgram, node: torch.fx.Node, backend: Backend, spec: dict, handles: DebugHandles) -> bool:
     """Whether ``preprocess`` accepts a one-node program of this node's op and signature."""
     key = (backend.name, op_signature(node), json.dumps(spec, sort_keys=True))
     with _PROBES_LOCK:
@@ -167,7 +177,7 @@ def probe(program: Any, node: torch.fx.Node, backend: Any, spec: dict, handles: 
     return accepted
 
 
-def _accepts(backend: Any, unit: "CutProgram", spec: dict) -> bool:
+def _accepts(backend: Backend, unit: "CutProgram", spec: dict) -> bool:
     backend.preprocess(unit.program, copy.deepcopy(spec), unit.handles)
     return True
 
@@ -175,7 +185,7 @@ def _accepts(backend: Any, unit: "CutProgram", spec: dict) -> bool:
 def op_signature(node: torch.fx.Node) -> tuple:
     """The op and what its kernel sees of its arguments: tensor dtypes and shapes, other values."""
 
-    def describe(value: Any) -> Any:
+    def describe(value: object) -> object:
         if isinstance(value, torch.fx.Node):
             val = value.meta.get("val")
             if isinstance(val, torch.Tensor):
@@ -199,7 +209,7 @@ class Unit:
     nodes: list[torch.fx.Node]
 
 
-def plan_units(program: Any, selected: set[torch.fx.Node]) -> list[Unit]:
+def plan_units(program: ExportedProgram, selected: set[torch.fx.Node]) -> list[Unit]:
     """Group ``selected`` into partitions (torch's partitioner) and order every unit to run.
 
     Consecutive fallback nodes become one segment, so a method alternates
@@ -232,7 +242,9 @@ def plan_units(program: Any, selected: set[torch.fx.Node]) -> list[Unit]:
     return units
 
 
-def _topological(groups: list[list], owner: dict, position: dict) -> list[int]:
+def _topological(
+    groups: list[list[torch.fx.Node]], owner: dict[torch.fx.Node, int], position: dict[torch.fx.Node, int]
+) -> list[int]:
     """Groups in an order where each runs after the groups it reads from (earliest node first)."""
     import heapq
 
@@ -268,7 +280,7 @@ def _topological(groups: list[list], owner: dict, position: dict) -> list[int]:
 class CutProgram:
     """A unit as an ``ExportedProgram`` of its own, with its boundary in the method's terms."""
 
-    program: Any
+    program: ExportedProgram
     handles: DebugHandles
     #: Method-graph nodes whose values the unit reads as user inputs, in input order.
     inputs: list[torch.fx.Node]
@@ -276,7 +288,7 @@ class CutProgram:
     outputs: list[torch.fx.Node]
 
 
-def cut(program: Any, nodes: list[torch.fx.Node], handles: DebugHandles, *, name: str) -> CutProgram:
+def cut(program: ExportedProgram, nodes: list[torch.fx.Node], handles: DebugHandles, *, name: str) -> CutProgram:
     """The program that computes ``nodes`` from the values they read.
 
     Parameters, buffers and constants the nodes use come along (each unit's
@@ -307,14 +319,16 @@ def cut(program: Any, nodes: list[torch.fx.Node], handles: DebugHandles, *, name
     root = torch.nn.Module()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     by_copy: dict[torch.fx.Node, int] = {}
-    input_specs, state_dict, constants = [], {}, {}
+    input_specs: list[InputSpec] = []
+    state_dict: dict[str, torch.Tensor | torch.nn.Parameter] = {}
+    constants: dict = {}
     for source in constant_reads + user_reads:
         placeholder = graph.placeholder(source.name)
         placeholder.meta = copy.copy(source.meta)
         env[source] = placeholder
         by_copy[placeholder] = handles[source]
-        original = spec_by_name.get(source.name)
         if source in constant_reads:
+            original = spec_by_name[source.name]  # a constant read has a spec: _input_kind found it
             target = original.target
             if target in program.state_dict:
                 state_dict[target] = program.state_dict[target]
@@ -332,7 +346,8 @@ def cut(program: Any, nodes: list[torch.fx.Node], handles: DebugHandles, *, name
         env[attr] = copied
         by_copy[copied] = handles[attr]
         if hasattr(value, "graph"):
-            for nested in walk_nodes(value):  # the same node objects: their own handles
+            # A subgraph (torch.cond's branches); the same node objects: their own handles.
+            for nested in walk_nodes(cast("torch.fx.GraphModule", value)):
                 by_copy[nested] = handles[nested]
     for n in nodes:
         env[n] = graph.node_copy(n, env.__getitem__)
@@ -378,37 +393,37 @@ def _check_crossing(node: torch.fx.Node, unit: str) -> None:
         )
 
 
-def _input_kind(spec_by_name: dict, node: torch.fx.Node) -> Any:
+def _input_kind(spec_by_name: dict[str, InputSpec], node: torch.fx.Node) -> InputKind | None:
     spec = spec_by_name.get(node.name) if node.op == "placeholder" else None
     return spec.kind if spec is not None else None
 
 
-def _tensor_argument(name: str) -> Any:
+def _tensor_argument(name: str) -> TensorArgument:
     from torch.export.graph_signature import TensorArgument
 
     return TensorArgument(name=name)
 
 
-def _user_input_spec(name: str) -> Any:
+def _user_input_spec(name: str) -> InputSpec:
     from torch.export.graph_signature import InputSpec
 
     return InputSpec(kind=InputKind.USER_INPUT, arg=_tensor_argument(name), target=None)
 
 
-def _user_output_spec(name: str) -> Any:
+def _user_output_spec(name: str) -> OutputSpec:
     from torch.export.graph_signature import OutputSpec
 
     return OutputSpec(kind=OutputKind.USER_OUTPUT, arg=_tensor_argument(name), target=None)
 
 
-def _attribute(module: Any, target: str) -> Any:
-    obj = module
+def _attribute(module: torch.nn.Module, target: str) -> object:
+    obj: object = module
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def _set_attribute(root: torch.nn.Module, target: str, value: Any) -> None:
+def _set_attribute(root: torch.nn.Module, target: str, value: object) -> None:
     *parents, last = target.split(".")
     obj = root
     for part in parents:

@@ -9,7 +9,7 @@ this module is where the two meet: `save` takes the records of a
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import IO, TYPE_CHECKING, Mapping, Sequence
 
 from ..archive import (
     Archive,
@@ -26,17 +26,23 @@ from ..errors import ArchiveError, LoweringError
 from ._bundling import bundle_entries
 from ._lowered_module import LoweredModule, WrapperModule
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..archive import ArchiveInput, Bundle
+    from ..backend import Backend
+
 __all__ = ["instantiate", "load", "save", "to_bytes", "to_bytes_separate"]
 
 
 def save(
-    lowered: Any,
-    file: Any,
+    lowered: WrapperModule | LoweredModule,
+    file: str | os.PathLike[str] | IO[bytes],
     *,
     debug_info: str = "embedded",
-    debug_file: Any = None,
-    bundled_inputs: Any = None,
-    eager: Any = None,
+    debug_file: str | os.PathLike[str] | IO[bytes] | None = None,
+    bundled_inputs: Mapping[str, Sequence[tuple[object, ...] | Bundle]] | None = None,
+    eager: torch.nn.Module | None = None,
     tolerance: tuple[float, float] | None = None,
 ) -> None:
     """Write ``lowered`` (what `to_backend` or `load` returned) to ``file``.
@@ -88,7 +94,7 @@ def save(
     _write(file, archive)
 
 
-def _write(file: Any, data: bytes) -> None:
+def _write(file: str | os.PathLike[str] | IO[bytes], data: bytes) -> None:
     if isinstance(file, (str, os.PathLike)):
         write_atomic(file, data)
     elif hasattr(file, "write"):
@@ -97,19 +103,19 @@ def _write(file: Any, data: bytes) -> None:
         raise ArchiveError(f"save() writes to a path or a binary file object, got {type(file).__name__}")
 
 
-def to_bytes(lowered: Any) -> bytes:
+def to_bytes(lowered: WrapperModule | LoweredModule) -> bytes:
     """The archive of ``lowered`` as bytes (what `save` writes)."""
     return _encode(lowered, separate=False)[0]
 
 
-def to_bytes_separate(lowered: Any) -> tuple[bytes, bytes]:
+def to_bytes_separate(lowered: WrapperModule | LoweredModule) -> tuple[bytes, bytes]:
     """``(handles-only archive, .debug file)`` of ``lowered``: what ``save(..., debug_info="separate")`` writes."""
     archive, sidecar = _encode(lowered, separate=True)
     assert sidecar is not None
     return archive, sidecar
 
 
-def _core(lowered: Any) -> LoweredModule:
+def _core(lowered: object) -> LoweredModule:
     core = lowered.lowered if isinstance(lowered, WrapperModule) else lowered
     if not isinstance(core, LoweredModule):
         raise ArchiveError(
@@ -119,11 +125,13 @@ def _core(lowered: Any) -> LoweredModule:
     return core
 
 
-def _bundles_of(lowered: Any, bundled_inputs: Any, eager: Any, tolerance: Any) -> dict[str, bytes] | None:
+def _bundles_of(
+    lowered: object, bundled_inputs: object, eager: object, tolerance: tuple[float, float] | None
+) -> dict[str, bytes] | None:
     return bundle_entries(_core(lowered), bundled_inputs, eager, tolerance)
 
 
-def _encode(lowered: Any, *, separate: bool, bundles: dict[str, bytes] | None = None) -> tuple[bytes, bytes | None]:
+def _encode(lowered: object, *, separate: bool, bundles: dict[str, bytes] | None = None) -> tuple[bytes, bytes | None]:
     if bundles is None:
         bundles = _bundles_of(lowered, None, None, None)
     if isinstance(lowered, WrapperModule):
@@ -144,7 +152,7 @@ def _encode(lowered: Any, *, separate: bool, bundles: dict[str, bytes] | None = 
     return encode(core, attributes, separate=separate, bundles=bundles)
 
 
-def load(file: Any, *, limits: Limits | None = None, debug_file: Any = None) -> Any:
+def load(file: ArchiveInput, *, limits: Limits | None = None, debug_file: ArchiveInput | None = None) -> WrapperModule:
     """Read an archive written by `save` and return the lowered module (a `WrapperModule`).
 
     Every entry's size and checksum is verified before anything is used;
@@ -170,7 +178,7 @@ def load(file: Any, *, limits: Limits | None = None, debug_file: Any = None) -> 
     return instantiate(with_sidecar(read_archive(file, limits=limits), file, debug_file, limits))
 
 
-def instantiate(archive: Archive, backend: Any = None) -> WrapperModule:
+def instantiate(archive: Archive, backend: Backend | None = None) -> WrapperModule:
     """Create the backend, build the lowered module from ``archive``, restore attributes, compile.
 
     :param backend: a backend object to use instead of the registered one

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from ..capabilities import Pair, Tolerances
 
 #: Integer views with the bit layout of each float dtype, for ULP distances.
 _BITS = {
@@ -50,7 +53,7 @@ class Tolerance:
 
 
 def resolve_tolerance(
-    dtype: torch.dtype, keys: Iterable[str], declared: Mapping[Any, Any] | None, defaults: Mapping[str, Any]
+    dtype: torch.dtype, keys: Iterable[str], declared: Tolerances | None, defaults: Mapping[str, Any]
 ) -> Tolerance:
     """The tolerance for ``dtype``, most specific first.
 
@@ -67,7 +70,7 @@ def resolve_tolerance(
         if value is not None:
             return Tolerance(float(value[0]), float(value[1]), f"override {key!r} in the backend's capabilities")
     if dtype in declared:
-        rtol, atol = declared[dtype]
+        rtol, atol = cast("Pair", declared[dtype])  # a dtype's entry is a pair (Capabilities.tolerances)
         return Tolerance(float(rtol), float(atol), "the backend's capabilities")
     rtol, atol = defaults.get(str(dtype).removeprefix("torch."), (0.0, 0.0))
     return Tolerance(float(rtol), float(atol), "default")
@@ -186,7 +189,7 @@ class StructureMismatch(Exception):
 
 
 def compare_outputs(
-    actual: Any, expected: Any, tolerance: Tolerance, eager: Any = None, multiple: float = 0.0
+    actual: object, expected: object, tolerance: Tolerance, eager: object = None, multiple: float = 0.0
 ) -> list[Closeness]:
     """Compare flat lists (or single tensors) of outputs; raises `StructureMismatch` on shape or dtype.
 
@@ -208,7 +211,7 @@ def compare_outputs(
 
 
 def compare_tensor(
-    output: int, actual: Any, expected: Any, tolerance: Tolerance, eager: Any = None, multiple: float = 0.0
+    output: int, actual: object, expected: object, tolerance: Tolerance, eager: object = None, multiple: float = 0.0
 ) -> Closeness:
     if not isinstance(expected, torch.Tensor):
         expected = torch.tensor(expected)
@@ -355,7 +358,7 @@ def summary_json(results: list[Closeness]) -> dict[str, Any]:
     }
 
 
-def _as_list(value: Any) -> list[Any]:
+def _as_list(value: object) -> list[object]:
     from .. import _compat
 
     return list(_compat.tree_leaves(value))

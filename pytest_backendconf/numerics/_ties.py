@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, SupportsInt, cast
 
 import torch
 
 from .. import _compat
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,7 @@ class IndexCall:
     distinct: bool  #: no index repeats along ``dim`` (sort, topk)
 
 
-def tie_open_call(overload: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> IndexCall | None:
+def tie_open_call(overload: str, args: Sequence[object], kwargs: Mapping[str, object]) -> IndexCall | None:
     """The `IndexCall` of ``overload`` called with ``args``/``kwargs``, or ``None`` if its ties are fixed.
 
     ``args[0]`` is the input the indices select from and is not read: it may
@@ -82,7 +85,9 @@ def tie_open_call(overload: str, args: Sequence[Any], kwargs: Mapping[str, Any])
     keepdim = rule.keepdim_at is None or bool(
         kwargs.get("keepdim", args[rule.keepdim_at] if len(args) > rule.keepdim_at else False)
     )
-    return IndexCall(overload, rule.index_output, None if dim is None else int(dim), keepdim, rule.distinct)
+    # The op's schema makes ``dim`` an int.
+    index_dim = None if dim is None else int(cast("SupportsInt", dim))
+    return IndexCall(overload, rule.index_output, index_dim, keepdim, rule.distinct)
 
 
 class InvalidIndices(Exception):
@@ -99,8 +104,8 @@ class TieOpen:
 
 
 def settle_ties(
-    actual: list[Any], reference: list[Any], tie_open: Mapping[int, TieOpen]
-) -> tuple[list[Any], list[int]]:
+    actual: Sequence[object], reference: Sequence[object], tie_open: Mapping[int, TieOpen]
+) -> tuple[list[object], list[int]]:
     """``actual`` with each valid tie-open index output replaced by ``reference``'s, and the outputs so settled.
 
     ``tie_open`` maps a position in the flat outputs to what judges it. An
@@ -112,6 +117,8 @@ def settle_ties(
     done = []
     for at, judged in sorted(tie_open.items()):
         mine, theirs = actual[at], reference[at]
+        if not (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)):
+            continue  # as _comparable says
         if not _comparable(mine, theirs) or torch.equal(mine, theirs):
             continue
         if mine.shape != judged.indices.shape:
@@ -122,7 +129,17 @@ def settle_ties(
     return settled, done
 
 
-def _comparable(mine: Any, theirs: Any) -> bool:
+def _differ(mine: object, theirs: object) -> bool:
+    """Two `_comparable` tensors, not equal."""
+    return (
+        isinstance(mine, torch.Tensor)
+        and isinstance(theirs, torch.Tensor)
+        and _comparable(mine, theirs)
+        and not torch.equal(mine, theirs)
+    )
+
+
+def _comparable(mine: object, theirs: object) -> bool:
     return (
         isinstance(mine, torch.Tensor)
         and isinstance(theirs, torch.Tensor)
@@ -172,7 +189,7 @@ def _check(judged: TieOpen, mine: torch.Tensor, at: int) -> None:
             )
 
 
-def tie_open_outputs(program: Any) -> dict[int, tuple[torch.fx.Node, IndexCall]]:
+def tie_open_outputs(program: ExportedProgram) -> dict[int, tuple[torch.fx.Node, IndexCall]]:
     """The user outputs of an exported program that are tie-open indices: position -> (producer node, call).
 
     An output counts when it is the index result of a tie-open call itself
@@ -201,8 +218,8 @@ def tie_open_outputs(program: Any) -> dict[int, tuple[torch.fx.Node, IndexCall]]
 
 
 def settle_program_ties(
-    program: Any, user_inputs: Sequence[Any], actual: list[Any], reference: list[Any]
-) -> tuple[list[Any], list[int]]:
+    program: ExportedProgram, user_inputs: Sequence[object], actual: list[object], reference: list[object]
+) -> tuple[list[object], list[int]]:
     """`settle_ties` for the flat user outputs of an exported program run on ``user_inputs`` (flat too).
 
     Only when a tie-open output differs from the reference does the program
@@ -210,13 +227,7 @@ def settle_program_ties(
     own indices into it.
     """
     found = tie_open_outputs(program)
-    open_ = [
-        at
-        for at in found
-        if at < min(len(actual), len(reference))
-        and _comparable(actual[at], reference[at])
-        and not torch.equal(actual[at], reference[at])
-    ]
+    open_ = [at for at in found if at < min(len(actual), len(reference)) and _differ(actual[at], reference[at])]
     if not open_:
         return actual, []
     values = _eager_values(program, user_inputs, {found[at][0] for at in open_})
@@ -224,19 +235,20 @@ def settle_program_ties(
     for at in open_:
         producer, call = found[at]
         source, result = values[producer]
-        tie_open[at] = TieOpen(call, source, result[call.output] if isinstance(result, (tuple, list)) else result)
+        indices = result[call.output] if isinstance(result, (tuple, list)) else result
+        tie_open[at] = TieOpen(call, source, cast(torch.Tensor, indices))  # a tie-open call's indices: a tensor
     return settle_ties(actual, reference, tie_open)
 
 
 class _Recorder(torch.fx.Interpreter):
     """Runs the graph and keeps, for the wanted nodes, their first argument's value and their result."""
 
-    def __init__(self, module: Any, wanted: set[torch.fx.Node]) -> None:
+    def __init__(self, module: torch.fx.GraphModule, wanted: set[torch.fx.Node]) -> None:
         super().__init__(module)
         self.wanted = wanted
-        self.values: dict[torch.fx.Node, tuple[torch.Tensor, Any]] = {}
+        self.values: dict[torch.fx.Node, tuple[torch.Tensor, object]] = {}
 
-    def run_node(self, n: torch.fx.Node) -> Any:
+    def run_node(self, n: torch.fx.Node) -> object:
         value = super().run_node(n)
         if n in self.wanted:
             self.values[n] = (self.env[n.args[0]], value)  # type: ignore[index]
@@ -244,8 +256,8 @@ class _Recorder(torch.fx.Interpreter):
 
 
 def _eager_values(
-    program: Any, user_inputs: Sequence[Any], wanted: set[torch.fx.Node]
-) -> dict[torch.fx.Node, tuple[torch.Tensor, Any]]:
+    program: ExportedProgram, user_inputs: Sequence[object], wanted: set[torch.fx.Node]
+) -> dict[torch.fx.Node, tuple[torch.Tensor, object]]:
     recorder = _Recorder(program.graph_module, wanted)
     with torch.no_grad():
         recorder.run(*_compat.graph_arguments(program, user_inputs))

@@ -72,7 +72,9 @@ def _import_pt2e() -> Any:
     return quantize_pt2e
 
 
-def quantize(graph_module: torch.fx.GraphModule, quantizer: Any, calibration: Iterable[tuple[tuple, dict]]) -> Any:
+def quantize(
+    graph_module: torch.fx.GraphModule, quantizer: Any, calibration: Iterable[tuple[tuple, dict]]
+) -> torch.fx.GraphModule:
     """``graph_module`` (an exported program's ``.module()``, consumed) quantized by ``quantizer``.
 
     Observers are inserted (``prepare_pt2e``), fed every ``(args, kwargs)`` of

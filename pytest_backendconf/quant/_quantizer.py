@@ -37,7 +37,10 @@ _EPS = 2.0**-12
 
 
 def reference_quantizer(scheme: str) -> Any:
-    """The project's PT2E quantizer for ``scheme`` (one of `SCHEMES`); a ValueError names the schemes."""
+    """The project's PT2E quantizer for ``scheme`` (one of `SCHEMES`); a ValueError names the schemes.
+
+    A torchao ``Quantizer`` (torchao ships no type information: ``Any``).
+    """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
     return _quantizer_class()(scheme)
@@ -123,6 +126,6 @@ def _quantizer_class() -> type:
     return ReferenceQuantizer
 
 
-def _float_tensor(arg: Any) -> bool:
+def _float_tensor(arg: object) -> bool:
     value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
     return isinstance(value, torch.Tensor) and value.dtype == torch.float32

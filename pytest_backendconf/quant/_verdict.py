@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 #: The op whose second argument is the scale of the quantized value it turns back into floats.
 DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
@@ -145,7 +148,7 @@ def sqnr_db(signal: torch.Tensor, approximation: torch.Tensor) -> float:
 _STEP_SLACK = 1e-3
 
 
-def output_steps(program: Any) -> list[tuple[float | None, str, bool]]:
+def output_steps(program: ExportedProgram) -> list[tuple[float | None, str, bool]]:
     """Per user output of a Q/DQ program: the scale of the dequantize producing it (None: none does), its
     name, and whether the output comes from run-time quantization (a ``choose_qparams`` upstream, and no
     dequantize with a fixed scale producing it)."""
@@ -172,13 +175,13 @@ def output_steps(program: Any) -> list[tuple[float | None, str, bool]]:
     return found
 
 
-def runtime_quantized(node: Any) -> bool:
+def runtime_quantized(node: object) -> bool:
     """Whether a node's value depends on quantization parameters chosen at run time (``choose_qparams``)."""
-    seen: set[Any] = set()
+    seen: set[torch.fx.Node] = set()
     pending = [node]
     while pending:
         current = pending.pop()
-        if current in seen or not hasattr(current, "all_input_nodes"):
+        if not isinstance(current, torch.fx.Node) or current in seen:
             continue
         seen.add(current)
         if current.op == "call_function" and RUNTIME_QPARAMS in str(current.target):
@@ -222,7 +225,7 @@ def judge_quantized(
     actual: list,
     reference: list,
     float_outputs: list,
-    steps: list[tuple[Any, ...]],
+    steps: Sequence[tuple[float | None, str] | tuple[float | None, str, bool]],
     rule: QuantizedRule,
 ) -> list[QuantizedOutput]:
     """Each flat output of the backend against the reference's (same Q/DQ program, eager), in steps.
@@ -287,7 +290,7 @@ def _mismatch(index: int, text: str, *, passed: bool) -> QuantizedOutput:
     return QuantizedOutput(index, 0.0, "", 0.0, 0.0, 0.0, math.nan, math.nan, passed, mismatch=text or "equal")
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
     return f"{type(value).__name__} {value!r}"[:80]

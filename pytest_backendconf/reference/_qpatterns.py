@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -175,11 +175,11 @@ def _weighted(op: torch.fx.Node, name: str, output: tuple, constant: Callable) -
     multipliers = [_multiplier(float(s) / out_scale) for s in accumulator_scale]
     per_channel = w_scale.numel() > 1
     if per_channel:
-        multiplier: Any = torch.tensor([m for m, _ in multipliers], dtype=torch.int32)
-        shift: Any = torch.tensor([s for _, s in multipliers], dtype=torch.int32)
+        multiplier: torch.Tensor | int = torch.tensor([m for m, _ in multipliers], dtype=torch.int32)
+        shift: torch.Tensor | int = torch.tensor([s for _, s in multipliers], dtype=torch.int32)
     else:
         multiplier, shift = multipliers[0]
-    w_zero_arg: Any = int(w_zero[0]) if bool((w_zero == w_zero[0]).all()) else w_zero.to(torch.int32)
+    w_zero_arg: torch.Tensor | int = int(w_zero[0]) if bool((w_zero == w_zero[0]).all()) else w_zero.to(torch.int32)
     bias_arg = bias_q.to(torch.int32) if bias_q is not None else None
     head = [
         x,
@@ -213,7 +213,8 @@ def _matmul(op: torch.fx.Node, output: tuple) -> Chain:
     out_scale, out_zero, quant_min, quant_max, dtype = output
     multiplier, shift = _multiplier(a_scale * b_scale / out_scale)
     head = [a, b, a_zero, b_zero, multiplier, shift, out_zero, quant_min, quant_max, dtype]
-    return Chain(MATMUL, head, op, dequantizes=[args[0], args[1]])
+    # _activation took both for dequantize nodes.
+    return Chain(MATMUL, head, op, dequantizes=[cast(torch.fx.Node, args[0]), cast(torch.fx.Node, args[1])])
 
 
 def _add(op: torch.fx.Node, output: tuple) -> Chain:
@@ -231,7 +232,8 @@ def _add(op: torch.fx.Node, output: tuple) -> Chain:
     b_mult = _multiplier(b_scale / twice)
     out_mult = _multiplier(twice / (2**qkernels.ADD_LEFT_SHIFT * out_scale))
     head = [a, b, a_zero, b_zero, *a_mult, *b_mult, *out_mult, out_zero, quant_min, quant_max, dtype]
-    return Chain(ADD, head, op, dequantizes=[args[0], args[1]])
+    # _activation took both for dequantize nodes.
+    return Chain(ADD, head, op, dequantizes=[cast(torch.fx.Node, args[0]), cast(torch.fx.Node, args[1])])
 
 
 # --- the pieces of a chain ------------------------------------------------------------------------
@@ -244,7 +246,7 @@ def _multiplier(real: float) -> tuple[int, int]:
         raise _NoMatch(str(exc)) from None
 
 
-def _qparams(node: Any, name: str) -> tuple:
+def _qparams(node: object, name: str) -> tuple:
     """(input, scale, zero point, quant_min, quant_max, dtype) of a per-tensor quantize or dequantize."""
     if not isinstance(node, torch.fx.Node) or _name(node) != name:
         raise _NoMatch(f"not a {name}")
@@ -258,7 +260,7 @@ def _qparams(node: Any, name: str) -> tuple:
     return value, scale, zero_point, quant_min, quant_max, dtype
 
 
-def _activation(node: Any) -> tuple[torch.fx.Node, float, int, torch.dtype]:
+def _activation(node: object) -> tuple[torch.fx.Node, float, int, torch.dtype]:
     """An activation's integers, scale, zero point and dtype: the input of its dequantize."""
     value, scale, zero_point, _, _, dtype = _qparams(node, _DQ)
     found = value.meta.get("val")
@@ -267,7 +269,9 @@ def _activation(node: Any) -> tuple[torch.fx.Node, float, int, torch.dtype]:
     return value, scale, zero_point, dtype
 
 
-def _weight(node: Any, constant: Callable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _weight(
+    node: object, constant: Callable[[torch.fx.Node], torch.Tensor | None]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A weight's integers (a constant) and its scales and zero points (float64, int64; one per output channel)."""
     if not isinstance(node, torch.fx.Node):
         raise _NoMatch("the weight is not dequantized")
@@ -301,6 +305,8 @@ def _reach(dtype: torch.dtype, zero_point: int) -> int:
 def _bound(node: torch.fx.Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in."""
     schema = _compat.op_schema(node.target)
+    if schema is None:
+        raise _NoMatch("not an operator overload")
     bound: dict[str, Any] = {}
     for i, argument in enumerate(schema.arguments):
         if i < len(node.args):
@@ -314,19 +320,20 @@ def _bound(node: torch.fx.Node) -> dict[str, Any]:
     return bound
 
 
-def _ints(value: Any) -> list[int]:
+def _ints(value: object) -> list[int]:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not all(type(v) is int for v in values):
+    ints = [v for v in values if type(v) is int]
+    if len(ints) != len(values):
         raise _NoMatch("sizes that are not fixed integers")
-    return values
+    return ints
 
 
-def _shape(node: Any) -> tuple:
+def _shape(node: object) -> tuple:
     found = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return tuple(found.shape) if isinstance(found, torch.Tensor) else ()
 
 
-def _name(node: Any) -> str:
+def _name(node: object) -> str:
     if not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return ""
     return str(node.target) if _compat.is_op_overload(node.target) else ""

@@ -24,7 +24,7 @@ Only writing instructions pay for it (exported programs are functional: few do).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -37,7 +37,7 @@ from .bytecode import Const, Reg
 _PLANS: dict[str, tuple[tuple, tuple | None]] = {}
 
 
-def plan_of(name: str, schema: Any = None) -> tuple[tuple, tuple | None]:
+def plan_of(name: str, schema: torch.FunctionSchema | None = None) -> tuple[tuple, tuple | None]:
     """What an operator writes and what its result may alias, from its schema (cached by name)."""
     found = _PLANS.get(name)
     if found is not None:
@@ -78,7 +78,9 @@ class WriteCheck:
         self.outside: list[bool] = []
         self.where = where
 
-    def instruction(self, name: str, args: list, kwargs: dict, node: str, handle: int, schema: Any = None) -> tuple:
+    def instruction(
+        self, name: str, args: list, kwargs: dict, node: str, handle: int, schema: torch.FunctionSchema | None = None
+    ) -> tuple:
         """Check one instruction (``args`` without a DISPATCH's leading name) and record its result.
 
         :returns: the arguments it writes (registers, lists of them), for `guard_writes`."""
@@ -110,7 +112,7 @@ class WriteCheck:
         """Record an instruction that writes nothing and returns a new tensor (an integer kernel)."""
         self.outside.append(False)
 
-    def _is_outside(self, value: Any) -> bool:
+    def _is_outside(self, value: object) -> bool:
         if isinstance(value, Reg):
             return value.index < self.n_inputs or self.outside[value.index - self.n_inputs]
         if isinstance(value, Const):
@@ -119,7 +121,7 @@ class WriteCheck:
             return any(self._is_outside(v) for v in value)
         return False
 
-    def _describe_outside(self, value: Any) -> str | None:
+    def _describe_outside(self, value: object) -> str | None:
         if isinstance(value, Const):
             return f"constant {value.index} of the program (its weights, shared by every call)"
         if isinstance(value, Reg):
@@ -136,7 +138,7 @@ class WriteCheck:
         return None
 
 
-def _argument(args: list, kwargs: dict, position: int | None, name: str) -> Any:
+def _argument(args: list, kwargs: dict, position: int | None, name: str) -> object:
     if position is not None and position < len(args):
         return args[position]
     return kwargs.get(name)
@@ -145,7 +147,9 @@ def _argument(args: list, kwargs: dict, position: int | None, name: str) -> Any:
 # --- at run time ----------------------------------------------------------------------
 
 
-def guard_writes(step: Callable[[list], Any], written: tuple, n_inputs: int, constants: tuple, name: str) -> Callable:
+def guard_writes(
+    step: Callable[[list], object], written: tuple, n_inputs: int, constants: tuple, name: str
+) -> Callable[[list], object]:
     """``step``, refusing to run when a tensor it writes shares memory with a block input or a constant.
 
     ``written`` are the registers (or lists of them) the instruction writes; ``constants`` the
@@ -156,7 +160,7 @@ def guard_writes(step: Callable[[list], Any], written: tuple, n_inputs: int, con
         return step
     fixed = tuple(span for c in constants for span in _spans(c))
 
-    def guarded(regs: list) -> Any:
+    def guarded(regs: list) -> object:
         for target in targets:
             for start, end in _spans(regs[target]):
                 for i in range(n_inputs):
@@ -178,7 +182,7 @@ def _refusal(name: str, register: int, held: str) -> str:
     )
 
 
-def _registers(values: Any) -> list[int]:
+def _registers(values: Iterable[object]) -> list[int]:
     found: list[int] = []
     for value in values:
         if isinstance(value, Reg):
@@ -188,7 +192,7 @@ def _registers(values: Any) -> list[int]:
     return found
 
 
-def _spans(value: Any) -> list[tuple[int, int]]:
+def _spans(value: object) -> list[tuple[int, int]]:
     """The byte ranges ``[start, end)`` of the storages of the tensors in ``value`` (a tensor, a list
     or tuple of them, anything else: none); an empty storage has none."""
     if isinstance(value, (list, tuple)):

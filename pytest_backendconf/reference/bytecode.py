@@ -36,6 +36,7 @@ byte for byte what 0.3.0 wrote; both formats are read.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import struct
@@ -179,7 +180,7 @@ _MEMORY_FORMAT_CODE = {m: i for i, m in enumerate(_MEMORY_FORMATS)}
 _LAYOUT_CODE = {k: i for i, k in enumerate(_LAYOUTS)}
 
 
-def can_encode(value: Any) -> bool:
+def can_encode(value: object) -> bool:
     """Whether ``value`` (an argument, after node references are replaced) fits a blob."""
     try:
         _Writer().value(value)
@@ -282,7 +283,7 @@ class _Writer:
             self.str(name)
             self.value(ins.kwargs[name])
 
-    def value(self, v: Any, depth: int = 0) -> None:
+    def value(self, v: object, depth: int = 0) -> None:
         # bool before int: bool is a subclass of int.
         if v is None:
             self.u8(_Tag.NONE)
@@ -331,7 +332,7 @@ class _Writer:
 # --- decoding ------------------------------------------------------------------------
 
 
-def decode(blob: bytes) -> Program:
+def decode(blob: bytes | bytearray | memoryview) -> Program:
     """Parse and check a blob; raise ``ValueError`` naming what is wrong with it."""
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError(f"a reference-backend blob must be bytes, not {type(blob).__name__}")
@@ -512,7 +513,7 @@ class _Reader:
             kwargs[name] = self.value(f"keyword {name!r} of {where}")
         return Instruction(opcode, args, kwargs, handle, node, bool(flags & FLAG_FAULT), handles)
 
-    def value(self, what: str, depth: int = 0) -> Any:
+    def value(self, what: builtins.str, depth: int = 0) -> Value:
         tag = self.u8(f"tag of {what}")
         if tag == _Tag.NONE:
             return None
@@ -551,7 +552,12 @@ class _Reader:
                 )
             return BlockRef(index)
         if tag in (_Tag.DTYPE, _Tag.MEMORY_FORMAT, _Tag.LAYOUT):
-            table = {_Tag.DTYPE: _DTYPES, _Tag.MEMORY_FORMAT: _MEMORY_FORMATS, _Tag.LAYOUT: _LAYOUTS}[tag]
+            tables: dict[int, tuple[torch.dtype | torch.memory_format | torch.layout, ...]] = {
+                _Tag.DTYPE: _DTYPES,
+                _Tag.MEMORY_FORMAT: _MEMORY_FORMATS,
+                _Tag.LAYOUT: _LAYOUTS,
+            }
+            table = tables[tag]
             code = self.u8(what)
             if code >= len(table):
                 raise self.fail(f"{what} has unknown {_Tag(tag).name.lower()} code {code}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 import torch.fx
@@ -27,6 +27,9 @@ from ..vendor import check_compile_spec_keys
 
 from . import _qpatterns, bytecode, ops
 from .bytecode import Block, BlockRef, Const, Instruction, Reg
+
+if TYPE_CHECKING:
+    from torch.export.graph_signature import InputSpec
 
 #: Compile-spec key asking for an injected fault (docs/backend-contract.md, fault injection).
 FAULT_KEY = "__backendconf_fault__"
@@ -96,7 +99,7 @@ class _Compiler:
         self.constants: list[torch.Tensor] = []
         self.blocks: list[Block | None] = []
         # Placeholder node -> its input spec, for the forward graph's placeholders.
-        self.input_specs: dict[torch.fx.Node, Any] = {}
+        self.input_specs: dict[torch.fx.Node, InputSpec] = {}
         # Node -> the placeholders whose memory its value may share (views,
         # in-place results): what an in-place op on it would write to.
         self.aliases: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}
@@ -104,7 +107,7 @@ class _Compiler:
     def program(self) -> bytecode.Program:
         self._reject_mutations()
         self._block(self.exported.graph_module, is_main=True)
-        return bytecode.Program(self.constants, self.blocks)
+        return bytecode.Program(self.constants, cast("list[Block]", self.blocks))  # every block compiled now
 
     def _reject_mutations(self) -> None:
         """Reject a program whose signature writes back to a buffer or input.
@@ -191,6 +194,7 @@ class _Compiler:
     def _aliased_inputs(self, node: torch.fx.Node) -> frozenset[torch.fx.Node]:
         """The placeholders whose memory the result of ``node`` may share."""
         target = node.target
+        sources: Sequence[object]
         if target is operator.getitem or _compat.is_higher_order_op(target):
             # An item of a view list (split), or a branch output that is an operand.
             sources = node.all_input_nodes
@@ -223,7 +227,7 @@ class _Compiler:
                 continue
             value = node.args[i] if i < len(node.args) else node.kwargs.get(param.name)
             written = value if isinstance(value, (list, tuple)) else (value,)
-            bases = set()
+            bases: set[torch.fx.Node] = set()
             for v in written:
                 if isinstance(v, torch.fx.Node):
                     bases |= self.aliases.get(v, frozenset())
@@ -241,7 +245,7 @@ class _Compiler:
         kind = spec.kind.name.lower().replace("_", " ")
         return f"{name} updates {kind} {spec.target!r} in place; {functional} (export in eval mode)"
 
-    def _constant(self, node: torch.fx.Node, spec: Any) -> Const:
+    def _constant(self, node: torch.fx.Node, spec: InputSpec) -> Const:
         """Put a parameter, buffer or lifted constant into the constant pool."""
         target = spec.target
         if target in self.exported.state_dict:
@@ -254,8 +258,8 @@ class _Compiler:
         self.constants.append(tensor)
         return Const(len(self.constants) - 1)
 
-    def _get_attr(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
-        value = _attribute(graph_module, node.target)
+    def _get_attr(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> object:
+        value = _attribute(graph_module, str(node.target))
         if isinstance(value, torch.fx.GraphModule):
             # Compiled when an op that takes it is (see _value): a subgraph of
             # an unsupported higher-order op is then reported as that op.
@@ -318,7 +322,7 @@ class _Compiler:
     def _constant_tensor(self, graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor | None:
         """The tensor of a parameter, buffer, lifted constant or tensor attribute; None for anything else."""
         if node.op == "get_attr":
-            value = _attribute(graph_module, node.target)
+            value = _attribute(graph_module, str(node.target))
             return value if isinstance(value, torch.Tensor) else None
         spec = self.input_specs.get(node)
         if node.op != "placeholder" or spec is None or spec.kind not in _CONSTANT_KINDS:
@@ -390,7 +394,7 @@ class _Compiler:
             values = [v for v, kind in zip(values, kinds) if kind == OutputKind.USER_OUTPUT]
         return [self._value(node, v, env) for v in values]
 
-    def _value(self, node: torch.fx.Node, arg: Any, env: dict) -> Any:
+    def _value(self, node: torch.fx.Node, arg: object, env: dict) -> bytecode.Value:
         """An FX argument as a blob value: nodes become register/constant/block refs."""
         if isinstance(arg, torch.fx.Node):
             if isinstance(env[arg], torch.fx.GraphModule):
@@ -404,7 +408,7 @@ class _Compiler:
                 f"{overload_name(node.target)}: argument {arg!r} of type {type(arg).__name__} "
                 "cannot be stored in a reference-backend blob",
             )
-        return arg
+        return cast(bytecode.Value, arg)  # can_encode took it
 
     def _check_dtypes(self, node: torch.fx.Node, what: str) -> None:
         for tensor in _tensors(node.meta.get("val")):
@@ -421,7 +425,7 @@ class _Compiler:
 # --- helpers ---------------------------------------------------------------------
 
 
-def overload_name(target: Any) -> str:
+def overload_name(target: object) -> str:
     """The table name of a call target: "aten.mul.Tensor", "_operator.getitem", …"""
     if _compat.is_op_overload(target):
         return str(target)
@@ -455,7 +459,7 @@ def _schema_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def _tensors(value: object) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
@@ -463,8 +467,8 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
-def _attribute(graph_module: torch.nn.Module, target: str) -> Any:
-    obj: Any = graph_module
+def _attribute(graph_module: torch.nn.Module, target: str) -> object:
+    obj: object = graph_module
     for part in target.split("."):
         obj = getattr(obj, part, None)
     return obj

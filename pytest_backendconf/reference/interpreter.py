@@ -25,7 +25,7 @@ import functools
 import operator
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Callable, NoReturn, cast
 
 import torch
 
@@ -37,7 +37,7 @@ from ._writes import WriteCheck, guard_writes
 from .bytecode import BlockRef, Const, Reg
 
 #: A bound instruction: reads its arguments from the registers, returns its result.
-Step = Callable[[list], Any]
+Step = Callable[[list], object]
 
 
 def load(blob: bytes, *, dispatch: bool = False, where: str = "reference-backend blob") -> "LoadedProgram":
@@ -56,7 +56,7 @@ def load(blob: bytes, *, dispatch: bool = False, where: str = "reference-backend
     # Nested blocks have higher indices than their users: build them first.
     for index in reversed(range(len(program.blocks))):
         blocks[index] = _build_block(index, program.blocks[index], program.constants, blocks, dispatch, where, fixed)
-    return LoadedProgram(blocks[0], fixed)
+    return LoadedProgram(cast(CodeBlock, blocks[0]), fixed)  # every block is built now
 
 
 class LoadedProgram:
@@ -75,11 +75,11 @@ class LoadedProgram:
     def n_inputs(self) -> int:
         return self.main.n_inputs
 
-    def run(self, inputs: Sequence[Any]) -> list:
+    def run(self, inputs: Sequence[object]) -> list:
         """Run the program on the flat user inputs; return the flat outputs."""
         return self.main.run(inputs)
 
-    def run_profiled(self, inputs: Sequence[Any]) -> tuple[list, list[tuple[int, int, int]]]:
+    def run_profiled(self, inputs: Sequence[object]) -> tuple[list, list[tuple[int | list[int], int, int]]]:
         """`run`, timing each instruction: ``(outputs, [(debug_handle, start_ns, end_ns), ...])``."""
         return self.main.run_profiled(inputs)
 
@@ -113,7 +113,7 @@ class CodeBlock:
         # kernel's event carries its range, a list: the profile shares its time among the nodes.
         self._timed = tuple((call, out, _event_handle(instructions[out - n_inputs])) for call, out in steps)
 
-    def run(self, inputs: Sequence[Any]) -> list:
+    def run(self, inputs: Sequence[object]) -> list:
         """Run the block on ``inputs``; raise `BackendError` naming a failing node."""
         if len(inputs) != self.n_inputs:
             raise ValueError(f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}")
@@ -127,14 +127,14 @@ class CodeBlock:
             raise self._error(out, exc) from exc
         return [regs[i] for i in self.outputs]
 
-    def run_profiled(self, inputs: Sequence[Any]) -> tuple[list, list[tuple[int, int, int]]]:
+    def run_profiled(self, inputs: Sequence[object]) -> tuple[list, list[tuple[int | list[int], int, int]]]:
         """`run`, with one ``(debug_handle, start_ns, end_ns)`` event per instruction (nested blocks
         inside their owner's event, e.g. a ``cond`` node's). Kept apart from `run` so that the
         unprofiled loop pays nothing for it."""
         if len(inputs) != self.n_inputs:
             raise ValueError(f"the reference-backend program takes {self.n_inputs} inputs, got {len(inputs)}")
         regs = [*inputs, *self._tail]
-        events = []
+        events: list[tuple[int | list[int], int, int]] = []
         clock, record = time.perf_counter_ns, events.append
         try:
             for call, out, handle in self._timed:
@@ -157,7 +157,7 @@ class CodeBlock:
         return BackendError(message, debug_handle=ins.debug_handle)
 
 
-def _event_handle(ins: bytecode.Instruction) -> Any:
+def _event_handle(ins: bytecode.Instruction) -> int | list[int]:
     return list(ins.handles) if ins.handles else ins.debug_handle
 
 
@@ -197,8 +197,8 @@ def _build_block(
 
     tail: list = [None] * len(block.instructions)
     outputs = []
-    for k, value in enumerate(block.outputs):
-        value = _resolve(value, constants, blocks)
+    for k, output in enumerate(block.outputs):
+        value = _resolve(output, constants, blocks)
         if isinstance(value, Reg):
             outputs.append(value.index)
         elif _is_dynamic(value):
@@ -213,7 +213,7 @@ def _build_block(
     return CodeBlock(block.n_inputs, tuple(steps), tail, tuple(outputs), block.instructions)
 
 
-def _resolve(value: Any, constants: list, blocks: list) -> Any:
+def _resolve(value: object, constants: list, blocks: list) -> object:
     """Replace constant and block references by the objects; keep register refs."""
     if isinstance(value, Const):
         return constants[value.index]
@@ -224,7 +224,7 @@ def _resolve(value: Any, constants: list, blocks: list) -> Any:
     return value
 
 
-def _is_dynamic(value: Any) -> bool:
+def _is_dynamic(value: object) -> bool:
     """Whether a resolved argument reads registers (so is known only at run time)."""
     if isinstance(value, Reg):
         return True
@@ -293,7 +293,7 @@ def _checked(kernel: Callable, name: str) -> Callable:
     if check is None:
         return kernel
 
-    def checked(*args: Any, **kwargs: Any) -> Any:
+    def checked(*args: object, **kwargs: object) -> object:
         check(*args, **kwargs)
         return kernel(*args, **kwargs)
 
@@ -311,7 +311,7 @@ def _fault_step(ins: bytecode.Instruction, op: ops.Op | None) -> Step:
     message = f"injected fault at node '{ins.node}' ({name})"
     handle = ins.debug_handle
 
-    def fault(regs: list) -> Any:
+    def fault(regs: list) -> NoReturn:
         raise BackendError(message, debug_handle=handle)
 
     return fault
@@ -369,7 +369,7 @@ def _regs3_rest(k, a, b, c, rest):
 
 
 # (number of leading register arguments, any constants after them) -> closure factory
-_LEADING_REGISTERS = {
+_LEADING_REGISTERS: dict[tuple[int, bool], Callable[..., Step]] = {
     (0, False): _regs0,
     (0, True): _regs0,
     (1, False): _regs1,
@@ -389,7 +389,7 @@ def _bind_general(kernel: Callable, args: list, kwargs: dict) -> Step:
     return lambda r: kernel(*[g(r) for g in getters], **{n: g(r) for n, g in kw_getters})
 
 
-def _getter(value: Any) -> Step:
+def _getter(value: object) -> Step:
     if isinstance(value, Reg):
         return operator.itemgetter(value.index)
     if isinstance(value, list) and _is_dynamic(value):

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 import torch
 import torch.nn.functional as F
 
 from . import qkernels
+
+if TYPE_CHECKING:
+    from .._compat import OpOverload
 
 #: Tensor dtypes the backend executes; any other dtype is rejected at preprocess.
 #: Every kernel is an eager CPU kernel, so every dtype the blob format can name
@@ -59,7 +62,7 @@ class Op:
     #: Overload name as in ``Capabilities.supported_ops``, e.g. "aten.mul.Tensor".
     name: str
     #: What the interpreter calls; None for a no-op.
-    kernel: Callable[..., Any] | None
+    kernel: Callable[..., object] | None
     #: Compile-time check of a node's (args, kwargs): returns why it cannot run, or None.
     check: Callable[[tuple, dict], str | None] | None = None
 
@@ -208,7 +211,7 @@ def _native_batch_norm(x, weight, bias, running_mean, running_var, training, mom
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _in_float32(kernel: Callable[..., Any]) -> Callable[..., Any]:
+def _in_float32(kernel: Callable[..., object]) -> Callable[..., object]:
     """``kernel`` computed in float32 for float16/bfloat16 tensors, rounded back once.
 
     For ops whose eager CPU kernels accumulate in the low-precision dtype
@@ -218,7 +221,7 @@ def _in_float32(kernel: Callable[..., Any]) -> Callable[..., Any]:
     ``kernel`` unchanged.
     """
 
-    def widened(*args: Any, **kwargs: Any) -> Any:
+    def widened(*args: object, **kwargs: object) -> object:
         dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW_PRECISION), None)
         if dtype is None:
             return kernel(*args, **kwargs)
@@ -226,7 +229,8 @@ def _in_float32(kernel: Callable[..., Any]) -> Callable[..., Any]:
         result = kernel(*wide, **kwargs)
         if isinstance(result, torch.Tensor):
             return result.to(dtype) if result.dtype == torch.float32 else result
-        return tuple(r.to(dtype) if isinstance(r, torch.Tensor) and r.dtype == torch.float32 else r for r in result)
+        items = cast("tuple[object, ...]", result)  # not a tensor: the op's tuple of results
+        return tuple(r.to(dtype) if isinstance(r, torch.Tensor) and r.dtype == torch.float32 else r for r in items)
 
     return widened
 
@@ -239,7 +243,7 @@ class _Missing:
     """An overload this torch release does not have: its row is left out of the table."""
 
 
-def _aten(name: str) -> Any:
+def _aten(name: str) -> OpOverload | type[_Missing]:
     """The ``torch.ops.aten`` overload ``name`` ("acos.default"), for ops without a public
     function of the schema's signature; `_Missing` if this torch release lacks it."""
     packet, overload = name.split(".")
@@ -249,14 +253,14 @@ def _aten(name: str) -> Any:
         return _Missing
 
 
-def _quantized(name: str) -> Callable[..., Any]:
+def _quantized(name: str) -> Callable[..., object]:
     """The ``quantized_decomposed`` overload ``name`` ("quantize_per_tensor.default"), looked up at its first
     call: PT2E programs quantize and dequantize with these, and a literal Q/DQ node runs exactly as eager
     PyTorch runs it. They are registered on first use, so that a blob without them never pays for it."""
     packet, overload = name.split(".")
-    found: list[Any] = []
+    found: list[OpOverload] = []
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
+    def kernel(*args: object, **kwargs: object) -> object:
         if not found:
             from .. import _compat
 

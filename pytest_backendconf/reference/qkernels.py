@@ -40,7 +40,7 @@ Target side: imports torch only, never the compiler.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +77,7 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     return multiplier, shift
 
 
-def saturating_rounding_doubling_high_mul(a: torch.Tensor, b: Any) -> torch.Tensor:
+def saturating_rounding_doubling_high_mul(a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
     """gemmlowp's ``SaturatingRoundingDoublingHighMul`` of int32 values held in int64: ``round(a · b / 2**31)``.
 
     The product is exact in int64; the nudge rounds half away from zero and
@@ -90,7 +90,7 @@ def saturating_rounding_doubling_high_mul(a: torch.Tensor, b: Any) -> torch.Tens
     return torch.where((a == INT32_MIN) & (torch.as_tensor(b) == INT32_MIN), INT32_MAX, result)
 
 
-def rounding_divide_by_pot(x: torch.Tensor, exponent: Any) -> torch.Tensor:
+def rounding_divide_by_pot(x: torch.Tensor, exponent: torch.Tensor | int) -> torch.Tensor:
     """gemmlowp's ``RoundingDivideByPOT``: ``x / 2**exponent`` rounded half away from zero (exponent >= 0)."""
     exponent = torch.as_tensor(exponent, dtype=torch.int64)
     mask = torch.bitwise_left_shift(torch.ones_like(exponent), exponent) - 1
@@ -99,7 +99,9 @@ def rounding_divide_by_pot(x: torch.Tensor, exponent: Any) -> torch.Tensor:
     return torch.bitwise_right_shift(x, exponent) + (remainder > threshold)
 
 
-def multiply_by_quantized_multiplier(x: torch.Tensor, multiplier: Any, shift: Any) -> torch.Tensor:
+def multiply_by_quantized_multiplier(
+    x: torch.Tensor, multiplier: torch.Tensor | int, shift: torch.Tensor | int
+) -> torch.Tensor:
     """TFLite's ``MultiplyByQuantizedMultiplier``: ``x · multiplier · 2**(shift - 31)`` in int32 fixed point.
 
     ``x`` is int64 holding int32 values; ``multiplier`` and ``shift`` are ints
@@ -115,8 +117,8 @@ def multiply_by_quantized_multiplier(x: torch.Tensor, multiplier: Any, shift: An
 
 def requantize(
     accumulator: torch.Tensor,
-    multiplier: Any,
-    shift: Any,
+    multiplier: torch.Tensor | int,
+    shift: torch.Tensor | int,
     zero_point: int,
     quant_min: int,
     quant_max: int,
@@ -127,7 +129,7 @@ def requantize(
 
     Per-channel ``multiplier`` and ``shift`` (1-D tensors) apply along ``channel_dim``.
     """
-    if channel_dim is not None and isinstance(multiplier, torch.Tensor):
+    if channel_dim is not None and isinstance(multiplier, torch.Tensor) and isinstance(shift, torch.Tensor):
         shape = [1] * accumulator.dim()
         shape[channel_dim] = -1
         multiplier, shift = multiplier.reshape(shape), shift.reshape(shape)
@@ -139,7 +141,7 @@ def requantize(
 # --- the kernels --------------------------------------------------------------------------------
 
 
-def _centered(q: torch.Tensor, zero_point: Any, channel_dim: int = 0) -> torch.Tensor:
+def _centered(q: torch.Tensor, zero_point: torch.Tensor | int, channel_dim: int = 0) -> torch.Tensor:
     """``q - zero_point`` in float64 (exact); per-channel zero points along ``channel_dim``."""
     wide = q.to(torch.float64)
     if isinstance(zero_point, torch.Tensor):
@@ -162,17 +164,17 @@ def quantized_convolution(
     x: torch.Tensor,
     x_zero_point: int,
     weight: torch.Tensor,
-    weight_zero_point: Any,
+    weight_zero_point: torch.Tensor | int,
     bias: torch.Tensor | None,
-    multiplier: Any,
-    shift: Any,
+    multiplier: torch.Tensor | int,
+    shift: torch.Tensor | int,
     zero_point: int,
     quant_min: int,
     quant_max: int,
     dtype: torch.dtype,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
     groups: int = 1,
 ) -> torch.Tensor:
     """``quantize(conv(dequantize(x), dequantize(weight), bias))`` in integers (conv1d or conv2d by rank).
@@ -192,10 +194,10 @@ def quantized_linear(
     x: torch.Tensor,
     x_zero_point: int,
     weight: torch.Tensor,
-    weight_zero_point: Any,
+    weight_zero_point: torch.Tensor | int,
     bias: torch.Tensor | None,
-    multiplier: Any,
-    shift: Any,
+    multiplier: torch.Tensor | int,
+    shift: torch.Tensor | int,
     zero_point: int,
     quant_min: int,
     quant_max: int,

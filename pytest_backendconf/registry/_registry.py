@@ -17,14 +17,18 @@ import re
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, cast
+from typing import TYPE_CHECKING, Callable, Iterable, cast
 
 import pluggy
 
 from .. import hookspecs
 from ..backend import Backend, TorchScriptBackend
 from ..capabilities import Capabilities
-from ..errors import DuplicateBackendError, InvalidBackendError, PluginLoadError, UnknownBackendError
+from ..cases import ModelCase
+from ..errors import DuplicateBackendError, InvalidBackendError, PluginLoadError, RegistryError, UnknownBackendError
+
+if TYPE_CHECKING:
+    from pluggy import HookimplOpts
 
 ENTRY_POINT_GROUP = "backendconf"
 BACKEND_METHODS = ("is_available", "preprocess", "compile", "execute")
@@ -88,11 +92,11 @@ class _PluginManager(pluggy.PluginManager):
     so that a ``conftest.py`` needs no import to register a backend.
     """
 
-    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> HookimplOpts | None:
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and name.startswith("backendconf_"):
             if inspect.isroutine(getattr(plugin, name, None)):
-                return {}
+                return cast("HookimplOpts", {})  # pluggy fills in every option's default
         return opts
 
 
@@ -314,11 +318,18 @@ class BackendRegistry:
             yield from collected
         yield from _EXPLICIT
 
-    def cases(self) -> list[Any]:
-        """Every `ModelCase` registered through ``backendconf_register_cases``."""
-        collected: list[Any] = []
+    def cases(self) -> list[ModelCase]:
+        """Everything registered through ``backendconf_register_cases``; anything but a `ModelCase` is a
+        `RegistryError` naming it and the fix."""
+        collected: list[object] = []
         self.plugin_manager.hook.backendconf_register_cases(register=collected.append)
-        return collected
+        for case in collected:
+            if not isinstance(case, ModelCase):
+                raise RegistryError(
+                    f"backendconf_register_cases registered {type(case).__name__} {str(case)[:60]!r}, not a model "
+                    "case: register pytest_backendconf.ModelCase objects"
+                )
+        return [case for case in collected if isinstance(case, ModelCase)]
 
 
 class _SingleBackend:
@@ -368,7 +379,7 @@ def _distribution_of(module_name: str) -> tuple[str | None, str | None]:
         return names[0], None
 
 
-def source_of_module(module: Any, description: str) -> Source:
+def source_of_module(module: object, description: str) -> Source:
     """A `Source` for a plugin module, with its distribution when installed."""
     return Source(description, *_distribution_of(getattr(module, "__name__", "") or ""))
 

@@ -14,12 +14,15 @@ import dataclasses
 import io
 import os
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .. import _compat
 from ..backend import TorchScriptBackend
+
+if TYPE_CHECKING:
+    from torch.jit.mobile import LiteScriptModule
 
 #: What the lowered wrapper raises when the backend's ``is_available()`` is false: the text of
 #: ``codegen_backend_module`` (seed PR 53068), in ``forward`` and in ``__setstate__`` (loading).
@@ -32,7 +35,7 @@ LITE_DEBUG_INFO_MISSING = "Debug info for handle(s):"
 class Scripted:
     """A case as a ``torch.jit.ScriptModule``: ``how`` is ``script`` or ``trace``; ``why`` why it was traced."""
 
-    module: Any
+    module: torch.jit.ScriptModule
     how: str
     methods: tuple[str, ...]
     why: str = ""
@@ -68,12 +71,14 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:200]
 
 
-def lower(scripted: Any, backend: TorchScriptBackend, methods: tuple[str, ...]) -> Any:
+def lower(
+    scripted: torch.jit.ScriptModule, backend: TorchScriptBackend, methods: tuple[str, ...]
+) -> torch.jit.ScriptModule:
     """``scripted`` lowered to ``backend`` (its library loaded): the ``LoweredWrapper`` module."""
     return _compat.jit_to_backend(backend.name, scripted, backend.method_compile_spec(list(methods)))
 
 
-def save_load(module: Any) -> Any:
+def save_load(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
     """``torch.jit.save`` then ``torch.jit.load`` through memory."""
     buffer = io.BytesIO()
     torch.jit.save(module, buffer)
@@ -81,7 +86,9 @@ def save_load(module: Any) -> Any:
     return torch.jit.load(buffer)
 
 
-def lite_round_trip(module: Any, folder: str | os.PathLike, *, debug_info: bool = True, name: str = "model") -> Any:
+def lite_round_trip(
+    module: torch.jit.ScriptModule, folder: str | os.PathLike, *, debug_info: bool = True, name: str = "model"
+) -> LiteScriptModule:
     """``_save_for_lite_interpreter`` into ``folder``, then ``_load_for_lite_interpreter``."""
     path = os.path.join(os.fspath(folder), f"{name}.ptl")
     _compat.save_for_lite_interpreter(module, path, debug_info=debug_info)

@@ -12,11 +12,16 @@ the results of the wrapper's methods and bundled inputs the parent asks about.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
 from ..target import ChildProcess, Ended, blocked_modules, error_record, pack_value, unpack_value
+
+if TYPE_CHECKING:
+    from torch.jit.mobile import LiteScriptModule
+
+    from ..capabilities import Capabilities
 
 #: Seconds the target child may take to start (import torch) and to answer.
 TARGET_TIMEOUT = 240.0
@@ -25,7 +30,7 @@ TARGET_TIMEOUT = 240.0
 def run_torchscript_target(
     library: str | None,
     models: Sequence[Mapping[str, Any]],
-    capabilities: Any,
+    capabilities: Capabilities,
     *,
     timeout: float = TARGET_TIMEOUT,
 ) -> dict[str, Any]:
@@ -54,7 +59,10 @@ def run_torchscript_target(
 
 
 class TargetHandler:
-    """In the target child: load the library, then answer the one request."""
+    """In the target child: load the library, then answer the one request.
+
+    ``channel`` is the child's ``target`` Channel, a type that room does not export (hence ``Any``).
+    """
 
     def __init__(self, options: dict, channel: Any) -> None:
         self.options = options
@@ -89,7 +97,7 @@ class TargetHandler:
         return reply
 
 
-def _call(loaded: Any, method: str, args: tuple, lite: bool) -> Any:
+def _call(loaded: torch.jit.ScriptModule | LiteScriptModule, method: str, args: tuple, lite: bool) -> object:
     if method == "forward":
         return loaded(*args)
     return loaded.run_method(method, *args) if lite else getattr(loaded, method)(*args)
@@ -134,7 +142,7 @@ class LoweringHandler:
     def __call__(self, request: dict, channel: Any) -> dict:
         from .. import _compat
 
-        prints: list[Any] = []
+        prints: list[str | dict[str, str]] = []
         for item in self.options["scripted"]:
             try:
                 lowered = _compat.jit_to_backend(self.options["backend"], torch.jit.load(item["path"]), item["spec"])
@@ -144,13 +152,13 @@ class LoweringHandler:
         return {"kind": "result", "fingerprints": prints}
 
 
-def fingerprint(value: Any) -> str:
+def fingerprint(value: object) -> str:
     """A sha256 of a processed module's value: its structure, scalars and tensors' dtypes, shapes and bytes."""
     import hashlib
 
     digest = hashlib.sha256()
 
-    def visit(v: Any) -> None:
+    def visit(v: object) -> None:
         if isinstance(v, torch.Tensor):
             flat = v.detach().cpu().contiguous().flatten()
             digest.update(f"T{flat.dtype}{list(v.shape)}".encode())

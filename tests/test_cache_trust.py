@@ -130,8 +130,10 @@ def test_cache_verify_fails_the_run_on_an_entry_forged_with_the_secret_and_names
     verified = run("sub_as_add", "cache", "--backendconf-cache-verify=all")
     assert verified.ret == pytest.ExitCode.TESTS_FAILED
     verified.stdout.fnmatch_lines(
-        [f"*preprocess cache entry '*{entry.name}' holds another blob*than preprocess() of backend 'sub_as_add' "
-         "makes now for method 'forward'*tampered with or is stale*"]
+        [
+            f"*preprocess cache entry '*{entry.name}' holds another blob*than preprocess() of backend 'sub_as_add' "
+            "makes now for method 'forward'*tampered with or is stale*"
+        ]
     )
     assert not entry.exists()  # removed: the next run stores what preprocess makes
 
@@ -303,7 +305,9 @@ def test_a_short_secret_in_the_environment_is_a_usage_error(pytester, monkeypatc
     monkeypatch.setenv(SECRET_ENV, "hunter2")
     result = pytester.runpytest("--backend=reference", "--backendconf-select=nothing", "--backendconf-cache=cache")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --backendconf-cache=cache: ${SECRET_ENV} holds 7 characters; give at least 32*"])
+    result.stderr.fnmatch_lines(
+        [f"ERROR: --backendconf-cache=cache: ${SECRET_ENV} holds 7 characters; give at least 32*"]
+    )
 
 
 def test_entries_of_another_secret_are_misses_and_one_secret_shares_them(tmp_path):
@@ -356,7 +360,10 @@ def test_cache_verify_finds_a_tampered_hit_and_names_the_entry(tmp_path):
 @pytest.mark.parametrize("value", ["1.5", "some", "-0.1", "nan"])
 def test_a_bad_verify_share_is_a_usage_error(pytester, value):
     result = pytester.runpytest(
-        "--backend=reference", "--backendconf-select=nothing", "--backendconf-cache=c", f"--backendconf-cache-verify={value}"
+        "--backend=reference",
+        "--backendconf-select=nothing",
+        "--backendconf-cache=c",
+        f"--backendconf-cache-verify={value}",
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: --backendconf-cache-verify={value}: give the share of cache hits*or 'all'"])
@@ -373,4 +380,3 @@ def test_cache_verify_without_a_cache_is_a_usage_error_and_its_ini_and_environme
     monkeypatch.setenv("BACKENDCONF_CACHE_VERIFY", "2")
     result = pytester.runpytest("--backend=reference", "--backendconf-select=nothing", "--backendconf-cache=c")
     result.stderr.fnmatch_lines(["ERROR: $BACKENDCONF_CACHE_VERIFY=2: give the share*"])
-

@@ -24,6 +24,7 @@ from ._debug_table import PortablePaths
 from ._files import (
     FileTooLargeError,
     SpecialFileError,
+    check_regular_file,
     open_regular_file,
     probe_writable,
     read_regular_file,
@@ -71,6 +72,7 @@ __all__ = [
     "cache_secret",
     "check_limits",
     "check_pair",
+    "check_regular_file",
     "check_sidecar_size",
     "debug_info_mode",
     "debug_source",

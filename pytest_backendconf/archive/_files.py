@@ -90,6 +90,17 @@ def file_kind(mode: int) -> str:
     return "not a regular file" if not stat.S_ISREG(mode) else "a regular file"
 
 
+def check_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = False) -> None:
+    """A `SpecialFileError` unless ``path`` is a regular file (a link to one too when ``follow_symlinks``).
+
+    For a path handed on to a reader elsewhere; a reader here opens it with `open_regular_file`, which
+    checks the descriptor too.
+    """
+    looked = os.stat(path) if follow_symlinks else os.lstat(path)
+    if not stat.S_ISREG(looked.st_mode):
+        raise SpecialFileError(path, file_kind(looked.st_mode))
+
+
 def open_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = False) -> int:
     """A read-only descriptor of the regular file at ``path``; a `SpecialFileError` for anything else.
 
@@ -100,9 +111,7 @@ def open_regular_file(path: str | os.PathLike, *, follow_symlinks: bool = False)
     report given on the command line may be a link); never for a file found in a folder the package
     reads back (a cache entry, a report folder's files).
     """
-    looked = os.stat(path) if follow_symlinks else os.lstat(path)
-    if not stat.S_ISREG(looked.st_mode):
-        raise SpecialFileError(path, file_kind(looked.st_mode))
+    check_regular_file(path, follow_symlinks=follow_symlinks)
     try:
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow_symlinks else _NOFOLLOW))
     except OSError as exc:

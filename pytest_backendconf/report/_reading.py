@@ -145,7 +145,7 @@ def read_report(path: str | Path, *, follow_symlinks: bool = True) -> Report:
     try:
         text = read_regular_file(path, MAX_REPORT_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
     except OSError as exc:
-        raise ReportError(f"cannot read report {name!r}: {exc.strerror or exc}; {_FIX}") from None
+        raise ReportError(f"cannot read report {name!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ReportError(f"report {name!r} is not UTF-8 text; {_FIX}") from None
     return parse_report(load_json(text, f"report {name!r}", _FIX), name)

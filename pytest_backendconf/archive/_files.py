@@ -215,7 +215,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, sync: bool | Non
             f.flush()
             if sync:
                 os.fsync(f.fileno())
-        os.chmod(temporary, mode)
+            if hasattr(os, "fchmod"):  # the descriptor's file: never a link put under its name meanwhile
+                os.fchmod(f.fileno(), mode)
+        if not hasattr(os, "fchmod"):  # pragma: no cover - Windows before Python 3.13
+            os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -240,7 +243,7 @@ def sync_files(paths: list[str | os.PathLike], directory: str | os.PathLike) -> 
         return
     for path in paths:
         with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | _NONBLOCK)  # a FIFO in a written file's place never blocks the sync
             try:
                 os.fsync(fd)
             finally:

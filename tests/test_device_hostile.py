@@ -57,6 +57,67 @@ def local_again():
     use_target_command(None)
 
 
+# --- the host decides the verdicts ----------------------------------------------------------------
+
+
+def test_an_archive_that_fails_here_fails_on_a_device_that_forges_its_verdict(archives, capsys, local_again):
+    assert main(["replay", str(archives / "wrong.bcpt")]) == 1
+    assert "replay: 0/2 bundles match their expected outputs (1 archives)" in capsys.readouterr().out
+    # The device answers "forward[0] passed" without running anything: the host counts the archive's bundles
+    # itself and judges outputs, of which the device returned none.
+    assert main(["replay", str(archives / "wrong.bcpt"), "--target-command", hostile("verdict")]) == 1
+    out = capsys.readouterr().out
+    assert "replay: 0/2 bundles match their expected outputs (1 archives)" in out
+    assert "ERROR  backendconf::replay::wrong.forward[1]" in out
+    assert "the target returned no outputs for bundle forward[1]" in out
+
+
+def test_the_host_judges_the_outputs_a_device_returns(archives, capsys, local_again):
+    # This device returns the archive's own expected outputs: the host holds them to the bundles it read itself.
+    assert main(["replay", str(archives / "good.bcpt"), "--target-command", hostile("expected")]) == 0
+    assert "replay: 2/2 bundles match their expected outputs (1 archives)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("how", "line", "text"),
+    [
+        (
+            "drop=1",
+            "ERROR  backendconf::replay::good.forward[1]",
+            "the target returned no outputs for bundle forward[1]",
+        ),
+        ("twice=0", "ERROR  backendconf::replay::good.forward[0]", "the target answered for bundle forward[0] twice"),
+        (
+            "extra=5",
+            "ERROR  backendconf::replay::good.-[0]",
+            "the target answered for bundle forward[5], which the archive does not hold",
+        ),
+    ],
+)
+def test_a_missing_duplicate_or_extra_answer_is_an_error_naming_the_bundle(
+    archives, capsys, local_again, how, line, text
+):
+    command = hostile("expected", how)
+    assert main(["replay", str(archives / "good.bcpt"), "--target-command", command]) == 1
+    out = capsys.readouterr().out
+    assert line in out and text in out, out
+    assert "replay: 2/2" not in out and "replay: 3/3" not in out
+
+
+def test_the_suites_replay_on_a_device_is_judged_on_the_host(pytester):
+    result = pytester.runpytest(
+        "--backend=reference",
+        "--backendconf-select=parity::mlp[[]float32]",
+        "--backendconf-golden=gold",
+        f"--backendconf-target-command={hostile('verdict')}",
+        "--backendconf-replay-on-target",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*replay on the target device hostile: 0/3 bundles of 1 golden archive match*"])
+
+
 # --- frames: bounded and checked ------------------------------------------------------------------
 
 #: A host that connects to the device and waits up to 60 s for the link to drop, its address space limited

@@ -450,6 +450,8 @@ class TargetLink:
             if self.hello is None and not isinstance(frame, dict):
                 continue  # a banner that happens to parse ("42")
             try:
+                if self.hello is None:
+                    check_choice(frame.get("kind"), ("hello",), "kind")  # the runner's first frame
                 self._take(check_frame(frame))
             except ValueError as exc:  # `InvalidField` among them
                 self._break(f"sent a malformed {'hello' if self.hello is None else 'frame'}: {exc}")

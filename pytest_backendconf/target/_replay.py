@@ -125,42 +125,20 @@ def replay_archives(
                 )
             answers: list[object] = []
             reply = child.request({"archive": child.file(path)}, timeout=timeout, on_record=answers.append)
-            expected = [(m, i, r["check"]) for m, records in bundles.records.items() for i, r in enumerate(records)]
             if isinstance(reply, Ended):
-                error = {
-                    "type": "TargetCrashError" if reply.timed_out is None else "TargetTimeoutError",
-                    "module": __name__,
-                    "message": f"the target process {reply.describe()} while replaying {path!r}; "
-                    f"stderr: {tail_text(reply.stderr)}",
-                }
-                if reply.unreachable:
-                    error = {"type": "TargetUnreachable", "module": __name__, "message": reply.describe()}
-                elif reply.setup_error is not None:
-                    error = dict(reply.setup_error)
-                for method, index, check in expected:
+                children.pop(backend).close()
+            error = _ended_error(reply, path) if isinstance(reply, Ended) else _load_error(reply, path)
+            if error is not None:
+                for method, index, check in _bundle_keys(bundles):
                     results.append(
                         BundleResult(path, method, index, "error", error["message"], error, None, check, backend)
                     )
-                children.pop(backend).close()
                 continue
-            try:
-                load_error = reply.get("error")
-                if load_error is not None:
-                    load_error = check_error_record(load_error, "the target's reply.error")
-            except ValueError as exc:
-                load_error = _answer_error(f"{path!r}: {exc}")
-            if load_error is not None:
-                for method, index, check in expected:
-                    results.append(
-                        BundleResult(
-                            path, method, index, "error", load_error["message"], load_error, None, check, backend
-                        )
-                    )
-                continue
-            elapsed = (time.monotonic() - started) / max(len(expected), 1)
-            for result in judge_answers(path, bundles, answers, backend):
+            judged = judge_answers(path, bundles, answers, backend)
+            elapsed = (time.monotonic() - started) / max(len(judged), 1)
+            for result in judged:
                 result.duration = elapsed
-                results.append(result)
+            results += judged
     finally:
         for child in children.values():
             child.close()
@@ -175,6 +153,33 @@ def _answer_error(message: str) -> dict[str, str]:
     return {"type": ANSWER_ERROR, "module": __name__, "message": message}
 
 
+def _bundle_keys(bundles: Bundles) -> list[tuple[str, int, str | None]]:
+    """``(method, index, check)`` of every bundle, in the archive's order."""
+    return [(m, i, r["check"]) for m, records in bundles.records.items() for i, r in enumerate(records)]
+
+
+def _ended_error(ended: Ended, path: str) -> dict[str, str]:
+    """The error of every bundle of an archive whose target process ended before it answered."""
+    if ended.unreachable:
+        return {"type": "TargetUnreachable", "module": __name__, "message": ended.describe()}
+    if ended.setup_error is not None:
+        return dict(ended.setup_error)
+    return {
+        "type": "TargetCrashError" if ended.timed_out is None else "TargetTimeoutError",
+        "module": __name__,
+        "message": f"the target process {ended.describe()} while replaying {path!r}; stderr: {tail_text(ended.stderr)}",
+    }
+
+
+def _load_error(reply: Mapping[str, Any], path: str) -> dict[str, str] | None:
+    """The target's error loading the archive at ``path`` (its reply's ``error``), or None: it ran the bundles."""
+    try:
+        error = reply.get("error")
+        return None if error is None else check_error_record(error, "the target's reply.error")
+    except ValueError as exc:
+        return _answer_error(f"replaying {path!r}: {exc}; {_ANSWER_FIX}")
+
+
 # --- the host's verdicts ----------------------------------------------------------------------------
 
 
@@ -183,7 +188,7 @@ def judge_answers(path: str, bundles: Bundles, answers: Sequence[object], backen
     target's ``answers`` (its ``bundle`` records; others are not answers): one `BundleResult` per bundle, in the
     archive's order, and one error for the archive (method ``-``) if the target answered for a bundle the
     archive does not hold or sent an answer that is not one."""
-    expected = {(m, i): r["check"] for m, records in bundles.records.items() for i, r in enumerate(records)}
+    expected = {(m, i): check for m, i, check in _bundle_keys(bundles)}
     given: dict[tuple[str, int], Mapping[str, Any]] = {}
     twice: set[tuple[str, int]] = set()
     wrong: dict[tuple[str, int], str] = {}

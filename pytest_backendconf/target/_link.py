@@ -56,8 +56,9 @@ KILL_ANSWER = 10.0
 COMMAND_ENV = "BACKENDCONF_TARGET_COMMAND"
 #: The longest frame line a device may send, in bytes (its newline not counted); a longer one drops the link.
 #: Tensors travel inside frames (base64 in JSON), so this bounds one answer's outputs: the largest frame of
-#: the suite's target stage, real models included, is 11 kB (two [1, 1000] float32 outputs), and a stderr
-#: frame is at most 0.4 MB (64 KiB read at once, 6 bytes per escaped byte). 64 MiB leaves room for a
+#: the suite's target stage, real models included, is 11 kB (two [1, 1000] float32 outputs; a replay's,
+#: one bundle's outputs, 7 kB), and a stderr frame is at most 0.4 MB (64 KiB read at once, 6 bytes per
+#: escaped byte). 64 MiB leaves room for a
 #: model's own outputs of up to about 48 MB per bundle or call list; reading a frame holds about twice the
 #: cap. ``BACKENDCONF_TARGET_MAX_FRAME_MIB`` raises it for bigger outputs (docs/security.md).
 MAX_FRAME_BYTES = int(float(os.environ.get("BACKENDCONF_TARGET_MAX_FRAME_MIB", "64")) * 2**20)

@@ -761,7 +761,7 @@ def _read_index(index: Path, *, follow_symlinks: bool = True) -> dict[str, Any]:
 
 def _sample_records(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """The index's ``samples``, each field checked, each input present in the tensor file."""
-    from ..._validation import check_choice, check_type, field
+    from ...report import check_choice, check_type, field
 
     records: list[dict[str, Any]] = check_type(document.get("samples"), "list", "samples")
     for n, record in enumerate(records):
@@ -785,7 +785,7 @@ def _sample_records(document: dict[str, Any], tensors: dict[str, torch.Tensor]) 
 
 
 def _check_tolerances(tolerances: object) -> None:
-    from ..._validation import check_type
+    from ...report import check_type
 
     check_type(tolerances, "object", "opinfo_tolerances")
     assert isinstance(tolerances, dict)

@@ -15,8 +15,6 @@ import io
 import json
 import os
 import stat
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -36,7 +34,8 @@ from pytest_backendconf.archive import (
 from pytest_backendconf.errors import CacheMismatchError
 from pytest_backendconf.lowering import PreprocessCache, use_preprocess_cache
 
-ROOT = Path(__file__).resolve().parent.parent
+from test_special_files import run_bounded
+
 
 SUB_AS_ADD = """
 import torch
@@ -173,22 +172,8 @@ print(first, cache.get(key), sorted(os.listdir(folder)), cache.counts["removed"]
 def test_a_fifo_or_a_link_to_dev_zero_in_the_folder_is_refused_promptly(tmp_path, kind):
     """Each used to block forever (a FIFO opened for reading waits for a writer) or to read /dev/zero
     until MemoryError; the child's memory is capped so that a regression fails, not the machine."""
-    import resource
-
-    def cap_memory() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
-
     folder = tmp_path / "cache"
-    done = subprocess.run(
-        [sys.executable, "-c", PLANT_AND_USE, str(folder), kind],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        preexec_fn=cap_memory,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    line = done.stdout.strip().splitlines()[-1]
+    line = run_bounded(PLANT_AND_USE, str(folder), kind).strip().splitlines()[-1]
     assert line.startswith("None b'a blob' ")  # a miss, then the entry stored in its place
     entries = sorted(os.listdir(folder))
     assert entries == ["CACHEDIR.TAG", "a" * 64 + ".bcpc"]  # the planted thing is gone, no other file left

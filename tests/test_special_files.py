@@ -60,14 +60,16 @@ EXPECTED_ERRORS = {
 }
 
 
-def _run_readers(path: Path) -> dict[str, str]:
+def run_bounded(script: str, *args: str) -> str:
+    """The output of ``python -c script args`` in a child that must end within 2 minutes (a FIFO read
+    blocks forever) in at most 6 GiB of address space (``/dev/zero`` read whole would take the machine)."""
     import resource
 
     def cap_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
 
     done = subprocess.run(
-        [sys.executable, "-c", READERS, str(path)],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,7 +77,11 @@ def _run_readers(path: Path) -> dict[str, str]:
         preexec_fn=cap_memory,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    return done.stdout
+
+
+def _run_readers(path: Path) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in run_bounded(READERS, str(path)).splitlines())
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "link to a fifo"])

@@ -9,9 +9,19 @@ cache line and from a file the backend appends a line to per ``preprocess`` call
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import re
+import threading
+from pathlib import Path
 
 import pytest
+import torch
+from backendconf_reference import ReferenceBackend
+
+from pytest_backendconf.debuginfo import DebugHandleRecorder
+from pytest_backendconf.lowering import PreprocessCache, export_method
+from pytest_backendconf.registry import Source
 
 CONFIGURABLE_BACKEND = """
 import copy
@@ -126,14 +136,15 @@ def configurable(pytester):
 # --- a setting of the backend's instance ------------------------------------------------------------
 
 
+@pytest.mark.slow  # four runs in fresh processes (the key alone is tested below, in `make test`)
 def test_a_wrong_setting_fails_even_after_a_run_with_the_right_one_filled_the_cache(configurable):
     alone, _ = configurable(SETTING_CONFTEST, fast_sub=True, cache="another")
     alone.assert_outcomes(passed=2, failed=3)
     good, cold = configurable(SETTING_CONFTEST, fast_sub=False)
     good.assert_outcomes(passed=5)
-    wrong, calls = configurable(SETTING_CONFTEST, fast_sub=True)
+    wrong, _ = configurable(SETTING_CONFTEST, fast_sub=True)
     wrong.assert_outcomes(passed=2, failed=3)  # the sub samples and the model with a sub; mul is right anyway
-    assert calls == cold  # nothing of the good run's blobs is reused
+    assert reused(wrong)[0] == 0  # nothing of the good run's blobs
     good_again, warm = configurable(SETTING_CONFTEST, fast_sub=False)
     good_again.assert_outcomes(passed=5)
     assert warm == 0 and reused(good_again) == (cold, cold)
@@ -143,9 +154,9 @@ def test_a_wrong_setting_fails_even_after_a_run_with_the_right_one_filled_the_ca
 def test_a_wrong_setting_fails_under_xdist_after_a_good_run(configurable):
     good, cold = configurable(SETTING_CONFTEST, "-n", "2", fast_sub=False)
     good.assert_outcomes(passed=5)
-    wrong, calls = configurable(SETTING_CONFTEST, "-n", "2", fast_sub=True)
+    wrong, _ = configurable(SETTING_CONFTEST, "-n", "2", fast_sub=True)
     wrong.assert_outcomes(passed=2, failed=3)
-    assert calls == cold
+    assert reused(wrong)[0] == 0
     again, warm = configurable(SETTING_CONFTEST, "-n", "2", fast_sub=False)
     again.assert_outcomes(passed=5)
     assert warm == 0 and reused(again) == (cold, cold)
@@ -158,9 +169,9 @@ def test_a_wrong_setting_fails_under_xdist_after_a_good_run(configurable):
 def test_an_edited_conftest_misses_and_its_new_pass_is_what_runs(configurable, pytester):
     good, cold = configurable(PLAIN_CONFTEST)
     good.assert_outcomes(passed=5)
-    wrong, calls = configurable(FAST_SUB_PASS_CONFTEST)  # the same backend and instance, a pass of the conftest's
+    wrong, _ = configurable(FAST_SUB_PASS_CONFTEST)  # the same backend and instance, a pass of the conftest's
     wrong.assert_outcomes(passed=2, failed=3)
-    assert calls == cold
+    assert reused(wrong)[0] == 0
     commented, after_comment = configurable(PLAIN_CONFTEST + "\n# only a comment, but another file\n")
     commented.assert_outcomes(passed=5)
     assert after_comment == cold and reused(commented) == (0, cold)
@@ -170,9 +181,9 @@ def test_an_edited_conftest_misses_and_its_new_pass_is_what_runs(configurable, p
 def test_an_edited_conftest_misses_under_xdist(configurable):
     good, cold = configurable(PLAIN_CONFTEST, "-n", "2")
     good.assert_outcomes(passed=5)
-    wrong, calls = configurable(FAST_SUB_PASS_CONFTEST, "-n", "2")
+    wrong, _ = configurable(FAST_SUB_PASS_CONFTEST, "-n", "2")
     wrong.assert_outcomes(passed=2, failed=3)
-    assert calls == cold
+    assert reused(wrong)[0] == 0
 
 
 # --- nothing that changes from run to run -----------------------------------------------------------
@@ -189,11 +200,11 @@ def _reference_run(pytester, *options: str):
 
 def test_rerunning_a_few_checks_after_a_run_reuses_their_lowerings(pytester):
     everything = [
-        "--backendconf-select=backendconf::parity::small_cnn[[]float32]",
+        "--backendconf-select=backendconf::ops::aten.add.Tensor[[]float32-*",
         "--backendconf-select=backendconf::ops::aten.mul.Tensor[[]float32-*",
     ]
     first = _reference_run(pytester, *everything)
-    first.assert_outcomes(passed=3)
+    first.assert_outcomes(passed=4)
     stored = reused(first)[1]
     again = _reference_run(pytester, "--backendconf-select=backendconf::ops::aten.mul.Tensor[[]float32-sample1]")
     again.assert_outcomes(passed=1)
@@ -210,3 +221,162 @@ def test_an_unchanged_rerun_under_xdist_reuses_nearly_every_lowering(pytester):
     assert warm.ret == 0
     hits, cacheable = reused(warm)
     assert cacheable >= 200 and hits >= 0.9 * cacheable, (hits, cacheable)
+
+
+# --- the key, without a run ---------------------------------------------------------------------------
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    EXACT = "exact"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    level: int
+    layout: str
+
+
+class Tuned(ReferenceBackend):
+    """The reference backend with whatever settings a test gives it, as attributes."""
+
+    name = "tuned"
+
+    def __init__(self, **settings: object) -> None:
+        self.__dict__.update(settings)
+
+
+class Declares(Tuned):
+    """Names its settings itself: its attributes (a lock among them) are not looked at."""
+
+    def cache_identity(self) -> str | None:
+        return self.__dict__["declared"]
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.linear(x) - 1
+
+
+@pytest.fixture(scope="module")
+def program():
+    torch.manual_seed(0)
+    return export_method(_Linear().eval(), "forward", (torch.randn(3, 4),), {})
+
+
+def _key(tmp_path, program, backend, source: Source | None = None) -> str | None:
+    cache = PreprocessCache(tmp_path / "cache", backend, "1.0", 2**20, source)
+    return cache.key(program, {}, DebugHandleRecorder().assign(program.graph_module))
+
+
+PLAIN_SETTINGS = {
+    "fast_sub": True,
+    "level": 3,
+    "scale": 0.5,
+    "name_prefix": "npu",
+    "nothing": None,
+    "dtype": torch.float16,
+    "device": torch.device("cpu"),
+    "library": Path("/opt/npu/lib"),
+    "mode": Mode.FAST,
+    "tiles": (8, 16),
+    "passes": ["fold", "fuse"],
+    "table": {"conv": [1, 2.0], 3: {"x": b"\x00"}},
+    "ops": frozenset({"aten.add", "aten.mul"}),
+    "options": Options(2, "nhwc"),
+}
+
+
+def test_every_setting_of_the_backend_is_in_the_key_and_the_same_settings_give_the_same_key(tmp_path, program):
+    key = _key(tmp_path, program, Tuned(**PLAIN_SETTINGS))
+    assert key is not None and key == _key(tmp_path, program, Tuned(**PLAIN_SETTINGS))
+    for name, other in [
+        ("fast_sub", False),
+        ("scale", 0.25),
+        ("dtype", torch.bfloat16),
+        ("mode", Mode.EXACT),
+        ("table", {"conv": [1, 2.5], 3: {"x": b"\x00"}}),
+        ("options", Options(2, "nchw")),
+        ("ops", frozenset({"aten.add"})),
+    ]:
+        assert _key(tmp_path, program, Tuned(**{**PLAIN_SETTINGS, name: other})) not in (None, key), name
+    assert _key(tmp_path, program, Tuned(**PLAIN_SETTINGS, extra=1)) != key
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "kind"),
+    [
+        (threading.Lock(), "lock", "_thread.lock"),
+        ({"on_compile": print}, "lock['on_compile']", "builtins.builtin_function_or_method"),
+        ([1, object()], "lock[1]", "builtins.object"),
+    ],
+)
+def test_a_setting_with_no_stable_form_turns_the_cache_off_and_says_how_to_enable_it(
+    tmp_path, program, value, where, kind
+):
+    backend = Tuned(level=3, lock=value)
+    assert _key(tmp_path, program, backend) is None
+    cache = PreprocessCache(tmp_path / "cache", backend, "1.0", 2**20)
+    assert cache.identity_problem() == (
+        f"its attribute {where} ({kind}) has no stable form across processes; define cache_identity(self) -> str "
+        'on the backend, returning every setting that changes a blob (docs/backend-contract.md, "Caching '
+        'preprocess results")'
+    )
+
+
+def test_cache_identity_names_the_settings_instead_of_the_attributes(tmp_path, program):
+    key = _key(tmp_path, program, Declares(declared="level=3", lock=threading.Lock()))
+    assert key is not None and key == _key(tmp_path, program, Declares(declared="level=3", lock=threading.Lock()))
+    assert _key(tmp_path, program, Declares(declared="level=2", lock=threading.Lock())) not in (None, key)
+    never = PreprocessCache(tmp_path / "cache", Declares(declared=None), "1.0", 2**20)
+    assert never.identity() is None
+    assert never.identity_problem() == "its cache_identity() returned None (never cache this backend)"
+    wrong = PreprocessCache(tmp_path / "cache", Declares(declared=3), "1.0", 2**20)
+    assert wrong.identity() is None
+    assert wrong.identity_problem().startswith("its cache_identity() returned int, not a str; return a str naming")
+
+
+def test_the_file_that_registered_the_backend_is_in_the_key(tmp_path, program):
+    conftest = tmp_path / "conftest.py"
+    conftest.write_text("def backendconf_register_backends(register):\n    register(Tuned())\n")
+    source = Source(f"conftest {conftest}", file=str(conftest))
+    key = _key(tmp_path, program, Tuned(), source)
+    assert key is not None and key == _key(tmp_path, program, Tuned(), source)
+    conftest.write_text(conftest.read_text() + "# an edit\n")
+    assert _key(tmp_path, program, Tuned(), source) not in (None, key)
+    nowhere = PreprocessCache(tmp_path / "cache", Tuned(), "1.0", 2**20, Source("register_backend() in '__main__'"))
+    assert nowhere.identity() is None
+    assert "which has no file to hash" in nowhere.identity_problem()
+
+
+def test_a_backend_that_cannot_be_cached_says_why_at_the_end_of_the_run(pytester):
+    pytester.makeconftest(
+        "import threading\n"
+        "from backendconf_reference import ReferenceBackend\n\n"
+        "class Locked(ReferenceBackend):\n"
+        "    name = 'locked'\n\n"
+        "    def __init__(self):\n"
+        "        self.lock = threading.Lock()\n\n"
+        "def backendconf_register_backends(register):\n"
+        "    register(Locked())\n"
+    )
+    result = pytester.runpytest(
+        "--backend=locked",
+        "-p",
+        "no:cacheprovider",
+        "--backendconf-cache=cache",
+        "--backendconf-select=backendconf::ops::aten.mul.Tensor[[]float32-sample0]",
+    )
+    result.assert_outcomes(passed=1)
+    assert reused(result) == (0, 0)
+    result.stdout.fnmatch_lines(
+        [
+            "backendconf: preprocess cache off for backend 'locked': its attribute lock (_thread.lock) has no "
+            "stable form across processes; define cache_identity(self) -> str on the backend*"
+        ]
+    )
+    assert not list((pytester.path / "cache").glob("*.bcpc"))

@@ -1,9 +1,10 @@
-"""Debug handles: one process-wide recorder issues a unique ``int`` per graph node.
+"""Debug handles: each lowering numbers its graph nodes with a recorder of its own.
 
-Handles are unique across every lowering in the process, monotonic, safe to
-issue from several threads, and checked against int64 overflow (docs/backend-contract.md#debug-handles-and-texts).
-A lowering reserves one contiguous block, so that two fresh processes
-doing the same lowerings in the same order issue the same handles.
+A lowering's handles start at 0 and are unique within it (every method, partition and fallback
+segment), monotonic, and checked against int64 overflow (docs/backend-contract.md#debug-handles-and-texts).
+They depend only on the programs lowered, never on what the process lowered before: the same
+lowering gives the same handles, blobs and archive in any process, in any order, which is what lets
+the preprocess cache serve a rerun under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -20,10 +21,7 @@ INT64_MAX = 2**63 - 1
 
 
 class DebugHandleRecorder:
-    """Issues debug handles; one instance per process (`DebugHandleRecorder.default`)."""
-
-    _default: "DebugHandleRecorder | None" = None
-    _default_lock = threading.Lock()
+    """Issues the debug handles of one lowering (each `to_backend` makes its own); safe to share between threads."""
 
     def __init__(self, first: int = 0, last: int = INT64_MAX) -> None:
         self._next = first
@@ -32,15 +30,6 @@ class DebugHandleRecorder:
         # Sorted, non-overlapping [start, stop) blocks handed out so far.
         self._starts: list[int] = []
         self._stops: list[int] = []
-
-    @classmethod
-    def default(cls) -> "DebugHandleRecorder":
-        """The process-wide recorder every lowering uses."""
-        if cls._default is None:
-            with cls._default_lock:
-                if cls._default is None:
-                    cls._default = cls()
-        return cls._default
 
     def reserve(self, count: int) -> range:
         """Reserve ``count`` consecutive handles and return them as a range."""
@@ -71,8 +60,9 @@ class DebugHandleRecorder:
         """Give every node of ``graph_module`` and its nested subgraphs a handle.
 
         Nodes are numbered in graph order, each subgraph right after the
-        node that references it (depth first), so the numbering depends only
-        on the graph.
+        node that references it (depth first), from where this recorder's
+        last block ended: so the numbering depends only on the graphs given
+        to this recorder, in their order.
         """
         nodes = list(walk_nodes(graph_module))
         block = self.reserve(len(nodes))

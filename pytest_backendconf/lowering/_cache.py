@@ -2,10 +2,11 @@
 
 An entry is one ``preprocess`` result, stored under a key that covers everything the blob may
 depend on: the exported program's content (graph, node metadata, signature, weights and
-constants), the compile spec, the debug handles given to ``preprocess`` (blobs carry them), the
-backend's identity (name, version and a hash of the files of the packages its class comes from,
-so an edited backend never meets its old blobs) and the torch build. A hit skips ``preprocess``;
-``compile`` and ``execute`` always run.
+constants), the compile spec, the debug handles given to ``preprocess`` (blobs carry them; a
+lowering numbers its own from 0, so they are the same in every run), the backend's identity
+(`_identity`: name, version, a hash of the files of the packages its class comes from, its
+settings and the file that registered it, so an edited or reconfigured backend never meets its old
+blobs) and the torch build. A hit skips ``preprocess``; ``compile`` and ``execute`` always run.
 
 The cache serves one backend object (the run's selected backend): a wrapper or a deliberately
 different backend object always runs its own ``preprocess``. Entries are written to a temporary
@@ -20,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -31,12 +31,14 @@ from .. import _compat
 from ..archive import DEFAULT_LIMITS, encode_cache_entry, read_cache_entry, write_atomic
 from ..debuginfo import walk_nodes
 from ..errors import ArchiveError
+from ._identity import BackendIdentity, backend_identity
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
     from torch.fx import Node
 
     from ..backend import Backend
+    from ..registry import Source
 
 #: The folder's size cap when none is given (``--backendconf-cache-size``), in MiB.
 DEFAULT_MAX_MIB = 1024
@@ -58,13 +60,21 @@ class PreprocessCache:
     """The folder of cached ``preprocess`` results for one backend object."""
 
     def __init__(
-        self, directory: str | os.PathLike, backend: Backend, backend_version: str | None, max_bytes: int
+        self,
+        directory: str | os.PathLike,
+        backend: Backend,
+        backend_version: str | None,
+        max_bytes: int,
+        source: Source | None = None,
     ) -> None:
+        """:param source: where the registry found the backend (its file is part of the key); None for a
+        backend object no registry holds."""
         self.directory = Path(directory)
         self.backend = backend
         self.backend_version = backend_version
         self.max_bytes = max_bytes
-        self._identity: str | None = None
+        self.source = source
+        self._identity: BackendIdentity | None = None
         self._lock = threading.Lock()
         #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed.
         self.counts = {"hits": 0, "misses": 0, "stored": 0, "removed": 0}
@@ -96,12 +106,16 @@ class PreprocessCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     def identity(self) -> str | None:
-        """The backend's name, version and package-files hash, as one string (None: its files are unknown)."""
-        if self._identity is None:
-            files = backend_files_digest(type(self.backend))
-            if files is None:
-                return None
-            self._identity = json.dumps([self.backend.name, self.backend_version, files])
+        """The backend's part of every key, as one string (None: it is not cached; `identity_problem` says why)."""
+        return self.backend_identity().text
+
+    def identity_problem(self) -> str:
+        """Why this backend is not cached ("" when it is)."""
+        return self.backend_identity().reason
+
+    def backend_identity(self) -> BackendIdentity:
+        if self._identity is None:  # once per run: the backend's files are read once
+            self._identity = backend_identity(self.backend, self.backend_version, self.source)
         return self._identity
 
     def get(self, key: str) -> bytes | None:
@@ -201,45 +215,6 @@ def cached_preprocess(
 def torch_build() -> str:
     """The torch build: its version and the commit it was built from."""
     return f"{torch.__version__}+{getattr(torch.version, 'git_version', 'unknown')}"
-
-
-def backend_files_digest(cls: type) -> str | None:
-    """A hash of the files of every package (or lone module) a class of the backend's MRO comes from.
-
-    None when one of them has no file (defined in ``__main__`` of ``python -c``): such a backend
-    is never cached, since an edit of it could not be seen. Computed once per cache, i.e. per run
-    (`PreprocessCache.identity`): a large package costs its read once.
-    """
-    roots: set[str] = set()
-    for klass in cls.__mro__:
-        if klass.__module__ == "builtins":
-            continue
-        top = sys.modules.get(klass.__module__.split(".")[0])
-        paths = list(getattr(top, "__path__", None) or []) or [getattr(top, "__file__", None)]
-        if not paths or None in paths:
-            return None
-        roots.update(str(p) for p in paths)
-    digest = hashlib.sha256()
-    for root in sorted(roots):
-        files = _files_digest(Path(root))
-        if files is None:
-            return None
-        digest.update(f"{root}\0{files}\0".encode())
-    return digest.hexdigest()
-
-
-def _files_digest(root: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            if "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
-            digest.update(f"{path.relative_to(root.parent)}\0".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 def program_digest(program: ExportedProgram) -> str:

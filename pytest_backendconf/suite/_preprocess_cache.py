@@ -19,6 +19,7 @@ import pytest
 from ._settings import setting
 
 if TYPE_CHECKING:
+    from ..registry import RegisteredBackend
     from ._context import SuiteContext
 
 CACHE_ENV = "BACKENDCONF_CACHE"
@@ -86,7 +87,7 @@ def install_cache(ctx: SuiteContext, choice: CacheChoice | None) -> None:
         use_preprocess_cache(None)
         return
     version = declared_version(ctx.backend, ctx.registered.source.version)
-    cache = PreprocessCache(choice.directory, ctx.backend, version, choice.max_bytes)
+    cache = PreprocessCache(choice.directory, ctx.backend, version, choice.max_bytes, ctx.registered.source)
     try:
         cache.prepare()
     except OSError:
@@ -105,3 +106,11 @@ def cache_summary(choice: CacheChoice, counts: dict[str, int]) -> str:
     if counts.get("removed"):
         line += f", {counts['removed']} damaged entries removed"
     return line
+
+
+def cache_off_notice(registered: RegisteredBackend) -> str | None:
+    """The terminal's line when the cache cannot serve this backend: why, and how to enable it (None: it can)."""
+    from ..lowering import backend_identity
+
+    reason = backend_identity(registered.backend, None, registered.source).reason
+    return f"backendconf: preprocess cache off for backend {registered.name!r}: {reason}" if reason else None

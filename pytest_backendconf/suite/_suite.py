@@ -29,7 +29,7 @@ from ..backend import TorchScriptBackend
 from ..checks import CATEGORIES, ROOT_ID, Check, CheckContext, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._failure_text import failure_text
 from ._hypothesis import hypothesis_choice
-from ._preprocess_cache import CACHE_KEY, cache_summary
+from ._preprocess_cache import CACHE_KEY, cache_off_notice, cache_summary
 from ._categories import generate_checks
 from ._outcome import OUTCOME_KEY, run_check
 
@@ -366,6 +366,12 @@ class SuitePlugin:
             for what, n in self._cache_elsewhere.items():
                 found[what] = found.get(what, 0) + n
             terminalreporter.write_line(cache_summary(cache, found))
+            from ..registry import active_registry
+
+            registry = active_registry()
+            notice = cache_off_notice(registry.get(self.backend_name)) if registry is not None else None
+            if notice:
+                terminalreporter.write_line(notice)
 
     def cache_counts(self) -> dict[str, int]:
         """What this process's preprocess cache found: in its backend host, or here when checks run here."""

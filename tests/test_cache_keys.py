@@ -19,6 +19,8 @@ import pytest
 import torch
 from backendconf_reference import ReferenceBackend
 
+import pytest_backendconf as bc
+
 from pytest_backendconf.debuginfo import DebugHandleRecorder
 from pytest_backendconf.lowering import PreprocessCache, export_method
 from pytest_backendconf.registry import Source
@@ -28,6 +30,8 @@ import copy
 
 import torch
 from backendconf_reference import ReferenceBackend
+
+import pytest_backendconf as bc
 from pytest_backendconf.debuginfo import walk_nodes
 
 #: Rewrites of an op a plugin may add (``PASSES.append(f)``, f(target) -> target): not the instance's state.
@@ -380,3 +384,19 @@ def test_a_backend_that_cannot_be_cached_says_why_at_the_end_of_the_run(pytester
         ]
     )
     assert not list((pytester.path / "cache").glob("*.bcpc"))
+
+
+def test_an_availability_probe_is_no_setting_and_the_project_engines_are_cached(tmp_path, program):
+    probed = Tuned(level=3, _availability=bc.AvailabilityProbe(lambda: ""))
+    assert _key(tmp_path, program, probed) not in (None, _key(tmp_path, program, Tuned(level=2)))
+    engine = pytest.importorskip("backendconf_onnxruntime").OnnxRuntimeBackend()
+    assert PreprocessCache(tmp_path / "cache", engine, "1.0", 2**20).identity_problem() == ""
+
+
+def test_what_a_backend_sets_on_itself_during_the_run_is_not_in_the_key(tmp_path, program):
+    backend = Tuned(level=3)
+    cache = PreprocessCache(tmp_path / "cache", backend, "1.0", 2**20)
+    handles = DebugHandleRecorder().assign(program.graph_module)
+    key = cache.key(program, {}, handles)
+    backend.kernels = {"mul": object()}  # a table of compiled kernels, filled by its first lowerings
+    assert key is not None and cache.key(program, {}, handles) == key

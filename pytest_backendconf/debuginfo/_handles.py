@@ -9,7 +9,6 @@ the preprocess cache serve a rerun under pytest-xdist.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, cast
@@ -27,9 +26,6 @@ class DebugHandleRecorder:
         self._next = first
         self._last = last
         self._lock = threading.Lock()
-        # Sorted, non-overlapping [start, stop) blocks handed out so far.
-        self._starts: list[int] = []
-        self._stops: list[int] = []
 
     def reserve(self, count: int) -> range:
         """Reserve ``count`` consecutive handles and return them as a range."""
@@ -43,18 +39,7 @@ class DebugHandleRecorder:
                     f"but handles stop at {self._last} (int64)"
                 )
             self._next = start + count
-            if count:
-                self._starts.append(start)
-                self._stops.append(start + count)
         return range(start, start + count)
-
-    def issued(self, handle: int) -> bool:
-        """Whether this recorder issued ``handle`` (a backend must report only those)."""
-        if not isinstance(handle, int) or isinstance(handle, bool):
-            return False
-        with self._lock:
-            i = bisect.bisect_right(self._starts, handle) - 1
-            return i >= 0 and handle < self._stops[i]
 
     def assign(self, graph_module: GraphModule) -> "DebugHandles":
         """Give every node of ``graph_module`` and its nested subgraphs a handle.

@@ -31,7 +31,7 @@ from .. import _compat
 from ..archive import DEFAULT_LIMITS, encode_cache_entry, read_cache_entry, write_atomic
 from ..debuginfo import walk_nodes
 from ..errors import ArchiveError
-from ._identity import BackendIdentity, backend_identity
+from ._identity import backend_identity
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -74,7 +74,9 @@ class PreprocessCache:
         self.backend_version = backend_version
         self.max_bytes = max_bytes
         self.source = source
-        self._identity: BackendIdentity | None = None
+        # Taken now, before any check runs: what a backend sets on itself later (a table of compiled
+        # kernels) is not a setting, and must not make the key depend on what ran first.
+        self._identity = backend_identity(backend, backend_version, source)
         self._lock = threading.Lock()
         #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed.
         self.counts = {"hits": 0, "misses": 0, "stored": 0, "removed": 0}
@@ -107,16 +109,11 @@ class PreprocessCache:
 
     def identity(self) -> str | None:
         """The backend's part of every key, as one string (None: it is not cached; `identity_problem` says why)."""
-        return self.backend_identity().text
+        return self._identity.text
 
     def identity_problem(self) -> str:
         """Why this backend is not cached ("" when it is)."""
-        return self.backend_identity().reason
-
-    def backend_identity(self) -> BackendIdentity:
-        if self._identity is None:  # once per run: the backend's files are read once
-            self._identity = backend_identity(self.backend, self.backend_version, self.source)
-        return self._identity
+        return self._identity.reason
 
     def get(self, key: str) -> bytes | None:
         """The blob stored under ``key``, or None; a damaged entry is removed."""

@@ -131,7 +131,8 @@ def _stable(value: object, where: str, active: set[int]) -> object:
     """``value`` as JSON data that is the same in every process, or `_NoStableForm` naming the part that is not.
 
     Plain data only: str, int, float, bool, None, bytes, enums, torch dtypes and devices, paths, and
-    lists, tuples, sets, dicts and dataclasses of them.
+    lists, tuples, sets, dicts and dataclasses of them; and an object with a ``cache_identity()`` of
+    its own, as what that returns.
     """
     if isinstance(value, enum.Enum):
         return {"enum": f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"}
@@ -145,6 +146,12 @@ def _stable(value: object, where: str, active: set[int]) -> object:
         return {"path": str(value)}
     if isinstance(value, bytes):
         return {"bytes": hashlib.sha256(value).hexdigest()}
+    hook = getattr(type(value), "cache_identity", None)
+    if callable(hook):  # a helper object that names its own settings (bc.AvailabilityProbe: none)
+        declared = hook(value)
+        if not isinstance(declared, str):
+            raise _NoStableForm(where, value)
+        return {"cache_identity": declared}
     if id(value) in active:
         raise _NoStableForm(where, value)  # it contains itself
     active.add(id(value))

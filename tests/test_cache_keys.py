@@ -22,7 +22,7 @@ from backendconf_reference import ReferenceBackend
 import pytest_backendconf as bc
 
 from pytest_backendconf.debuginfo import DebugHandleRecorder
-from pytest_backendconf.lowering import PreprocessCache, export_method
+from pytest_backendconf.lowering import PreprocessCache, export_method, program_digest
 from pytest_backendconf.registry import Source
 
 CONFIGURABLE_BACKEND = """
@@ -400,3 +400,12 @@ def test_what_a_backend_sets_on_itself_during_the_run_is_not_in_the_key(tmp_path
     key = cache.key(program, {}, handles)
     backend.kernels = {"mul": object()}  # a table of compiled kernels, filled by its first lowerings
     assert key is not None and cache.key(program, {}, handles) == key
+
+
+def test_a_program_exported_after_others_has_the_same_hash():
+    """FX numbers its generated code per process; a torch.cond program's stack traces name it."""
+    from pytest_backendconf.conformance.zoo import CondOnSign
+
+    first = program_digest(export_method(CondOnSign().eval(), "forward", (torch.randn(2, 3),), {}))
+    export_method(CondOnSign().eval(), "forward", (torch.randn(4, 3),), {})  # another export in between
+    assert program_digest(export_method(CondOnSign().eval(), "forward", (torch.randn(2, 3),), {})) == first

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -218,9 +219,9 @@ def program_digest(program: ExportedProgram) -> str:
     """A hash of an exported program's content that is the same in every process for the same program.
 
     Built from text that does not depend on the process: node names, ops, arguments, the values'
-    dtypes and shapes, the source lines and module paths; the signature, the shape ranges and the
-    input/output structure; the bytes of every weight and constant. An argument with no stable
-    text raises `_Uncacheable`.
+    dtypes and shapes, the source lines (without the number FX gives its generated code) and module
+    paths; the signature, the shape ranges and the input/output structure; the bytes of every
+    weight and constant. An argument with no stable text raises `_Uncacheable`.
     """
     digest = hashlib.sha256()
 
@@ -232,13 +233,22 @@ def program_digest(program: ExportedProgram) -> str:
     for node in walk_nodes(program.graph_module):
         meta = node.meta
         put(node.op, node.name, _target(node.target), _text(node.args), _text(node.kwargs))
-        put(_value_text(meta.get("val")), meta.get("stack_trace"), _text(meta.get("nn_module_stack")))
+        put(_value_text(meta.get("val")), _stack_text(meta.get("stack_trace")), _text(meta.get("nn_module_stack")))
     put(_text(program.graph_signature.input_specs), _text(program.graph_signature.output_specs))
     put(sorted((str(k), str(v)) for k, v in program.range_constraints.items()))
     put(program.call_spec.in_spec, program.call_spec.out_spec)
     for name, value in sorted({**program.state_dict, **program.constants}.items()):
         put(name, _tensor_digest(value))
     return digest.hexdigest()
+
+
+# FX numbers the code it generates per process ("<eval_with_key>.43"): the same program exported after
+# other programs has another number in its stack traces, and the same source.
+_GENERATED_CODE = re.compile(r"<eval_with_key>\.\d+")
+
+
+def _stack_text(stack_trace: object) -> object:
+    return _GENERATED_CODE.sub("<eval_with_key>", stack_trace) if isinstance(stack_trace, str) else stack_trace
 
 
 def _target(target: object) -> str:

@@ -304,11 +304,24 @@ class LoweringError(BackendConfError, ValueError):
     """``to_backend`` was given something it cannot lower; the text names the fix."""
 
 
+class CacheMismatchError(LoweringError):
+    """``--backendconf-cache-verify`` ran ``preprocess`` again on a hit and got other bytes than the entry's.
+
+    The contract requires a deterministic ``preprocess``, so the entry was tampered with or is stale
+    (``preprocess`` depends on something its key does not hold); the text names the entry and the program.
+    """
+
+
 # --- archives -------------------------------------------------------------------
 
 
 class ArchiveError(BackendConfError):
     """An archive cannot be read or written; the text names the entry."""
+
+
+class CacheEntryMacError(ArchiveError):
+    """A preprocess-cache entry's MAC does not verify under this cache's secret: another machine's
+    entry, or one written by someone who does not hold the secret. The cache takes it as a miss."""
 
 
 class OperatorRefusedError(ArchiveError, ValueError):

@@ -236,6 +236,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the size cap of --backendconf-cache's folder in MiB (default 1024); the least recently used "
         "entries go first; also the backendconf_cache_size ini option",
     )
+    group.addoption(
+        "--backendconf-cache-verify",
+        dest="backendconf_cache_verify",
+        metavar="SHARE",
+        default=None,
+        help="run preprocess() again for a share of --backendconf-cache's hits (a fraction such as 0.1, or "
+        "'all'; default none) and fail the lowering whose blob differs from its entry's (a tampered or stale "
+        "entry); also the backendconf_cache_verify ini option or $BACKENDCONF_CACHE_VERIFY",
+    )
     parser.addini(
         "backendconf_cache",
         "folder that keeps preprocess results across runs (--backendconf-cache)",
@@ -244,6 +253,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "backendconf_cache_size",
         "size cap of the preprocess cache's folder in MiB (--backendconf-cache-size)",
+        default="",
+    )
+    parser.addini(
+        "backendconf_cache_verify",
+        "share of the preprocess cache's hits run again to compare (--backendconf-cache-verify)",
         default="",
     )
     parser.addini(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import secrets
 import textwrap
 from typing import Iterable
 
@@ -34,6 +35,9 @@ os.environ.setdefault("BACKENDCONF_MINIFY", "off")
 # Their thousands of archives and reports are throwaway: written atomically, not synced to disk
 # (tests/test_archive_fsync.py tests the syncs).
 os.environ.setdefault("BACKENDCONF_FSYNC", "off")
+# The preprocess cache's secret for every run of the tests (xdist workers and pytester's subprocesses
+# inherit it), so that none makes one in the user's ~/.config; tests/test_cache_trust.py tests the file.
+os.environ.setdefault("BACKENDCONF_CACHE_SECRET", "tests-" + secrets.token_hex(32))
 
 # The project's own property tests read these global profiles
 # (`pytest --hypothesis-profile=thorough`); Hypothesis registers `ci` itself.

@@ -273,7 +273,7 @@ def program():
 
 
 def _key(tmp_path, program, backend, source: Source | None = None) -> str | None:
-    cache = PreprocessCache(tmp_path / "cache", backend, "1.0", 2**20, source)
+    cache = PreprocessCache(tmp_path / "cache", backend, "1.0", 2**20, source=source)
     return cache.key(program, {}, DebugHandleRecorder().assign(program.graph_module))
 
 
@@ -352,7 +352,9 @@ def test_the_file_that_registered_the_backend_is_in_the_key(tmp_path, program):
     assert key is not None and key == _key(tmp_path, program, Tuned(), source)
     conftest.write_text(conftest.read_text() + "# an edit\n")
     assert _key(tmp_path, program, Tuned(), source) not in (None, key)
-    nowhere = PreprocessCache(tmp_path / "cache", Tuned(), "1.0", 2**20, Source("register_backend() in '__main__'"))
+    nowhere = PreprocessCache(
+        tmp_path / "cache", Tuned(), "1.0", 2**20, source=Source("register_backend() in '__main__'")
+    )
     assert nowhere.identity() is None
     assert "which has no file to hash" in nowhere.identity_problem()
 

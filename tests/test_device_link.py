@@ -102,10 +102,37 @@ def test_another_project_version_on_the_device_is_refused_naming_both(tmp_path):
         probe(f"sh -c 'cd / && exec env PYTHONPATH={tmp_path}:{package_root} {HERE} \"$@\"' device")
 
 
-def test_secrets_are_masked():
-    assert mask_command("sshpass -p hunter2 ssh ci@board python") == "sshpass -p '***' ssh ci@board python"
-    assert "s3cret" not in mask_command("env API_TOKEN=s3cret adb shell python")
-    assert mask_command("curl https://u:pw@host/x") == "curl 'https://u:***@host/x'"
+@pytest.mark.parametrize(
+    ("command", "masked"),
+    [
+        ("sshpass -p hunter2 ssh ci@board python", "sshpass -p *** ssh ci@board python"),
+        ("sshpass -phunter2 ssh ci@board python", "sshpass -p*** ssh ci@board python"),
+        ("timeout 30 sshpass -p hunter2 ssh ci@board python", "timeout 30 sshpass -p *** ssh ci@board python"),
+        ("env LANG=C sshpass -p hunter2 ssh ci@board python", "env LANG=C sshpass -p *** ssh ci@board python"),
+        ("sh -c 'sshpass -p hunter2 ssh ci@board python'", "sh -c 'sshpass -p *** ssh ci@board python'"),
+        ("board-shell --password=hunter2 python", "board-shell --password=*** python"),
+        ("board-shell --token hunter2 python", "board-shell --token *** python"),
+        (
+            "ssh -o 'ProxyCommand=curl -s -u ci:hunter2 https://gw/%h' ci@board python",
+            "ssh -o 'ProxyCommand=curl -s -u ci:*** https://gw/%h' ci@board python",
+        ),
+        ("env API_TOKEN=hunter2 adb shell python", "env API_TOKEN=*** adb shell python"),
+        (
+            "ssh -o ProxyCommand='curl https://u:hunter2@gw/x' board",
+            "ssh -o 'ProxyCommand=curl https://u:***@gw/x' board",
+        ),
+        ("curl -H 'Authorization: Bearer hunter2' -uci:hunter2 x", "curl -H 'Authorization: ***' -uci:*** x"),
+        ("python -c 'print(1' 'hunter2", "***"),  # does not parse: masked whole
+        # Not secrets: ssh's port, sudo's user, an ssh key file's path stay as they are.
+        (
+            "ssh -p 2222 -i ~/.ssh/ci ci@board sudo -u ci python",
+            "ssh -p 2222 -i '~/.ssh/ci' ci@board sudo -u ci python",
+        ),
+    ],
+)
+def test_secrets_are_masked_in_every_common_form(command, masked):
+    assert mask_command(command) == masked
+    assert "hunter2" not in mask_command(command)
 
 
 def test_an_unreachable_device_at_start_is_one_usage_error(pytester):

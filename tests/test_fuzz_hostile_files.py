@@ -1,6 +1,6 @@
 """A bounded, seeded fuzz of every file the project reads: only the documented error types come out.
 
-Archives, debug sidecars, reports and known-failures files are mutated (bit
+Archives, debug sidecars, reports, known-failures files and preprocess-cache entries are mutated (bit
 flips, truncations, splices of one part into another, JSON values replaced by
 hostile ones), with hashes, sizes and CRCs recomputed where the format has
 them so that the *content* is what is hostile, and handed to their readers.
@@ -12,6 +12,7 @@ keep it deterministic and within seconds.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -231,3 +232,53 @@ def test_mutated_known_failures_files_end_in_a_usage_error_or_entries(tmp_path):
                 index.matching(test_id)
 
         expect_only((pytest.UsageError,), what, read)
+
+
+# --- preprocess cache entries ---------------------------------------------------------------------------
+
+
+def test_mutated_cache_entries_are_misses_never_errors_or_other_bytes(tmp_path):
+    """An entry's bytes, manifest or blob mutated (sizes, SHA-256 and CRCs recomputed), its MAC kept as it
+    was, made under another secret, or dropped: the cache's ``get`` returns the stored blob or nothing."""
+    from backendconf_reference import ReferenceBackend
+
+    from pytest_backendconf.archive import encode_cache_entry, entry_mac, pack
+    from pytest_backendconf.lowering import PreprocessCache
+
+    secret = b"the user's secret, outside the folder"
+    cache = PreprocessCache(tmp_path / "cache", ReferenceBackend(), "1.0", 2**20, secret=secret)
+    cache.prepare()
+    key = "a" * 64
+    blob = bytes(range(256)) * 4
+    good = encode_cache_entry(key, blob, secret)
+    manifest = json.loads(entries_of(good)["manifest.json"])
+    path = tmp_path / "cache" / f"{key}.bcpc"
+    rng = random.Random(SEED + 5)
+    for round in range(200):
+        new_blob, changed = blob, dict(manifest)
+        if rng.random() < 0.3:
+            how, data = mutate_bytes(rng, good, blob)
+        else:
+            if rng.random() < 0.5:
+                how, changed = mutate_json(rng, manifest)
+            else:
+                how, new_blob = mutate_bytes(rng, blob, good)
+            if isinstance(changed, dict):  # an honest record of the blob: only the content is hostile
+                changed = {**changed, "blob": {"sha256": hashlib.sha256(new_blob).hexdigest(), "size": len(new_blob)}}
+                mac = rng.choice(("kept", "another secret's", "dropped"))
+                how += f", MAC {mac}"
+                if mac == "another secret's":
+                    changed["mac"] = entry_mac(b"a guess at the secret", key, new_blob)
+                elif mac == "dropped":
+                    changed.pop("mac", None)
+            data = pack([("manifest.json", json.dumps(changed).encode()), ("blob.bin", new_blob)])
+        path.write_bytes(data)
+        what = f"seed {SEED + 5} round {round}: {how}"
+
+        def get() -> None:
+            got = cache.get(key)
+            assert got is None or got == blob, f"{what}: a hit with other bytes"
+
+        expect_only((), what, get)
+    assert cache.counts["hits"] + cache.counts["misses"] == 200
+    assert cache.counts["refused"] > 20 and cache.counts["removed"] > 20, cache.counts  # both refusals exercised

@@ -262,13 +262,13 @@ def test_an_entry_stored_under_another_key_or_of_another_format_is_a_miss(tmp_pa
     os.replace(cache.directory / ("a" * 64 + ".bcpc"), cache.directory / ("b" * 64 + ".bcpc"))
     assert cache.get("b" * 64) is None  # renamed: the manifest names key a
     assert not (cache.directory / ("b" * 64 + ".bcpc")).exists()
-    (cache.directory / ("c" * 64 + ".bcpc")).write_bytes(encode_cache_entry("c" * 64, b"x")[:-1])
+    (cache.directory / ("c" * 64 + ".bcpc")).write_bytes(encode_cache_entry("c" * 64, b"x", cache.secret)[:-1])
     assert cache.get("c" * 64) is None
-    assert cache.counts == {"hits": 1, "misses": 2, "stored": 1, "removed": 2}
+    assert cache.counts == {"hits": 1, "misses": 2, "stored": 1, "removed": 2, "refused": 0, "verified": 0}
 
 
 def test_eviction_removes_the_least_recently_used_entries_first(tmp_path):
-    entry_size = len(encode_cache_entry("0" * 64, b"x" * 1000))
+    entry_size = len(encode_cache_entry("0" * 64, b"x" * 1000, b"any secret: the MAC's size is fixed"))
     cache = _cache(tmp_path, max_bytes=3 * entry_size)
     for i, key in enumerate(("1" * 64, "2" * 64, "3" * 64)):
         cache.put(key, b"x" * 1000)
@@ -324,11 +324,14 @@ def test_the_cache_entry_reader_refuses_a_manifest_that_lies_about_the_blob(tmp_
 
     manifest = {
         "format": "backendconf-preprocess-cache",
-        "schema_version": [1, 0],
+        "schema_version": [2, 0],
         "key": "k",
         "blob": {"sha256": "0" * 64, "size": 4},
     }
     data = pack([("manifest.json", json.dumps(manifest, sort_keys=True).encode()), ("blob.bin", b"abcd")])
     with pytest.raises(ArchiveError, match="SHA-256 is not the one manifest.json records"):
-        read_cache_entry(data, "entry", "k", DEFAULT_LIMITS)
-    assert read_cache_entry(encode_cache_entry("k", b"abcd"), "entry", "k", DEFAULT_LIMITS) == b"abcd"
+        read_cache_entry(data, "entry", "k", DEFAULT_LIMITS, b"secret")
+    assert (
+        read_cache_entry(encode_cache_entry("k", b"abcd", b"secret"), "entry", "k", DEFAULT_LIMITS, b"secret")
+        == b"abcd"
+    )

@@ -252,8 +252,13 @@ def _discovery_lock(cache: Path) -> Iterator[bool]:
     try:
         import fcntl
 
+        from ...archive import open_regular_file
+
         cache.mkdir(parents=True, exist_ok=True)
-        handle = open(cache / ".discovery.lock", "a+b")
+        lock = cache / ".discovery.lock"
+        with contextlib.suppress(FileExistsError):  # made new, never through a link planted under its name
+            os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+        handle = os.fdopen(open_regular_file(lock), "rb")  # a FIFO or a link there: no lock, discovered alone
     except (ImportError, OSError):
         yield False
         return

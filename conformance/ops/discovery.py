@@ -34,7 +34,7 @@ import torch
 
 from ... import _compat
 from ... import allowlist as _allowlist
-from ...archive import read_tensors, write_tensors
+from ...archive import FileTooLargeError, read_regular_file, read_tensors, write_atomic, write_tensors
 
 #: Dtypes discovery looks at; the suite tests those the backend declares (or all of them).
 DISCOVERY_DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
@@ -658,9 +658,8 @@ def save(data: OpsData, directory: Path, mode: str = "default", *, index_only: b
         "opinfo_tolerances": data.tolerances,
         "samples": [{k: v for k, v in s.as_json().items() if k != "opinfo_tolerance"} for s in data.samples],
     }
-    tmp = index.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=0, sort_keys=True) + "\n")
-    os.replace(tmp, index)
+    # Atomic, through a fresh temporary file: a link planted in the cache folder is replaced, never written through.
+    write_atomic(index, json.dumps(document, indent=0, sort_keys=True) + "\n", sync=False)
 
 
 #: The largest index and tensor file `load` reads: the shipped ones are under 0.4 and 1.5 MB; ``all``
@@ -685,22 +684,21 @@ def load(directory: Path, version: str, mode: str = "default") -> OpsData | None
     (`shipped_tolerances`).
     """
     index, tensors_path = data_paths(directory, version, mode)
-    if not index.is_file() or not tensors_path.is_file():
+    if not os.path.lexists(index) or not os.path.lexists(tensors_path):
         return None
-    document = _read_index(index)
+    shipped = directory.resolve() == DATA_DIR.resolve()
+    # A cache's files are its own: a link, a FIFO or a device there is refused (the package's own may be links).
+    document = _read_index(index, follow_symlinks=shipped)
     if document.get("format") != FORMAT or document.get("version") != FORMAT_VERSION:
         raise OpsDataError(
             f"{index}: not a {FORMAT} file of version {FORMAT_VERSION}; remove it (the samples are discovered again)"
         )
     if document.get("torch") != version:
         return None
-    if tensors_path.stat().st_size > MAX_TENSOR_BYTES:
-        raise OpsDataError(f"{tensors_path}: larger than {MAX_TENSOR_BYTES >> 20} MiB; remove it")
     try:
-        tensors, _ = read_tensors(tensors_path)
-    except ValueError as exc:  # the tensor file's reader names the file and what is wrong
+        tensors, _ = read_tensors(tensors_path, max_bytes=MAX_TENSOR_BYTES, follow_symlinks=shipped)
+    except ValueError as exc:  # the tensor file's reader names the file and what is wrong (its size too)
         raise OpsDataError(f"{exc}; remove it (the samples are discovered again)") from None
-    shipped = directory.resolve() == DATA_DIR.resolve()
     tolerances = document.get("opinfo_tolerances") if shipped else shipped_tolerances(version)
     try:
         records = _sample_records(document, tensors)
@@ -744,13 +742,15 @@ def with_shipped_tolerances(data: OpsData) -> OpsData:
     return dataclasses.replace(data, tolerances=tolerances)
 
 
-def _read_index(index: Path) -> dict[str, Any]:
+def _read_index(index: Path, *, follow_symlinks: bool = True) -> dict[str, Any]:
     from ...report import load_json
 
-    if index.stat().st_size > MAX_INDEX_BYTES:
-        raise OpsDataError(f"{index}: larger than {MAX_INDEX_BYTES >> 20} MiB; remove it")
     try:
-        text = index.read_text(encoding="utf-8")
+        text = read_regular_file(index, MAX_INDEX_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
+    except FileTooLargeError:
+        raise OpsDataError(f"{index}: larger than {MAX_INDEX_BYTES >> 20} MiB; remove it") from None
+    except OSError as exc:  # a FIFO, a device, a link where none is followed: named, never opened for long
+        raise OpsDataError(f"{index}: {exc.strerror or exc}; remove it (the samples are discovered again)") from None
     except UnicodeDecodeError:
         raise OpsDataError(f"{index}: not UTF-8 text; remove it") from None
     document = load_json(text, str(index), "remove it (the samples are discovered again)", OpsDataError)
@@ -761,7 +761,7 @@ def _read_index(index: Path) -> dict[str, Any]:
 
 def _sample_records(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """The index's ``samples``, each field checked, each input present in the tensor file."""
-    from ..._validation import check_choice, check_type, field
+    from ...report import check_choice, check_type, field
 
     records: list[dict[str, Any]] = check_type(document.get("samples"), "list", "samples")
     for n, record in enumerate(records):
@@ -785,7 +785,7 @@ def _sample_records(document: dict[str, Any], tensors: dict[str, torch.Tensor]) 
 
 
 def _check_tolerances(tolerances: object) -> None:
-    from ..._validation import check_type
+    from ...report import check_type
 
     check_type(tolerances, "object", "opinfo_tolerances")
     assert isinstance(tolerances, dict)

@@ -19,6 +19,8 @@ from pathlib import Path
 import functools
 from typing import TYPE_CHECKING, Mapping
 
+from ._files import FileTooLargeError, SpecialFileError, read_regular_file
+
 if TYPE_CHECKING:
     import torch
 
@@ -50,6 +52,8 @@ def _codes() -> tuple[dict[torch.dtype, str], dict[str, torch.dtype]]:
 
 #: A header larger than this is not one we wrote (safetensors uses the same bound).
 _MAX_HEADER = 100_000_000
+#: The largest tensor file `read_tensors` reads unless told (a rerun file holds one sample's or one model's inputs).
+MAX_FILE_BYTES = 4 * 2**30
 
 
 class TensorFileError(ValueError):
@@ -95,9 +99,19 @@ def write_tensors(
         raise
 
 
-def read_tensors(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors of a file written by `write_tensors` (or by safetensors), and its metadata."""
-    data = Path(path).read_bytes()
+def read_tensors(
+    path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES, follow_symlinks: bool = True
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a file written by `write_tensors` (or by safetensors), and its metadata.
+
+    :param max_bytes: the largest file read (a larger one is a `TensorFileError`, read no further).
+    :param follow_symlinks: False for a file found in a folder that may have been written by others (a
+        samples cache): a link there is refused. A FIFO or a device is refused either way.
+    """
+    try:
+        data = read_regular_file(path, max_bytes, follow_symlinks=follow_symlinks)
+    except (SpecialFileError, FileTooLargeError) as exc:
+        raise TensorFileError(f"{exc}; it is not a tensor file this reader takes") from None
     if len(data) < 8:
         raise TensorFileError(f"{path}: too short to be a tensor file ({len(data)} bytes)")
     (size,) = struct.unpack("<Q", data[:8])

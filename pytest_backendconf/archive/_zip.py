@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, Sequence
 
 from ._checks import REWRITE as _REWRITE
 from ._checks import parse_json
+from ._files import SpecialFileError, open_regular_file
 from ..errors import ArchiveChecksumError, ArchiveEntryError, ArchiveError, ArchiveFormatError, ArchiveSizeError
 
 if TYPE_CHECKING:
@@ -401,7 +402,11 @@ def read_input(file: object, limits: Limits) -> tuple[bytes, str]:
         source = os.fspath(file)
         if os.path.isdir(source):
             raise ArchiveError(f"{source!r} is a folder, not an archive; pass the archive file itself (a .bcpt file)")
-        with open(source, "rb") as f:
+        try:  # the path the caller named (a link is followed); a FIFO or a device is never read
+            fd = open_regular_file(source, follow_symlinks=True)
+        except SpecialFileError as exc:
+            raise ArchiveError(f"{exc} (pass the archive file itself, or its bytes)") from None
+        with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > cap:
                 raise ArchiveSizeError(

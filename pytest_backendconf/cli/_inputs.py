@@ -8,10 +8,16 @@ from ..errors import BackendConfError
 
 def calls_from_file(archive: object, path: str) -> dict:
     """The calls of an ``--inputs`` JSON file (``run-target`` and ``profile``)."""
+    from ..archive import DEFAULT_LIMITS, FileTooLargeError, read_regular_file
     from ..report import load_json
 
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    cap = DEFAULT_LIMITS.max_example_input_bytes
+    try:  # the file the user named (a link is followed); never a FIFO or a device, never past the cap
+        text = read_regular_file(path, cap, follow_symlinks=True).decode("utf-8")
+    except FileTooLargeError:
+        raise BackendConfError(f"--inputs {path!r} is larger than {cap} bytes, the example inputs' limit") from None
+    except UnicodeDecodeError:
+        raise BackendConfError(f"--inputs {path!r} is not UTF-8 text; write JSON") from None
     # Bounded nesting: Python's parser recurses once per level, and a tensor needs one per dimension.
     document = load_json(text, f"--inputs {path!r}", 'write {"method": [[arg, ...], ...]}', BackendConfError)
     return calls_from_json(archive, document, path)

@@ -59,17 +59,34 @@ def archive_paths(paths: Sequence[str]) -> list[str]:
     for path in paths:
         if os.path.isdir(path):
             index = os.path.join(path, INDEX)
-            if os.path.isfile(index):
-                found += [os.path.join(path, name) for name in _index_files(index)]
+            if os.path.lexists(index):
+                listed = [os.path.join(path, name) for name in _index_files(index)]
             else:
-                found += sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".bcpt"))
-        elif os.path.exists(path):
-            found.append(path)
+                listed = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".bcpt"))
+            # A folder's files may come from elsewhere (a CI artifact): each must be a file of its own,
+            # not a link out of the folder, a FIFO or a device.
+            found += [_regular(file, follow_symlinks=False) for file in listed]
+        elif os.path.lexists(path):
+            found.append(_regular(path, follow_symlinks=True))  # a link the user named is followed
         else:
             raise BackendConfError(f"{path!r} does not exist; give archives or folders of them")
     if not found:
         raise BackendConfError(f"no archives in {', '.join(map(repr, paths))} (*.bcpt files, or a folder's {INDEX})")
     return found
+
+
+def _regular(path: str, *, follow_symlinks: bool) -> str:
+    """``path``, if it is a regular file (an archive); a `BackendConfError` naming what it is otherwise."""
+    from ..archive import SpecialFileError, check_regular_file
+    from ..errors import BackendConfError
+
+    try:
+        check_regular_file(path, follow_symlinks=follow_symlinks)
+    except SpecialFileError as exc:
+        raise BackendConfError(str(exc)) from None
+    except OSError as exc:
+        raise BackendConfError(f"cannot read {path!r} ({exc.strerror or exc})") from None
+    return path
 
 
 #: Bounds of a golden folder's index, checked before it is parsed (docs/security.md): a suite run lists
@@ -80,20 +97,20 @@ MAX_INDEX_ENTRIES = 20_000
 
 def _index_files(index: str) -> list[str]:
     """The archive names ``index`` lists: bounded in size, depth and count, each a file of its folder, once."""
+    from ..archive import FileTooLargeError, read_regular_file
     from ..errors import BackendConfError
     from ..report import load_json
 
     fix = "write the folder again with pytest --backendconf-golden=DIR, or delete the index to replay every *.bcpt file"
     try:
-        with open(index, "rb") as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
-    except OSError as exc:
-        raise BackendConfError(f"cannot read {index!r} ({exc.strerror or exc}); {fix}") from None
-    if len(data) > MAX_INDEX_BYTES:
+        data = read_regular_file(index, MAX_INDEX_BYTES)  # a file of the folder: no link, FIFO or device
+    except FileTooLargeError:
         raise BackendConfError(
             f"{index!r} is larger than {MAX_INDEX_BYTES // (1024 * 1024)} MiB, more than any golden folder's index "
             f"(one short entry per golden check); {fix}"
-        )
+        ) from None
+    except OSError as exc:
+        raise BackendConfError(f"cannot read {index!r} ({exc.strerror or exc}); {fix}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

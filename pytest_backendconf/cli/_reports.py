@@ -175,7 +175,7 @@ def _report_ops(args: argparse.Namespace) -> int:
 @file_errors
 def _report_merge(args: argparse.Namespace) -> int:
     from ..archive import output_file
-    from ..report import format_markdown, format_text, merge, read_report, report_files
+    from ..report import format_markdown, format_text, merge, read_reports
 
     if args.output is not None:
         if args.markdown is not None or args.fail_on_flips:
@@ -185,7 +185,7 @@ def _report_merge(args: argparse.Namespace) -> int:
             )
         return _join_shards(args)
     markdown = output_file("--markdown", args.markdown) if args.markdown is not None else None
-    merged = merge([read_report(path) for path in report_files(args.reports)])
+    merged = merge(read_reports(args.reports))
     if markdown is not None:
         markdown.write(format_markdown(merged))
     with printing_aside(markdown):

@@ -11,8 +11,13 @@ blobs) and the torch build. A hit skips ``preprocess``; ``compile`` and ``execut
 The cache serves one backend object (the run's selected backend): a wrapper or a deliberately
 different backend object always runs its own ``preprocess``. Entries are written to a temporary
 file and renamed (`write_atomic`), read back through the archive's checked reader
-(`read_cache_entry`) and trusted for bytes only; a damaged entry is a miss and is removed. The
-folder is kept under its size cap by removing the least recently used entries first.
+(`read_cache_entry`) and trusted for bytes only. The folder is not trusted (docs/security.md, "The
+preprocess cache"): an entry is taken only when its MAC verifies under the cache's secret, kept
+outside the folder (`cache_secret`); anything else there, a damaged or foreign entry, a FIFO,
+device or link under an entry's name, is a miss and is removed (the link itself, never its
+target). With ``verify``, a share of the hits runs ``preprocess`` again and a blob that differs
+fails the lowering (`CacheMismatchError`). The folder is kept under its size cap by removing the
+least recently used entries first.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import re
+import stat
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -29,9 +36,19 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import torch
 
 from .. import _compat
-from ..archive import DEFAULT_LIMITS, encode_cache_entry, read_cache_entry, write_atomic
+from ..archive import (
+    DEFAULT_LIMITS,
+    FileTooLargeError,
+    SpecialFileError,
+    cache_secret,
+    encode_cache_entry,
+    read_cache_entry,
+    read_regular_file,
+    remove_file,
+    write_atomic,
+)
 from ..debuginfo import walk_nodes
-from ..errors import ArchiveError
+from ..errors import ArchiveError, CacheEntryMacError, CacheMismatchError
 from ._identity import backend_identity
 
 if TYPE_CHECKING:
@@ -66,30 +83,39 @@ class PreprocessCache:
         backend: Backend,
         backend_version: str | None,
         max_bytes: int,
+        *,
+        secret: bytes | None = None,
+        verify: float = 0.0,
         source: Source | None = None,
     ) -> None:
-        """:param source: where the registry found the backend (its file is part of the key); None for a
-        backend object no registry holds."""
+        """:param secret: what entries are bound to (their MAC); None: the machine's (`cache_secret`).
+        :param verify: the share of hits (0 to 1) whose ``preprocess`` runs again to compare (`cached_preprocess`).
+        :param source: where the registry found the backend (its file is part of the key); None for a
+            backend object no registry holds.
+        """
         self.directory = Path(directory)
         self.backend = backend
         self.backend_version = backend_version
         self.max_bytes = max_bytes
+        self.secret = cache_secret()[0] if secret is None else secret
+        self.verify = verify
         self.source = source
         # Taken now, before any check runs: what a backend sets on itself later (a table of compiled
         # kernels) is not a setting, and must not make the key depend on what ran first.
         self._identity = backend_identity(backend, backend_version, source)
         self._lock = threading.Lock()
-        #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed.
-        self.counts = {"hits": 0, "misses": 0, "stored": 0, "removed": 0}
+        #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed,
+        #: entries refused (their MAC did not verify), hits verified by running ``preprocess`` again.
+        self.counts = {"hits": 0, "misses": 0, "stored": 0, "removed": 0, "refused": 0, "verified": 0}
 
     def prepare(self) -> None:
-        """Create the folder (and its ``CACHEDIR.TAG``); an `OSError` if it cannot be written."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tag = self.directory / _TAG
-        if not tag.exists():
-            write_atomic(tag, _TAG_TEXT, sync=False)
-        else:  # the tag exists: still prove the folder is writable now
-            write_atomic(tag, tag.read_bytes(), sync=False)
+        """Create the folder (and its ``CACHEDIR.TAG``); an `OSError` if it cannot be written.
+
+        The tag is written afresh, never read: whatever stands under its name (a FIFO, a link to
+        ``/dev/zero``) is replaced, not opened, and the write proves the folder writable now.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_atomic(self.directory / _TAG, _TAG_TEXT, sync=False)
 
     def key(self, program: ExportedProgram, spec: dict, handles: Mapping[Node, int]) -> str | None:
         """The entry key of ``preprocess(program, spec, handles)``; None when it cannot be cached."""
@@ -117,32 +143,27 @@ class PreprocessCache:
         return self._identity.reason
 
     def get(self, key: str) -> bytes | None:
-        """The blob stored under ``key``, or None; a damaged entry is removed."""
+        """The blob stored under ``key``, or None; a damaged, foreign or special entry is removed."""
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read(self.max_bytes + 1)
-        except OSError:
+            data = read_regular_file(path, self.max_bytes)  # no FIFO, device or link: never blocks or follows
+            blob = read_cache_entry(data, str(path), key, DEFAULT_LIMITS, self.secret)
+        except (ArchiveError, SpecialFileError, FileTooLargeError) as exc:
+            remove_file(path)  # the entry itself: a link goes, its target stays
+            self._count("refused" if isinstance(exc, CacheEntryMacError) else "removed")
             self._count("misses")
             return None
-        try:
-            if len(data) > self.max_bytes:
-                raise ArchiveError(f"cache entry {str(path)!r} is larger than the cache's cap")
-            blob = read_cache_entry(data, str(path), key, DEFAULT_LIMITS)
-        except ArchiveError:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            self._count("removed")
+        except OSError:  # none stored (or unreadable now): a miss
             self._count("misses")
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # recently used: evicted last
+            os.utime(path, follow_symlinks=False)  # recently used: evicted last
         self._count("hits")
         return blob
 
     def put(self, key: str, blob: bytes) -> None:
         """Store ``blob`` under ``key`` and keep the folder under its cap; a failed write only costs the entry."""
-        data = encode_cache_entry(key, blob)
+        data = encode_cache_entry(key, blob, self.secret)
         if len(data) > self.max_bytes:
             return
         try:
@@ -159,15 +180,34 @@ class PreprocessCache:
             for entry in os.scandir(self.directory):
                 if entry.name.endswith(SUFFIX):
                     with contextlib.suppress(OSError):
-                        stat = entry.stat()
-                        entries.append((stat.st_mtime_ns, entry.name, stat.st_size))
+                        info = entry.stat(follow_symlinks=False)  # a link's own size: its target is not ours
+                        entries.append(
+                            (info.st_mtime_ns, entry.name, info.st_size if stat.S_ISREG(info.st_mode) else 0)
+                        )
         total = sum(size for _, _, size in entries)
         for _, name, size in sorted(entries):
             if total <= self.max_bytes:
                 break
-            with contextlib.suppress(OSError):  # another run may have removed it first
-                os.unlink(self.directory / name)
+            remove_file(self.directory / name)  # another run may have removed it first
             total -= size
+
+    def check_hit(self, key: str, blob: bytes, fresh: bytes, what: str) -> None:
+        """Compare a hit's ``blob`` with ``fresh``, what ``preprocess`` makes now; a mismatch removes the
+        entry and is a `CacheMismatchError` naming it."""
+        self._count("verified")
+        if fresh == blob:
+            return
+        path = self._path(key)
+        remove_file(path)
+        raise CacheMismatchError(
+            f"preprocess cache entry {str(path)!r} holds another blob ({len(blob)} bytes, SHA-256 "
+            f"{hashlib.sha256(blob).hexdigest()[:16]}...) than preprocess() of backend {self.backend.name!r} "
+            f"makes now for {what} ({len(fresh)} bytes, SHA-256 {hashlib.sha256(fresh).hexdigest()[:16]}...): "
+            "the entry was tampered with or is stale, or preprocess() "
+            "is not deterministic (the contract requires it). The entry is removed; if the folder may have been "
+            "written by others, delete it, and if preprocess() depends on something outside the key (a "
+            "compiler library, an environment variable), put that into the backend's version"
+        )
 
     def _path(self, key: str) -> Path:
         return self.directory / (key + SUFFIX)
@@ -192,19 +232,36 @@ def active_cache() -> PreprocessCache | None:
 
 
 def cached_preprocess(
-    backend: Backend, program: ExportedProgram, spec: dict, handles: Mapping[Node, int], preprocess: Callable[[], bytes]
+    backend: Backend,
+    program: ExportedProgram,
+    spec: dict,
+    handles: Mapping[Node, int],
+    preprocess: Callable[[], bytes],
+    *,
+    what: str = "the program",
 ) -> bytes:
-    """``preprocess()``'s blob, from the active cache when it serves ``backend`` and holds the key."""
+    """``preprocess()``'s blob, from the active cache when it serves ``backend`` and holds the key.
+
+    A hit the cache's ``verify`` share picks runs ``preprocess()`` again; other bytes than the entry's
+    are a `CacheMismatchError` naming the entry and ``what`` (the method, the partition).
+    """
     cache = _ACTIVE
     key = cache.key(program, spec, handles) if cache is not None and cache.backend is backend else None
     if key is not None:
-        blob = cache.get(key)  # type: ignore[union-attr]
+        assert cache is not None
+        blob = cache.get(key)
         if blob is not None:
+            if cache.verify and _RANDOM.random() < cache.verify:
+                cache.check_hit(key, blob, preprocess(), what)
             return blob
     blob = preprocess()
     if key is not None:
         cache.put(key, blob)  # type: ignore[union-attr]
     return blob
+
+
+#: Which hits are verified: not predictable from the entries (nor seeded by a test's random state).
+_RANDOM = random.SystemRandom()
 
 
 # --- the key's parts ------------------------------------------------------------------------------

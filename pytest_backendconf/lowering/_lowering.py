@@ -150,7 +150,7 @@ def lower_programs(
         try:
             if partition is None:
                 run = functools.partial(run_preprocess, backend, program, dict(spec), handles, infos, name)
-                blobs[name] = cached_preprocess(backend, program, dict(spec), handles, run)
+                blobs[name] = cached_preprocess(backend, program, dict(spec), handles, run, what=f"method {name!r}")
                 nodes = tuple(n.name for n in program.graph.nodes if n.op == "call_function")
                 whole[name] = nodes
             else:
@@ -199,7 +199,7 @@ def _lower_partitioned(
 
     def preprocess(piece: ExportedProgram, unit_spec: dict, unit_handles: DebugHandles, key: str) -> bytes:
         run = functools.partial(run_preprocess, backend, piece, unit_spec, unit_handles, infos, key)
-        return cached_preprocess(backend, piece, unit_spec, unit_handles, run)
+        return cached_preprocess(backend, piece, unit_spec, unit_handles, run, what=f"method {name!r}, piece {key!r}")
 
     return _fallback.lower_units(program, units, handles, infos, name, spec, preprocess)
 

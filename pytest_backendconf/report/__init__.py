@@ -65,9 +65,14 @@ from ._report import (
 from ._shards import join_shards, joined_score_lines, median_duration, read_durations, shard_entry, suite_digest
 from ._summary import declared_scope, end_lines, summary_lines
 from ._words import counted
+from .._validation import InvalidField, check_choice, check_type, field
 from ._failure_groups import template as failure_template
 
 __all__ = [
+    "InvalidField",
+    "check_choice",
+    "check_type",
+    "field",
     "suite_digest",
     "shard_entry",
     "read_durations",

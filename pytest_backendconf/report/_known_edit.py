@@ -60,10 +60,11 @@ class KnownFailuresUpdate:
 
 def existing_text(path: Path) -> str | None:
     """The text of the known-failures file about to be replaced, or None (no regular file there)."""
-    if not path.is_file():  # a pipe or /dev/stdout: nothing to keep, and reading would block
-        return None
-    try:
-        return path.read_text(encoding="utf-8")
+    from ..archive import read_regular_file
+    from ._known_failures import MAX_KNOWN_FAILURES_BYTES
+
+    try:  # a pipe or /dev/stdout is not read (nothing to keep, and reading would block)
+        return read_regular_file(path, MAX_KNOWN_FAILURES_BYTES, follow_symlinks=True).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 

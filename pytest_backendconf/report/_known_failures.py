@@ -31,6 +31,8 @@ else:  # pragma: no cover
 #: The longest test-id pattern an entry may have: ids are under 200 characters, and fnmatch's cost
 #: grows with a pattern's brackets (a 20 KB ``[[[…`` pattern took 11 s to match once).
 MAX_PATTERN_LENGTH = 1000
+#: The largest known-failures file read: a whole suite's entries, one line each, take well under 1 MiB.
+MAX_KNOWN_FAILURES_BYTES = 16 * 2**20
 #: The most wildcards (``*``, ``?``, ``[``) a pattern may have: a test-id pattern needs two or three, and
 #: each costs a scan of the id when a pattern is tried; with the literal-text filters of
 #: `KnownFailureIndex`, this keeps a lookup within milliseconds whatever the file (docs/benchmarks.md).
@@ -108,9 +110,12 @@ def load_known_failures(path: Path, option: str) -> list[KnownFailure]:
     """The entries of a known-failures file, in file order; a `pytest.UsageError` for any mistake."""
     import pytest  # here, not at import: the report package loads without pytest (backendconf replay)
 
+    from ..archive import read_regular_file
+
     where = f"{option}={path}"
     try:
-        text = path.read_text(encoding="utf-8")
+        # The file the user named (a link to it is followed); never a FIFO or a device, never past the cap.
+        text = read_regular_file(path, MAX_KNOWN_FAILURES_BYTES, follow_symlinks=True).decode("utf-8")
     except FileNotFoundError:
         raise pytest.UsageError(
             f"{where}: the file does not exist. Fix the path, or write the file from a run with "

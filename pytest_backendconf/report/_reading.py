@@ -27,6 +27,8 @@ from ._report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION
 #: How deep a JSON document (a report, an ``--inputs`` file) may nest: a report is six levels deep,
 #: an ``--inputs`` tensor one level per dimension.
 MAX_JSON_DEPTH = 64
+#: The largest report file read: a whole default suite's report is a few MiB.
+MAX_REPORT_BYTES = 128 * 2**20
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKET = re.compile(r"[\[\]{}]")
 
@@ -109,29 +111,39 @@ def report_files(paths: Iterable[str]) -> list[str]:
     A directory lets a CI job merge whatever reports its matrix produced
     (``backendconf report merge reports/``) without a shell glob.
     """
+    return [file for file, _ in _report_files(paths)]
+
+
+def _report_files(paths: Iterable[str]) -> list[tuple[str, bool]]:
+    """`report_files`, each with whether it was named (True) or found in a folder (False)."""
     files = []
     for path in paths:
         if Path(path).is_dir():
-            found = sorted(str(p) for p in Path(path).glob("*.json") if p.is_file())
+            # Every *.json entry but folders: a FIFO, a device or a link among them is refused by name when read.
+            found = sorted(str(p) for p in Path(path).glob("*.json") if p.is_symlink() or not p.is_dir())
             if not found:
                 raise ReportError(
                     f"directory {path!r} holds no report (*.json); run the suite with --backendconf-report=FILE first"
                 )
-            files += found
+            files += [(file, False) for file in found]
         else:
-            files.append(path)
+            files.append((path, True))
     return files
 
 
-def read_report(path: str | Path) -> Report:
+def read_report(path: str | Path, *, follow_symlinks: bool = True) -> Report:
     """Read and check one report file: its size and nesting, schema version, types and tests.
 
     The one reader of report files (gate, merge, shards, html, ops, known
-    failures); a `ReportError` names the file, the field and the fix.
+    failures); a `ReportError` names the file, the field and the fix. A FIFO or a
+    device is refused, and a symbolic link unless ``follow_symlinks`` (a file the
+    user named may be one; a file found in a folder may not).
     """
+    from ..archive import read_regular_file
+
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_REPORT_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
     except OSError as exc:
         raise ReportError(f"cannot read report {name!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -140,8 +152,8 @@ def read_report(path: str | Path) -> Report:
 
 
 def read_reports(paths: Iterable[str]) -> list[Report]:
-    """`read_report` of every file `report_files` finds in ``paths``."""
-    return [read_report(path) for path in report_files(paths)]
+    """`read_report` of every file `report_files` finds in ``paths`` (a folder's links are not followed)."""
+    return [read_report(path, follow_symlinks=named) for path, named in _report_files(paths)]
 
 
 def read_matrix(path: str) -> dict[str, Any]:

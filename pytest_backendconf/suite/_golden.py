@@ -15,7 +15,6 @@ golden folder holds only verdicts the host stands behind.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -113,7 +112,7 @@ def write_index(folder: Path, results: Iterable[Any], backend: str) -> tuple[int
 
     Returns ``(archives listed, files removed)``.
     """
-    from ..archive import sync_files, write_atomic
+    from ..archive import remove_file, sync_files, write_atomic
     from ..checks import ROOT_ID
 
     listed, removed = [], 0
@@ -125,8 +124,7 @@ def write_index(folder: Path, results: Iterable[Any], backend: str) -> tuple[int
         if result.outcome == "passed":
             if file.is_file():
                 listed.append({"archive": file.name, "check": result.id, "case": result.case})
-        elif file.is_file():
-            os.unlink(file)
+        elif remove_file(file):  # the entry itself (a link goes, never its target); False when none is there
             removed += 1
     sync_files([folder / entry["archive"] for entry in listed], folder)
     document = {"format": INDEX_FORMAT, "backend": backend, "archives": listed}

@@ -21,6 +21,7 @@ from ._child import (
 from ._device import versions
 from ._link import COMMAND_ENV as TARGET_COMMAND_ENV
 from ._link import (
+    MAX_FRAME_BYTES,
     DeviceChild,
     TargetLink,
     current_link,
@@ -45,6 +46,7 @@ __all__ = [
     "current_link",
     "DeviceChild",
     "mask_command",
+    "MAX_FRAME_BYTES",
     "open_child",
     "probe",
     "target_command",

@@ -42,6 +42,8 @@ import traceback
 import types
 from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
+from .._validation import check_type, field
+
 #: Modules whose handler factories the child may be asked to run.
 _HANDLER_PACKAGE = "pytest_backendconf."
 #: How much of a child's stderr is kept for messages (the end of it).
@@ -68,6 +70,30 @@ def unpack_value(message: object, where: str) -> Any:
 def error_record(exc: BaseException) -> dict[str, str]:
     """``{"type", "module", "message"}`` of an exception, for a message to the other side."""
     return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
+
+
+def check_error_record(value: object, where: str) -> dict[str, str]:
+    """``value`` when it is an `error_record` (three strings); else `InvalidField` naming ``where``."""
+    record = check_type(value, "object", where)
+    for key in ("type", "module", "message"):
+        field(record, key, "string", where)
+    return record
+
+
+def check_record(record: object, where: str = "record") -> dict[str, Any]:
+    """``record`` when it has the shape the protocol itself reads; else `InvalidField` naming ``where``.
+
+    Every record is an object with a string ``kind``; ``ready`` carries the
+    child's ``pid`` and ``setup_error`` an `error_record`. What a handler's
+    own records hold is checked by whoever reads them.
+    """
+    checked = check_type(record, "object", where)
+    kind = field(checked, "kind", "string", where)
+    if kind == "ready":
+        field(checked, "pid", "integer", where)
+    elif kind == "setup_error":
+        check_error_record(checked.get("error"), f"{where}.error")
+    return checked
 
 
 def tail_text(text: str | bytes | None, limit: int = 2000) -> str:

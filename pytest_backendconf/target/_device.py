@@ -36,7 +36,9 @@ forking is safe:
 Frames to the host are JSON lines: ``hello``, ``ready``, ``pong``,
 ``{"w": id, "r": record}`` (a worker's record, relayed verbatim),
 ``{"kind": "stderr", "w", "data"}`` and ``{"kind": "ended", "w",
-"returncode", "killed"}``. Nothing here imports pytest or Hypothesis.
+"returncode", "killed"}``; the host reads each up to a cap and checks its
+shape before it acts on it (`_link.check_frame`: a device is untrusted).
+Nothing here imports pytest or Hypothesis.
 """
 
 from __future__ import annotations

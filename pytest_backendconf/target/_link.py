@@ -19,6 +19,11 @@ How an end is classified (docs/vendor-ci.md, "When the link breaks"):
   runner killed), the device does not answer within the connect budget, or
   the runner does not answer a kill request: `Ended.unreachable`, reported as
   ``TargetUnreachable``, never as the backend's failure.
+
+A device is untrusted (docs/security.md): every frame it sends is read with a
+bounded length (`MAX_FRAME_BYTES`) and checked for its shape (`check_frame`)
+before anything acts on it; a frame that is too long or malformed drops the
+link as ``TargetUnreachable``, naming what was wrong.
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
-from ._child import STDERR_KEPT, Child, ChildProcess, Ended, active_plugins, exit_status, is_path, tail_text
+from .._quoting import visible
+from .._validation import check_choice, check_type, field, shown
+from ._child import STDERR_KEPT, Child, ChildProcess, Ended, active_plugins, check_record, exit_status, is_path
+from ._child import tail_text
 from ._device import PROTOCOL, versions
 
 #: Seconds a device may take to answer ``hello`` (a Python started, before ``import torch``).
@@ -46,40 +54,183 @@ START_TIMEOUT = float(os.environ.get("BACKENDCONF_TARGET_START_TIMEOUT", "900"))
 KILL_ANSWER = 10.0
 #: The environment variable that sets the target command (like the option and ini value).
 COMMAND_ENV = "BACKENDCONF_TARGET_COMMAND"
+#: The longest frame line a device may send, in bytes (its newline not counted); a longer one drops the link.
+#: Tensors travel inside frames (base64 in JSON), so this bounds one answer's outputs: the largest frame of
+#: the suite's target stage, real models included, is 11 kB (two [1, 1000] float32 outputs; a replay's,
+#: one bundle's outputs, 7 kB), and a stderr frame is at most 0.4 MB (64 KiB read at once, 6 bytes per
+#: escaped byte). 64 MiB leaves room for a
+#: model's own outputs of up to about 48 MB per bundle or call list; reading a frame holds about twice the
+#: cap. ``BACKENDCONF_TARGET_MAX_FRAME_MIB`` raises it for bigger outputs (docs/security.md).
+MAX_FRAME_BYTES = int(float(os.environ.get("BACKENDCONF_TARGET_MAX_FRAME_MIB", "64")) * 2**20)
+#: How much of a malformed frame's description a reason shows.
+_REASON_CHARS = 400
 
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASS)", re.IGNORECASE)
+#: Names whose value is a secret: ``NAME=value`` words, ``--NAME value`` and ``--NAME=value`` options.
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|AUTH|CREDENTIAL", re.IGNORECASE)
+#: Options whose value is ``user:password`` (curl, wget): the part after the colon is the secret.
+_USER_OPTIONS = ("-u", "--user", "--proxy-user")
+#: Options whose value is an HTTP header, which may carry a credential.
+_HEADER_OPTIONS = ("-H", "--header")
+#: What a secret shows as; while the words are joined, a token that no quoting touches stands in for it.
+_SHOWN, _MASK = "***", "BACKENDCONFMASKED"
 
 
 def mask_command(command: str) -> str:
-    """``command`` for reports: passwords, ``user:pass@`` and secret-looking ``NAME=value`` masked."""
+    """``command`` for reports and headers, with the secrets of its common forms masked (best effort).
+
+    Masked: ``sshpass -p X`` and ``-pX`` (after ``timeout``, ``env`` and the
+    like too), ``NAME=value`` words and ``--NAME value``/``--NAME=value``
+    options whose name holds KEY, TOKEN, SECRET, PASS, AUTH or CREDENTIAL,
+    ``-u``/``--user user:password``, ``Authorization:`` headers and
+    ``user:password@`` in URLs; a quoted command inside a word (``sh -c '…'``,
+    ``-o ProxyCommand=…``) is masked the same way. A command that does not
+    parse is masked whole. docs/security.md lists safer ways to give a secret.
+    """
     try:
-        words = shlex.split(command)
+        return _masked(command).replace(_MASK, _SHOWN)
     except ValueError:
-        return "***"
-    masked, hide_next = [], False
+        return _SHOWN
+
+
+def _masked(command: str) -> str:
+    return shlex.join(_masked_words(shlex.split(command)))
+
+
+def _masked_words(words: list[str]) -> list[str]:
+    masked: list[str] = []
+    hide_next = user_next = header_next = False
+    sshpass = False  # in sshpass's own options, which come right after the word sshpass
     for word in words:
-        if hide_next:
-            masked.append("***")
-            hide_next = False
+        if hide_next or user_next or header_next:
+            masked.append(_MASK if hide_next else _masked_user(word) if user_next else _masked_header(word))
+            hide_next = user_next = header_next = False
             continue
-        if word in ("-p", "--password", "--passwd", "--pass") and masked and "sshpass" in masked[0]:
-            masked.append(word)
-            hide_next = True
+        if sshpass and word.startswith("-p"):
+            hide_next = word == "-p"
+            masked.append(word if hide_next else "-p" + _MASK)
             continue
-        name, eq, _ = word.partition("=")
-        if eq and _SECRET_NAME.search(name) and not name.startswith("-"):
-            word = f"{name}=***"
-        word = re.sub(r"(://[^/:@\s]+):[^@/\s]+@", r"\1:***@", word)
-        masked.append(word)
-    return shlex.join(masked)
+        sshpass = os.path.basename(word) == "sshpass" or (sshpass and word.startswith("-"))
+        option, eq, value = word.partition("=")
+        if option.startswith("--") and _SECRET_NAME.search(option):
+            if eq:
+                masked.append(f"{option}={_MASK}")
+            else:
+                masked.append(word)
+                hide_next = True
+            continue
+        if option in _USER_OPTIONS:
+            user_next = not eq
+            masked.append(f"{option}={_masked_user(value)}" if eq else word)
+            continue
+        if word.startswith("-u") and len(word) > 2 and not word.startswith("--"):
+            masked.append("-u" + _masked_user(word[2:]))
+            continue
+        if option in _HEADER_OPTIONS:
+            header_next = not eq
+            masked.append(f"{option}={_masked_header(value)}" if eq else word)
+            continue
+        if eq and not option.startswith("-") and _SECRET_NAME.search(option):
+            masked.append(f"{option}={_MASK}")
+            continue
+        masked.append(_masked_word(word))
+    return masked
+
+
+def _masked_word(word: str) -> str:
+    """One word: a command inside it (``sh -c '…'``, ``ProxyCommand=…``) masked as a command, URLs' passwords."""
+    if any(c.isspace() for c in word):
+        option, eq, value = word.partition("=")
+        if eq and not any(c.isspace() for c in option):
+            return f"{option}={_masked(value)}"
+        return _masked(word)
+    return re.sub(r"(://[^/:@\s]+):[^@/\s]+@", rf"\1:{_MASK}@", word)
+
+
+def _masked_user(value: str) -> str:
+    user, colon, _ = value.partition(":")
+    return f"{user}:{_MASK}" if colon else value
+
+
+def _masked_header(value: str) -> str:
+    name, colon, _ = value.partition(":")
+    return f"{name}: {_MASK}" if colon and _SECRET_NAME.search(name) else value
+
+
+# --- the frames a device sends ----------------------------------------------------------------------
+
+#: The kinds of the runner's own frames (a worker's record is ``{"w", "r"}``, without a kind).
+FRAME_KINDS = ("hello", "ready", "pong", "stderr", "ended")
+
+
+def check_frame(frame: object) -> dict[str, Any]:
+    """``frame`` when it is a frame the runner sends (`_device`); else `InvalidField` or ``ValueError`` naming
+    the field that is wrong. A worker's record is checked as the child protocol reads it (`check_record`)."""
+    checked = check_type(frame, "object", "the frame")
+    if "r" in checked:
+        field(checked, "w", "count")
+        check_record(checked["r"], "r")
+        return checked
+    kind = check_choice(checked.get("kind"), FRAME_KINDS, "kind")
+    if kind == "hello":
+        check_hello(checked)
+    elif kind == "ready":
+        field(checked, "torch", "string", optional=True)
+    elif kind == "pong":
+        field(checked, "id", "integer", optional=True)
+    elif kind == "stderr":
+        field(checked, "w", "count")
+        field(checked, "data", "string")
+    else:
+        field(checked, "w", "count")
+        field(checked, "returncode", "integer", optional=True)
+        field(checked, "killed", "boolean", optional=True)
+    return checked
+
+
+def check_hello(hello: Mapping[str, Any]) -> None:
+    """The fields of a ``hello`` (`_device.main`); another protocol's hello is `TargetLink`'s to refuse by number."""
+    if field(hello, "protocol", "integer") != PROTOCOL:
+        return
+    field(hello, "machine", "string")
+    field(hello, "pid", "count")
+    field(hello, "python", "string")
+    field(hello, "torch", "string", optional=True)
+    field(hello, "pytest_backendconf", "string", optional=True)
+    for name, entry in field(hello, "backends", "object").items():
+        where = f"backends[{shown(name)}]"
+        check_type(entry, "object", where)
+        field(entry, "distribution", "string", where, optional=True)
+        field(entry, "version", "string", where, optional=True)
+
+
+def _read_line(stream: IO[bytes], limit: int) -> bytearray:
+    """The next line of ``stream``, or its first ``limit`` bytes: grown in place, so that reading an endless line
+    holds about ``limit`` bytes (``readline(limit)`` joins its pieces at the end and holds three times as much)."""
+    line = bytearray()
+    while len(line) < limit:
+        piece = stream.readline(min(1 << 16, limit - len(line)))
+        line += piece
+        if not piece or piece.endswith(b"\n"):
+            break
+    return line
+
+
+def _reason(text: str) -> str:
+    """A device's text in a reason: on one line, control characters escaped, cut to a bounded length."""
+    text = visible(text)
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + "…"
 
 
 class TargetLink:
     """One connection to a device runner: frames in both directions, workers multiplexed by id."""
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, *, max_frame: int = MAX_FRAME_BYTES) -> None:
         self.command = command
+        #: The longest frame line the device may send (`MAX_FRAME_BYTES`).
+        self.max_frame = max_frame
         self.hello: dict[str, Any] | None = None
+        #: How the device broke the protocol (a frame too long or malformed), once it has.
+        self.broken: str | None = None
         self.device_torch: str | None = None
         self.lost: str | None = None
         self.connect_seconds: float | None = None
@@ -116,7 +267,13 @@ class TargetLink:
             raise TargetUnreachable(f"the target command {mask_command(self.command)!r} cannot start: {exc}") from None
         for target in (self._read, self._read_stderr, self._write):
             threading.Thread(target=target, daemon=True).start()
-        if not self._hello.wait(timeout) or self.hello is None:
+        if self._hello.wait(timeout) and self.hello is None and self.broken is not None:
+            raise TargetUnreachable(
+                f"the device (target command {mask_command(self.command)!r}) {self.broken}. It must run this "
+                f"pytest-backendconf's runner (python -m pytest_backendconf.target): install the same "
+                f"pytest-backendconf on the device ({versions()['pytest_backendconf']} here)"
+            )
+        if not self._hello.wait(0) or self.hello is None:
             self.drop("no hello")
             time.sleep(0.1)
             how = "ended" if self._process.poll() is not None else f"did not answer within {timeout:g} s"
@@ -145,7 +302,7 @@ class TargetLink:
             wrong.append(
                 f"pytest-backendconf {mine['pytest_backendconf']} here, {hello.get('pytest_backendconf')} on the device"
             )
-        theirs = hello.get("backends") or {}
+        theirs = hello["backends"]  # checked: an object of objects (`check_hello`)
         for name, entry in mine["backends"].items():
             other = theirs.get(name)
             if other is not None and other.get("version") != entry.get("version"):
@@ -177,9 +334,11 @@ class TargetLink:
     def wait_started(self) -> bool:
         """Wait for the runner's ``ready`` (its ``import torch``); ``False`` if the link is lost instead."""
         deadline = time.monotonic() + START_TIMEOUT
-        while not self._started.wait(0.2):
+        while not self._started.is_set():
             if self.lost is not None:
                 return False
+            if self._started.wait(0.2):
+                break
             if time.monotonic() >= deadline:
                 self.drop(f"the device answered but did not finish starting (import torch) within {START_TIMEOUT:g} s")
                 return False
@@ -256,41 +415,80 @@ class TargetLink:
 
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None
-        for line in self._process.stdout:
-            try:
-                frame = json.loads(line)
-            except ValueError:
-                continue  # a login banner, or half a line from a link that broke
-            if not isinstance(frame, dict):
-                continue
-            if "r" in frame:
-                worker = self._workers.get(int(frame.get("w") or 0))
-                if worker is not None:
-                    worker.put_record(frame["r"])
-                continue
-            kind = frame.get("kind")
-            if kind == "hello":
-                self.hello = frame
-                self._hello.set()
-            elif kind == "ready":
-                self.device_torch = frame.get("torch")
-                self._started.set()
-            elif kind == "pong":
-                self._pongs.put(frame)
-            elif kind == "stderr":
-                worker = self._workers.get(int(frame.get("w") or 0))
-                if worker is not None:
-                    worker.add_stderr(frame.get("data", "").encode("utf-8"))
-            elif kind == "ended":
-                worker = self._workers.get(int(frame.get("w") or 0))
-                if worker is not None:
-                    worker.ended_on_device(frame.get("returncode"))
+        self.read(self._process.stdout)
         code = self._process.wait()
         time.sleep(0.05)  # the last of the transport's stderr
         self.drop(
             f"the link to the device ended ({exit_status(code)}) without the runner reporting how its work ended; "
             f"transport stderr: {tail_text(self.stderr(), 600).strip() or '(empty)'}"
         )
+        self._hello.set()
+
+    def read(self, stream: IO[bytes]) -> None:
+        """Take the runner's frames from ``stream`` until it ends, or until a frame breaks the protocol.
+
+        The reader thread runs it on the transport's stdout. A line longer than
+        `max_frame` or a frame that `check_frame` refuses drops the link
+        (`broken` says why); before ``hello``, lines that are not JSON objects
+        are a login's banner and skipped. A last line cut off without its
+        newline is the link breaking, not a frame.
+        """
+        while True:
+            line = _read_line(stream, self.max_frame + 1)
+            if len(line) > self.max_frame and not line.endswith(b"\n"):
+                self._break(f"sent a frame longer than {self.max_frame:,} bytes, the cap on a frame (docs/security.md)")
+                return
+            if not line.endswith(b"\n"):
+                return
+            try:
+                frame = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                if self.hello is None:
+                    continue  # a login banner
+                shown_line = line[:80].decode("utf-8", "replace")
+                self._break(f"sent a line that is not JSON ({type(exc).__name__}: {exc}): {shown_line!r}")
+                return
+            if self.hello is None and not isinstance(frame, dict):
+                continue  # a banner that happens to parse ("42")
+            try:
+                if self.hello is None:
+                    check_choice(frame.get("kind"), ("hello",), "kind")  # the runner's first frame
+                self._take(check_frame(frame))
+            except ValueError as exc:  # `InvalidField` among them
+                self._break(f"sent a malformed {'hello' if self.hello is None else 'frame'}: {exc}")
+                return
+
+    def _take(self, frame: dict[str, Any]) -> None:
+        """Act on one checked frame."""
+        if "r" in frame:
+            worker = self._workers.get(frame["w"])
+            if worker is not None:
+                worker.put_record(frame["r"])
+            return
+        kind = frame["kind"]
+        if kind == "hello":
+            if self.hello is not None:
+                raise ValueError("a second hello on the same connection")
+            self.hello = frame
+            self._hello.set()
+        elif kind == "ready":
+            self.device_torch = frame.get("torch")
+            self._started.set()
+        elif kind == "pong":
+            self._pongs.put(frame)
+        elif kind == "stderr":
+            worker = self._workers.get(frame["w"])
+            if worker is not None:
+                worker.add_stderr(frame["data"].encode("utf-8", "replace"))
+        else:
+            worker = self._workers.get(frame["w"])
+            if worker is not None:
+                worker.ended_on_device(frame.get("returncode"))
+
+    def _break(self, how: str) -> None:
+        """The device broke the protocol: the link is dropped, every worker on it unreachable, saying how."""
+        self.broken = _reason(how)
+        self.drop(f"the device broke the runner protocol: it {self.broken}")
         self._hello.set()
 
     def _read_stderr(self) -> None:

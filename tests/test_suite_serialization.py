@@ -137,8 +137,8 @@ def test_a_blob_stamped_with_the_process_fails_deterministic_lowering_only(pytes
     # The stamp is the process id, little-endian: two pids 256 apart first differ at byte 1.
     result.stdout.fnmatch_lines(
         [
-            "small_cnn (float32): lowering it in a fresh process (debug handles aligned to start at *) gives a different "
-            "archive: entries blobs/forward.bin (* vs * bytes, first difference at byte ?), manifest.json differ. "
+            "small_cnn (float32): lowering it in a fresh process gives a different archive: entries "
+            "blobs/forward.bin (* vs * bytes, first difference at byte ?), manifest.json differ. "
             "Is preprocess() deterministic across processes*",
         ]
     )

@@ -44,13 +44,12 @@ class Scenario:
 
 @dataclasses.dataclass
 class Lowering:
-    """Host phase: lower one case again, its first debug handle at ``start``; write its archive."""
+    """Host phase: lower one case again as a fresh process does; write its archive."""
 
     key: str
     case: str
     dtype: str
     spec: dict
-    start: int
 
 
 #: What a category can hand the session's first extra process without lowering anything here.
@@ -76,18 +75,17 @@ def items_at_hand(ctx: SuiteContext, asking: str) -> tuple[list[Scenario], list[
 
 
 class FreshLowerer:
-    """In the extra process's host phase: lower cases as a fresh process does, handles aligned.
+    """In the extra process's host phase: lower cases as a fresh process does.
 
-    Debug handles are part of an archive and unique within a process, so it
-    first skips to the handle where the suite's own lowering of the case
-    started; everything else must come out the same byte for byte.
+    Debug handles are part of an archive and numbered per lowering, so the
+    whole archive must come out the same byte for byte as the suite's own
+    lowering of the case, whatever either process lowered before.
     """
 
     def __init__(self, registered: Any, backend_version: str | None, registry: Any) -> None:
         import tempfile
 
         from pytest_backendconf.suite import SuiteContext
-        from pytest_backendconf.debuginfo import DebugHandleRecorder
 
         from ._zoo_loader import load_zoo
 
@@ -97,7 +95,6 @@ class FreshLowerer:
         self.ctx = SuiteContext(
             registered, load_zoo() + extra, tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name))
         )
-        self.recorder = DebugHandleRecorder.default()
 
     def lower(self, item: dict, workdir: str) -> dict:
         from pytest_backendconf.lowering import lower_programs
@@ -105,10 +102,6 @@ class FreshLowerer:
         case, dtype, ctx = item["case"], item["dtype"], self.ctx
         try:
             programs = {m: ctx.program(case, dtype, m) for m in item["spec"]}
-            gap = item["start"] - self.recorder.reserve(0).start
-            if gap < 0:
-                raise RuntimeError(f"debug handles here are already past {item['start']}")
-            self.recorder.reserve(gap)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", BackendUnavailableWarning)
                 lowered = lower_programs(

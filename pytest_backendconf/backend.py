@@ -115,6 +115,21 @@ class ChecksBlobVersions(Protocol):
         ...
 
 
+@runtime_checkable
+class DeclaresCacheIdentity(Protocol):
+    """A backend that names its own settings for the preprocess cache's key (``--backendconf-cache``)."""
+
+    def cache_identity(self) -> str | None:
+        """Every setting of this object that changes a blob, as text that is the same in every process.
+
+        Two objects whose ``preprocess`` may return different bytes for the same program and spec must
+        give different texts. The files of the backend's packages, its ``version``, the file that
+        registered it and the torch build are in the key already. None: never cache this backend.
+        Without this method the key holds the object's attributes, when all of them are plain data.
+        """
+        ...
+
+
 def fault_node_name(compile_spec: Mapping[str, object]) -> str | None:
     """The FX node name at which ``compile_spec`` asks for an injected fault, or None.
 

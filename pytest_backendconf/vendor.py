@@ -148,6 +148,10 @@ class AvailabilityProbe:
         self._probe = probe
         self._reason: str | None = None
 
+    def cache_identity(self) -> str:
+        """Nothing for the preprocess cache's key: whether the engine loads here changes no blob."""
+        return ""
+
     def reason(self) -> str:
         """``""`` when the backend can run here, else why not (probed once)."""
         if self._reason is None:

@@ -85,7 +85,7 @@ class WrongOutputCount(ReferenceBackend):
 
 
 class UnknownHandle(ReferenceBackend):
-    """Reports failures with a debug handle the recorder never issued."""
+    """Reports failures with debug handle -1, which no lowering gives a node."""
 
     name = "unknown_handle"
 

@@ -394,23 +394,11 @@ def test_unknown_backend_names_it_and_how_to_install():
         bc.load(_saving.to_bytes(lowered))
 
 
-def test_two_lowerings_in_one_process_differ_only_in_handles():
+def test_two_lowerings_in_one_process_give_the_same_archive():
+    # Debug handles are numbered per lowering: the second lowering is the first, byte for byte.
     first, second = _saving.to_bytes(lower()), _saving.to_bytes(lower())
-    a, b = entries_of(first), entries_of(second)
-    assert a.keys() == b.keys()
-    da, db = json.loads(a["debug.json"]), json.loads(b["debug.json"])
-    offset = db["nodes"][0][0] - da["nodes"][0][0]
-    assert offset > 0
-    db["nodes"][0][0] -= offset
-    assert da == db
-    ba, bb = json.loads(a["blobs/forward.bin"]), json.loads(b["blobs/forward.bin"])
-    for op in bb["ops"]:
-        op[3] -= offset
-    assert ba == bb
-    ma, mb = json.loads(a["manifest.json"]), json.loads(b["manifest.json"])
-    del ma["entries"], mb["entries"]
-    assert ma == mb
-    assert a["attributes.json"] == b["attributes.json"]
+    assert first == second
+    assert json.loads(entries_of(first)["debug.json"])["nodes"][0][0] == 0
 
 
 WRITE_ARCHIVE = """

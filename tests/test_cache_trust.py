@@ -321,7 +321,7 @@ def test_cache_verify_finds_a_tampered_hit_and_names_the_entry(tmp_path):
 
     backend = ReferenceBackend()
     program = export_method(torch.nn.Linear(3, 2).eval(), "forward", (torch.randn(1, 3),), {})
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     cache = PreprocessCache(tmp_path / "c", backend, "1.0", 2**20, secret=b"s" * 32, verify=1.0)
     cache.prepare()
 

@@ -14,6 +14,7 @@ import broken_backends
 import lowering_models as models
 import pytest_backendconf as bc
 from pytest_backendconf.debuginfo._handles import DebugHandleRecorder, walk_nodes
+from pytest_backendconf.lowering import to_bytes
 
 MODELS_FILE = inspect.getsourcefile(models)
 ZOO_FILE = inspect.getsourcefile(models.N)  # the nested trio lives in the zoo
@@ -244,12 +245,13 @@ def test_a_non_forward_method_shows_its_own_name():
     assert info.hierarchy_text() == "top(Outputs)::double.aten::mul"
 
 
-def test_handles_are_unique_across_lowerings_from_eight_threads():
+def test_lowerings_from_eight_threads_each_number_their_nodes_from_zero_and_agree_byte_for_byte():
     results, errors = [], []
 
     def work():
         try:
-            results.append(set(bc.debug_info(lower(models.N(), inputs=(X,)))))
+            lowered = lower(models.N(), inputs=(X,))
+            results.append((sorted(bc.debug_info(lowered)), to_bytes(lowered)))
         except Exception as exc:  # surfaced below: a thread's failure must fail the test
             errors.append(exc)
 
@@ -260,10 +262,32 @@ def test_handles_are_unique_across_lowerings_from_eight_threads():
         t.join()
     assert not errors
     assert len(results) == 8
-    everything = set().union(*results)
-    assert len(everything) == sum(len(r) for r in results)  # no two lowerings share a handle
-    assert all(DebugHandleRecorder.default().issued(h) for h in everything)
-    assert not DebugHandleRecorder.default().issued(max(everything) + 10**9)
+    nodes = len(list(walk_nodes(torch.export.export(models.N(), (X,)).graph_module)))
+    # Handles depend on the program only, not on what the process lowered before or beside it.
+    assert all(r == results[0] for r in results)
+    assert results[0][0] == list(range(nodes))
+
+
+def test_the_methods_of_one_lowering_share_its_numbering_and_never_a_handle():
+    spec = {"forward": {}, "single": {}, "double": {}}
+    lowered = lower(models.Outputs(), spec, {"forward": (X, X), "single": (X,), "double": (X,)})
+    infos = bc.debug_info(lowered)
+    by_method = {m: sorted(h for h, i in infos.items() if i.method == m) for m in spec}
+    assert sorted(infos) == list(range(len(infos)))  # one numbering, every handle once
+    # In the compile spec's order, each method's block after the one before.
+    assert by_method["forward"][-1] + 1 == by_method["single"][0]
+    assert by_method["single"][-1] + 1 == by_method["double"][0]
+    again = lower(models.Outputs(), spec, {"forward": (X, X), "single": (X,), "double": (X,)})
+    assert to_bytes(again) == to_bytes(lowered)
+
+
+def test_a_lowering_has_the_same_handles_and_blobs_whatever_was_lowered_before():
+    alone = lower(models.N(), inputs=(X,))
+    for _ in range(3):
+        lower(models.Outputs(), {"forward": {}}, (X, X))  # other lowerings in between
+    after_others = lower(models.N(), inputs=(X,))
+    assert bc.debug_info(after_others).keys() == bc.debug_info(alone).keys()
+    assert to_bytes(after_others) == to_bytes(alone)
 
 
 def test_the_recorder_issues_disjoint_blocks_to_concurrent_threads():

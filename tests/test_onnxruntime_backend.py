@@ -134,7 +134,7 @@ def test_an_error_naming_no_known_node_still_raises_backend_error():
 
 def _prepared(module, args, spec=None):
     program = export_method(module, "forward", args, {})
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     return program, spec or {}, handles
 
 

@@ -78,7 +78,7 @@ INDEX = torch.tensor([0, 2])
 
 def _prepared(module, args, spec=None):
     program = export_method(module, "forward", args, {})
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     return program, spec or {}, handles
 
 

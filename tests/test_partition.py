@@ -15,7 +15,7 @@ from partition_models import (
 
 import pytest_backendconf as bc
 from lowering_models import N
-from pytest_backendconf.lowering import _partition
+from pytest_backendconf.lowering import _partition, to_bytes
 
 SPEC = {"forward": {}}
 
@@ -82,6 +82,16 @@ def test_three_partitions_around_a_rejected_op_found_by_asking_preprocess():
     asked = backend.preprocessed
     lower(model, backend)  # the same ops again: answered from the per-session cache
     assert backend.preprocessed == asked + 3  # only the three partitions' own preprocess calls
+
+
+def test_the_partitions_and_fallback_segments_share_one_numbering_and_a_relowering_is_byte_identical():
+    model = ThreeParts().eval()
+    lowered, _ = lower(model, RejectsSub())
+    infos = bc.debug_info(lowered)
+    assert sorted(infos) == list(range(len(infos)))  # every node once, delegated or not
+    assert len({info.node for info in infos.values()}) == len(infos)
+    again, _ = lower(model, RejectsSub())
+    assert to_bytes(again) == to_bytes(lowered)
 
 
 def test_supported_nodes_method_decides_before_supported_ops():

@@ -57,8 +57,7 @@ def counting(pytester):
     def run(*more: str):
         count.write_text("")
         args = ["--backend=counting", "-p", "no:cacheprovider", *(f"--backendconf-select={s}" for s in SELECT), *more]
-        # Each run in a process of its own, as runs are: debug handles are issued per process, and a
-        # blob is cached with the handles it was given.
+        # Each run in a process of its own, as runs are.
         result = pytester.runpytest_subprocess(*args)
         result.assert_outcomes(passed=3)
         return result, len(count.read_text().splitlines())
@@ -215,7 +214,7 @@ class _Linear(torch.nn.Module):
 def _program_and_handles():
     torch.manual_seed(0)
     program = export_method(_Linear().eval(), "forward", (torch.randn(3, 4),), {})
-    return program, DebugHandleRecorder.default().assign(program.graph_module)
+    return program, DebugHandleRecorder().assign(program.graph_module)
 
 
 def _cache(tmp_path, backend=None, max_bytes=2**20):
@@ -232,8 +231,10 @@ def test_the_key_covers_the_compile_spec_the_handles_the_weights_and_the_backend
     key = cache.key(program, {}, handles)
     assert key is not None and key == cache.key(program, {}, handles)
     assert cache.key(program, {"opt_level": 3}, handles) != key
-    fresh_handles = DebugHandleRecorder.default().assign(program.graph_module)  # a later lowering's
-    assert cache.key(program, {}, fresh_handles) not in (None, key)
+    # Handles are numbered per lowering: a later lowering of the program has the same ones, and the same key.
+    assert cache.key(program, {}, DebugHandleRecorder().assign(program.graph_module)) == key
+    other_handles = DebugHandleRecorder(first=10).assign(program.graph_module)  # blobs carry them
+    assert cache.key(program, {}, other_handles) not in (None, key)
     edited, _ = _program_and_handles()
     edited.state_dict["linear.weight"].data[0, 0] += 1
     assert program_digest(edited) != program_digest(program)

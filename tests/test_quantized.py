@@ -244,7 +244,7 @@ def test_the_reference_backend_lowers_quantized_programs_whole_with_every_qdq_op
     used = set()
     for scheme in SCHEMES:
         program = quantized.quantized_programs(ctx, "small_cnn", scheme)["forward"]
-        blob = backend.preprocess(program, {}, DebugHandleRecorder.default().assign(program.graph_module))
+        blob = backend.preprocess(program, {}, DebugHandleRecorder().assign(program.graph_module))
         used |= {i.opcode for block in bytecode.decode(blob).blocks for i in block.instructions}
         assert quantized.check_quantized(ctx, case_name="small_cnn", scheme=scheme)["quantized"]["lowered"] == (
             "lowered whole"

@@ -85,12 +85,12 @@ def test_a_piece_keeps_the_programs_weights_as_constants_so_the_kernels_fuse():
     assert InputKind.CONSTANT_TENSOR in kinds and kinds.count(InputKind.USER_INPUT) == len(inputs) == 1
     from pytest_backendconf.debuginfo import DebugHandleRecorder
 
-    blob = ReferenceBackend().preprocess(piece, {}, DebugHandleRecorder.default().assign(piece.graph_module))
+    blob = ReferenceBackend().preprocess(piece, {}, DebugHandleRecorder().assign(piece.graph_module))
     names = [ops.BY_OPCODE[i.opcode].name for i in bytecode.decode(blob).blocks[0].instructions]
     assert names == ["reference.quantized_convolution"], names
     # Without the program, the weights are inputs: the chain runs literally.
     literal, _, _ = piece_program(layer, env, outputs=[quantize_node])
-    blob = ReferenceBackend().preprocess(literal, {}, DebugHandleRecorder.default().assign(literal.graph_module))
+    blob = ReferenceBackend().preprocess(literal, {}, DebugHandleRecorder().assign(literal.graph_module))
     assert "aten.conv2d.default" in [ops.BY_OPCODE[i.opcode].name for i in bytecode.decode(blob).blocks[0].instructions]
 
 

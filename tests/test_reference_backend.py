@@ -495,7 +495,7 @@ def compiled(name: str) -> Compiled:
     program = torch.export.export(module, inputs[0], dynamic_shapes=case.dynamic_shapes)
     if case.transform is not None:
         program = case.transform(program)
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     backend = ReferenceBackend()
     blob = backend.preprocess(program, {}, handles)
     handle = backend.compile({"forward": blob}, {"forward": {}})["forward"]
@@ -775,7 +775,7 @@ def test_positional_argument_given_by_name_is_normalized():
     program = torch.export.export(L(), (torch.randn(2, 3),))
     mul = node_named(program.graph_module, "mul")
     mul.args, mul.kwargs = (mul.args[0],), {"other": 5}
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     blob = ReferenceBackend().preprocess(program, {}, handles)
     x = torch.randn(2, 3)
     (out,) = ReferenceBackend().compile({"f": blob}, {"f": {}})["f"].run([x])
@@ -787,7 +787,7 @@ def test_positional_argument_given_by_name_is_normalized():
 
 def _preprocess_model(module: nn.Module, inputs: tuple):
     program = torch.export.export(module.eval(), inputs)
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     return program, lambda: ReferenceBackend().preprocess(program, {}, handles)
 
 

@@ -145,7 +145,7 @@ def _blob(program, compile_spec=None, handles=None) -> bytes:
 
     from pytest_backendconf.debuginfo import DebugHandleRecorder
 
-    handles = handles if handles is not None else DebugHandleRecorder.default().assign(program.graph_module)
+    handles = handles if handles is not None else DebugHandleRecorder().assign(program.graph_module)
     return ReferenceBackend().preprocess(program, compile_spec or {}, handles)
 
 
@@ -159,7 +159,7 @@ def test_a_quantized_conv_and_linear_compile_to_integer_kernels(scheme):
     from pytest_backendconf.debuginfo import DebugHandleRecorder
 
     converted, program, x = _quantized(scheme)
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     blob = _blob(program, handles=handles)
     listing = _listing(blob)
     names = [name for name, _, _ in listing]

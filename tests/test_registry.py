@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -204,6 +205,35 @@ def test_register_backend_records_the_calling_module(monkeypatch):
     found = registry.get("lib")
     assert found.backend is backend
     assert "register_backend() in module 'test_registry'" in str(found.source)
+
+
+def test_every_source_knows_the_file_that_registered_its_backend(pytester, fake_distributions, monkeypatch):
+    """The preprocess cache hashes that file: a conftest, a plugin module, an entry point's module, a caller."""
+    pytester.makepyfile(
+        vendor_toy=CONFTEST_TOY,
+        vendor_instance=TOY_BACKEND + "\nBACKEND = Toy('instance')\n",
+        toy_plugin=CONFTEST_TOY.replace("Toy()", "Toy('plugin')"),
+    )
+    pytester.syspathinsert()
+    fake_distributions(
+        [FakeDistribution("vendor-toy", "1.0", {"toy": "vendor_toy", "instance": "vendor_instance:BACKEND"})]
+    )
+    monkeypatch.setattr("pytest_backendconf.registry._registry._EXPLICIT", [])
+    try:
+        registry = BackendRegistry()
+        registry.load_entry_points()
+        registry.add_plugin(importlib.import_module("toy_plugin"), Source("plugin toy_plugin"))
+        register_backend(_Backend())
+        found = {name: registry.get(name).source.file for name in ("toy", "instance", "plugin", "lib")}
+    finally:
+        for name in ("vendor_toy", "vendor_instance", "toy_plugin"):
+            sys.modules.pop(name, None)
+    assert found == {
+        "toy": str(pytester.path / "vendor_toy.py"),
+        "instance": str(pytester.path / "vendor_instance.py"),
+        "plugin": str(pytester.path / "toy_plugin.py"),
+        "lib": __file__,
+    }
 
 
 def test_unknown_backend_with_nothing_registered_says_none(fake_distributions):

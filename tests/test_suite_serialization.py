@@ -90,11 +90,14 @@ def test_the_reference_backend_passes_every_serialization_check(pytester):
 
 
 def test_a_backend_whose_loaded_modules_lose_their_constants_fails_the_round_trips(pytester):
-    # The blob is compiled a second time in the same process only by the in-process round trip.
+    # The blob is compiled a second time in the same process by the in-process round trip.
     outcomes, result = run_checks(pytester, "loses_state", registering("LosesState"), "*[[]mlp]", "*[[]tuple_output]")
     assert set(outcomes) == set(every_check("mlp") + every_check("tuple_output"))
-    # mlp has varying dimensions: its dynamic-shape archive loses its constants too.
-    assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]", "dynamic_round_trip[mlp]"}
+    # mlp's dynamic-shape lowering gives the same blob as its static one (debug handles are numbered per
+    # lowering, and the reference bytecode does not record sizes): its own compile is already the second,
+    # so the module saved is the wrong one and its archive faithfully reproduces it. Parity's dynamic
+    # check compares it with eager; the round trip compares it with itself.
+    assert failed(outcomes) == {"round_trip[mlp]", "round_trip[tuple_output]"}
     result.stdout.fnmatch_lines(
         [
             "mlp.forward (float32), example seed 0: the module loaded from its archive differs from the "
@@ -137,8 +140,8 @@ def test_a_blob_stamped_with_the_process_fails_deterministic_lowering_only(pytes
     # The stamp is the process id, little-endian: two pids 256 apart first differ at byte 1.
     result.stdout.fnmatch_lines(
         [
-            "small_cnn (float32): lowering it in a fresh process (debug handles aligned to start at *) gives a different "
-            "archive: entries blobs/forward.bin (* vs * bytes, first difference at byte ?), manifest.json differ. "
+            "small_cnn (float32): lowering it in a fresh process gives a different archive: entries "
+            "blobs/forward.bin (* vs * bytes, first difference at byte ?), manifest.json differ. "
             "Is preprocess() deterministic across processes*",
         ]
     )

@@ -107,7 +107,8 @@ APART = "backendconf::symbolication::debug_info_apart*"
             4,
             [
                 "*execute() reported debug handle * for the fault injected at node 'mul' of nested_nml.forward "
-                "*, which the DebugHandleRecorder never issued; expected *, the handle preprocess was given for "
+                "*, which is not a handle of this lowered module (its lowering numbered its nodes 0..*); expected *, "
+                "the handle preprocess was given for "
                 "that node (the user sees only: 'Debug info for handle(s): debug_handles:{*}, was not found.')"
             ],
             id="wrong-debug-handle",

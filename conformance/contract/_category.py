@@ -69,7 +69,7 @@ def _preprocess_all(ctx: SuiteContext, case_name: str, dtype: str) -> dict[str, 
     out = {}
     for method in ctx.cases[case_name].methods:
         program = ctx.program(case_name, dtype, method)
-        handles = DebugHandleRecorder.default().assign(program.graph_module)
+        handles = DebugHandleRecorder().assign(program.graph_module)
         try:
             blob = ctx.backend.preprocess(program, {}, handles)
         except UnsupportedNodeError as exc:

@@ -62,7 +62,7 @@ class ExtraProcess:
         from pytest_backendconf.target import open_child, target_command
 
         self.scenarios = sorted(scenarios, key=lambda s: s.last)
-        self.lowerings = sorted(lowerings, key=lambda item: item.start)
+        self.lowerings = list(lowerings)
         self.keys = [s.key for s in self.scenarios] + [item.key for item in self.lowerings]
         self.workdir = str(ctx.tmp_dir("backendconf-process"))
         self.blocked = list(blocked_modules(ctx.capabilities))
@@ -109,7 +109,6 @@ class ExtraProcess:
                 return False
             if (lowerings and self.on_device) or (scenarios and not self.on_device and target_command() is not None):
                 return False
-            lowerings = sorted(lowerings, key=lambda item: item.start)
             keys = [s.key for s in scenarios] + [item.key for item in lowerings]
             self._child.send(
                 {

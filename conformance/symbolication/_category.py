@@ -5,8 +5,8 @@ Three kinds of checks, all driven by ``[symbolication]`` in ``suite.toml``:
 - a custom op no backend can know must be rejected at ``preprocess`` with
   `UnsupportedNodeError` whose text names the source line, with carets;
 - a fault injected at a named node must come back from ``execute`` as a
-  `BackendRuntimeError` with a debug handle the recorder issued for that
-  node of this lowering, and the module hierarchy and source frames;
+  `BackendRuntimeError` with the debug handle this lowering gave that
+  node, and the module hierarchy and source frames;
 - ``bc.debug_info`` must cover every node of every lowered method.
 
 Expected texts are built from the frames the data names (function and
@@ -160,7 +160,7 @@ def check_rejection(ctx: SuiteContext, *, entry: dict) -> None:
     targets = [n for n in walk_nodes(program.graph_module) if op_name(n) == _probe_models.OP_NAME]
     target = targets[0]
     where = f"{_probe_models.OP_NAME} in {cls.__name__} ({_probe_models.__file__})"
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     infos = build_debug_infos(program.graph_module, handles, method="forward", top_class=cls.__name__)
     try:
         # The lowering's own preprocess step: it attaches the debug info to the error.
@@ -216,7 +216,7 @@ def _unrelated_rejection(ctx: SuiteContext, exc: UnsupportedNodeError, program: 
             if n.op == "call_function" and op_name(n) == probe:
                 n.target = torch.ops.aten.clone.default
         graph_module.recompile()
-    handles = DebugHandleRecorder().assign(twin.graph_module)  # its own handles: the process's stay as they are
+    handles = DebugHandleRecorder().assign(twin.graph_module)
     try:
         ctx.backend.preprocess(twin, {}, handles)
     except UnsupportedNodeError as again:
@@ -356,10 +356,9 @@ def _wrong_handle(handle: Any, expected: int, infos: dict, node: str, where: str
     if handle is None:
         return f"{what}: BackendError carried no debug handle; pass debug_handle=debug_handles[node] ({expected})"
     user_sees = f"the user sees only: {format_missing([handle])!r}" if handle not in infos else ""
-    if not DebugHandleRecorder.default().issued(handle):
-        why = "which the DebugHandleRecorder never issued"
-    elif handle not in infos:
-        why = "which the recorder issued for another lowering, not for this lowered module"
+    if handle not in infos:
+        numbered = f"{min(infos)}..{max(infos)}" if infos else "none"
+        why = f"which is not a handle of this lowered module (its lowering numbered its nodes {numbered})"
     else:
         other = infos[handle]
         why = f"which is the handle of node {other.node!r} ({other.op}) of method {other.method!r}"
@@ -378,10 +377,13 @@ def check_debug_info_coverage(ctx: SuiteContext, *, case_name: str, dtype: str) 
     except UnsupportedNodeError as exc:
         raise Unsupported(_lines(str(exc), 1)) from exc
     infos = bc.debug_info(lowered)
-    recorder = DebugHandleRecorder.default()
-    unissued = sorted(h for h in infos if not recorder.issued(h))
-    if unissued:
-        fail(f"bc.debug_info() of {case_name} [{dtype}] has handles the recorder never issued: {unissued[:10]}")
+    # A lowering numbers its nodes 0, 1, 2, ... (methods one after another): nothing else.
+    unnumbered = sorted(set(infos) - set(range(len(infos))))
+    if unnumbered:
+        fail(
+            f"bc.debug_info() of {case_name} [{dtype}] has handles its lowering did not number (it numbers its "
+            f"{len(infos)} nodes from 0): {unnumbered[:10]}"
+        )
     for method in ctx.cases[case_name].methods:
         program = ctx.program(case_name, dtype, method)
         nodes = collections.Counter((n.name, op_name(n)) for n in walk_nodes(program.graph_module))

@@ -1,14 +1,14 @@
-"""Debug handles: one process-wide recorder issues a unique ``int`` per graph node.
+"""Debug handles: each lowering numbers its graph nodes with a recorder of its own.
 
-Handles are unique across every lowering in the process, monotonic, safe to
-issue from several threads, and checked against int64 overflow (docs/backend-contract.md#debug-handles-and-texts).
-A lowering reserves one contiguous block, so that two fresh processes
-doing the same lowerings in the same order issue the same handles.
+A lowering's handles start at 0 and are unique within it (every method, partition and fallback
+segment), monotonic, and checked against int64 overflow (docs/backend-contract.md#debug-handles-and-texts).
+They depend only on the programs lowered, never on what the process lowered before: the same
+lowering gives the same handles, blobs and archive in any process, in any order, which is what lets
+the preprocess cache serve a rerun under pytest-xdist.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, cast
@@ -20,27 +20,12 @@ INT64_MAX = 2**63 - 1
 
 
 class DebugHandleRecorder:
-    """Issues debug handles; one instance per process (`DebugHandleRecorder.default`)."""
-
-    _default: "DebugHandleRecorder | None" = None
-    _default_lock = threading.Lock()
+    """Issues the debug handles of one lowering (each `to_backend` makes its own); safe to share between threads."""
 
     def __init__(self, first: int = 0, last: int = INT64_MAX) -> None:
         self._next = first
         self._last = last
         self._lock = threading.Lock()
-        # Sorted, non-overlapping [start, stop) blocks handed out so far.
-        self._starts: list[int] = []
-        self._stops: list[int] = []
-
-    @classmethod
-    def default(cls) -> "DebugHandleRecorder":
-        """The process-wide recorder every lowering uses."""
-        if cls._default is None:
-            with cls._default_lock:
-                if cls._default is None:
-                    cls._default = cls()
-        return cls._default
 
     def reserve(self, count: int) -> range:
         """Reserve ``count`` consecutive handles and return them as a range."""
@@ -54,25 +39,15 @@ class DebugHandleRecorder:
                     f"but handles stop at {self._last} (int64)"
                 )
             self._next = start + count
-            if count:
-                self._starts.append(start)
-                self._stops.append(start + count)
         return range(start, start + count)
-
-    def issued(self, handle: int) -> bool:
-        """Whether this recorder issued ``handle`` (a backend must report only those)."""
-        if not isinstance(handle, int) or isinstance(handle, bool):
-            return False
-        with self._lock:
-            i = bisect.bisect_right(self._starts, handle) - 1
-            return i >= 0 and handle < self._stops[i]
 
     def assign(self, graph_module: GraphModule) -> "DebugHandles":
         """Give every node of ``graph_module`` and its nested subgraphs a handle.
 
         Nodes are numbered in graph order, each subgraph right after the
-        node that references it (depth first), so the numbering depends only
-        on the graph.
+        node that references it (depth first), from where this recorder's
+        last block ended: so the numbering depends only on the graphs given
+        to this recorder, in their order.
         """
         nodes = list(walk_nodes(graph_module))
         block = self.reserve(len(nodes))

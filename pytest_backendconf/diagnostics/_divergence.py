@@ -177,7 +177,7 @@ def locate_in_program(
     candidates = [
         n for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem and _localizable(n)
     ]
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     infos = build_debug_infos(program.graph_module, handles, method=method, top_class=top_class)
     by_name = {info.node: info for info in infos.values()}
 

@@ -113,7 +113,7 @@ def _build_alone(node: torch.fx.Node, backend: Backend, compile_spec: dict[str, 
     env[node] = node.meta.get("val")
     try:
         piece, _, _ = piece_program([node], env)
-        handles = DebugHandleRecorder.default().assign(piece.graph_module)
+        handles = DebugHandleRecorder().assign(piece.graph_module)
         blob = backend.preprocess(piece, dict(compile_spec), handles)
         from ..lowering import availability
 

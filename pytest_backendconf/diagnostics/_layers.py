@@ -128,7 +128,7 @@ def judge_layers(
     # The outputs' own tails (the last dequantize, a float op after it) are layers too.
     ends += [n for n in output.all_input_nodes if n.op == "call_function" and n not in boundary]
     env = eager_intermediates(program, user_inputs)
-    handles = DebugHandleRecorder.default().assign(program.graph_module)
+    handles = DebugHandleRecorder().assign(program.graph_module)
     infos = {
         i.node: i for i in build_debug_infos(program.graph_module, handles, method=method, top_class=top_class).values()
     }

@@ -11,6 +11,7 @@ May import: `archive`, `debuginfo`, `reference`, `registry` and the public surfa
 from ._args import availability, normalize, resolve_backend
 from ._cache import DEFAULT_MAX_MIB as DEFAULT_CACHE_MIB
 from ._cache import PreprocessCache, active_cache, program_digest, use_preprocess_cache
+from ._identity import BackendIdentity, backend_identity
 from ._bundling import DEFAULT_TOLERANCES, bundles
 from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
 from ._lowering import export_method, lower_programs, run_preprocess, to_backend
@@ -20,8 +21,10 @@ from ._saving import instantiate, load, save, to_bytes, to_bytes_separate
 
 __all__ = [
     "DEFAULT_CACHE_MIB",
+    "BackendIdentity",
     "PreprocessCache",
     "active_cache",
+    "backend_identity",
     "program_digest",
     "use_preprocess_cache",
     "DEFAULT_TOLERANCES",

@@ -2,10 +2,11 @@
 
 An entry is one ``preprocess`` result, stored under a key that covers everything the blob may
 depend on: the exported program's content (graph, node metadata, signature, weights and
-constants), the compile spec, the debug handles given to ``preprocess`` (blobs carry them), the
-backend's identity (name, version and a hash of the files of the packages its class comes from,
-so an edited backend never meets its old blobs) and the torch build. A hit skips ``preprocess``;
-``compile`` and ``execute`` always run.
+constants), the compile spec, the debug handles given to ``preprocess`` (blobs carry them; a
+lowering numbers its own from 0, so they are the same in every run), the backend's identity
+(`_identity`: name, version, a hash of the files of the packages its class comes from, its
+settings and the file that registered it, so an edited or reconfigured backend never meets its old
+blobs) and the torch build. A hit skips ``preprocess``; ``compile`` and ``execute`` always run.
 
 The cache serves one backend object (the run's selected backend): a wrapper or a deliberately
 different backend object always runs its own ``preprocess``. Entries are written to a temporary
@@ -26,8 +27,8 @@ import hashlib
 import json
 import os
 import random
+import re
 import stat
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -48,12 +49,14 @@ from ..archive import (
 )
 from ..debuginfo import walk_nodes
 from ..errors import ArchiveError, CacheEntryMacError, CacheMismatchError
+from ._identity import backend_identity
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
     from torch.fx import Node
 
     from ..backend import Backend
+    from ..registry import Source
 
 #: The folder's size cap when none is given (``--backendconf-cache-size``), in MiB.
 DEFAULT_MAX_MIB = 1024
@@ -83,9 +86,12 @@ class PreprocessCache:
         *,
         secret: bytes | None = None,
         verify: float = 0.0,
+        source: Source | None = None,
     ) -> None:
         """:param secret: what entries are bound to (their MAC); None: the machine's (`cache_secret`).
         :param verify: the share of hits (0 to 1) whose ``preprocess`` runs again to compare (`cached_preprocess`).
+        :param source: where the registry found the backend (its file is part of the key); None for a
+            backend object no registry holds.
         """
         self.directory = Path(directory)
         self.backend = backend
@@ -93,7 +99,10 @@ class PreprocessCache:
         self.max_bytes = max_bytes
         self.secret = cache_secret()[0] if secret is None else secret
         self.verify = verify
-        self._identity: str | None = None
+        self.source = source
+        # Taken now, before any check runs: what a backend sets on itself later (a table of compiled
+        # kernels) is not a setting, and must not make the key depend on what ran first.
+        self._identity = backend_identity(backend, backend_version, source)
         self._lock = threading.Lock()
         #: What this process's lowerings found: hits, misses, entries stored, damaged entries removed,
         #: entries refused (their MAC did not verify), hits verified by running ``preprocess`` again.
@@ -126,13 +135,12 @@ class PreprocessCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     def identity(self) -> str | None:
-        """The backend's name, version and package-files hash, as one string (None: its files are unknown)."""
-        if self._identity is None:
-            files = backend_files_digest(type(self.backend))
-            if files is None:
-                return None
-            self._identity = json.dumps([self.backend.name, self.backend_version, files])
-        return self._identity
+        """The backend's part of every key, as one string (None: it is not cached; `identity_problem` says why)."""
+        return self._identity.text
+
+    def identity_problem(self) -> str:
+        """Why this backend is not cached ("" when it is)."""
+        return self._identity.reason
 
     def get(self, key: str) -> bytes | None:
         """The blob stored under ``key``, or None; a damaged, foreign or special entry is removed."""
@@ -264,52 +272,13 @@ def torch_build() -> str:
     return f"{torch.__version__}+{getattr(torch.version, 'git_version', 'unknown')}"
 
 
-def backend_files_digest(cls: type) -> str | None:
-    """A hash of the files of every package (or lone module) a class of the backend's MRO comes from.
-
-    None when one of them has no file (defined in ``__main__`` of ``python -c``): such a backend
-    is never cached, since an edit of it could not be seen. Computed once per cache, i.e. per run
-    (`PreprocessCache.identity`): a large package costs its read once.
-    """
-    roots: set[str] = set()
-    for klass in cls.__mro__:
-        if klass.__module__ == "builtins":
-            continue
-        top = sys.modules.get(klass.__module__.split(".")[0])
-        paths = list(getattr(top, "__path__", None) or []) or [getattr(top, "__file__", None)]
-        if not paths or None in paths:
-            return None
-        roots.update(str(p) for p in paths)
-    digest = hashlib.sha256()
-    for root in sorted(roots):
-        files = _files_digest(Path(root))
-        if files is None:
-            return None
-        digest.update(f"{root}\0{files}\0".encode())
-    return digest.hexdigest()
-
-
-def _files_digest(root: Path) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            if "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
-            digest.update(f"{path.relative_to(root.parent)}\0".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def program_digest(program: ExportedProgram) -> str:
     """A hash of an exported program's content that is the same in every process for the same program.
 
     Built from text that does not depend on the process: node names, ops, arguments, the values'
-    dtypes and shapes, the source lines and module paths; the signature, the shape ranges and the
-    input/output structure; the bytes of every weight and constant. An argument with no stable
-    text raises `_Uncacheable`.
+    dtypes and shapes, the source lines (without the number FX gives its generated code) and module
+    paths; the signature, the shape ranges and the input/output structure; the bytes of every
+    weight and constant. An argument with no stable text raises `_Uncacheable`.
     """
     digest = hashlib.sha256()
 
@@ -321,13 +290,22 @@ def program_digest(program: ExportedProgram) -> str:
     for node in walk_nodes(program.graph_module):
         meta = node.meta
         put(node.op, node.name, _target(node.target), _text(node.args), _text(node.kwargs))
-        put(_value_text(meta.get("val")), meta.get("stack_trace"), _text(meta.get("nn_module_stack")))
+        put(_value_text(meta.get("val")), _stack_text(meta.get("stack_trace")), _text(meta.get("nn_module_stack")))
     put(_text(program.graph_signature.input_specs), _text(program.graph_signature.output_specs))
     put(sorted((str(k), str(v)) for k, v in program.range_constraints.items()))
     put(program.call_spec.in_spec, program.call_spec.out_spec)
     for name, value in sorted({**program.state_dict, **program.constants}.items()):
         put(name, _tensor_digest(value))
     return digest.hexdigest()
+
+
+# FX numbers the code it generates per process ("<eval_with_key>.43"): the same program exported after
+# other programs has another number in its stack traces, and the same source.
+_GENERATED_CODE = re.compile(r"<eval_with_key>\.\d+")
+
+
+def _stack_text(stack_trace: object) -> object:
+    return _GENERATED_CODE.sub("<eval_with_key>", stack_trace) if isinstance(stack_trace, str) else stack_trace
 
 
 def _target(target: object) -> str:

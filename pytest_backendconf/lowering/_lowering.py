@@ -1,7 +1,7 @@
 """`to_backend`: lower methods of a module to a backend.
 
 The flow (docs/backend-contract.md): copy the module, export each method named in
-the method compile spec, give every node a debug handle, ``preprocess`` each
+the method compile spec, give every node a debug handle (numbered per lowering), ``preprocess`` each
 program into a blob, ``compile`` now if the backend is available (else warn),
 and return a `WrapperModule` around the `LoweredModule` that runs the blobs
 (both in `_lowered_module`).
@@ -128,8 +128,9 @@ def lower_programs(
 ) -> WrapperModule:
     """Lower already exported programs (one per method) to ``backend``.
 
-    Every call issues fresh debug handles, so two lowerings of the same
-    programs never share a handle.
+    Every call numbers its nodes with a recorder of its own, from 0, the methods one after another
+    in the compile spec's order: the same programs and spec get the same handles (and so the same
+    blobs and archive) in any process and at any point of a run, whatever was lowered before.
     """
     from ..archive import declared_version
 
@@ -140,9 +141,10 @@ def lower_programs(
     debug: dict[int, DebugInfo] = {}
     partitioned: dict[str, PartitionedMethod] = {}
     whole: dict[str, tuple[str, ...]] = {}
+    recorder = DebugHandleRecorder()
     for name, spec in method_compile_spec.items():
         program = programs[name]
-        handles = DebugHandleRecorder.default().assign(program.graph_module)
+        handles = recorder.assign(program.graph_module)
         infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)
         try:

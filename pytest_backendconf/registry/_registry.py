@@ -15,6 +15,7 @@ import inspect
 import os
 import re
 import sys
+import types
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Iterable, cast
@@ -46,6 +47,9 @@ class Source:
     description: str
     distribution: str | None = None
     version: str | None = None
+    #: The file of the code that registered the backend (a conftest, a plugin module, an entry point's
+    #: module, the caller of `register_backend`), or None; the preprocess cache's key holds its bytes.
+    file: str | None = None
 
     def __str__(self) -> str:
         if self.distribution is None:
@@ -117,8 +121,11 @@ def register_backend(backend: object) -> object:
     Meant for scripts and notebooks; packages should use the entry-point
     group so that the backend is found without importing their code first.
     """
-    caller = sys._getframe(1).f_globals.get("__name__", "?")
-    source = Source(f"register_backend() in module {caller!r}", *_distribution_of(caller))
+    globals_ = sys._getframe(1).f_globals
+    caller = globals_.get("__name__", "?")
+    source = Source(
+        f"register_backend() in module {caller!r}", *_distribution_of(caller), file=globals_.get("__file__")
+    )
     checked = check_backend(backend, source)
     for registered in _EXPLICIT:
         if registered.name == checked.name:
@@ -224,7 +231,7 @@ class BackendRegistry:
             return False
         if not self.plugin_manager.is_registered(plugin):
             self.plugin_manager.register(plugin)
-            self._sources[id(plugin)] = source
+            self._sources[id(plugin)] = source if source.file else dataclasses.replace(source, file=file_of(plugin))
             self._backends = None
         return True
 
@@ -249,6 +256,7 @@ class BackendRegistry:
             )
             try:
                 loaded = ep.load()
+                source = dataclasses.replace(source, file=file_of(sys.modules.get(ep.module)))
             except Exception as exc:
                 text = f"{source} failed to import: {type(exc).__name__}: {exc}"
                 if select is not None:
@@ -308,7 +316,9 @@ class BackendRegistry:
         # Call each implementation ourselves so that every backend is tied to
         # the plugin that registered it: a duplicate must name both sources.
         for impl in reversed(caller.get_hookimpls()):
-            source = self._sources.get(id(impl.plugin)) or Source(f"plugin {impl.plugin_name}")
+            source = self._sources.get(id(impl.plugin)) or Source(
+                f"plugin {impl.plugin_name}", file=file_of(impl.plugin)
+            )
             collected: list[RegisteredBackend] = []
 
             def register(backend: object, _into=collected, _source=source) -> None:
@@ -377,6 +387,14 @@ def _distribution_of(module_name: str) -> tuple[str | None, str | None]:
         return names[0], importlib.metadata.version(names[0])
     except importlib.metadata.PackageNotFoundError:
         return names[0], None
+
+
+def file_of(plugin: object) -> str | None:
+    """The file a plugin's code is in: a module's own, else the module of its class."""
+    if not isinstance(plugin, types.ModuleType):
+        plugin = sys.modules.get(type(plugin).__module__)
+    found = getattr(plugin, "__file__", None)
+    return found if isinstance(found, str) else None
 
 
 def source_of_module(module: object, description: str) -> Source:

@@ -25,6 +25,7 @@ import pytest
 from ._settings import setting
 
 if TYPE_CHECKING:
+    from ..registry import RegisteredBackend
     from ._context import SuiteContext
 
 CACHE_ENV = "BACKENDCONF_CACHE"
@@ -204,7 +205,9 @@ def install_cache(ctx: SuiteContext, choice: CacheChoice | None) -> None:
         return
     version = declared_version(ctx.backend, ctx.registered.source.version)
     try:
-        cache = PreprocessCache(choice.directory, ctx.backend, version, choice.max_bytes, verify=choice.verify)
+        cache = PreprocessCache(
+            choice.directory, ctx.backend, version, choice.max_bytes, verify=choice.verify, source=ctx.registered.source
+        )
         cache.prepare()
     except (OSError, CacheSecretError):
         # Checked at start (writable, the secret had); if that changed, the run goes on without a cache.
@@ -227,3 +230,11 @@ def cache_summary(choice: CacheChoice, counts: dict[str, int]) -> str:
     if counts.get("verified"):
         line += f", {counts['verified']} hits verified by running preprocess again"
     return line
+
+
+def cache_off_notice(registered: RegisteredBackend) -> str | None:
+    """The terminal's line when the cache cannot serve this backend: why, and how to enable it (None: it can)."""
+    from ..lowering import backend_identity
+
+    reason = backend_identity(registered.backend, None, registered.source).reason
+    return f"backendconf: preprocess cache off for backend {registered.name!r}: {reason}" if reason else None

@@ -29,7 +29,7 @@ from ..backend import TorchScriptBackend
 from ..checks import CATEGORIES, ROOT_ID, Check, CheckContext, CheckFailed, CheckOutcome, id_matches, reason_text
 from ._failure_text import failure_text
 from ._hypothesis import hypothesis_choice
-from ._preprocess_cache import CACHE_KEY, cache_summary
+from ._preprocess_cache import CACHE_KEY, cache_off_notice, cache_summary
 from ._categories import generate_checks
 from ._outcome import OUTCOME_KEY, run_check
 
@@ -218,6 +218,8 @@ class SuitePlugin:
         self._minify_run_budget = run_budget_choice(config) if self._minimiser is None else None
         #: The preprocess-cache counts of the xdist workers (the controller prints the sum).
         self._cache_elsewhere: dict[str, int] = {}
+        #: Why the preprocess cache cannot serve the backend, for the summary (None: it can, or no cache).
+        self._cache_notice: str | None = None
 
     def in_process(self) -> bool:
         """Checks run in this process: asked for, or a debugger wants to stop in them."""
@@ -366,6 +368,8 @@ class SuitePlugin:
             for what, n in self._cache_elsewhere.items():
                 found[what] = found.get(what, 0) + n
             terminalreporter.write_line(cache_summary(cache, found))
+            if self._cache_notice:
+                terminalreporter.write_line(self._cache_notice)
 
     def cache_counts(self) -> dict[str, int]:
         """What this process's preprocess cache found: in its backend host, or here when checks run here."""
@@ -386,6 +390,12 @@ class SuitePlugin:
         if not os.environ.get("TORCH_TRACE"):
             self._trace_filter = _DropRecords()
             logging.getLogger(TORCH_TRACE_LOGGER).addFilter(self._trace_filter)
+        if config.stash.get(CACHE_KEY, None) is not None and not hasattr(config, "workerinput"):
+            from ..registry import active_registry
+
+            # Judged on the backend as registered, before any check: what checks set on it is no setting.
+            registry = active_registry()
+            self._cache_notice = cache_off_notice(registry.get(self.backend_name)) if registry is not None else None
         for category in CATEGORIES:
             config.addinivalue_line("markers", f"{category}: conformance checks of the {category} category")
         config.addinivalue_line("markers", "real_model: conformance checks on a real-world model (--backendconf-zoo)")

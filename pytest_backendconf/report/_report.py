@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..checks import CATEGORIES
+from ..checks import CATEGORIES, COMPILE_VERDICTS
 from ._counts import category_counts, non_strict_counts, outcome_parts
 from ._machine import describe_machine
 from ._record import ReportTest
@@ -54,7 +54,36 @@ def error_counts(tests: Iterable[ReportTest]) -> dict[str, Any]:
         by_stage[test.stage] = by_stage.get(test.stage, 0) + 1
         kind = str(test.error.get("type")) if test.error is not None else "unknown"
         by_type[kind] = by_type.get(kind, 0) + 1
-    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
+    return {
+        "total": total,
+        "by_type": dict(sorted(by_type.items())),
+        "by_stage": dict(sorted(by_stage.items())),
+        "compile_errors": compile_error_counts(tests),
+    }
+
+
+def compile_error_counts(tests: Iterable[ReportTest]) -> dict[str, int]:
+    """How many tests ended in a compile error of each verdict: the backend did not claim the node
+    (``unsupported``), claimed it and its compiler failed (``compiler_failure``), or the harness could
+    not tell (``undecided``: preprocess failed naming no node)."""
+    counts = dict.fromkeys(COMPILE_VERDICTS, 0)
+    for test in tests:
+        verdict = (test.details or {}).get("compile_error")
+        if verdict in counts:
+            counts[verdict] += 1
+    return counts
+
+
+def compile_errors_line(counts: dict[str, int]) -> str | None:
+    """``compile errors: 12 not claimed (unsupported), 3 compiler failures, 1 undecided …``; None when none."""
+    if not any(counts.get(v, 0) for v in COMPILE_VERDICTS):
+        return None
+    failures = counts.get("compiler_failure", 0)
+    return (
+        f"compile errors: {counts.get('unsupported', 0)} not claimed by the backend (unsupported), "
+        f"{failures} compiler failure{'s' if failures != 1 else ''} on claimed nodes (failed), "
+        f"{counts.get('undecided', 0)} undecided (no node named: the harness could not tell)"
+    )
 
 
 def score_line(category: str, counts: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import time
@@ -33,8 +34,10 @@ REPORT_SCHEMA = "backendconf-report"
 # run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards;
 # 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command);
 # 1.8: tests[].verdict (the test's outcome before known failures applied: a gate judges it again from there);
-# ops.samples (the count, digest and source of the sample set the ops checks were made from)
-REPORT_SCHEMA_VERSION = (1, 8)
+# ops.samples (the count, digest and source of the sample set the ops checks were made from);
+# 1.9: errors.compile_errors (compile errors by verdict, from tests[].details.compile_error) and every
+# declared capability in backend.capabilities (dynamic_shapes, batch_ops, target_runtime_modules added)
+REPORT_SCHEMA_VERSION = (1, 9)
 
 
 def summarize(tests: Iterable[ReportTest], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
@@ -118,16 +121,18 @@ def declared(capabilities: Any) -> dict[str, Any]:
         return [float(v) for v in value]
 
     c = capabilities
-    return {
+    written = {
         "supported_ops": None if c.supported_ops is None else sorted(c.supported_ops),
         "dtypes": None if c.dtypes is None else sorted(name(d) for d in c.dtypes),
         "tolerances": None
         if c.tolerances is None
         else {name(d): tolerance(pair) for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
         "host_only_modules": list(c.host_only_modules),
-        "thread_safe": c.thread_safe,
-        "fault_injection": c.fault_injection,
+        "target_runtime_modules": list(c.target_runtime_modules),
     }
+    # Every declared field, so that a score is read against the whole declaration (a field added to
+    # Capabilities later is listed too: the flags are JSON as they are).
+    return {f.name: written.get(f.name, getattr(c, f.name)) for f in dataclasses.fields(c)}
 
 
 def not_under_test(capabilities: Any) -> list[str]:

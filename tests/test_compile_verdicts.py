@@ -214,3 +214,38 @@ def test_a_known_failure_reason_is_the_diagnostic_line_not_the_wrapper():
     assert ReportTest(**{**test.__dict__, "error": plain}).first_line() == "ValueError: bad blob"
     verdict = {"type": "CheckFailed", "module": "x", "message": "outputs differ\n<stdin>:1:1: error: x"}
     assert ReportTest(**{**test.__dict__, "error": verdict}).first_line() == "outputs differ"
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x, scale: float):
+        return torch.tanh(x) * scale
+
+
+def test_the_suites_minimal_reproduction_gives_minify_the_tensors_only():
+    from pytest_backendconf.suite._minify import tensor_inputs
+
+    program = torch.export.export(Scaled(), (torch.randn(3), 2.0))
+    flat = [torch.randn(3), 2.0]
+    with pytest.raises(TypeError, match="input 1 is a float"):  # what the suite used to pass
+        bc.minify(program, "reference", flat, lambda outcome: False)
+    given = tensor_inputs(program, flat)
+    assert len(given) == 1 and given[0] is flat[0]
+
+
+def test_execute_gets_a_python_number_input_as_the_exported_value():
+    from backendconf_reference import ReferenceBackend
+
+    seen = []
+
+    class Spy(ReferenceBackend):
+        name = "spy_inputs"
+
+        def execute(self, handle, inputs):
+            seen.append(list(inputs[1:]))
+            return super().execute(handle, inputs)
+
+    lowered = bc.to_backend(Scaled(), Spy(), {"forward": {}}, example_inputs=(torch.randn(3), 2.0))
+    lowered(torch.randn(3), 2.0)
+    assert seen == [[2.0]] and type(seen[0][0]) is float
+    with pytest.raises(bc.InputSpecError, match="lowered with scale=2.0"):
+        lowered(torch.randn(3), 5.0)

@@ -202,9 +202,7 @@ def _entries(given: object, kind: type[_EntryT], call: str) -> list[_EntryT]:
     seen: set[int] = set()
     for k, pair in enumerate(given):
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[1], str):
-            raise TypeError(
-                f"{call}: entry {k} is {pair!r:.80}; each entry is a (node, reason) pair, the reason a str"
-            )
+            raise TypeError(f"{call}: entry {k} is {pair!r:.80}; each entry is a (node, reason) pair, the reason a str")
         if id(pair[0]) in seen:
             raise ValueError(
                 f"{call} names node {getattr(pair[0], 'name', pair[0])!r:.80} twice; "

@@ -94,7 +94,9 @@ def test_failing_nodes_gives_each_failure_its_op_exception_and_diagnostic_line()
 
 
 def test_the_diagnostic_line_skips_the_wrapper():
-    wrapped = "LoweringError: preprocess() of backend 'iree' failed: CompilerToolError: Error invoking tool\n" + CRASH_TEXT
+    wrapped = (
+        "LoweringError: preprocess() of backend 'iree' failed: CompilerToolError: Error invoking tool\n" + CRASH_TEXT
+    )
     assert diagnostic_line(wrapped) == DIAGNOSTIC
     assert diagnostic_line("ld.lld: error: undefined symbol: log10f\n>>> referenced by x") == "undefined symbol: log10f"
     assert diagnostic_line("BuildError: no schedule for tanh\nsecond") == "BuildError: no schedule for tanh"
@@ -198,9 +200,7 @@ def test_in_a_suite_run_each_verdict_is_counted(pytester):
 def test_a_known_failure_reason_is_the_diagnostic_line_not_the_wrapper():
     from pytest_backendconf.report import ReportTest
 
-    wrapped = (
-        "preprocess() of backend 'fuse' failed for method 'forward': CompilerToolError: " + CRASH_TEXT
-    )
+    wrapped = "preprocess() of backend 'fuse' failed for method 'forward': CompilerToolError: " + CRASH_TEXT
     test = ReportTest(
         id="backendconf::parity::x[float32]",
         category="parity",

@@ -139,8 +139,10 @@ class FailingNodes(list[torch.fx.Node]):
 
     def _said(self, node: torch.fx.Node) -> str:
         failure = self.failures[node]
-        needs = {"only_with_constants": " (only with its weights as constants)",
-                 "only_with_dynamic_shapes": " (only with its dynamic sizes)"}.get(failure.reproduced, "")
+        needs = {
+            "only_with_constants": " (only with its weights as constants)",
+            "only_with_dynamic_shapes": " (only with its dynamic sizes)",
+        }.get(failure.reproduced, "")
         return failure.diagnostic + needs
 
 
@@ -212,8 +214,9 @@ def _failure(
         static = _static_piece(program, node)
         if static is not None and _build(static, backend, spec) is None:
             reproduced = "only_with_dynamic_shapes"
-    return NodeFailure(node, op_overload(node), exception, diagnostic_line(str(exception)) or type(exception).__name__,
-                       reproduced)
+    return NodeFailure(
+        node, op_overload(node), exception, diagnostic_line(str(exception)) or type(exception).__name__, reproduced
+    )
 
 
 def _piece(program: ExportedProgram, node: torch.fx.Node, *, constants: bool = True) -> ExportedProgram:

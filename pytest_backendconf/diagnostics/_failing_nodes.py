@@ -204,15 +204,15 @@ def _failure(
     program: ExportedProgram, node: torch.fx.Node, backend: Backend, spec: dict[str, Any]
 ) -> NodeFailure | None:
     """What building ``node`` alone raised, or None if it builds; a failure built again to say what it needs."""
-    exception = _build(_piece(program, node), backend, spec)
+    exception = _build(lambda: _piece(program, node), backend, spec)
     if exception is None:
         return None
     reproduced: Reproduced = "alone"
-    if _has_weights(program, node) and _build(_piece(program, node, constants=False), backend, spec) is None:
+    if _has_weights(program, node) and _build(lambda: _piece(program, node, constants=False), backend, spec) is None:
         reproduced = "only_with_constants"
     elif _is_dynamic(node):
         static = _static_piece(program, node)
-        if static is not None and _build(static, backend, spec) is None:
+        if static is not None and _build(lambda: static, backend, spec) is None:
             reproduced = "only_with_dynamic_shapes"
     return NodeFailure(
         node, op_overload(node), exception, diagnostic_line(str(exception)) or type(exception).__name__, reproduced
@@ -229,9 +229,10 @@ def _piece(program: ExportedProgram, node: torch.fx.Node, *, constants: bool = T
     return piece
 
 
-def _build(piece: ExportedProgram | Exception, backend: Backend, spec: dict[str, Any]) -> Exception | None:
-    """The exception building ``piece`` raised, or None if it builds."""
+def _build(make: Callable[[], ExportedProgram], backend: Backend, spec: dict[str, Any]) -> Exception | None:
+    """The exception making the piece (``make()``) and building it raised, or None if it builds."""
     try:
+        piece = make()
         handles = DebugHandleRecorder().assign(piece.graph_module)
         blob = backend.preprocess(piece, dict(spec), handles)
         from ..lowering import availability

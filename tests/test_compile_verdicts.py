@@ -91,6 +91,8 @@ def test_failing_nodes_gives_each_failure_its_op_exception_and_diagnostic_line()
     # Claims given by the caller decide: an op outside them is a rejection.
     assert isinstance(found.verdict(claims={"aten.relu.default"}), bc.UnsupportedNodeError)
     assert isinstance(found.verdict(claims=lambda node: False), bc.UnsupportedNodeError)
+    with pytest.raises(TypeError, match=r"claims='aten.tanh.default' is one string; pass a collection"):
+        found.verdict(claims="aten.tanh.default")
 
 
 def test_the_diagnostic_line_skips_the_wrapper():

@@ -109,6 +109,11 @@ class FailingNodes(list[torch.fx.Node]):
             claims = self.supported_ops
         if claims is None:
             return list(self)
+        if isinstance(claims, str):
+            raise TypeError(
+                f"claims={claims!r} is one string; pass a collection of op overload names "
+                f"(claims={{{claims!r}}}) or a function of the node"
+            )
         if callable(claims):
             return [node for node in self if claims(node)]
         names = frozenset(claims)

@@ -187,7 +187,10 @@ def test_in_a_suite_run_a_compiler_crash_is_a_failure_counted_apart_with_its_dia
     # The known-failures file it writes gives the diagnostic line as the reason.
     known = pytester.path / "known.toml"
     _run(pytester, "claimed_tanh_crash", f"--backendconf-write-known-failures={known}")
-    assert "failed in this compiler, which claims it" in known.read_text()
+    assert (
+        "CompilerError: The node of aten::tanh failed in this compiler, which claims it: "
+        f"{DIAGNOSTIC}" in known.read_text()
+    )
 
 
 def test_in_a_suite_run_each_verdict_is_counted(pytester):

@@ -42,9 +42,21 @@ def reason_of(error: Mapping[str, Any] | None, outcome: str | None, verdict_type
         first = (message.splitlines() or [""])[0]
     else:
         first = diagnostic_line(message)
+        said = _compiler_diagnostic(message) if kind == "CompilerError" else None
+        if said:
+            # "The node of aten::tanh failed in this compiler, which claims it" and the compiler's own words.
+            first = f"{first.removesuffix(' Source code:').rstrip('.')}: {said}"
     first = first.strip().removesuffix(":").rstrip()
     line = first if kind == verdict_type and first else f"{kind}: {first}" if first else kind
     return line if len(line) <= MAX_REASON else line[: MAX_REASON - 1] + "…"
+
+
+def _compiler_diagnostic(message: str) -> str | None:
+    """The ``Diagnostic: …`` line of a `CompilerError`'s text (its first node's), without the label."""
+    for line in message.splitlines():
+        if line.startswith("Diagnostic: "):
+            return line.removeprefix("Diagnostic: ").strip() or None
+    return None
 
 
 def facts_of(details: Mapping[str, Any] | None, reproduction: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -36,6 +36,7 @@ import torch
 import pytest_backendconf as bc
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.errors import UnsupportedNodeError
+from pytest_backendconf.lowering import to_bytes
 from pytest_backendconf.numerics import Tolerance
 from pytest_backendconf.suite import SuiteContext
 
@@ -98,7 +99,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
         if not dtypes:
             continue
         for dtype in dtypes:
-            for lowering in lowerings:
+            for lowering in lowerings.get(dtype, ["whole"]):
                 for what in GENERATION:
                     if what == "greedy" and not model.tokens:
                         continue
@@ -130,15 +131,39 @@ def _model(ctx: SuiteContext, name: str) -> StatefulModel:
 
 
 def _lower(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str) -> Any:
-    """A fresh lowered instance (its own state) of ``model`` in ``dtype``; `Unsupported` if the backend rejects it."""
+    """The session's one lowering of ``model`` in ``dtype`` and its archive's bytes, taken before any call.
+
+    Lowering is the slow part (export, and the lowering making the state explicit), so each (model,
+    dtype, lowering) is lowered once: the generation checks run this very module, and every other
+    check runs instances loaded from its archive, each with its own state (`_instance`).
+    """
+
+    def lower() -> Any:
+        try:
+            return _lowered(ctx, model, dtype, lowering)
+        except Unsupported as exc:
+            return exc
+
+    found = ctx.memo(("stateful-lowered", model.name, dtype, lowering), lower)
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
+def _instance(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str) -> Any:
+    """A fresh instance of the session's lowering (loaded from its archive): the initial state, its own."""
+    return bc.load(_lower(ctx, model, dtype, lowering)[1])
+
+
+def _lowered(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str) -> tuple[Any, bytes]:
     partition = "supported" if lowering == "supported" else None
     try:
-        if model.program is not None:  # a real model: the program its own export recipe made
+        if len(model.methods) == 1:
+            # One method: exported once per dtype, lowered as a program (whole and in partitions).
             lowered = bc.to_backend(_program(ctx, model, dtype), ctx.backend, {"forward": {}}, partition=partition)
         else:
-            module = model.module(dtype)
             lowered = bc.to_backend(
-                module,
+                model.module(dtype),
                 ctx.backend,
                 {m: {} for m in model.methods},
                 example_inputs=model.example_inputs(dtype),
@@ -152,12 +177,20 @@ def _lower(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str) -
         if not any(r.delegated for r in records.values()):
             total = sum(r.total for r in records.values())
             raise Unsupported(f"{model.name} in {dtype}: the backend accepts none of its {total} op nodes")
-    return lowered
+    return lowered, to_bytes(lowered)
 
 
 def _program(ctx: SuiteContext, model: StatefulModel, dtype: str) -> Any:
-    assert model.program is not None
-    return ctx.memo(("stateful-program", model.name, dtype), lambda: model.program(dtype))
+    """The exported program of a one-method model (a real model's: its recipe's own export), once per session."""
+
+    def export() -> Any:
+        if model.program is not None:
+            return model.program(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(model.module(dtype), model.example_inputs(dtype)["forward"])
+
+    return ctx.memo(("stateful-program", model.name, dtype), export)
 
 
 def _runner(lowered: Any) -> Any:
@@ -181,7 +214,7 @@ def _generation(ctx: SuiteContext, model_name: str, dtype: str, lowering: str) -
     def run() -> Any:
         model = _model(ctx, model_name)
         try:
-            lowered = _lower(ctx, model, dtype, lowering)
+            lowered = _lower(ctx, model, dtype, lowering)[0]
         except Unsupported as exc:
             return exc
         session = _session(model, dtype, lowered, watch=True)
@@ -374,7 +407,7 @@ def _alone_passes(ctx: SuiteContext, model_name: str, dtype: str) -> str:
 
 def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
-    first, second = _lower(ctx, model, dtype, lowering), _lower(ctx, model, dtype, lowering)
+    first, second = _instance(ctx, model, dtype, lowering), _instance(ctx, model, dtype, lowering)
     # The second instance generates from another prompt (for prefill, of another length).
     other = {"prompt": max(2, model.prompt - 2)} if model.driver == "prefill_decode" else {}
     a = _session(model, dtype, first, seed=0)
@@ -394,7 +427,7 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
 
 def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
-    lowered = _lower(ctx, model, dtype, lowering)
+    lowered = _instance(ctx, model, dtype, lowering)
     before = _session(model, dtype, lowered, seed=1)
     for _ in range(max(1, before.calls.total // 2)):
         before.step()
@@ -413,7 +446,7 @@ def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str
 
 def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
-    lowered = _lower(ctx, model, dtype, lowering)
+    lowered = _instance(ctx, model, dtype, lowering)
     used = _session(model, dtype, lowered, seed=1)
     half = max(1, used.calls.total // 2)
     for _ in range(half):
@@ -444,7 +477,7 @@ def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: st
 def check_past_cache(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     assert model.cache is not None
-    lowered = _lower(ctx, model, dtype, lowering)
+    lowered = _instance(ctx, model, dtype, lowering)
     wraps = model.past_cache == "wraps"
     # A sliding window goes on twice round its slots; a static cache stops one position past its end.
     last = 2 * model.cache + 1 if wraps else model.cache
@@ -471,7 +504,7 @@ def check_past_cache(ctx: SuiteContext, *, model_name: str, dtype: str, lowering
 
 def check_threads(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
-    lowered = _lower(ctx, model, dtype, lowering)
+    lowered = _instance(ctx, model, dtype, lowering)
     count = int(section("stateful")["threads"])
     barrier = threading.Barrier(count)
     # A sliding window stays within its slots: a thread running ahead would overwrite a slot the other still reads.

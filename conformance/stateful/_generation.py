@@ -107,9 +107,9 @@ class Call:
     method: str
     args: tuple
     position: int | None = None
-    kwargs: dict = dataclasses.field(default_factory=dict)
     #: Whether its greedy token is the generation's next (a decoder's prompt calls but the last choose none).
     chooses: bool = False
+    kwargs: dict = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         if self.method == "prefill":
@@ -202,7 +202,7 @@ class Calls:
         chooses = driver == "prefill_decode" or index >= len(self.prompt) - 1
         token_ids, positions = torch.tensor([[token]]), torch.tensor([position])
         if driver == "hf_decoder":
-            return Call("forward", (), position, chooses, {"input_ids": token_ids, "cache_position": positions})
+            return Call("forward", (), position, chooses, kwargs={"input_ids": token_ids, "cache_position": positions})
         method = "forward" if driver == "decoder" else "decode_one"
         return Call(method, (token_ids, positions), position, chooses)
 

@@ -17,8 +17,10 @@ op, where the hint to call ``.eval()`` is the fix.
 from __future__ import annotations
 
 import operator
+import threading
 import warnings
-from typing import TYPE_CHECKING, Iterable, Mapping
+import weakref
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 
@@ -205,8 +207,26 @@ def make_explicit(
                 value = program.state_dict[fqn] if fqn in program.state_dict else program.constants[fqn]
                 # As exported: the program's own copy, never a module's live tensor.
                 initial[fqn] = value.detach().clone()
-        out[name], specs[name] = _explicit(program, name, written)
+        out[name], specs[name] = _explicit_cached(program, name, frozenset(written))
     return out, specs, initial
+
+
+# Functionalizing retraces the program (about as long as the export itself): the suite lowers one
+# exported program many times, so the explicit form is kept while the given program lives. Nothing
+# downstream changes a program it is given (partitions are cut from copies).
+_explicit_forms: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_explicit_lock = threading.Lock()
+
+
+def _explicit_cached(
+    program: ExportedProgram, method: str, state: frozenset[str]
+) -> tuple[ExportedProgram, tuple[StateSpec, ...]]:
+    with _explicit_lock:
+        forms = _explicit_forms.setdefault(program, {})
+        key = (state, id(program.graph), len(program.graph.nodes))
+        if key not in forms:
+            forms[key] = _explicit(program, method, set(state))
+        return forms[key]
 
 
 def _functional(program: ExportedProgram) -> ExportedProgram:

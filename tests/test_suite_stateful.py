@@ -1,0 +1,248 @@
+"""The stateful category: the reference backend passes it, and each broken backend fails the checks that name its defect.
+
+The runs select one model (the Llama-like decoder, or the accumulator) so that each lowers once or twice;
+the whole category against the reference backend runs in `make suite`. The harness itself (ties, the state's
+findings) is tested on tensors, with no lowering at all.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import broken_backends_stateful
+from pytest_backendconf.conformance.stateful._generation import (
+    Call,
+    StepRecord,
+    judge_outputs,
+    judge_tokens,
+)
+from pytest_backendconf.conformance.stateful._state import describe
+from pytest_backendconf.numerics import Tolerance
+
+TESTS_DIR = Path(__file__).parent
+
+CONFTEST = """
+import sys
+sys.path.insert(0, {tests!r})
+from broken_backends_stateful import {cls}
+
+def backendconf_register_backends(register):
+    register({cls}())
+"""
+
+
+def run_suite(pytester, cls: str | None, select: list[str]):
+    name = "reference"
+    if cls is not None:
+        pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), cls=cls))
+        name = getattr(broken_backends_stateful, cls).name
+    return pytester.runpytest(
+        f"--backend={name}", "-p", "no:cacheprovider", "-rfs", *(f"--backendconf-select={s}" for s in select)
+    )
+
+
+def failed_ids(result) -> set[str]:
+    return {m.group(1) for m in re.finditer(r"^FAILED (backendconf::\S+?)(?: - .*)?$", result.stdout.str(), re.M)}
+
+
+LLAMA = "backendconf::stateful::llama_decoder.*[[]float32*"
+
+
+@pytest.mark.slow
+def test_the_reference_backend_passes_the_decoders_checks(pytester):
+    result = run_suite(pytester, None, [LLAMA])
+    # greedy and outputs, whole and partitioned; isolation, reset, reload, past_cache, threads
+    result.assert_outcomes(passed=9)
+
+
+@pytest.mark.slow
+def test_a_state_never_written_back_is_named(pytester):
+    result = run_suite(pytester, "StateNeverWrittenBack", [LLAMA])
+    failed = failed_ids(result)
+    assert "backendconf::stateful::llama_decoder.outputs[float32-whole]" in failed
+    assert "backendconf::stateful::llama_decoder.greedy[float32-whole]" in failed
+    result.stdout.fnmatch_lines(
+        [
+            "*llama_decoder in float32, lowered whole: the outputs first differ from eager PyTorch at step 1 "
+            "(forward at position 1)*",
+            "*The lowered module's state after step 0 (forward at position 0): state 'blocks.0.attention.k_cache' "
+            "still holds its value from before the call, where eager's changed: the state was never written back*",
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_a_cache_written_one_position_off_is_named(pytester):
+    result = run_suite(pytester, "CacheOneOff", [LLAMA])
+    assert "backendconf::stateful::llama_decoder.outputs[float32-whole]" in failed_ids(result)
+    result.stdout.fnmatch_lines(
+        [
+            "*The lowered module's state after step 0 (forward at position 0): the call wrote index 1 of state "
+            "'blocks.0.attention.k_cache' along dimension 2, where eager wrote index 0: the cache was written "
+            "one position off (+1)*",
+            "*Diverges first at node 'index_copy*",
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_state_shared_between_instances_is_named(pytester):
+    result = run_suite(pytester, "SharesStateBetweenInstances", [LLAMA])
+    failed = failed_ids(result)
+    # One instance alone is right; a second one of the same program is not.
+    assert "backendconf::stateful::llama_decoder.outputs[float32-whole]" not in failed
+    assert {
+        "backendconf::stateful::llama_decoder.isolation[float32]",
+        "backendconf::stateful::llama_decoder.reset[float32]",
+        "backendconf::stateful::llama_decoder.reload[float32]",
+    } <= failed
+    result.stdout.fnmatch_lines(
+        [
+            "*llama_decoder in float32: two instances lowered apart, called in turn (each with its own prompt): the "
+            "second instance's outputs first differ from eager PyTorch at step 0*",
+            "*Each lowered instance must keep its own state*One instance alone generates as eager (the outputs "
+            "check), so the instances share state.",
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_a_position_past_the_cache_that_gives_an_answer_is_named(pytester):
+    result = run_suite(pytester, "ClampsPastTheCache", [LLAMA])
+    assert failed_ids(result) == {"backendconf::stateful::llama_decoder.past_cache[float32]"}
+    result.stdout.fnmatch_lines(
+        [
+            "*llama_decoder in float32: at position 16, past the cache of 16 positions, the lowered module returned "
+            "a [[]1, 64] tensor where eager PyTorch raises IndexError: *",
+        ]
+    )
+
+
+# --- threads: the lowered module serializes calls; without that the check fails --------------------------
+
+
+@pytest.fixture
+def stateful_backends():
+    """The broken backends of this file, as a conftest's would be, for load() to find."""
+    from pytest_backendconf.registry import BackendRegistry, Source, active_registry, set_active_registry
+
+    registry = BackendRegistry()
+    registry.add_plugin(broken_backends_stateful, Source("tests/broken_backends_stateful.py"))
+    previous = active_registry()
+    set_active_registry(registry)
+    yield registry
+    set_active_registry(previous)
+
+
+def test_calls_that_do_not_take_turns_fail_the_threads_check(monkeypatch, stateful_backends):
+    """Two threads on one instance of a slow backend: with the lowering's lock gone, their state updates race."""
+    from backendconf_reference import ReferenceBackend
+
+    from pytest_backendconf.checks import CheckFailed
+    from pytest_backendconf.conformance import stateful
+    from pytest_backendconf.lowering import LoweredModule
+
+    ctx = _context(broken_backends_stateful.SlowDevice())
+    original = LoweredModule.__init__
+
+    def without_turns(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._state_lock = _NoLock()
+
+    monkeypatch.setattr(LoweredModule, "__init__", without_turns)
+    with pytest.raises(CheckFailed, match=r"(?s)2 threads making the same calls on one lowered instance.*must take turns"):
+        stateful.check_threads(ctx, model_name="streaming_accumulator", dtype="float32", lowering="whole")
+    monkeypatch.undo()
+    # The same check, calls taking turns: it passes (the reference backend, and the slow one).
+    for backend in (ReferenceBackend(), broken_backends_stateful.SlowDevice()):
+        found = stateful.check_threads(
+            _context(backend), model_name="streaming_accumulator", dtype="float32", lowering="whole"
+        )
+        assert found["stateful"]["calls"] == 16
+
+
+class _NoLock:
+    """A lock that never waits: calls run at once, as a lowered module without serialization would."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _context(backend):
+    import tempfile
+
+    from pytest_backendconf.registry import RegisteredBackend, Source
+    from pytest_backendconf.suite import SuiteContext
+
+    return SuiteContext(
+        RegisteredBackend(backend, Source("a test")), [], tmp_dir=lambda name: Path(tempfile.mkdtemp(prefix=name))
+    )
+
+
+# --- the harness on tensors ---------------------------------------------------------------------------
+
+
+def _record(index: int, eager: list[float], actual: list[float], *, chooses: bool = True) -> StepRecord:
+    call = Call("forward", (), position=index, chooses=chooses)
+    return StepRecord(index, call, torch.tensor([eager]), actual=torch.tensor([actual]))
+
+
+def test_a_greedy_token_within_the_tolerance_of_eagers_is_a_tie():
+    tol = Tolerance(1e-3, 1e-5)
+    tie = _record(0, [1.0, 0.9995, 0.2], [0.999, 1.0, 0.2])  # eager prefers 0, by less than the tolerance
+    verdict = judge_tokens([tie], tol, 2.0)
+    assert verdict.passed and verdict.ties == (0,)
+
+
+def test_a_greedy_token_further_from_eagers_fails_naming_the_gap():
+    tol = Tolerance(1e-3, 1e-5)
+    records = [_record(0, [1.0, 0.0], [1.0, 0.0]), _record(1, [1.0, 0.5, 0.2], [0.4, 0.6, 0.2])]
+    verdict = judge_tokens(records, tol, 2.0)
+    assert verdict.failing is records[1]
+    best, theirs, allowed = verdict.gap
+    assert (best, theirs) == (1.0, 0.5) and allowed == pytest.approx(2 * (1e-5 + 1e-3))
+
+
+def test_a_prompt_call_chooses_no_token():
+    verdict = judge_tokens([_record(0, [1.0, 0.0], [0.0, 1.0], chooses=False)], Tolerance(0, 0), 2.0)
+    assert verdict.passed
+
+
+def test_outputs_are_judged_call_by_call_and_the_first_failing_is_named():
+    tol = Tolerance(1e-6, 1e-6)
+    records = [_record(0, [1.0, 2.0], [1.0, 2.0]), _record(1, [1.0, 2.0], [1.0, 2.5]), _record(2, [0.0], [9.0])]
+    verdict = judge_outputs(records, tol, 2.0)
+    assert verdict.failing is records[1]
+    assert "max abs error 0.5" in verdict.results[0].text()
+
+
+def test_a_call_that_raised_is_named_by_the_outputs_verdict():
+    record = _record(0, [1.0], [1.0])
+    record.actual, record.error = None, RuntimeError("device lost")
+    verdict = judge_outputs([record], Tolerance(0, 0), 2.0)
+    assert verdict.failing is record and verdict.broken == "it raised RuntimeError: device lost"
+
+
+def test_the_state_findings_name_each_defect():
+    before = torch.zeros(1, 2, 6, 4)
+    eager = before.clone()
+    eager[:, :, 3] = 1.0
+    assert describe("k", before, before.clone(), before, eager).endswith(
+        "the state was never written back (execute must return each state's new value, first among its outputs; "
+        'docs/backend-contract.md, "State")'
+    )
+    shifted = before.clone()
+    shifted[:, :, 4] = 1.0
+    assert "wrote index 4 of state 'k' along dimension 2, where eager wrote index 3: the cache was written one " \
+        "position off (+1)" in describe("k", before, shifted, before, eager)
+    other = eager.clone()
+    other[0, 0, 3, 0] = 5.0
+    assert describe("k", before, other, before, eager) == "state 'k' differs from eager's (max abs error 4 at index [0, 0, 3, 0])"
+    assert describe("k", before, eager.clone(), before, eager) == ""

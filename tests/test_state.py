@@ -434,3 +434,43 @@ def test_a_damaged_state_record_is_refused_naming_it(edit, message):
     data = bc.lowering.to_bytes(lower(Accumulator(), (torch.ones(3),)))
     with pytest.raises(bc.ArchiveError, match=message):
         bc.load(edit_manifest(data, edit))
+
+
+# --- on the target: a fresh process that loads the archive ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def accumulator_archive(tmp_path_factory):
+    """An accumulator archive with a call sequence bundled (eager's outputs, in order, from the initial state)."""
+    path = tmp_path_factory.mktemp("state") / "acc.bcpt"
+    lowered = lower(Accumulator(), (torch.ones(3),))
+    lowered(torch.full((3,), 50.0))  # it ran before saving: the archive still holds the initial state
+    inputs = [(torch.full((3,), float(i)),) for i in range(1, 5)]
+    bc.save(lowered, path, bundled_inputs={"forward": inputs}, eager=Accumulator())
+    return path, inputs
+
+
+def test_a_loaded_archive_runs_its_call_sequence_on_the_target_from_the_initial_state(accumulator_archive):
+    from pytest_backendconf.target import run_on_target
+
+    path, inputs = accumulator_archive
+    result = run_on_target(path, {"forward": inputs}, plugins=[], timeout=300)
+    assert result["ok"], result["error"] or result["errors"]
+    eager = Accumulator()
+    for got, (x,) in zip(result["outputs"]["forward"], inputs):
+        torch.testing.assert_close(got, eager(x))
+
+
+@pytest.mark.slow
+def test_replay_runs_the_bundled_call_sequence_on_the_device(accumulator_archive, capsys):
+    import shlex
+    import sys
+
+    from pytest_backendconf.cli import main
+
+    path, _ = accumulator_archive
+    status = main(["replay", str(path), "--target-command", shlex.quote(sys.executable)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "replay: 4/4 bundles match their expected outputs" in out, out
+    assert "target: device" in out

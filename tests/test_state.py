@@ -355,3 +355,122 @@ def test_a_new_state_of_the_wrong_shape_is_an_output_spec_error_naming_the_state
     with pytest.raises(bc.OutputSpecError, match=r"the new value of state 'acc' \(a float32\[3\] tensor\)"):
         lowered(torch.ones(3))
     torch.testing.assert_close(bc.state(lowered)["acc"], torch.zeros(3))  # a failed call moves nothing on
+
+
+# --- archives ------------------------------------------------------------------------------
+
+
+def _manifest(data: bytes) -> dict:
+    import io
+    import json
+    import zipfile
+
+    return json.loads(zipfile.ZipFile(io.BytesIO(data)).read("manifest.json"))
+
+
+@pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])
+def test_an_archive_stores_the_initial_state_and_a_loaded_module_starts_from_it(tmp_path, partition):
+    module = Accumulator()
+    module.acc.fill_(1.0)
+    lowered = lower(module, (torch.ones(3),), partition=partition)
+    inputs = [torch.randn(3) for _ in range(3)]
+    expected = calls(lowered, inputs)  # the module has run: its live state is not the initial one
+    path = tmp_path / "acc.pte"
+    bc.save(lowered, path)
+    manifest = _manifest(path.read_bytes())
+    assert manifest["schema_version"] == [2, 0]
+    assert manifest["state"] == [{"fqn": "acc", "dtype": "float32", "shape": [3]}]
+    assert manifest["methods"][0]["state"] == [
+        {"fqn": "acc", "dtype": "float32", "shape": [3], "input": 0, "output": 0}
+    ]
+    first, second = bc.load(path), bc.load(path)
+    torch.testing.assert_close(bc.state(first)["acc"], torch.ones(3))
+    got = calls(first, inputs)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(bc.state(second)["acc"], torch.ones(3))  # two loads never share state
+    first.reset()
+    torch.testing.assert_close(calls(first, inputs)[0], expected[0])
+    # Saved again after running, the archive is the same bytes: still the initial state.
+    again = tmp_path / "again.pte"
+    bc.save(first, again)
+    assert again.read_bytes() == path.read_bytes()
+
+
+def test_a_module_without_state_still_writes_schema_1_and_its_archives_load(tmp_path):
+    lowered = lower(models.N(), (torch.randn(2, 3),))
+    data = bc.lowering.to_bytes(lowered)
+    manifest = _manifest(data)
+    assert manifest["schema_version"] == [1, 2] and "state" not in manifest
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(bc.load(data)(x), models.N()(x))
+
+
+def test_state_in_an_archive_of_schema_1_is_refused(tmp_path):
+    from test_archive import edit_manifest
+
+    lowered = lower(Accumulator(), (torch.ones(3),))
+
+    def edit(m):
+        m["schema_version"] = [1, 4]
+
+    with pytest.raises(bc.ArchiveError, match=r"has state, which schema 1\.4 does not have"):
+        bc.load(edit_manifest(bc.lowering.to_bytes(lowered), edit))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("state"), "keeps state 'acc', but the manifest has no state"),
+        (lambda m: m["state"][0].update(shape=[4]), "state/0.bin'.*needs 16"),
+        (lambda m: m["state"][0].update(fqn="other"), "keeps state 'acc', which state does not store"),
+        (lambda m: m["methods"][0]["state"][0].update(input=1), "the state inputs must be inputs 0 to 0"),
+    ],
+    ids=["no-state", "wrong-shape", "wrong-name", "bad-position"],
+)
+def test_a_damaged_state_record_is_refused_naming_it(edit, message):
+    from test_archive import edit_manifest
+
+    data = bc.lowering.to_bytes(lower(Accumulator(), (torch.ones(3),)))
+    with pytest.raises(bc.ArchiveError, match=message):
+        bc.load(edit_manifest(data, edit))
+
+
+# --- on the target: a fresh process that loads the archive ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def accumulator_archive(tmp_path_factory):
+    """An accumulator archive with a call sequence bundled (eager's outputs, in order, from the initial state)."""
+    path = tmp_path_factory.mktemp("state") / "acc.bcpt"
+    lowered = lower(Accumulator(), (torch.ones(3),))
+    lowered(torch.full((3,), 50.0))  # it ran before saving: the archive still holds the initial state
+    inputs = [(torch.full((3,), float(i)),) for i in range(1, 5)]
+    bc.save(lowered, path, bundled_inputs={"forward": inputs}, eager=Accumulator())
+    return path, inputs
+
+
+def test_a_loaded_archive_runs_its_call_sequence_on_the_target_from_the_initial_state(accumulator_archive):
+    from pytest_backendconf.target import run_on_target
+
+    path, inputs = accumulator_archive
+    result = run_on_target(path, {"forward": inputs}, plugins=[], timeout=300)
+    assert result["ok"], result["error"] or result["errors"]
+    eager = Accumulator()
+    for got, (x,) in zip(result["outputs"]["forward"], inputs):
+        torch.testing.assert_close(got, eager(x))
+
+
+@pytest.mark.slow
+def test_replay_runs_the_bundled_call_sequence_on_the_device(accumulator_archive, capsys):
+    import shlex
+    import sys
+
+    from pytest_backendconf.cli import main
+
+    path, _ = accumulator_archive
+    status = main(["replay", str(path), "--target-command", shlex.quote(sys.executable)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "replay: 4/4 bundles match their expected outputs" in out, out
+    assert "target: device" in out

@@ -34,6 +34,7 @@ from ._files import (
 )
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
+from ._state_entries import STATE_SCHEMA
 from ._output import OutputFile, OutputPathError, output_file
 from ._method_spec import Constant, MethodSpec, ParamSpec, StateSpec, check_state_specs, params_of, value_spec
 from ._partitions import delegation
@@ -67,6 +68,7 @@ __all__ = [
     "Plan",
     "PortablePaths",
     "SCHEMA_VERSION",
+    "STATE_SCHEMA",
     "SECRET_ENV",
     "SpecialFileError",
     "Step",

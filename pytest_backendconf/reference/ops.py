@@ -712,6 +712,10 @@ _TABLE: list[tuple] = [
     (515, "aten.where.ScalarSelf", torch.where),
     (516, "aten.scalar_tensor.default", torch.scalar_tensor),
     (517, "aten.select_scatter.default", torch.select_scatter),
+    # transformers' static cache (TorchExportableModuleForDecoderOnlyLM) exports an alias of each cache
+    # layer; in a functional program nothing writes through it, so a copy computes the same (and never
+    # makes an output alias an input)
+    (530, "aten.alias.default", torch.clone),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -36,7 +36,7 @@ import torch
 import pytest_backendconf as bc
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.errors import UnsupportedNodeError
-from pytest_backendconf.lowering import to_bytes
+from pytest_backendconf.lowering import export_method, lower_programs, to_bytes
 from pytest_backendconf.numerics import Tolerance
 from pytest_backendconf.suite import SuiteContext
 
@@ -158,16 +158,19 @@ def _instance(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str
 def _lowered(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str) -> tuple[Any, bytes]:
     partition = "supported" if lowering == "supported" else None
     try:
-        if len(model.methods) == 1:
-            # One method: exported once per dtype, lowered as a program (whole and in partitions).
-            lowered = bc.to_backend(_program(ctx, model, dtype), ctx.backend, {"forward": {}}, partition=partition)
-        else:
+        if model.program is not None:  # a real model: the program its own export recipe made
             lowered = bc.to_backend(
-                model.module(dtype),
+                _program(ctx, model, dtype, "forward"), ctx.backend, {"forward": {}}, partition=partition
+            )
+        else:
+            # The programs are exported once per dtype and shared by both lowerings (the lowering keeps
+            # each program's explicit form too, so the state is made explicit once).
+            lowered = lower_programs(
+                {m: _program(ctx, model, dtype, m) for m in model.methods},
                 ctx.backend,
                 {m: {} for m in model.methods},
-                example_inputs=model.example_inputs(dtype),
-                dynamic_shapes=model.dynamic_shapes(),
+                module_type=type(model.module(dtype)),
+                backend_version=ctx.registered.source.version,
                 partition=partition,
             )
     except UnsupportedNodeError as exc:
@@ -180,17 +183,18 @@ def _lowered(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str)
     return lowered, to_bytes(lowered)
 
 
-def _program(ctx: SuiteContext, model: StatefulModel, dtype: str) -> Any:
-    """The exported program of a one-method model (a real model's: its recipe's own export), once per session."""
+def _program(ctx: SuiteContext, model: StatefulModel, dtype: str, method: str) -> Any:
+    """The exported program of one method (a real model's: its recipe's own export), once per session."""
 
     def export() -> Any:
         if model.program is not None:
             return model.program(dtype)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.export.export(model.module(dtype), model.example_inputs(dtype)["forward"])
+        shapes = (model.dynamic_shapes() or {}).get(method)
+        return export_method(
+            model.module(dtype), method, model.example_inputs(dtype)[method], {}, dynamic_shapes=shapes
+        )
 
-    return ctx.memo(("stateful-program", model.name, dtype), export)
+    return ctx.memo(("stateful-program", model.name, dtype, method), export)
 
 
 def _runner(lowered: Any) -> Any:

@@ -154,7 +154,9 @@ def test_calls_that_do_not_take_turns_fail_the_threads_check(monkeypatch, statef
         self._state_lock = _NoLock()
 
     monkeypatch.setattr(LoweredModule, "__init__", without_turns)
-    with pytest.raises(CheckFailed, match=r"(?s)2 threads making the same calls on one lowered instance.*must take turns"):
+    with pytest.raises(
+        CheckFailed, match=r"(?s)2 threads making the same calls on one lowered instance.*must take turns"
+    ):
         stateful.check_threads(ctx, model_name="streaming_accumulator", dtype="float32", lowering="whole")
     monkeypatch.undo()
     # The same check, calls taking turns: it passes (the reference backend, and the slow one).
@@ -240,9 +242,14 @@ def test_the_state_findings_name_each_defect():
     )
     shifted = before.clone()
     shifted[:, :, 4] = 1.0
-    assert "wrote index 4 of state 'k' along dimension 2, where eager wrote index 3: the cache was written one " \
+    assert (
+        "wrote index 4 of state 'k' along dimension 2, where eager wrote index 3: the cache was written one "
         "position off (+1)" in describe("k", before, shifted, before, eager)
+    )
     other = eager.clone()
     other[0, 0, 3, 0] = 5.0
-    assert describe("k", before, other, before, eager) == "state 'k' differs from eager's (max abs error 4 at index [0, 0, 3, 0])"
+    assert (
+        describe("k", before, other, before, eager)
+        == "state 'k' differs from eager's (max abs error 4 at index [0, 0, 3, 0])"
+    )
     assert describe("k", before, eager.clone(), before, eager) == ""

@@ -91,8 +91,21 @@ def models(zoo: str = "synthetic") -> list[StatefulModel]:
     return found
 
 
+#: The notice of a real-model run without transformers.
+LLM_NOTICE = (
+    "stateful: transformers' tiny Llama is not in this run: install the [llm] extra "
+    "(pip install 'pytest-backendconf[llm]', transformers==5.23.0; it leaves torch alone)"
+)
+
+
 def checks(ctx: SuiteContext) -> Iterator[Check]:
     lowerings = section("stateful")["lowerings"]
+    if ctx.options.zoo != "synthetic":
+        from ..ops import notice
+        from ..real_models import transformers_available
+
+        if not transformers_available():
+            notice(ctx, LLM_NOTICE)
     for model in models(ctx.options.zoo):
         declared = ctx.capabilities.dtypes
         dtypes = [d for d in model.dtypes if declared is None or getattr(torch, d) in declared]

@@ -216,7 +216,7 @@ replay-aarch64: $(VENV)/.installed
 	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
 	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
 
-test-slow: $(VENV)/.installed-onnxruntime torchscript-built target-venv
+test-slow: $(VENV)/.installed-onnxruntime $(VENV)/.installed-llm torchscript-built target-venv
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:

@@ -435,8 +435,8 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
         verdict = _judged(session, ctx, model_name, dtype)
         if not verdict.passed:
             raise CheckFailed(
-                f"{model_name} in {dtype}: two instances lowered apart, called in turn (each with its own prompt): "
-                f"the {label} instance's {_failed_at(verdict)}\nEach lowered instance must keep its own state: "
+                f"{model_name} in {dtype}: two instances lowered apart, called in turn (each with its own prompt), "
+                f"the {label} instance: {_failed_at(verdict)}\nEach lowered instance must keep its own state: "
                 f"a call on one must never change what the other computes.{_alone_passes(ctx, model_name, dtype)}"
             )
     return {"stateful": {"calls": len(a.records) + len(b.records)}}
@@ -449,6 +449,7 @@ def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str
     for _ in range(max(1, before.calls.total // 2)):
         before.step()
     lowered.reset()
+    _starts_initial(model, dtype, lowered, f"{model_name} in {dtype}: after {len(before.records)} calls and reset()")
     after = _session(model, dtype, lowered, seed=0)
     after.run_all()
     verdict = _judged(after, ctx, model_name, dtype)
@@ -461,6 +462,19 @@ def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str
     return {"stateful": {"calls_before_reset": len(before.records), "calls": len(after.records)}}
 
 
+def _starts_initial(model: StatefulModel, dtype: str, lowered: Any, where: str) -> None:
+    """The module's state is a fresh eager model's buffers: a decoder masks the cache past its position, so a
+    stale cache would go unseen by its outputs."""
+    initial = dict(model.module(dtype).named_buffers())
+    for name, value in sorted(bc.state(lowered).items()):
+        if name in initial and not torch.equal(value, initial[name]):
+            diff = (value.double() - initial[name].double()).abs()
+            raise CheckFailed(
+                f"{where}: its state {name!r} is not the initial state (as exported): {int((diff > 0).sum())} of "
+                f"{diff.numel()} elements differ, by up to {float(diff.max()):.3g}"
+            )
+
+
 def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     lowered = _instance(ctx, model, dtype, lowering)
@@ -471,6 +485,7 @@ def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: st
     path = ctx.tmp_dir("stateful-reload") / f"{model_name}.bcarchive"
     bc.save(lowered, path)
     loaded = bc.load(path)
+    _starts_initial(model, dtype, loaded, f"{model_name} in {dtype}: an archive saved after {half} calls, loaded")
     fresh = _session(model, dtype, loaded, seed=0)
     fresh.run_all()
     verdict = _judged(fresh, ctx, model_name, dtype)

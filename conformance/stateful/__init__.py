@@ -35,7 +35,7 @@ import torch
 
 import pytest_backendconf as bc
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
-from pytest_backendconf.errors import UnsupportedNodeError
+from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 from pytest_backendconf.lowering import export_method, lower_programs, to_bytes
 from pytest_backendconf.numerics import Tolerance
 from pytest_backendconf.suite import SuiteContext
@@ -188,6 +188,12 @@ def _lowered(ctx: SuiteContext, model: StatefulModel, dtype: str, lowering: str)
             )
     except UnsupportedNodeError as exc:
         raise Unsupported.from_rejection(exc) from exc
+    except LoweringError as exc:
+        if partition is None:
+            raise
+        # As in the quantized category: what the partitioner cannot cut (a SymInt between partitions of a
+        # dynamic program) is a limit of partial delegation, not of the backend.
+        raise Unsupported(f'{model.name} in {dtype}, partition="supported": {exc}') from exc
     if partition is not None:
         records = bc.delegation(lowered)
         if not any(r.delegated for r in records.values()):

@@ -201,7 +201,7 @@ def zoo_keeps(ctx: SuiteContext, check: Any, zoo: str) -> bool | None:
 # --- the stateful category's real model: transformers' on-device export recipe ---------------------
 
 #: The tiny Llama's sizes: a config and a seed, nothing downloaded.
-LLAMA_CONFIG = {
+LLAMA_CONFIG: dict[str, Any] = {
     "vocab_size": 96,
     "hidden_size": 32,
     "intermediate_size": 64,

@@ -432,7 +432,7 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
     model = _model(ctx, model_name)
     first, second = _instance(ctx, model, dtype, lowering), _instance(ctx, model, dtype, lowering)
     # The second instance generates from another prompt (for prefill, of another length).
-    other = {"prompt": max(2, model.prompt - 2)} if model.driver == "prefill_decode" else {}
+    other: dict[str, Any] = {"prompt": max(2, model.prompt - 2)} if model.driver == "prefill_decode" else {}
     a = _session(model, dtype, first, seed=0)
     b = _session(model, dtype, second, seed=1, **other)
     while (a.step() is not None) | (b.step() is not None):

@@ -59,6 +59,9 @@ class Attention(nn.Module):
     keys each new token may attend to.
     """
 
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
     def __init__(self, cache: int) -> None:
         super().__init__()
         self.q = nn.Linear(DIM, HEADS * HEAD_DIM, bias=False)
@@ -103,6 +106,8 @@ class _Decoder(nn.Module):
 
     #: Cache length (positions it holds).
     CACHE = 16
+    inv_freq: torch.Tensor
+    cache_positions: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,6 +148,7 @@ class SlidingWindowDecoder(_Decoder):
     """
 
     CACHE = 8
+    slot_positions: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,6 +185,9 @@ class StreamingAccumulator(nn.Module):
     State: ``acc`` (the sum, float) and ``count`` (calls so far, float),
     both updated with ``add_``.
     """
+
+    acc: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()

@@ -96,7 +96,8 @@ class TinyDecoder(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
         head_dim = dim // heads
         self.register_buffer(
-            "inv_freq", 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)),
+            "inv_freq",
+            1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)),
             persistent=False,
         )
 

@@ -160,7 +160,10 @@ class Writer(nn.Module):
 
 def test_a_method_that_only_reads_the_state_sees_the_other_methods_writes():
     lowered = bc.to_backend(
-        Writer(), "reference", {"forward": {}, "peek": {}}, example_inputs={"forward": (torch.ones(2),), "peek": (torch.ones(2),)}
+        Writer(),
+        "reference",
+        {"forward": {}, "peek": {}},
+        example_inputs={"forward": (torch.ones(2),), "peek": (torch.ones(2),)},
     )
     peek = lowered.lowered.methods["peek"].state
     assert [(s.fqn, s.output) for s in peek] == [("total", None)]
@@ -234,7 +237,9 @@ class KeywordDecoder(nn.Module):
 
 @pytest.fixture(scope="module")
 def keyword_program():
-    return torch.export.export(KeywordDecoder().eval(), (), {"input_ids": TOKEN, "cache_position": POSITION}, strict=False)
+    return torch.export.export(
+        KeywordDecoder().eval(), (), {"input_ids": TOKEN, "cache_position": POSITION}, strict=False
+    )
 
 
 @pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])

@@ -7,7 +7,7 @@ and `debug_info` read them.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 import torch
 
@@ -251,6 +251,7 @@ class LoweredModule(torch.nn.Module):
         with self._state_lock:
             state = self.state
             flat = [state[s.fqn] for s in specs] + inputs
+            outputs: Sequence[object]
             try:
                 if method in self._plan_runners:
                     outputs = self._plan_runners[method].run(flat)
@@ -268,7 +269,7 @@ class LoweredModule(torch.nn.Module):
                     f"each of {len(written)} states, then the method's {runner.n_outputs} outputs; got {got}",
                     differs=("count",),
                 )
-            new = {}
+            new: dict[str, torch.Tensor] = {}
             for s in written:
                 value = outputs[s.output]  # type: ignore[index]
                 differs = tensor_differences(value, state[s.fqn].dtype, s.shape)
@@ -280,7 +281,7 @@ class LoweredModule(torch.nn.Module):
                         node=s.fqn,
                         differs=differs,
                     )
-                new[s.fqn] = value
+                new[s.fqn] = cast(torch.Tensor, value)  # tensor_differences found it a tensor
             user = list(outputs[len(written) :])
             result = runner.unflatten(user, self.backend_name)
             if sizes is not None:

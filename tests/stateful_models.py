@@ -128,3 +128,17 @@ def greedy(step, prompt: torch.Tensor, steps: int) -> list[int]:
         tokens.append(nxt)
         token = torch.tensor([[nxt]])
     return tokens
+
+
+class PrefillDecode(TinyDecoder):
+    """Two methods sharing one cache: ``prefill`` (a prompt of dynamic length) and ``decode`` (one token).
+
+    Each returns the last position's logits. (They call the decoder's ``forward`` through the class: the
+    lowering exports a method other than ``forward`` under that name, so ``self.forward`` would recurse.)
+    """
+
+    def prefill(self, tokens, positions):
+        return TinyDecoder.forward(self, tokens, positions)[:, -1]
+
+    def decode(self, token, position):
+        return TinyDecoder.forward(self, token, position)[:, -1]

@@ -125,6 +125,16 @@ class LoweredModule(torch.nn.Module):
         # calls of a stateful module take turns (documented: docs/backend-contract.md, "State").
         self._state_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be copied: a copy (copy.deepcopy) gets its own, with its own state tensors.
+        state = dict(self.__dict__)
+        state.pop("_state_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._state_lock = threading.Lock()
+
     def reset(self) -> None:
         """Return the state to its initial values (as exported); a module without state is unchanged."""
         with self._state_lock:
@@ -283,6 +293,11 @@ class LoweredModule(torch.nn.Module):
                     )
                 new[s.fqn] = cast(torch.Tensor, value)  # tensor_differences found it a tensor
             user = list(outputs[len(written) :])
+            if new:
+                # A method returning a state (`return self.cache`) gets the kept tensor back: the caller
+                # gets a copy, so that writing to it cannot change the module's state.
+                kept = {id(v) for v in new.values()}
+                user = [cast(torch.Tensor, v).clone() if id(v) in kept else v for v in user]
             result = runner.unflatten(user, self.backend_name)
             if sizes is not None:
                 runner.dynamic.check_outputs(method, self.backend_name, user, sizes)  # type: ignore[union-attr]

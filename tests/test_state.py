@@ -17,7 +17,7 @@ import lowering_models as models
 import pytest_backendconf as bc
 from backendconf_reference import ReferenceBackend
 from pytest_backendconf.lowering import state_specs
-from stateful_models import Accumulator, PrefillDecode, TinyDecoder, greedy
+from stateful_models import Accumulator, PrefillDecode, SliceAssignCache, TinyDecoder, greedy
 
 aten = torch.ops.aten
 TOKEN, POSITION = torch.tensor([[3]]), torch.tensor([0])
@@ -90,6 +90,16 @@ def test_kv_cache_decoder_generates_eagers_tokens_for_12_steps(decoder_program, 
     # The cache holds the 12 positions written (the slots past them are still zero).
     cache = bc.state(lowered)["blocks.0.attn.k_cache"]
     assert cache[:, :, :12].abs().sum() > 0 and cache[:, :, 12:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])
+def test_a_cache_written_by_slice_assignment_gives_eagers_sequence(partition):
+    example = (torch.randn(1, 2, 1, 4), torch.tensor([0]))
+    lowered, eager = lower(SliceAssignCache(), example, partition=partition), SliceAssignCache()
+    for position in range(4):
+        x = torch.randn(1, 2, 1, 4)
+        for got, expected in zip(lowered(x, torch.tensor([position])), eager(x, torch.tensor([position]))):
+            torch.testing.assert_close(got, expected)
 
 
 def test_prefill_of_a_dynamic_prompt_and_decode_share_one_cache():

@@ -63,7 +63,12 @@ def _only_index_copy(node):
 
 @pytest.mark.parametrize(
     "partition",
-    [None, "supported", _fallback_index_copy, _only_index_copy],
+    [
+        None,
+        pytest.param("supported", marks=pytest.mark.slow),
+        _fallback_index_copy,
+        pytest.param(_only_index_copy, marks=pytest.mark.slow),
+    ],
     ids=["whole", "supported", "cache-writes-in-fallback", "only-cache-writes-delegated"],
 )
 def test_kv_cache_decoder_generates_eagers_tokens_for_12_steps(decoder_program, partition):
@@ -102,6 +107,7 @@ def test_a_cache_written_by_slice_assignment_gives_eagers_sequence(partition):
             torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.slow  # two exports and their functionalization: seconds
 def test_prefill_of_a_dynamic_prompt_and_decode_share_one_cache():
     from torch.export import Dim
 
@@ -276,7 +282,9 @@ def keyword_program():
     )
 
 
-@pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])
+@pytest.mark.parametrize(
+    "partition", [None, pytest.param("supported", marks=pytest.mark.slow)], ids=["whole", "supported"]
+)
 def test_an_exported_program_with_keyword_inputs_lowers_and_generates_as_eager(keyword_program, partition):
     program = keyword_program
     lowered = bc.to_backend(program, "reference", {"forward": {}}, partition=partition)

@@ -96,7 +96,8 @@ class TinyDecoder(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
         head_dim = dim // heads
         self.register_buffer(
-            "inv_freq", 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)),
+            "inv_freq",
+            1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)),
             persistent=False,
         )
 
@@ -127,3 +128,30 @@ def greedy(step, prompt: torch.Tensor, steps: int) -> list[int]:
         tokens.append(nxt)
         token = torch.tensor([[nxt]])
     return tokens
+
+
+class PrefillDecode(TinyDecoder):
+    """Two methods sharing one cache: ``prefill`` (a prompt of dynamic length) and ``decode`` (one token).
+
+    Each returns the last position's logits. (They call the decoder's ``forward`` through the class: the
+    lowering exports a method other than ``forward`` under that name, so ``self.forward`` would recurse.)
+    """
+
+    def prefill(self, tokens, positions):
+        return TinyDecoder.forward(self, tokens, positions)[:, -1]
+
+    def decode(self, token, position):
+        return TinyDecoder.forward(self, token, position)[:, -1]
+
+
+class SliceAssignCache(nn.Module):
+    """A cache written by slice assignment (``index_put_`` with ``None`` indices) and read by advanced indexing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, 8, 4))
+
+    def forward(self, x, position):
+        self.cache[:, :, position] = x
+        seen = torch.ones(8, 8, dtype=torch.bool).tril()[position]  # the slots up to the position
+        return (self.cache.sum(-1) * seen.to(torch.float32)).sum(-1), self.cache[:, :, position].clone()

@@ -17,7 +17,7 @@ import lowering_models as models
 import pytest_backendconf as bc
 from backendconf_reference import ReferenceBackend
 from pytest_backendconf.lowering import state_specs
-from stateful_models import Accumulator, TinyDecoder, greedy
+from stateful_models import Accumulator, PrefillDecode, SliceAssignCache, TinyDecoder, greedy
 
 aten = torch.ops.aten
 TOKEN, POSITION = torch.tensor([[3]]), torch.tensor([0])
@@ -63,7 +63,12 @@ def _only_index_copy(node):
 
 @pytest.mark.parametrize(
     "partition",
-    [None, "supported", _fallback_index_copy, _only_index_copy],
+    [
+        None,
+        pytest.param("supported", marks=pytest.mark.slow),
+        _fallback_index_copy,
+        pytest.param(_only_index_copy, marks=pytest.mark.slow),
+    ],
     ids=["whole", "supported", "cache-writes-in-fallback", "only-cache-writes-delegated"],
 )
 def test_kv_cache_decoder_generates_eagers_tokens_for_12_steps(decoder_program, partition):
@@ -90,6 +95,41 @@ def test_kv_cache_decoder_generates_eagers_tokens_for_12_steps(decoder_program, 
     # The cache holds the 12 positions written (the slots past them are still zero).
     cache = bc.state(lowered)["blocks.0.attn.k_cache"]
     assert cache[:, :, :12].abs().sum() > 0 and cache[:, :, 12:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])
+def test_a_cache_written_by_slice_assignment_gives_eagers_sequence(partition):
+    example = (torch.randn(1, 2, 1, 4), torch.tensor([0]))
+    lowered, eager = lower(SliceAssignCache(), example, partition=partition), SliceAssignCache()
+    for position in range(4):
+        x = torch.randn(1, 2, 1, 4)
+        for got, expected in zip(lowered(x, torch.tensor([position])), eager(x, torch.tensor([position]))):
+            torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.slow  # two exports and their functionalization: seconds
+def test_prefill_of_a_dynamic_prompt_and_decode_share_one_cache():
+    from torch.export import Dim
+
+    length = Dim("length", min=2, max=8)
+    lowered = bc.to_backend(
+        PrefillDecode().eval(),
+        "reference",
+        {"prefill": {}, "decode": {}},
+        example_inputs={"prefill": (torch.tensor([[3, 5, 7]]), torch.arange(3)), "decode": (TOKEN, POSITION)},
+        dynamic_shapes={"prefill": {"tokens": {1: length}, "positions": {0: length}}},
+    )
+    decode_state = lowered.lowered.methods["decode"].state
+    assert {s.fqn for s in decode_state} == {s.fqn for s in lowered.lowered.methods["prefill"].state}
+
+    def generate(module):
+        prompt = torch.tensor([[3, 5, 7, 9, 2]])  # not the example's length
+        tokens = [int(module.prefill(prompt, torch.arange(5)).argmax())]
+        for position in range(5, 12):
+            tokens.append(int(module.decode(torch.tensor([[tokens[-1]]]), torch.tensor([position])).argmax()))
+        return tokens
+
+    assert generate(lowered) == generate(PrefillDecode().eval())
 
 
 # --- what the backend sees ---------------------------------------------------------------
@@ -160,7 +200,10 @@ class Writer(nn.Module):
 
 def test_a_method_that_only_reads_the_state_sees_the_other_methods_writes():
     lowered = bc.to_backend(
-        Writer(), "reference", {"forward": {}, "peek": {}}, example_inputs={"forward": (torch.ones(2),), "peek": (torch.ones(2),)}
+        Writer(),
+        "reference",
+        {"forward": {}, "peek": {}},
+        example_inputs={"forward": (torch.ones(2),), "peek": (torch.ones(2),)},
     )
     peek = lowered.lowered.methods["peek"].state
     assert [(s.fqn, s.output) for s in peek] == [("total", None)]
@@ -234,10 +277,14 @@ class KeywordDecoder(nn.Module):
 
 @pytest.fixture(scope="module")
 def keyword_program():
-    return torch.export.export(KeywordDecoder().eval(), (), {"input_ids": TOKEN, "cache_position": POSITION}, strict=False)
+    return torch.export.export(
+        KeywordDecoder().eval(), (), {"input_ids": TOKEN, "cache_position": POSITION}, strict=False
+    )
 
 
-@pytest.mark.parametrize("partition", [None, "supported"], ids=["whole", "supported"])
+@pytest.mark.parametrize(
+    "partition", [None, pytest.param("supported", marks=pytest.mark.slow)], ids=["whole", "supported"]
+)
 def test_an_exported_program_with_keyword_inputs_lowers_and_generates_as_eager(keyword_program, partition):
     program = keyword_program
     lowered = bc.to_backend(program, "reference", {"forward": {}}, partition=partition)
@@ -474,3 +521,31 @@ def test_replay_runs_the_bundled_call_sequence_on_the_device(accumulator_archive
     assert status == 0, out
     assert "replay: 4/4 bundles match their expected outputs" in out, out
     assert "target: device" in out
+
+
+def test_a_copy_of_a_lowered_module_has_its_own_state():
+    import copy
+
+    lowered = lower(Accumulator(), (torch.ones(3),))
+    lowered(torch.ones(3))
+    twin = copy.deepcopy(lowered)
+    twin(torch.ones(3))
+    torch.testing.assert_close(bc.state(lowered)["acc"], torch.ones(3))
+    torch.testing.assert_close(bc.state(twin)["acc"], torch.full((3,), 2.0))
+
+
+class ReturnsItsState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(3))
+
+    def forward(self, x):
+        self.acc.add_(x)
+        return self.acc
+
+
+def test_a_returned_state_is_the_callers_copy():
+    lowered = lower(ReturnsItsState(), (torch.ones(3),))
+    out = lowered(torch.ones(3))
+    out.fill_(100.0)  # the caller's tensor: the module's state must not change with it
+    torch.testing.assert_close(lowered(torch.ones(3)), torch.full((3,), 2.0))

@@ -144,8 +144,13 @@ class StateSpec:
         return f"state {self.fqn!r} (a {self.dtype}[{', '.join(map(str, self.shape))}] tensor)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"fqn": self.fqn, "dtype": self.dtype, "shape": list(self.shape), "input": self.input,
-                "output": self.output}
+        return {
+            "fqn": self.fqn,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "input": self.input,
+            "output": self.output,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "StateSpec":

@@ -84,12 +84,18 @@ def read_state(
         names.append(record["fqn"])
     if len(set(names)) != len(names):
         raise ArchiveManifestError(f"{here}: state names a buffer twice; {_REWRITE}")
-    data = tensor_entries(metas, contents, "state", f"{MANIFEST} state", [n for n in contents if is_state_entry(n)], where)
-    state = {fqn: tensor_from_checked(d, m, where(f"state/{i}.bin")) for i, (fqn, d, m) in enumerate(zip(names, data, metas))}
+    data = tensor_entries(
+        metas, contents, "state", f"{MANIFEST} state", [n for n in contents if is_state_entry(n)], where
+    )
+    state = {
+        fqn: tensor_from_checked(d, m, where(f"state/{i}.bin")) for i, (fqn, d, m) in enumerate(zip(names, data, metas))
+    }
     for fqn, (method, spec) in used.items():
         value = state.get(fqn)
         if value is None:
-            raise ArchiveManifestError(f"{here}: method {method!r} keeps state {fqn!r}, which state does not store; {_REWRITE}")
+            raise ArchiveManifestError(
+                f"{here}: method {method!r} keeps state {fqn!r}, which state does not store; {_REWRITE}"
+            )
         if str(value.dtype).removeprefix("torch.") != spec.dtype or tuple(value.shape) != spec.shape:
             raise ArchiveManifestError(
                 f"{here}: state {fqn!r} is stored as a {str(value.dtype).removeprefix('torch.')}"

@@ -7,7 +7,7 @@ and `debug_info` read them.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 import torch
 
@@ -123,6 +123,16 @@ class LoweredModule(torch.nn.Module):
             raise LoweringError(f"no initial value for state {missing}; the methods read them as state")
         # A call reads the state and writes it back: two calls at once would lose one's update, so the
         # calls of a stateful module take turns (documented: docs/backend-contract.md, "State").
+        self._state_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be copied: a copy (copy.deepcopy) gets its own, with its own state tensors.
+        state = dict(self.__dict__)
+        state.pop("_state_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
         self._state_lock = threading.Lock()
 
     def reset(self) -> None:
@@ -251,6 +261,7 @@ class LoweredModule(torch.nn.Module):
         with self._state_lock:
             state = self.state
             flat = [state[s.fqn] for s in specs] + inputs
+            outputs: Sequence[object]
             try:
                 if method in self._plan_runners:
                     outputs = self._plan_runners[method].run(flat)
@@ -268,7 +279,7 @@ class LoweredModule(torch.nn.Module):
                     f"each of {len(written)} states, then the method's {runner.n_outputs} outputs; got {got}",
                     differs=("count",),
                 )
-            new = {}
+            new: dict[str, torch.Tensor] = {}
             for s in written:
                 value = outputs[s.output]  # type: ignore[index]
                 differs = tensor_differences(value, state[s.fqn].dtype, s.shape)
@@ -280,8 +291,13 @@ class LoweredModule(torch.nn.Module):
                         node=s.fqn,
                         differs=differs,
                     )
-                new[s.fqn] = value
+                new[s.fqn] = cast(torch.Tensor, value)  # tensor_differences found it a tensor
             user = list(outputs[len(written) :])
+            if new:
+                # A method returning a state (`return self.cache`) gets the kept tensor back: the caller
+                # gets a copy, so that writing to it cannot change the module's state.
+                kept = {id(v) for v in new.values()}
+                user = [cast(torch.Tensor, v).clone() if id(v) in kept else v for v in user]
             result = runner.unflatten(user, self.backend_name)
             if sizes is not None:
                 runner.dynamic.check_outputs(method, self.backend_name, user, sizes)  # type: ignore[union-attr]

@@ -88,8 +88,9 @@ def to_backend(
     from torch.export import ExportedProgram  # host only: a target never lowers
 
     if isinstance(module, ExportedProgram):
-        return _program_to_backend(module, backend, method_compile_spec, example_inputs, example_kwargs,
-                                   partition, dynamic_shapes)
+        return _program_to_backend(
+            module, backend, method_compile_spec, example_inputs, example_kwargs, partition, dynamic_shapes
+        )
     if not isinstance(module, torch.nn.Module):
         raise LoweringError(
             f"to_backend() needs a torch.nn.Module or a torch.export.ExportedProgram, got "
@@ -132,8 +133,15 @@ def _program_to_backend(
     dynamic_shapes: object,
 ) -> WrapperModule:
     """`to_backend` of an exported program: one method, whose signature is the program's inputs."""
-    given = [n for n, v in (("example_inputs", example_inputs), ("example_kwargs", example_kwargs),
-                            ("dynamic_shapes", dynamic_shapes)) if v is not None]
+    given = [
+        n
+        for n, v in (
+            ("example_inputs", example_inputs),
+            ("example_kwargs", example_kwargs),
+            ("dynamic_shapes", dynamic_shapes),
+        )
+        if v is not None
+    ]
     if given:
         raise LoweringError(
             f"to_backend() of an ExportedProgram takes no {' or '.join(given)}: the program was exported with "
@@ -145,7 +153,7 @@ def _program_to_backend(
             "the method compile spec of an ExportedProgram names its one method, e.g. {'forward': {}}; got "
             f"{method_compile_spec!r:.80}. To lower several methods, give to_backend the module"
         )
-    (name, options), = method_compile_spec.items()
+    ((name, options),) = method_compile_spec.items()
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         raise LoweringError(f"compile-spec key {name!r} must be a method name such as 'forward'")
     if not isinstance(options, Mapping):
@@ -389,9 +397,7 @@ def run_preprocess(
     return blob
 
 
-def _params(
-    module_type: type, name: str, given: Mapping[str, tuple[ParamSpec, ...]] | None
-) -> tuple[ParamSpec, ...]:
+def _params(module_type: type, name: str, given: Mapping[str, tuple[ParamSpec, ...]] | None) -> tuple[ParamSpec, ...]:
     if given is not None and name in given:
         return given[name]
     return params_of(getattr(module_type, name))
@@ -402,7 +408,7 @@ def _check_keeps_state(backend: Backend) -> None:
         raise LoweringError(
             f"backend {backend.name!r} declares keeps_state=True, which this version of the lowering does not "
             "run yet: it passes the state to execute as inputs and outputs (docs/backend-contract.md, "
-            "\"State\"). Declare keeps_state=False to run stateful programs that way"
+            '"State"). Declare keeps_state=False to run stateful programs that way'
         )
 
 

@@ -30,7 +30,7 @@ from ..errors import LoweringError
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
-    from torch.export.graph_signature import InputSpec, OutputSpec
+    from torch.export.graph_signature import InputSpec, OutputSpec, TensorArgument
     from torch.fx import Node
 
 #: ``program.graph_module.meta[STATE_META]``: the `StateSpec` of each state the program reads.
@@ -133,7 +133,7 @@ def check_mutations(program: ExportedProgram, method: str) -> frozenset[str]:
                 f"{_op(node)}, in place); a lowered method cannot change the caller's tensors. Write to a "
                 f"copy ({placeholder.name} = {placeholder.name}.clone()) or return the new value"
             )
-        if kind == "PARAMETER":
+        if kind == "PARAMETER" and spec is not None:
             raise LoweringError(
                 f"method {method!r} writes to parameter {spec.target!r} (node {node.name!r}, {_op(node)}, in "
                 "place); parameters are constants to a backend. Register the tensor with register_buffer to "
@@ -323,7 +323,7 @@ def _explicit(program: ExportedProgram, method: str, state: set[str]) -> tuple[E
     return explicit, tuple(state_specs_)
 
 
-def _argument(value: object) -> object:
+def _argument(value: object) -> TensorArgument:
     from torch.export.graph_signature import TensorArgument
 
     if not isinstance(value, torch.fx.Node):
@@ -331,9 +331,7 @@ def _argument(value: object) -> object:
     return TensorArgument(name=value.name)
 
 
-def piece_state(
-    program: ExportedProgram, reads: Iterable[Node], outputs: Iterable[Node]
-) -> tuple[StateSpec, ...]:
+def piece_state(program: ExportedProgram, reads: Iterable[Node], outputs: Iterable[Node]) -> tuple[StateSpec, ...]:
     """The `StateSpec`s of a partition cut out of ``program``: the states among its inputs and outputs."""
     nodes: dict[str, tuple[str, str | None]] = program.graph_module.meta.get(_STATE_NODES, {})
     if not nodes:

@@ -617,7 +617,7 @@ _TABLE: list[tuple] = [
     (372, "aten.scatter.reduce", torch.scatter),
     (373, "aten.scatter_add.default", torch.scatter_add),
     (374, "aten.scatter_reduce.two", torch.scatter_reduce),
-    (375, "aten.index_put.default", torch.index_put),
+    (375, "aten.index_put.default", _aten("index_put.default")),  # indices may hold None (`cache[:, :, pos] = v`)
     (376, "aten.index_reduce.default", torch.index_reduce),
     (377, "aten.masked_scatter.default", torch.masked_scatter),
     (378, "aten.put.default", torch.put),
@@ -712,10 +712,8 @@ _TABLE: list[tuple] = [
     (515, "aten.where.ScalarSelf", torch.where),
     (516, "aten.scalar_tensor.default", torch.scalar_tensor),
     (517, "aten.select_scatter.default", torch.select_scatter),
-    # transformers' static cache (TorchExportableModuleForDecoderOnlyLM) exports an alias of each cache
-    # layer; in a functional program nothing writes through it, so a copy computes the same (and never
-    # makes an output alias an input)
-    (530, "aten.alias.default", torch.clone),
+    (518, "aten.index.Tensor", _aten("index.Tensor")),
+    (519, "aten.alias.default", _aten("alias.default")),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -24,8 +24,9 @@ from pytest_backendconf.cases import ModelCase, TensorInput
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
 
-#: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo).
-CATEGORIES = ("parity", "serialization", "delegation", "quantized")
+#: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo);
+#: the stateful category's real model (`stateful_real_cases`) runs in that category only.
+CATEGORIES = ("parity", "serialization", "delegation", "quantized", "stateful")
 #: The pytest marker of every check on a real model.
 MARKER = "real_model"
 #: Float dtypes the real models are checked in: float32 only, to keep the run in minutes on a CPU
@@ -253,14 +254,13 @@ def _llama_program(dtype: str) -> Any:
     return wrapper.export(input_ids=torch.tensor([[0]]), cache_position=torch.tensor([0]))
 
 
-def stateful_real_cases() -> list[Any]:
-    """The stateful category's real models (transformers' tiny Llama; none without the ``[llm]`` extra)."""
+def stateful_real_cases() -> list[dict[str, Any]]:
+    """The stateful category's real models, as the category's ``StatefulModel`` fields (it builds them, so
+    that this module needs nothing of it): transformers' tiny Llama; none without the ``[llm]`` extra."""
     if not transformers_available():
         return []
-    from .stateful._generation import StatefulModel
-
     return [
-        StatefulModel(
+        dict(
             name="tiny_llama_hf",
             build=_llama_eager,
             driver="hf_decoder",

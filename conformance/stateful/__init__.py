@@ -57,7 +57,7 @@ from ._generation import (
 from ._models import build
 from ._state import StateWatch
 
-__all__ = ["checks", "models"]
+__all__ = ["StatefulModel", "checks", "models"]
 
 CATEGORY = "stateful"
 #: The generation checks, run per dtype and lowering.
@@ -87,7 +87,7 @@ def models(zoo: str = "synthetic") -> list[StatefulModel]:
     if zoo != "synthetic":
         from ..real_models import stateful_real_cases
 
-        found += stateful_real_cases()
+        found += [StatefulModel(**fields) for fields in stateful_real_cases()]
     return found
 
 

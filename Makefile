@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: target-venv torchscript-built replay-aarch64 suite release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv torchscript-built replay-aarch64 suite suite-llm release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,23 @@ $(VENV)/.installed-executorch: $(VENV)/.installed backends/executorch/pyproject.
 	    echo "installing ExecuTorch changed torch from $$before to $$after; reinstall torch==$(TORCH)" >&2; exit 1; \
 	fi
 	touch $@
+
+# The [llm] extra (transformers, for the stateful category's real model): its requirements name no torch;
+# the last step checks that installing it did not change torch all the same.
+$(VENV)/.installed-llm: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -c 'import torch; print(torch.__version__)' > $(VENV)/.torch-before-llm
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[llm]'
+	@before="$$(cat $(VENV)/.torch-before-llm)"; \
+	after="$$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	if [ "$$before" != "$$after" ]; then \
+	    echo "installing transformers changed torch from $$before to $$after; reinstall torch==$(TORCH)" >&2; exit 1; \
+	fi
+	touch $@
+
+# The stateful category on the real LLM (transformers' tiny Llama) against the reference backend.
+suite-llm: $(VENV)/.installed-llm
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=reference -m stateful \
+	    --backendconf-zoo=real $(SUITE_ARGS)
 
 # The suite against ExecuTorch, two workers, each model's checks on one worker
 # (the suite's xdist grouping), so each worker lowers its own models, once each.
@@ -199,7 +216,7 @@ replay-aarch64: $(VENV)/.installed
 	$(BIN)/backendconf replay .golden-aarch64 --report .golden-aarch64/report.json \
 	    --target-command="qemu-aarch64-static -L $(AARCH64_ROOT) $(AARCH64_ROOT)/usr/bin/python3.11"
 
-test-slow: $(VENV)/.installed-onnxruntime torchscript-built target-venv
+test-slow: $(VENV)/.installed-onnxruntime $(VENV)/.installed-llm torchscript-built target-venv
 	$(BIN)/python -m pytest -n 2 tests -m slow
 
 clean:

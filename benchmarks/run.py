@@ -41,6 +41,7 @@ if str(HERE) not in sys.path:
 import bench_models as models  # noqa: E402  (the benchmark's own models, next to this file)
 from bench_bounds import bounds_figures, known_failures_figures  # noqa: E402
 from bench_cache import CACHE_SHARD, cache_figures  # noqa: E402
+from bench_stateful import stateful_figures  # noqa: E402
 from bench_markdown import check as check_markdown, rewrite, table as markdown_table  # noqa: E402
 
 from bench_timing import INFO, MET, MISSED, SKIPPED, Figure, Settings, best_of, interleaved, judged, machine  # noqa: E402
@@ -679,7 +680,7 @@ def symbolicate_figures(settings: Settings, largest: dict[str, Any]) -> list[Fig
 # --- the run ------------------------------------------------------------------------------
 
 
-SECTIONS = ("call", "suite", "archive", "scaling", "bounds", "known-failures", "peers", "cache")
+SECTIONS = ("call", "stateful", "suite", "archive", "scaling", "bounds", "known-failures", "peers", "cache")
 #: Sections a run without ``--only`` leaves out: the cache's four suite runs take many minutes.
 ONLY_WHEN_ASKED = ("cache",)
 #: The last five-engine measurement of this process (``bench_peers.measure``), for its table.
@@ -750,6 +751,9 @@ def _collect(settings: Settings, sections: set[str], progress: Callable[[str], N
         if "call" in sections:
             progress("call overhead and reference vs eager")
             figures += call_figures(settings)
+        if "stateful" in sections:
+            progress("a decode step of a lowered stateful module vs eager")
+            figures += stateful_figures(settings)
         if "archive" in sections:
             progress("archives vs torch.export.save/load")
             figures += archive_figures(settings)

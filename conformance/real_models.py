@@ -24,8 +24,9 @@ from pytest_backendconf.cases import ModelCase, TensorInput
 if TYPE_CHECKING:
     from pytest_backendconf.suite import SuiteContext
 
-#: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo).
-CATEGORIES = ("parity", "serialization", "delegation", "quantized")
+#: The categories whose checks run on the real models (heavier ones are left to the synthetic zoo);
+#: the stateful category's real model (`stateful_real_cases`) runs in that category only.
+CATEGORIES = ("parity", "serialization", "delegation", "quantized", "stateful")
 #: The pytest marker of every check on a real model.
 MARKER = "real_model"
 #: Float dtypes the real models are checked in: float32 only, to keep the run in minutes on a CPU
@@ -190,7 +191,91 @@ def zoo_keeps(ctx: SuiteContext, check: Any, zoo: str) -> bool | None:
     ``synthetic``; under ``real``, only real models' checks run.
     """
     case = ctx.cases.get(check.case) if check.case else None
-    real = case is not None and MARKER in case.tags
+    real = (case is not None and MARKER in case.tags) or check.case in STATEFUL_REAL
+    if real and check.category == "stateful":
+        return True if zoo != "synthetic" else None
     if real:
         return True if zoo != "synthetic" and check.category in CATEGORIES else None
     return None if zoo == "real" else False
+
+
+# --- the stateful category's real model: transformers' on-device export recipe ---------------------
+
+#: The tiny Llama's sizes: a config and a seed, nothing downloaded.
+LLAMA_CONFIG: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+#: The static cache's length, and the generation the checks run (a prompt, then greedy tokens).
+LLAMA_CACHE, LLAMA_PROMPT, LLAMA_STEPS = 16, 4, 12
+
+
+def transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+def _exportable_llama() -> Any:
+    """``TorchExportableModuleForDecoderOnlyLM`` around a tiny random ``LlamaForCausalLM`` (static cache)."""
+    import torch
+
+    # transformers imports torchvision when it is installed: its compiled operators may not load here.
+    if torchvision_available():
+        import_torchvision()
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(zlib.crc32(b"tiny_llama_hf"))
+        model = LlamaForCausalLM(LlamaConfig(use_cache=True, **LLAMA_CONFIG)).eval()
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": LLAMA_CACHE},
+    )
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=LLAMA_CACHE)
+
+
+def _llama_eager() -> Any:
+    """The module the recipe exports (the model and its static cache in buffers), called as its program is."""
+    return _exportable_llama().model
+
+
+def _llama_program(dtype: str) -> Any:
+    """The recipe's own export (``input_ids``, ``cache_position`` as keywords), from a fresh model."""
+    import torch
+
+    wrapper = _exportable_llama()
+    wrapper.to(getattr(torch, dtype))
+    return wrapper.export(input_ids=torch.tensor([[0]]), cache_position=torch.tensor([0]))
+
+
+def stateful_real_cases() -> list[dict[str, Any]]:
+    """The stateful category's real models, as the category's ``StatefulModel`` fields (it builds them, so
+    that this module needs nothing of it): transformers' tiny Llama; none without the ``[llm]`` extra."""
+    if not transformers_available():
+        return []
+    return [
+        dict(
+            name="tiny_llama_hf",
+            build=_llama_eager,
+            driver="hf_decoder",
+            steps=LLAMA_STEPS,
+            prompt=LLAMA_PROMPT,
+            cache=LLAMA_CACHE,
+            past_cache="raises",
+            dtypes=FLOAT_DTYPES,
+            vocab=LLAMA_CONFIG["vocab_size"],
+            description="transformers' TorchExportableModuleForDecoderOnlyLM around a tiny random LlamaForCausalLM "
+            "(2 layers, width 32, GQA 4/2 heads, static cache of 16), from the [llm] extra",
+            program=_llama_program,
+        )
+    ]
+
+
+#: The stateful category's real models by name, for `zoo_keeps` (present or not, their checks are real ones).
+STATEFUL_REAL = ("tiny_llama_hf",)

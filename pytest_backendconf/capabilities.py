@@ -58,6 +58,12 @@ class Capabilities:
     #: them; ``False`` or ``None``: one lowering per check. ``--backendconf-batch`` overrides it.
     #: Only for a backend whose verdict on a node does not depend on the program's other nodes.
     batch_ops: bool | None = None
+    #: The backend keeps a stateful program's state itself (as ExecuTorch's delegates may keep
+    #: mutable buffers), instead of receiving it as inputs and returning it as outputs of ``execute``
+    #: (docs/backend-contract.md, "State"). This version of the lowering refuses a stateful program
+    #: for such a backend with a `LoweringError`; ``False`` (the default) is the contract every
+    #: backend can meet.
+    keeps_state: bool = False
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set-like fields, store frozen copies so
@@ -101,7 +107,7 @@ class Capabilities:
                 f"target_runtime_modules has {odd!r}: it names modules among {list(TRACING_MODULES)} "
                 "that the runtime imports without tracing; other modules are not blocked on the target"
             )
-        for flag in ("thread_safe", "fault_injection", "dynamic_shapes"):
+        for flag in ("thread_safe", "fault_injection", "dynamic_shapes", "keeps_state"):
             if not isinstance(getattr(self, flag), bool):
                 found.append(f"{flag} is {getattr(self, flag)!r}: write True or False")
         if self.batch_ops is not None and not isinstance(self.batch_ops, bool):

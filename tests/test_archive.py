@@ -464,7 +464,7 @@ def test_unknown_entry_in_the_same_minor_is_refused(small):
 
 @pytest.mark.parametrize(
     "version, advice",
-    [([2, 0], "upgrade pytest-backendconf to a release that reads schema 2.x"), ([0, 9], "re-lower the model")],
+    [([3, 0], "upgrade pytest-backendconf to a release that reads schema 3.x"), ([0, 9], "re-lower the model")],
 )
 def test_other_major_names_both_versions_and_what_to_do(small, version, advice):
     def edit(m):
@@ -476,7 +476,7 @@ def test_other_major_names_both_versions_and_what_to_do(small, version, advice):
         bc.load(data)
     text = str(error.value)
     assert f"schema version {version[0]}.{version[1]}" in text
-    assert "reads schema 1.x (it writes 1.2)" in text
+    assert "reads schema 1.x (it writes 1.2) and 2.x (for a module with state)" in text
     assert advice in text and "manifest.json" in text
 
 

@@ -125,10 +125,15 @@ def test_to_backend_never_mutates_the_module():
             "example inputs of method 'forward' must be a tuple, got Tensor; write (x,)",
         ),
         (lambda: lower(models.N(), inputs=(X, X)), "example inputs do not fit method 'forward'"),
-        (lambda: lower(lambda x: x, inputs=(X,)), "to_backend() needs a torch.nn.Module, got function"),
+        (
+            lambda: lower(lambda x: x, inputs=(X,)),
+            "to_backend() needs a torch.nn.Module or a torch.export.ExportedProgram, got function",
+        ),
         (
             lambda: lower(models.SmallCNN().train(), inputs=(torch.randn(2, 3, 8, 8),)),
-            "mutates state (node 'add_' (aten::add_ on 'b_bn_num_batches_tracked', in place)); delegate backends run graphs without side effects. Is the module in training mode? Call .eval() before lowering.",
+            "mutates state (node 'add_' (aten::add_ on 'b_bn_num_batches_tracked', in place)) with training-mode "
+            "op node 'batch_norm' (aten::batch_norm, training=True) in the graph. Is the module in training mode? "
+            "Call .eval() before lowering.",
         ),
     ],
 )

@@ -34,8 +34,9 @@ from ._files import (
 )
 from ._limits import DEFAULT_LIMITS, Limits, add_limit_options, check_limits, limits_from_options
 from ._manifest import Archive, SCHEMA_VERSION
+from ._state_entries import STATE_SCHEMA
 from ._output import OutputFile, OutputPathError, output_file
-from ._method_spec import Constant, MethodSpec, params_of, value_spec
+from ._method_spec import Constant, MethodSpec, ParamSpec, StateSpec, check_state_specs, params_of, value_spec
 from ._partitions import delegation
 from ._plan import Delegation, Plan, Step, format_delegation
 from ._sidecar import check_pair, check_sidecar_size, debug_info_mode, default_sidecar_path, read_sidecar
@@ -59,11 +60,15 @@ __all__ = [
     "Limits",
     "MANIFEST",
     "MethodSpec",
+    "ParamSpec",
+    "StateSpec",
+    "check_state_specs",
     "OutputFile",
     "OutputPathError",
     "Plan",
     "PortablePaths",
     "SCHEMA_VERSION",
+    "STATE_SCHEMA",
     "SECRET_ENV",
     "SpecialFileError",
     "Step",

@@ -49,6 +49,7 @@ from ._attributes import RESERVED_METHODS as _RESERVED_METHODS
 from ._zip import DEBUG, MANIFEST, deflate, pack, read_input
 from ._zip import stored_bytes as _stored_bytes
 from ._bundles import BUNDLE_SCHEMA
+from ._state_entries import STATE_SCHEMA, write_state
 from ._debug_table import DebugInfoSizes, torch_stack_trace_bytes
 from ._debug_table import encode_debug as _debug_json
 from ._limits import DEFAULT_LIMITS, Limits, check_limits  # noqa: F401  (DEFAULT_LIMITS re-exported)
@@ -133,6 +134,9 @@ def encode(
             entries[f"blobs/{name}.bin"] = bytes(blob)
     partition_fields, partition_entries = _archive_partitions.write(core)
     entries.update(partition_entries)
+    # The state as exported (initial_state), never the values of a module that has run.
+    state_fields, state_entries = write_state(getattr(core, "initial_state", {}))
+    entries.update(state_entries)
     if getattr(core, "separate_debug", None) is not None and not core.debug:
         raise ArchiveError(
             "cannot save this module: it was loaded from a handles-only archive without its .debug file, "
@@ -145,7 +149,9 @@ def encode(
         entries[f"tensors/{i}.bin"] = data
     entries.update(bundles or {})
     # The lowest schema that describes the archive, so that older readers read what they can.
-    version = BUNDLE_SCHEMA if bundles else SEPARATE_SCHEMA if separate else SCHEMA_VERSION
+    version = (
+        STATE_SCHEMA if state_fields else BUNDLE_SCHEMA if bundles else SEPARATE_SCHEMA if separate else SCHEMA_VERSION
+    )
     manifest = {
         "format": FORMAT_NAME,
         "schema_version": list(version),
@@ -155,6 +161,7 @@ def encode(
         "method_compile_spec": {name: spec.compile_spec for name, spec in core.methods.items()},
         "methods": [spec.to_json() for spec in core.methods.values()],
         **partition_fields,
+        **state_fields,
         **({"debug_info": manifest_field(full_debug)} if separate else {}),
         "entries": {
             name: {"size": len(data), "sha256": hashlib.sha256(_stored_bytes(name, data)).hexdigest()}

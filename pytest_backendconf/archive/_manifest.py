@@ -15,6 +15,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ._bundles import BUNDLE_SCHEMA, BUNDLES, is_bundle_entry, read_bundles
+from ._state_entries import STATE_SCHEMA, is_state_entry, read_state
 from ._partitions import is_partition_entry
 from ._partitions import read as read_partitions
 from ._attributes import RESERVED_METHODS, check_attributes, restore_attributes
@@ -57,7 +58,12 @@ FORMAT_NAME = "backendconf-archive"
 #: 1.3; embedded ones keep 1.2, so that readers of 1.2 still read every embedded archive.
 #: 1.4: bundled inputs (`_bundles`, ``save(..., bundled_inputs=...)``); only archives that carry
 #: bundles are written with 1.4 (a 1.2 or 1.3 reader ignores the entries of a newer minor).
+#: 2.0: state (`_state_entries`): only archives of a module with state are written with 2.0, a new
+#: major because a 1.x reader must refuse them rather than run them without their state; this
+#: reader reads 1.x and 2.x.
 SCHEMA_VERSION = (1, 2)
+#: The majors this reader reads.
+READ_MAJORS = (1, 2)
 ATTRIBUTES = "attributes.json"
 BLOB = re.compile(r"blobs/([A-Za-z][A-Za-z0-9_]*)\.bin\Z")
 TENSOR = re.compile(r"tensors/(0|[1-9][0-9]{0,8})\.bin\Z")
@@ -107,6 +113,8 @@ class Archive:
     #: Bundled inputs (schema 1.4), a `_bundles.Bundles`, or None.
     #: (``Any``: target/_replay.py reads it without asking for None; its type is ``Bundles | None``.)
     bundles: Any = dataclasses.field(default=None, repr=False)
+    #: The initial value of each state buffer (schema 2.0, `_state_entries`), by name; empty without.
+    state: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def where(self, entry: str) -> str:
         return f"archive {self.source!r}, entry {entry!r}"
@@ -196,11 +204,11 @@ class ArchiveReader(ZipReader):
                 f"{_short(version)}; {_REWRITE}"
             )
         major, minor = version
-        if major != SCHEMA_VERSION[0]:
+        if major not in READ_MAJORS:
             from .. import __version__
 
             ours = f"{SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}"
-            if major > SCHEMA_VERSION[0]:
+            if major > READ_MAJORS[-1]:
                 todo = (
                     f"upgrade pytest-backendconf to a release that reads schema {major}.x, or re-lower "
                     f"the model and save it with pytest-backendconf {__version__}"
@@ -212,7 +220,8 @@ class ArchiveReader(ZipReader):
                 )
             raise ArchiveVersionError(
                 f"{self.where(MANIFEST)}: schema version {major}.{minor}, but pytest-backendconf "
-                f"{__version__} reads schema {SCHEMA_VERSION[0]}.x (it writes {ours}); {todo}"
+                f"{__version__} reads schema {SCHEMA_VERSION[0]}.x (it writes {ours}) and {READ_MAJORS[-1]}.x "
+                f"(for a module with state); {todo}"
             )
         return major, minor
 
@@ -220,7 +229,8 @@ class ArchiveReader(ZipReader):
         self, manifest: dict, version: tuple[int, int], entries: list[ZipEntry], by_name: dict[str, ZipEntry]
     ) -> Archive:
         where = self.where(MANIFEST)
-        newer = version[1] > BUNDLE_SCHEMA[1]  # 1.3 (handles-only) and 1.4 (bundled inputs) are known here too
+        # 1.3 (handles-only), 1.4 (bundled inputs) and 2.0 (state) are known here too.
+        newer = version > STATE_SCHEMA or (version[0] == BUNDLE_SCHEMA[0] and version > BUNDLE_SCHEMA)
         backend = _field(manifest, "backend", dict, where)
         backend_name = _field(backend, "name", str, f"{where}: backend")
         if not _BACKEND_NAME.match(backend_name):
@@ -269,6 +279,7 @@ class ArchiveReader(ZipReader):
                 or TENSOR.match(name)
                 or is_partition_entry(name)
                 or is_bundle_entry(name)
+                or is_state_entry(name)
             )
             if not known and newer:
                 unknown.add(name)
@@ -353,6 +364,7 @@ class ArchiveReader(ZipReader):
         tensors = [name for name in contents if TENSOR.match(name)]
         tensor_bytes = tensor_entries(tensor_meta, contents, "tensors", ATTRIBUTES, tensors, self.where)
 
+        state = read_state(manifest, contents, methods, version, self.where)
         bundle_doc = self._parse_json(BUNDLES, contents[BUNDLES]) if BUNDLES in contents else None
         bundles = read_bundles(bundle_doc, contents, set(methods), version, self.where)
 
@@ -389,6 +401,7 @@ class ArchiveReader(ZipReader):
             handles=handles,
             sha256=hashlib.sha256(self.data).hexdigest() if separate is not None else None,
             bundles=bundles,
+            state=state,
         )
 
     def _methods(self, records: list, compile_spec: dict, version: tuple[int, int]) -> dict[str, MethodSpec]:

@@ -119,6 +119,72 @@ class ParamSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """One buffer a lowered method keeps as state (docs/backend-contract.md, "State").
+
+    The program ``preprocess`` receives takes the buffer's current value as
+    the user input at position ``input`` and, when the method writes it,
+    returns its new value as the output at position ``output``: the same
+    positions ``execute`` receives and returns it at. The lowered module owns
+    the value between calls.
+    """
+
+    #: The buffer's fully qualified name in the module (``"blocks.0.k_cache"``).
+    fqn: str
+    dtype: str  # a name from DTYPE_NAMES
+    shape: tuple[int, ...]
+    #: Its position among ``execute``'s inputs (a method's state inputs come first, before the user's).
+    #: None only for a partition that computes the state's new value without reading the old one.
+    input: int | None
+    #: Its position among ``execute``'s outputs (the new states come first), or None when the method
+    #: only reads it (another method of the module writes it).
+    output: int | None = None
+
+    def describe(self) -> str:
+        return f"state {self.fqn!r} (a {self.dtype}[{', '.join(map(str, self.shape))}] tensor)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fqn": self.fqn,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "input": self.input,
+            "output": self.output,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StateSpec":
+        if not isinstance(data, dict):
+            raise ValueError(f"a state spec is an object, got {type(data).__name__}")
+        fqn, dtype, shape = data.get("fqn"), data.get("dtype"), data.get("shape")
+        if not isinstance(fqn, str) or not fqn:
+            raise ValueError(f"state fqn {fqn!r} is not a name")
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"state {fqn!r}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_index(d) for d in shape):
+            raise ValueError(f"state {fqn!r}: shape {shape!r} is not a list of sizes")
+        position, output = data.get("input"), data.get("output")
+        if not (position is None or _is_index(position)) or not (output is None or _is_index(output)):
+            raise ValueError(f"state {fqn!r}: input {position!r} / output {output!r} are not positions")
+        return cls(fqn=fqn, dtype=dtype, shape=tuple(shape), input=position, output=output)
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def check_state_specs(state: tuple[StateSpec, ...], where: str) -> None:
+    """State inputs are the first inputs and new states the first outputs, each position once."""
+    if sorted(-1 if s.input is None else s.input for s in state) != list(range(len(state))):
+        raise ValueError(f"{where}: the state inputs must be inputs 0 to {len(state) - 1}, once each")
+    written = sorted(s.output for s in state if s.output is not None)
+    if written != list(range(len(written))):
+        raise ValueError(f"{where}: the new states must be the first outputs, once each")
+    if len({s.fqn for s in state}) != len(state):
+        raise ValueError(f"{where}: a state buffer is named twice")
+
+
+@dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """A lowered method: its name, compile spec, calling convention and value specs."""
 
@@ -131,6 +197,9 @@ class MethodSpec:
     outputs: tuple[ValueSpec, ...]
     #: The exported ranges and equalities of symbolic dimensions (None: every shape is static).
     dynamic_shapes: DynamicShapes | None = None
+    #: The buffers the method reads or writes as state (`StateSpec`); ``inputs`` and ``outputs``
+    #: are the caller's values only, which ``execute`` receives and returns after the states.
+    state: tuple[StateSpec, ...] = ()
 
     def signature(self) -> inspect.Signature:
         """The original method's signature, for ``inspect`` and for binding calls."""
@@ -152,6 +221,8 @@ class MethodSpec:
         }
         if self.dynamic_shapes is not None:
             out["dynamic_shapes"] = self.dynamic_shapes.to_json()
+        if self.state:
+            out["state"] = [s.to_json() for s in self.state]
         return out
 
     @classmethod
@@ -170,6 +241,11 @@ class MethodSpec:
             if leaves != len(values):
                 raise ValueError(f"{key} has {leaves} leaves but the method has {len(values)} flat {what}")
         dynamic = data.get("dynamic_shapes")
+        state_data = data.get("state", [])
+        if not isinstance(state_data, list):
+            raise ValueError("state is not a list")
+        state = tuple(StateSpec.from_json(s) for s in state_data)
+        check_state_specs(state, f"method {data['name']!r}")
         return cls(
             name=str(data["name"]),
             compile_spec=data["compile_spec"],
@@ -179,6 +255,7 @@ class MethodSpec:
             inputs=inputs,
             outputs=outputs,
             dynamic_shapes=None if dynamic is None else DynamicShapes.from_json(dynamic, inputs, outputs),
+            state=state,
         )
 
 

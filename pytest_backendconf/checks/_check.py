@@ -26,6 +26,7 @@ CATEGORIES = (
     "delegation",
     "ops",
     "quantized",
+    "stateful",
 )
 #: The first part of every conformance check's id.
 ROOT_ID = "backendconf"

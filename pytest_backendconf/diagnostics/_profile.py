@@ -49,8 +49,9 @@ def profiled_call(core: LoweredModule, method: str, args: tuple, kwargs: dict) -
     the first bad one; a `BackendError` is symbolicated as in a normal call.
     """
     profiled = getattr(core.backend, "execute_profiled", None)
-    if not callable(profiled) or method in core._plan_runners or method not in core.methods:
-        # Partitioned methods interleave backend and CPU fallback: timed as whole calls.
+    if not callable(profiled) or method in core._plan_runners or method in core._state_of or method not in core.methods:
+        # Partitioned methods interleave backend and CPU fallback, and a method with state passes it in and
+        # writes it back under the module's lock (`LoweredModule.run`): both are timed as whole calls.
         start = time.perf_counter_ns()
         result = core.run(method, args, kwargs)
         return result, Call(start, time.perf_counter_ns(), None)

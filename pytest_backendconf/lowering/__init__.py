@@ -13,7 +13,8 @@ from ._cache import DEFAULT_MAX_MIB as DEFAULT_CACHE_MIB
 from ._cache import PreprocessCache, active_cache, program_digest, use_preprocess_cache
 from ._identity import BackendIdentity, backend_identity
 from ._bundling import DEFAULT_TOLERANCES, bundles
-from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation
+from ._lowered_module import LoweredModule, WrapperModule, debug_info, delegation, reset, state
+from ._state import state_specs
 from ._lowering import export_method, lower_programs, run_preprocess, to_backend
 from ._partition import op_overload
 from ._program_io import user_inputs, user_outputs
@@ -40,9 +41,12 @@ __all__ = [
     "lower_programs",
     "normalize",
     "op_overload",
+    "reset",
     "resolve_backend",
     "run_preprocess",
     "save",
+    "state",
+    "state_specs",
     "to_backend",
     "to_bytes",
     "to_bytes_separate",

@@ -6,14 +6,15 @@ and `debug_info` read them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 import torch
 
 from .. import _compat
 from ..debuginfo import MAX_RANGE_NODES, DebugInfo, format_missing, format_range, format_runtime
 from ._args import availability
-from ._method_calls import MethodRunner
+from ._method_calls import MethodRunner, tensor_differences
 from ..archive import MethodSpec
 from ..backend import Backend
 from ..errors import (
@@ -23,6 +24,7 @@ from ..errors import (
     BackendUnavailableError,
     LoweringError,
     OperatorRefusedError,
+    OutputSpecError,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +48,26 @@ def delegation(module: "WrapperModule | LoweredModule") -> dict[str, Delegation]
     return {name: lowered.delegation_of(name) for name in lowered.methods}
 
 
+def state(module: "WrapperModule | LoweredModule") -> dict[str, torch.Tensor]:
+    """The current value of each buffer the lowered methods keep as state, by name (copies: changing them
+    changes nothing). Empty for a module without state."""
+    lowered = _lowered(module, "state")
+    with lowered._state_lock:
+        return {k: v.clone() for k, v in lowered.state.items()}
+
+
+def reset(module: "WrapperModule | LoweredModule") -> None:
+    """Return a lowered module's state to its initial values (`LoweredModule.reset`)."""
+    _lowered(module, "reset").reset()
+
+
+def _lowered(module: object, what: str) -> "LoweredModule":
+    lowered = module.lowered if isinstance(module, WrapperModule) else module
+    if not isinstance(lowered, LoweredModule):
+        raise TypeError(f"{what}() needs a lowered module (from to_backend or load), got {type(module).__name__}")
+    return lowered
+
+
 def debug_info(module: "WrapperModule | LoweredModule") -> dict[int, DebugInfo]:
     """``{debug_handle: DebugInfo}`` for every node of every lowered method."""
     lowered = module.lowered if isinstance(module, WrapperModule) else module
@@ -63,7 +85,10 @@ class LoweredModule(torch.nn.Module):
         debug: dict[int, DebugInfo],
         *,
         backend_version: str | None = None,
+        state: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
+        """``state``: the initial value of each buffer the methods keep as state, by fully qualified name
+        (as exported, or as the archive stores them); this module keeps copies of its own."""
         super().__init__()
         self.backend = backend
         self.backend_name: str = backend.name
@@ -88,6 +113,32 @@ class LoweredModule(torch.nn.Module):
         self.separate_debug: dict[str, Any] | None = None
         #: Bundled inputs read from an archive (`archive.Bundles`), written back by a re-save; None without.
         self.bundles: Bundles | None = None
+        #: The state's initial values, by buffer name: what `reset` returns to and `save` stores.
+        self.initial_state: dict[str, torch.Tensor] = {k: v.detach().clone() for k, v in (state or {}).items()}
+        #: The state's current values; replaced (never written in place) after each call.
+        self.state: dict[str, torch.Tensor] = {k: v.clone() for k, v in self.initial_state.items()}
+        self._state_of = {name: spec.state for name, spec in methods.items() if spec.state}
+        missing = sorted({s.fqn for specs in self._state_of.values() for s in specs} - set(self.state))
+        if missing:
+            raise LoweringError(f"no initial value for state {missing}; the methods read them as state")
+        # A call reads the state and writes it back: two calls at once would lose one's update, so the
+        # calls of a stateful module take turns (documented: docs/backend-contract.md, "State").
+        self._state_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be copied: a copy (copy.deepcopy) gets its own, with its own state tensors.
+        state = dict(self.__dict__)
+        state.pop("_state_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._state_lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Return the state to its initial values (as exported); a module without state is unchanged."""
+        with self._state_lock:
+            self.state = {k: v.clone() for k, v in self.initial_state.items()}
 
     def add_plan(
         self, method: str, plan: Plan, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
@@ -185,6 +236,8 @@ class LoweredModule(torch.nn.Module):
             handles = self.handles
         inputs = runner.flatten(args, kwargs)
         sizes = runner.check_sizes(inputs) if runner.dynamic is not None else None
+        if method in self._state_of:
+            return self._run_stateful(method, runner, inputs, sizes)
         outputs: Sequence[object]
         try:
             if method in self._plan_runners:
@@ -199,6 +252,57 @@ class LoweredModule(torch.nn.Module):
         result = runner.unflatten(outputs, self.backend_name)
         if sizes is not None:
             runner.dynamic.check_outputs(method, self.backend_name, outputs, sizes)  # type: ignore[union-attr]
+        return result
+
+    def _run_stateful(self, method: str, runner: MethodRunner, inputs: list, sizes: list | None) -> Any:
+        """A call of a method with state: the states go in first, their new values come out first."""
+        specs = self._state_of[method]
+        written = [s for s in specs if s.output is not None]
+        with self._state_lock:
+            state = self.state
+            flat = [state[s.fqn] for s in specs] + inputs
+            outputs: Sequence[object]
+            try:
+                if method in self._plan_runners:
+                    outputs = self._plan_runners[method].run(flat)
+                else:
+                    outputs = self.backend.execute(self.handles[method], flat)  # type: ignore[index]
+            except BackendError as exc:
+                raise self._symbolicate(exc, method) from exc
+            except Exception as exc:
+                _add_note(exc, f"(raised by backend {self.backend_name!r} executing method {method!r})")
+                raise
+            if not isinstance(outputs, (list, tuple)) or len(outputs) < len(written):
+                got = f"{len(outputs)}" if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+                raise OutputSpecError(
+                    f"method {method!r}: execute() of backend {self.backend_name!r} must return the new value of "
+                    f"each of {len(written)} states, then the method's {runner.n_outputs} outputs; got {got}",
+                    differs=("count",),
+                )
+            new: dict[str, torch.Tensor] = {}
+            for s in written:
+                value = outputs[s.output]  # type: ignore[index]
+                differs = tensor_differences(value, state[s.fqn].dtype, s.shape)
+                if differs:
+                    raise OutputSpecError(
+                        f"method {method!r} output {s.output}: the new value of {s.describe()} came back from "
+                        f"backend {self.backend_name!r} as {_describe(value)}",
+                        output=s.output,
+                        node=s.fqn,
+                        differs=differs,
+                    )
+                new[s.fqn] = cast(torch.Tensor, value)  # tensor_differences found it a tensor
+            user = list(outputs[len(written) :])
+            if new:
+                # A method returning a state (`return self.cache`) gets the kept tensor back: the caller
+                # gets a copy, so that writing to it cannot change the module's state.
+                kept = {id(v) for v in new.values()}
+                user = [cast(torch.Tensor, v).clone() if id(v) in kept else v for v in user]
+            result = runner.unflatten(user, self.backend_name)
+            if sizes is not None:
+                runner.dynamic.check_outputs(method, self.backend_name, user, sizes)  # type: ignore[union-attr]
+            # Only a call that passed every check moves the state on.
+            self.state = {**state, **new}
         return result
 
     def _symbolicate(self, exc: BackendError, method: str) -> BackendRuntimeError:
@@ -308,6 +412,11 @@ class WrapperModule(torch.nn.Module):
         parts = [f"{name}: {lowered.delegation_of(name).summary()}" for name in lowered.methods]
         return f"WrapperModule(backend={lowered.backend_name!r}; {'; '.join(parts)})"
 
+    def reset(self) -> None:
+        """Return the lowered module's state to its initial values, as exported (or as its archive stores
+        them). A lowered method named ``reset`` wins over this one: `pytest_backendconf.reset` always works."""
+        self._core.reset()
+
     def bundled_inputs(self, method: str = "forward") -> list[tuple]:
         """The inputs bundled with ``method`` in the archive this module was loaded from (``[]`` if none).
 
@@ -339,6 +448,12 @@ def _method_caller(lowered: LoweredModule, name: str, spec: MethodSpec) -> Calla
     call.__name__ = call.__qualname__ = name
     call.__signature__ = spec.signature()  # type: ignore[attr-defined]
     return call
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')}[{', '.join(map(str, value.shape))}] tensor"
+    return f"{type(value).__name__} {value!r:.60}"
 
 
 def _add_note(exc: BaseException, note: str) -> None:

@@ -10,7 +10,9 @@ and return a `WrapperModule` around the `LoweredModule` that runs the blobs
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import json
 import threading
 import types
 import warnings
@@ -26,8 +28,10 @@ from ..backend import Backend
 from ..debuginfo import DebugInfo, build_debug_infos
 from ._cache import cached_preprocess
 from ._lowered_module import LoweredModule, WrapperModule
-from ..archive import MethodSpec, params_of, value_spec
-from ._args import availability, check_compile_spec, check_examples, normalize, resolve_backend
+from ..archive import MethodSpec, ParamSpec, params_of, value_spec
+from ..capabilities import capabilities_of
+from ._state import check_mutations, make_explicit
+from ._args import availability, check_compile_spec, check_examples, check_json, normalize, resolve_backend
 from ..errors import (
     BackendContractError,
     BackendUnavailableWarning,
@@ -51,22 +55,27 @@ if TYPE_CHECKING:
 
 
 def to_backend(
-    module: torch.nn.Module,
+    module: torch.nn.Module | ExportedProgram,
     backend: str | object,
     method_compile_spec: Mapping[str, Mapping[str, Any]],
     *,
-    example_inputs: tuple | Mapping[str, tuple],
+    example_inputs: tuple | Mapping[str, tuple] | None = None,
     example_kwargs: Mapping[str, Mapping[str, object]] | None = None,
     partition: Partition = None,
     dynamic_shapes: Any = None,
 ) -> WrapperModule:
     """Lower the methods of ``module`` named in ``method_compile_spec`` to ``backend``.
 
+    :param module: an ``nn.Module``, or a program already exported with
+        ``torch.export.export`` (positional and keyword inputs alike): then
+        the compile spec names one method (``{"forward": {}}``), which takes
+        the program's inputs, and ``example_inputs`` and ``dynamic_shapes``
+        are the program's own.
     :param backend: a registered backend's name, or a backend object.
     :param method_compile_spec: ``{method_name: {key: value}}``; values must
         be JSON-compatible.
     :param example_inputs: positional example inputs per method, or one
-        tuple when only ``forward`` is lowered.
+        tuple when only ``forward`` is lowered (a module only).
     :param example_kwargs: keyword example inputs per method, if any.
     :param partition: ``None`` lowers each whole method; ``"supported"``
         delegates the maximal groups of nodes the backend accepts, a list of
@@ -77,13 +86,26 @@ def to_backend(
         ``torch.export.export``'s forms (``{"x": {0: Dim("batch", min=1,
         max=64)}}``), or ``{method_name: that}`` when several methods are
         lowered. Calls are checked against the exported ranges.
-    :returns: a `WrapperModule` with one method per compile-spec key.
+    :returns: a `WrapperModule` with one method per compile-spec key. Buffers
+        the methods write are its state (docs/backend-contract.md, "State"):
+        see `WrapperModule.reset` and `state`.
     """
     _compat.check_torch_version()
+    from torch.export import ExportedProgram  # host only: a target never lowers
+
+    if isinstance(module, ExportedProgram):
+        return _program_to_backend(
+            module, backend, method_compile_spec, example_inputs, example_kwargs, partition, dynamic_shapes
+        )
     if not isinstance(module, torch.nn.Module):
         raise LoweringError(
-            f"to_backend() needs a torch.nn.Module, got {type(module).__name__}; "
-            "wrap a function in a Module whose forward calls it"
+            f"to_backend() needs a torch.nn.Module or a torch.export.ExportedProgram, got "
+            f"{type(module).__name__}; wrap a function in a Module whose forward calls it"
+        )
+    if example_inputs is None:
+        raise LoweringError(
+            f"to_backend() of a {type(module).__name__} needs example_inputs: one tuple of example arguments "
+            "per lowered method, e.g. example_inputs=(torch.randn(2, 3),) or {'forward': (x,)}"
         )
     backend_obj, source = resolve_backend(backend)
     specs = check_compile_spec(module, method_compile_spec)
@@ -107,6 +129,96 @@ def to_backend(
     )
 
 
+def _program_to_backend(
+    program: ExportedProgram,
+    backend: str | object,
+    method_compile_spec: Mapping[str, Mapping[str, Any]],
+    example_inputs: object,
+    example_kwargs: object,
+    partition: Partition,
+    dynamic_shapes: object,
+) -> WrapperModule:
+    """`to_backend` of an exported program: one method, whose signature is the program's inputs."""
+    given = [
+        n
+        for n, v in (
+            ("example_inputs", example_inputs),
+            ("example_kwargs", example_kwargs),
+            ("dynamic_shapes", dynamic_shapes),
+        )
+        if v is not None
+    ]
+    if given:
+        raise LoweringError(
+            f"to_backend() of an ExportedProgram takes no {' or '.join(given)}: the program was exported with "
+            "its inputs and dynamic shapes already. Drop the argument, or export again with "
+            "torch.export.export(module, args, kwargs, dynamic_shapes=...)"
+        )
+    if not isinstance(method_compile_spec, Mapping) or len(method_compile_spec) != 1:
+        raise LoweringError(
+            "the method compile spec of an ExportedProgram names its one method, e.g. {'forward': {}}; got "
+            f"{method_compile_spec!r:.80}. To lower several methods, give to_backend the module"
+        )
+    ((name, options),) = method_compile_spec.items()
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise LoweringError(f"compile-spec key {name!r} must be a method name such as 'forward'")
+    if not isinstance(options, Mapping):
+        raise LoweringError(
+            f"the compile spec of method {name!r} must be a dict of options, got {type(options).__name__}"
+        )
+    check_json(options, f"compile spec of method {name!r}")
+    backend_obj, source = resolve_backend(backend)
+    params, top = program_signature(program)
+    # The caller's program stays as it was: lowering never changes a program it is given (the
+    # state's explicit form is a new program), as the suite's lowering of cached programs relies on.
+    return lower_programs(
+        {name: program},
+        backend_obj,
+        {name: json.loads(json.dumps(options))},
+        module_type=type(top, (torch.nn.Module,), {}),
+        backend_version=source.version if source else None,
+        stacklevel=4,
+        partition=partition,
+        params={name: params},
+    )
+
+
+def program_signature(program: ExportedProgram) -> tuple[tuple[ParamSpec, ...], str]:
+    """The parameters a lowered program's method takes, and the exported module's class name.
+
+    Positional inputs are positional-only, named after their placeholders
+    (``arg0`` … for a nested one); keyword inputs are keyword-only, by their
+    keys, as the program was called at export.
+    """
+    in_spec = program.call_spec.in_spec
+    if in_spec is None or in_spec.num_children != 2:
+        raise LoweringError("the ExportedProgram has no (args, kwargs) input structure; export it with torch.export")
+    args_spec, kwargs_spec = in_spec.children()
+    names = [name for name, _ in user_inputs(program)]
+    params: list[ParamSpec] = []
+    leaf = 0
+    for i, child in enumerate(args_spec.children()):
+        count = child.num_leaves
+        name = names[leaf] if count == 1 and child.is_leaf() and leaf < len(names) else f"arg{i}"
+        params.append(ParamSpec(name if name.isidentifier() else f"arg{i}", "POSITIONAL_ONLY"))
+        leaf += count
+    for key in kwargs_spec.context or ():
+        params.append(ParamSpec(str(key), "KEYWORD_ONLY"))
+    return tuple(params), _top_class(program)
+
+
+def _top_class(program: ExportedProgram) -> str:
+    """The exported module's class name, from the module stacks torch.export records (else ``Program``)."""
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            _, (_, cls) = next(iter(stack.items()))
+            qualified = cls if isinstance(cls, str) else getattr(cls, "__qualname__", "")
+            if qualified:
+                return qualified.rsplit(".", 1)[-1]
+    return "Program"
+
+
 def export_method(
     module: torch.nn.Module, name: str, args: tuple, kwargs: dict, *, dynamic_shapes: Any = None
 ) -> ExportedProgram:
@@ -118,7 +230,7 @@ def export_method(
     args, kwargs = normalize(getattr(type(module), name), name, args, kwargs)
     fitted = None if dynamic_shapes is None else shapes.fit_positional(dynamic_shapes, len(args))
     program = _export(module, name, args, kwargs, dynamic_shapes=fitted)
-    _reject_mutations(program, name)
+    check_mutations(program, name)  # a write to an input or a parameter is refused here, before any backend
     return program
 
 
@@ -131,8 +243,13 @@ def lower_programs(
     backend_version: str | None = None,
     stacklevel: int = 2,
     partition: Partition = None,
+    params: Mapping[str, tuple[ParamSpec, ...]] | None = None,
 ) -> WrapperModule:
     """Lower already exported programs (one per method) to ``backend``.
+
+    Buffers the programs write become the lowered module's state (`_state.make_explicit`).
+    ``params`` gives a method's parameters where ``module_type`` has no such method (a program
+    given to `to_backend`).
 
     Every call numbers its nodes with a recorder of its own, from 0, the methods one after another
     in the compile spec's order: the same programs and spec get the same handles (and so the same
@@ -148,6 +265,14 @@ def lower_programs(
     partitioned: dict[str, PartitionedMethod] = {}
     whole: dict[str, tuple[str, ...]] = {}
     recorder = DebugHandleRecorder()
+    # The caller-facing specs come from the programs as exported; the backend gets them with state explicit.
+    signatures = {
+        name: _method_spec(programs[name], name, dict(spec), _params(module_type, name, params))
+        for name, spec in method_compile_spec.items()
+    }
+    programs, state, initial_state = make_explicit({name: programs[name] for name in method_compile_spec})
+    if state:
+        _check_keeps_state(backend)
     for name, spec in method_compile_spec.items():
         program = programs[name]
         handles = recorder.assign(program.graph_module)
@@ -175,8 +300,8 @@ def lower_programs(
             )
             error.compile_verdict = "undecided"  # type: ignore[attr-defined]
             raise error from exc
-        methods[name] = _method_spec(program, name, dict(spec), getattr(module_type, name))
-    lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version)
+        methods[name] = dataclasses.replace(signatures[name], state=state.get(name, ()))
+    lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version, state=initial_state)
     for name, nodes in whole.items():
         lowered.whole_method_nodes[name] = nodes
     for name, method in partitioned.items():
@@ -255,42 +380,6 @@ def _class_exporting(cls: type, method: str) -> type:
     )
 
 
-def _reject_mutations(program: ExportedProgram, name: str) -> None:
-    mutated = [
-        f"{spec.kind.name.lower().replace('_', ' ')} {spec.target!r}"
-        for spec in program.graph_signature.output_specs
-        if spec.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION", "PARAMETER_MUTATION")
-    ]
-    # torch.export's default IR may also keep in-place ops on a buffer or an
-    # input (a training-mode batch norm's num_batches_tracked.add_) instead of
-    # mutation outputs. In-place ops on intermediates (ReLU(inplace=True)) are fine.
-    mutated += [
-        f"node {node.name!r} ({_compat.op_schema(node.target).name} on {target.name!r}, in place)"
-        for node in program.graph.nodes
-        for target in _written_arguments(node)
-        if target.op == "placeholder"
-    ]
-    if mutated:
-        raise LoweringError(
-            f"method {name!r} mutates state ({', '.join(mutated)}); delegate backends run graphs "
-            "without side effects. Is the module in training mode? Call .eval() before lowering."
-        )
-
-
-def _written_arguments(node: Node) -> list[Node]:
-    """The graph nodes an in-place op writes to (from its schema's alias annotations)."""
-    schema = _compat.op_schema(node.target) if node.op == "call_function" else None
-    if schema is None or not schema.is_mutable:
-        return []
-    written: list[Node] = []
-    for i, argument in enumerate(schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
-            if isinstance(value, torch.fx.Node):
-                written.append(value)
-    return written
-
-
 #: What a compile error that names no node says: whether the backend claims the program is not known.
 UNDECIDED_TEXT = (
     "The harness cannot tell whether the backend claims this program: preprocess() raised neither "
@@ -327,7 +416,22 @@ def run_preprocess(
     return blob
 
 
-def _method_spec(program: ExportedProgram, name: str, spec: dict, function: Callable[..., object]) -> MethodSpec:
+def _params(module_type: type, name: str, given: Mapping[str, tuple[ParamSpec, ...]] | None) -> tuple[ParamSpec, ...]:
+    if given is not None and name in given:
+        return given[name]
+    return params_of(getattr(module_type, name))
+
+
+def _check_keeps_state(backend: Backend) -> None:
+    if capabilities_of(backend).keeps_state:
+        raise LoweringError(
+            f"backend {backend.name!r} declares keeps_state=True, which this version of the lowering does not "
+            "run yet: it passes the state to execute as inputs and outputs (docs/backend-contract.md, "
+            '"State"). Declare keeps_state=False to run stateful programs that way'
+        )
+
+
+def _method_spec(program: ExportedProgram, name: str, spec: dict, params: tuple[ParamSpec, ...]) -> MethodSpec:
     example_inputs, example_outputs = user_inputs(program), user_outputs(program)
     inputs = [value_spec(n, v) for n, v in example_inputs]
     outputs = [value_spec(n, v) for n, v in example_outputs]
@@ -335,7 +439,7 @@ def _method_spec(program: ExportedProgram, name: str, spec: dict, function: Call
         dynamic_shapes=shapes.DynamicShapes.from_program(example_inputs, example_outputs, program.range_constraints),
         name=name,
         compile_spec=spec,
-        params=params_of(function),
+        params=params,
         in_structure=_structure_of(program.call_spec.in_spec, name, "inputs"),
         out_structure=_structure_of(program.call_spec.out_spec, name, "outputs"),
         inputs=tuple(inputs),

@@ -29,6 +29,7 @@ from ..debuginfo import DebugHandles, walk_nodes
 from ..debuginfo import op_name
 from ..archive import Delegation, format_delegation  # noqa: F401  (re-exported)
 from ..errors import BackendContractError, LoweringError, UnsupportedNodeError
+from ._state import STATE_META, piece_state
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -370,6 +371,9 @@ def cut(program: ExportedProgram, nodes: list[torch.fx.Node], handles: DebugHand
         n_inputs=len(user_reads),
         n_outputs=len(outputs),
     )
+    state = piece_state(program, user_reads, outputs)
+    if state:
+        exported.graph_module.meta[STATE_META] = state
     # The program's graph module is a copy of gm: map its nodes, by name, to the handles.
     copies = {n.name: n for n in gm.graph.nodes}
     final = {}

@@ -195,6 +195,7 @@ def instantiate(archive: Archive, backend: Backend | None = None) -> WrapperModu
             dict(archive.blobs),
             dict(archive.debug),
             backend_version=archive.backend_version,
+            state=archive.state,
         )
         if archive.partitions is not None:
             archive.partitions.apply(lowered)

@@ -77,6 +77,11 @@ class Op:
 # Each takes the schema's arguments (same order, same keyword-only names).
 
 
+def _copy(self, src, non_blocking=False):
+    # The functional form of ``copy_``: a new tensor of self's shape and dtype holding src (broadcast).
+    return self.clone().copy_(src)
+
+
 def _slice(x, dim=0, start=None, end=None, step=1):
     # Basic indexing has Python's clamping rules for start/end, as ATen does,
     # and is faster than the aten.slice overload.
@@ -610,7 +615,7 @@ _TABLE: list[tuple] = [
     (372, "aten.scatter.reduce", torch.scatter),
     (373, "aten.scatter_add.default", torch.scatter_add),
     (374, "aten.scatter_reduce.two", torch.scatter_reduce),
-    (375, "aten.index_put.default", torch.index_put),
+    (375, "aten.index_put.default", _aten("index_put.default")),  # indices may hold None (`cache[:, :, pos] = v`)
     (376, "aten.index_reduce.default", torch.index_reduce),
     (377, "aten.masked_scatter.default", torch.masked_scatter),
     (378, "aten.put.default", torch.put),
@@ -696,6 +701,17 @@ _TABLE: list[tuple] = [
     (496, "quantized_decomposed.choose_qparams.tensor", _quantized("choose_qparams.tensor")),
     # the ops category's per-channel quantize (its Q/DQ operator checks)
     (497, "quantized_decomposed.quantize_per_channel.default", _quantized("quantize_per_channel.default")),
+    # what stateful programs (a KV cache in buffers) and decoders export to (backendconf-reference 0.5.0)
+    (510, "aten.index_copy.default", torch.index_copy),
+    (511, "aten.copy.default", _copy),
+    (512, "aten.repeat_interleave.self_int", torch.repeat_interleave),
+    (513, "aten.where.Scalar", torch.where),
+    (514, "aten.where.ScalarOther", torch.where),
+    (515, "aten.where.ScalarSelf", torch.where),
+    (516, "aten.scalar_tensor.default", torch.scalar_tensor),
+    (517, "aten.select_scatter.default", torch.select_scatter),
+    (518, "aten.index.Tensor", _aten("index.Tensor")),
+    (519, "aten.alias.default", _aten("alias.default")),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

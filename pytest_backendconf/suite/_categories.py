@@ -19,6 +19,7 @@ from ..conformance import (
     quantized,
     reliability,
     serialization,
+    stateful,
     symbolication,
 )
 
@@ -36,6 +37,7 @@ CATEGORY_MODULES = {
     "delegation": delegation,
     "ops": ops,
     "quantized": quantized,
+    "stateful": stateful,
 }
 assert tuple(CATEGORY_MODULES) == CATEGORIES, "a category needs its module here and its name in _check.CATEGORIES"
 

@@ -240,6 +240,7 @@ def exported_program(
     range_constraints: dict,
     n_inputs: int,
     n_outputs: int,
+    verifiers: list | None = None,
 ) -> ExportedProgram:
     """An ``ExportedProgram`` around a graph cut out of another (a partition of a method).
 
@@ -264,6 +265,7 @@ def exported_program(
         [call],
         None,
         constants,
+        verifiers=verifiers,
     )
 
 

@@ -308,7 +308,7 @@ def test_backendconf_list_shows_distribution_and_availability():
     lines = out.stdout.splitlines()
     assert lines[0].split()[:3] == ["NAME", "AVAILABLE", "DISTRIBUTION"]
     reference = next(line for line in lines if line.startswith("reference "))
-    assert "yes" in reference and "backendconf-reference 0.4.0" in reference
+    assert "yes" in reference and "backendconf-reference 0.5.0" in reference
 
 
 def test_missing_torch_is_a_usage_error_with_the_install_command(pytester):

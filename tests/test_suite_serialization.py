@@ -119,7 +119,7 @@ def test_a_version_policy_that_answers_none_fails_the_future_version_check_only(
     assert outcomes["round_trip[small_cnn]"] == "passed"
     result.stdout.fnmatch_lines(
         [
-            "small_cnn (float32): loading an archive written by backend version 9999.0.0 (this backend: 0.4.0) "
+            "small_cnn (float32): loading an archive written by backend version 9999.0.0 (this backend: 0.5.0) "
             "raised BackendContractError: backend 'forgets_version_answer': accepts_blob_version('9999.0.0') "
             "returned None; it must return True or False",
         ]

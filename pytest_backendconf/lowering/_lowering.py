@@ -25,6 +25,7 @@ from ._program_io import user_inputs, user_outputs
 from ..backend import Backend
 from ..debuginfo import DebugInfo, build_debug_infos
 from ._cache import cached_preprocess
+from ._subclasses import unwrap_tensor_subclasses
 from ._lowered_module import LoweredModule, WrapperModule
 from ..archive import MethodSpec, params_of, value_spec
 from ._args import availability, check_compile_spec, check_examples, normalize, resolve_backend
@@ -143,7 +144,8 @@ def lower_programs(
     whole: dict[str, tuple[str, ...]] = {}
     recorder = DebugHandleRecorder()
     for name, spec in method_compile_spec.items():
-        program = programs[name]
+        # torchao's quantized weights reach the backend as plain integer tensors, scales and zero points.
+        program = unwrap_tensor_subclasses(programs[name], name)
         handles = recorder.assign(program.graph_module)
         infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)

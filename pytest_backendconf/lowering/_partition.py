@@ -369,6 +369,7 @@ def cut(program: ExportedProgram, nodes: list[torch.fx.Node], handles: DebugHand
         range_constraints=dict(program.range_constraints),
         n_inputs=len(user_reads),
         n_outputs=len(outputs),
+        verifiers=list(program.verifiers),  # a piece is in the program's IR: in-place ops on its intermediates too
     )
     # The program's graph module is a copy of gm: map its nodes, by name, to the handles.
     copies = {n.name: n for n in gm.graph.nodes}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, cast
 import torch
 import torch.nn.functional as F
 
-from . import qkernels
+from . import affine, qkernels
 
 if TYPE_CHECKING:
     from .._compat import OpOverload
@@ -698,6 +698,11 @@ _TABLE: list[tuple] = [
     (496, "quantized_decomposed.choose_qparams.tensor", _quantized("choose_qparams.tensor")),
     # the ops category's per-channel quantize (its Q/DQ operator checks)
     (497, "quantized_decomposed.quantize_per_channel.default", _quantized("quantize_per_channel.default")),
+    # torchao's affine quantization (LLM weight-only and 8da4w programs; backendconf-reference 0.5.0): own
+    # kernels, so that neither the compiler nor the target needs torchao
+    (510, "torchao.dequantize_affine.default", affine.dequantize_affine),
+    (511, "torchao.quantize_affine.default", affine.quantize_affine),
+    (512, "torchao.choose_qparams_affine.default", affine.choose_qparams_affine),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -28,7 +28,7 @@ from pytest_backendconf.reference import bytecode, ops
 from pytest_backendconf.reference.interpreter import LoadedProgram, load
 from pytest_backendconf.blobs import compile_each
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 __all__ = ["ReferenceBackend", "LoadedProgram", "bytecode", "ops"]
 
 

@@ -18,7 +18,8 @@ as export wrote them. A program without subclass state is returned as is.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
@@ -58,11 +59,13 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
         return program
     graph_module = copy.deepcopy(program.graph_module)
     graph = graph_module.graph
+    # A copied graph may rename a node whose name shadows a builtin (a user input called ``input``).
+    renamed = {old.name: new.name for old, new in zip(program.graph.nodes, graph.nodes)}
     placeholders = {node.name: node for node in graph.find_nodes(op="placeholder")}
     state_dict = dict(program.state_dict)
     constants = dict(program.constants)
     specs: list[InputSpec] = []
-    work = list(program.graph_signature.input_specs)
+    work = [_renamed(spec, renamed) for spec in program.graph_signature.input_specs]
     while work:
         spec = work.pop(0)
         value = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)  # type: ignore[index,arg-type]
@@ -106,19 +109,28 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
         work[:0] = inner  # a part may itself be a subclass (nested)
     graph.lint()
     graph_module.recompile()
-    return _rebuilt(program, graph_module, specs, state_dict, constants)
+    outputs = [_renamed(spec, renamed) for spec in program.graph_signature.output_specs]
+    return _rebuilt(program, graph_module, specs, outputs, state_dict, constants)
+
+
+def _renamed(spec: Any, renamed: dict[str, str]) -> Any:
+    name = getattr(spec.arg, "name", None)
+    if name is None or renamed.get(name, name) == name:
+        return spec
+    return dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=renamed[name]))
 
 
 def _rebuilt(
     program: ExportedProgram,
     graph_module: torch.fx.GraphModule,
     input_specs: list[InputSpec],
+    output_specs: list,
     state_dict: dict,
     constants: dict,
 ) -> ExportedProgram:
     from torch.export.graph_signature import ExportGraphSignature
 
-    signature = ExportGraphSignature(input_specs=input_specs, output_specs=list(program.graph_signature.output_specs))
+    signature = ExportGraphSignature(input_specs=input_specs, output_specs=output_specs)
     return torch.export.ExportedProgram(
         graph_module,
         graph_module.graph,

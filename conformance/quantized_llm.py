@@ -206,8 +206,8 @@ def check_llm(ctx: SuiteContext, *, model: str, scheme: str) -> dict[str, Any]:
             raise CheckFailed(
                 f"{model} [{scheme}]: the backend's outputs differ from eager PyTorch running the model quantized "
                 f"with {found.describe()}, judged {verdict}, {how}, for example seed {seed}:\n"
-                + "\n".join("  " + line for line in failing[:4])
-                + (f"\n  ... and {len(failing) - 4} more" if len(failing) > 4 else "")
+                + "\n".join("  " + line for line in failing[:2])
+                + (f"\n  ... and {len(failing) - 2} more off" if len(failing) > 2 else "")
                 + f"\n{located}",
                 details={"quantized": {"scheme": scheme, "outputs": judged[:8]}},
             )

@@ -39,7 +39,6 @@ from pytest_backendconf.quant import (
     LLM_SCHEMES,
     QuantizedRule,
     QuantizeError,
-    TokenVerdict,
     WeightParts,
     judge_tokens,
     judge_weights,
@@ -146,9 +145,7 @@ def _lowered(ctx: SuiteContext, model: str, scheme: str) -> tuple[Any, str]:
 
 def lower_layer_or_model(ctx: SuiteContext, programs: dict, module_type: type, what: str) -> Any:
     """Lowered whole, else partitioned; `Unsupported` when the backend takes none of it."""
-    lower = functools.partial(
-        lower_programs, module_type=module_type, backend_version=ctx.registered.source.version
-    )
+    lower = functools.partial(lower_programs, module_type=module_type, backend_version=ctx.registered.source.version)
     spec: dict[str, dict] = {"forward": {}}
     try:
         return lower(programs, ctx.backend, spec), "lowered whole"
@@ -280,8 +277,8 @@ def quantized_layers(module: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 def weight_parts(layer: nn.Linear, bits: int) -> WeightParts:
     """The integers, scales and zero points of a torchao-quantized layer's weight."""
-    weight = layer.weight
-    qdata, scale = weight.qdata, weight.scale  # type: ignore[union-attr]
+    weight: Any = layer.weight  # torchao's subclass (untyped): qdata, scale, zero_point, block_size
+    qdata, scale = weight.qdata, weight.scale
     zero_point = getattr(weight, "zero_point", None)
     block = list(getattr(weight, "block_size", [1, qdata.shape[1]]))
     return WeightParts(qdata=qdata, scale=scale, zero_point=zero_point, group=int(block[-1]), bits=bits)

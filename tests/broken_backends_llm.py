@@ -29,14 +29,20 @@ ao = torch.ops.torchao
 _dequantize = ao.dequantize_affine.default
 
 
-def _swapped_nibbles(q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32):
+def _swapped_nibbles(
+    q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32
+):
     if quant_min != -8 or q.shape[-1] % 2:  # int4 weights only: two to a byte
         return NotImplemented
     pairs = q[..., torch.arange(q.shape[-1]) ^ 1]
-    return _dequantize(pairs, block_size, scale, zero_point, input_dtype, quant_min, quant_max, output_dtype=output_dtype)
+    return _dequantize(
+        pairs, block_size, scale, zero_point, input_dtype, quant_min, quant_max, output_dtype=output_dtype
+    )
 
 
-def _group_of_64(q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32):
+def _group_of_64(
+    q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32
+):
     if list(block_size)[-1] != 32 or q.dim() != 2:
         return NotImplemented
     index = torch.arange(q.shape[-1]) // 64
@@ -46,11 +52,24 @@ def _group_of_64(q, block_size, scale, zero_point, input_dtype, quant_min=None, 
     return (centered * scale[:, index]).to(output_dtype)
 
 
-def _without_zero_point(q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32):
+def _without_zero_point(
+    q, block_size, scale, zero_point, input_dtype, quant_min=None, quant_max=None, output_dtype=torch.float32
+):
     return _dequantize(q, block_size, scale, None, input_dtype, quant_min, quant_max, output_dtype=output_dtype)
 
 
-def _per_tensor(x, mapping_type, block_size, target_dtype, quant_min=None, quant_max=None, eps=None, scale_dtype=None, zero_point_dtype=None, keepdim=False):
+def _per_tensor(
+    x,
+    mapping_type,
+    block_size,
+    target_dtype,
+    quant_min=None,
+    quant_max=None,
+    eps=None,
+    scale_dtype=None,
+    zero_point_dtype=None,
+    keepdim=False,
+):
     per_token = ao.choose_qparams_affine.default(
         x, mapping_type, block_size, target_dtype, quant_min, quant_max, eps, scale_dtype, zero_point_dtype, keepdim
     )

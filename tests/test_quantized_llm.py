@@ -17,9 +17,9 @@ import torch
 
 pytest.importorskip("torchao", reason="the LLM schemes need the [quant] extra (torchao)")
 
-from pytest_backendconf.quant import LLM_SCHEMES, WeightParts, judge_weights, llm_config  # noqa: E402
+from pytest_backendconf.quant import LLM_SCHEMES, WeightParts, judge_weights, llm_config
 
-import broken_backends_llm  # noqa: E402, F401  (torchao registers its operators once, before pytester runs)
+import broken_backends_llm  # noqa: F401  (torchao registers its operators once, before pytester runs)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 INT4 = "backendconf::quantized::llm_mlp[int4-weight-only-g32]"
@@ -52,14 +52,21 @@ def test_eager_torchao_ops_pass(pytester):
         (
             "swapped_nibbles",
             INT4,
-            ["layer 'gate': its weights", "first at row 0, group 0 (columns 0-31)", "steps of its scale",
-             "int4 nibbles unpacked in the wrong order"],
+            [
+                "layer 'gate': its weights",
+                "first at row 0, group 0 (columns 0-31)",
+                "steps of its scale",
+                "int4 nibbles unpacked in the wrong order",
+            ],
         ),
         (
             "group_of_64",
             LINEARS_INT4,
-            ["layer 'wide': its weights", "group 3 (columns 96-127)",
-             "the scales are applied to groups of 64 columns; the groups are 32 wide"],
+            [
+                "layer 'wide': its weights",
+                "group 3 (columns 96-127)",
+                "the scales are applied to groups of 64 columns; the groups are 32 wide",
+            ],
         ),
         (
             "ignored_zero_point",
@@ -69,8 +76,11 @@ def test_eager_torchao_ops_pass(pytester):
         (
             "per_tensor_activations",
             DYNAMIC,
-            ["output 0, token ", "steps", "layer 'gate' alone, fed eager's input (its weights, read back through "
-             "unit inputs, are right): token "],
+            [
+                "output 0, token ",
+                "steps",
+                "layer 'gate' alone, fed eager's input (its weights, read back through unit inputs, are right): token ",
+            ],
         ),
     ],
 )
@@ -97,7 +107,10 @@ def test_a_group_boundary_off_by_one_and_a_wrong_scale_are_named():
     parts, want = _parts(32, zero=False)
     early = parts.dequantized(lambda k: torch.clamp((k + 1) // 32, 0, 3)).float()
     verdict = judge_weights("l", early, want, parts)
-    assert verdict is not None and "every group boundary is one column early: column 31 takes group 1's scale" in verdict.text()
+    assert (
+        verdict is not None
+        and "every group boundary is one column early: column 31 takes group 1's scale" in verdict.text()
+    )
     first, last = verdict.columns
     assert (first, last) == (verdict.group * 32, verdict.group * 32 + 31) and verdict.groups == 16
     doubled = want * 2

@@ -564,7 +564,9 @@ def test_model_zoo_covers_every_op():
     missing = sorted(
         op.name
         for op in ops.OPS
-        if op.opcode not in used and op.name not in in_data and not op.name.startswith(("quantized_decomposed.", "torchao."))
+        if op.opcode not in used
+        and op.name not in in_data
+        and not op.name.startswith(("quantized_decomposed.", "torchao."))
     )
     assert not missing, f"ops neither a zoo model nor the ops data exercises: {missing}"
 

@@ -22,14 +22,13 @@ from pytest_backendconf.errors import LoweringError
 from pytest_backendconf.lowering._subclasses import ACCESS, unwrap_tensor_subclasses
 from pytest_backendconf.reference import affine
 
-from torchao.quantization import (  # noqa: E402
+from torchao.quantization import (
     Int8DynamicActivationIntxWeightConfig,
     Int8WeightOnlyConfig,
     IntxWeightOnlyConfig,
-    MappingType,
     quantize_,
 )
-from torchao.quantization.granularity import PerGroup  # noqa: E402
+from torchao.quantization.granularity import PerGroup
 
 CONFIGS = {
     "int8-weight-only": lambda: Int8WeightOnlyConfig(),
@@ -126,7 +125,9 @@ def test_a_subclass_weight_used_whole_is_refused_naming_it():
     with pytest.raises(LoweringError) as caught:
         unwrap_tensor_subclasses(program)
     text = str(caught.value)
-    assert "parameter 'l.weight' is a IntxUnpackedToInt8Tensor" in text and "'clone_default' (aten.clone.default)" in text
+    assert (
+        "parameter 'l.weight' is a IntxUnpackedToInt8Tensor" in text and "'clone_default' (aten.clone.default)" in text
+    )
     assert "run_decompositions()" in text
 
 
@@ -172,3 +173,13 @@ def test_torchao_refuses_an_in_features_that_is_not_a_multiple_of_the_group():
     for config in (CONFIGS["int4-weight-only-g32"], CONFIGS["8da4w-g32"]):
         with pytest.raises(AssertionError, match="divisible"):
             quantize_(torch.nn.Sequential(torch.nn.Linear(48, 8)), config())
+
+
+def test_an_input_named_like_a_builtin_keeps_its_name_through_the_unwrap():
+    # A Sequential's forward takes `input`; copying the graph renames that placeholder.
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(128, 8)).eval()
+    quantize_(module, Int8WeightOnlyConfig(granularity=PerGroup(32)))
+    x = torch.randn(2, 3, 128)
+    lowered = bc.to_backend(module, "reference", {"forward": {}}, example_inputs=(x,))
+    torch.testing.assert_close(lowered(x), module(x), rtol=0, atol=0)

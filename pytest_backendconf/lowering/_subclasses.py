@@ -38,7 +38,7 @@ _STATE_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR
 def _state(program: ExportedProgram, spec: InputSpec) -> object:
     if spec.target in program.state_dict:
         return program.state_dict[spec.target]
-    return program.constants.get(spec.target)  # type: ignore[arg-type]
+    return program.constants.get(spec.target)
 
 
 def has_subclass_state(program: ExportedProgram) -> bool:
@@ -68,12 +68,12 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
     work = [_renamed(spec, renamed) for spec in program.graph_signature.input_specs]
     while work:
         spec = work.pop(0)
-        value = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)  # type: ignore[index,arg-type]
+        value = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)
         if spec.kind not in _STATE_KINDS or not is_traceable_wrapper_subclass(value):
             specs.append(spec)
             continue
-        node = placeholders[spec.arg.name]  # type: ignore[union-attr]
-        parts, _ = value.__tensor_flatten__()  # type: ignore[union-attr]
+        node = placeholders[spec.arg.name]
+        parts, _ = value.__tensor_flatten__()
         users = list(node.users)
         whole = [u for u in users if not (str(u.target) == ACCESS and len(u.args) == 2 and u.args[1] in parts)]
         if whole:
@@ -104,8 +104,8 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
                 constants[target] = tensor
             inner.append(InputSpec(spec.kind, TensorArgument(placeholder.name), target, spec.persistent))
         graph.erase_node(node)
-        state_dict.pop(spec.target, None)  # type: ignore[arg-type]
-        constants.pop(spec.target, None)  # type: ignore[arg-type]
+        state_dict.pop(spec.target, None)
+        constants.pop(spec.target, None)
         work[:0] = inner  # a part may itself be a subclass (nested)
     graph.lint()
     graph_module.recompile()

@@ -17,6 +17,7 @@ group size or a group boundary wrong), that defect.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import torch
@@ -149,6 +150,14 @@ def judge_weights(layer: str, got: torch.Tensor, want: torch.Tensor, parts: Weig
     )
 
 
+def _groups_of(columns: torch.Tensor, *, size: int) -> torch.Tensor:
+    return columns // size
+
+
+def _shifted(columns: torch.Tensor, *, shift: int, size: int, groups: int) -> torch.Tensor:
+    return torch.clamp((columns + shift) // size, 0, groups - 1)
+
+
 def _defect(got: torch.Tensor, want: torch.Tensor, parts: WeightParts) -> str:
     """The known defect whose weights ``got`` are, if one is (each candidate recomputed from the integers)."""
     step = parts.steps()
@@ -173,10 +182,13 @@ def _defect(got: torch.Tensor, want: torch.Tensor, parts: WeightParts) -> str:
         for other in (parts.group * 2, parts.group // 2, parts.group + 1, parts.group - 1):
             if other <= 0 or other == parts.group or (columns - 1) // other >= groups:
                 continue
-            if matches(parts.dequantized(lambda k, size=other: k // size)):
+            if matches(parts.dequantized(functools.partial(_groups_of, size=other))):
                 return f"the scales are applied to groups of {other} columns; the groups are {parts.group} wide"
-        for shift, where in ((1, "early: column {0} takes group 1's scale"), (-1, "late: column {1} takes group 0's scale")):
-            candidate = parts.dequantized(lambda k, s=shift: torch.clamp((k + s) // parts.group, 0, groups - 1))
+        for shift, where in (
+            (1, "early: column {0} takes group 1's scale"),
+            (-1, "late: column {1} takes group 0's scale"),
+        ):
+            candidate = parts.dequantized(functools.partial(_shifted, shift=shift, size=parts.group, groups=groups))
             if matches(candidate):
                 return "every group boundary is one column " + where.format(parts.group - 1, parts.group)
     ratio = got / torch.where(want == 0, torch.ones_like(want), want)

@@ -77,9 +77,11 @@ def llm_config(scheme: str) -> Any:
     from torchao.quantization.granularity import PerGroup
 
     found = LLM_SCHEMES[scheme]
-    dtype = torch.int4 if found.bits == 4 else torch.int8
+    dtype = torch.int4 if found.bits == 4 else torch.int8  # type: ignore[attr-defined]  (torch's stubs lack int4)
     if found.config == "Int8WeightOnlyConfig":
-        return Int8WeightOnlyConfig() if found.group is None else Int8WeightOnlyConfig(granularity=PerGroup(found.group))
+        return (
+            Int8WeightOnlyConfig() if found.group is None else Int8WeightOnlyConfig(granularity=PerGroup(found.group))
+        )
     if found.dynamic:
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=PerGroup(found.group))
     mapping = MappingType.ASYMMETRIC if found.asymmetric else MappingType.SYMMETRIC

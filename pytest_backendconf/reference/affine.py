@@ -35,7 +35,12 @@ from typing import Sequence
 import torch
 
 #: Integer ranges of the dtypes the ops take when quant_min/quant_max are not given.
-_RANGES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-(2**15), 2**15 - 1), torch.int32: (-(2**31), 2**31 - 1)}
+_RANGES = {
+    torch.int8: (-128, 127),
+    torch.uint8: (0, 255),
+    torch.int16: (-(2**15), 2**15 - 1),
+    torch.int32: (-(2**31), 2**31 - 1),
+}
 #: choose_qparams_affine's mapping types (torchao's MappingType names).
 SYMMETRIC, ASYMMETRIC, SYMMETRIC_NO_CLIPPING_ERR = "SYMMETRIC", "ASYMMETRIC", "SYMMETRIC_NO_CLIPPING_ERR"
 

@@ -77,7 +77,8 @@ def llm_config(scheme: str) -> Any:
     from torchao.quantization.granularity import PerGroup
 
     found = LLM_SCHEMES[scheme]
-    dtype = torch.int4 if found.bits == 4 else torch.int8  # type: ignore[attr-defined]  (torch's stubs lack int4)
+    # torch's stubs lack the sub-byte dtypes.
+    dtype = torch.int4 if found.bits == 4 else torch.int8  # type: ignore[attr-defined]
     if found.config == "Int8WeightOnlyConfig":
         return (
             Int8WeightOnlyConfig() if found.group is None else Int8WeightOnlyConfig(granularity=PerGroup(found.group))

@@ -15,7 +15,15 @@ May import: the public surface only (torch, and torchao lazily).
 
 from ._quantizer import SCHEMES, reference_quantizer
 from ._llm import LLM_SCHEMES, LlmScheme, llm_config, quantize_llm
-from ._groups import OFF_STEPS, TokenVerdict, WeightParts, WeightVerdict, judge_tokens, judge_weights
+from ._groups import (
+    OFF_STEPS,
+    TokenVerdict,
+    WeightParts,
+    WeightVerdict,
+    close_per_token,
+    judge_tokens,
+    judge_weights,
+)
 from ._flow import EXTRA_NOTICE, QuantizeError, quantize, torchao_import_failure, torchao_installed, torchao_missing
 from ._verdict import (
     DEQUANTIZE,
@@ -36,6 +44,7 @@ __all__ = [
     "LlmScheme",
     "OFF_STEPS",
     "TokenVerdict",
+    "close_per_token",
     "WeightParts",
     "WeightVerdict",
     "judge_tokens",

@@ -67,6 +67,22 @@ def judge_tokens(actual: list, reference: list, floats: list, rule: QuantizedRul
     return verdicts
 
 
+def close_per_token(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """Which elements are within float tolerance of the reference, the absolute part scaled per token.
+
+    ``|got - want| <= rtol * |want| + atol * max(1, max |want|)`` with the max over the element's token
+    (its row over the last dim): a linear layer's output is a dot product whose rounding error grows with
+    the size of its terms, which a token's largest output stands for; a token 30 times larger than
+    another, summed in another order (a legitimate kernel), is off by 30 times more.
+    """
+    if want.dim() == 0 or want.numel() == 0:
+        return torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    largest = want.abs().amax(dim=-1, keepdim=True).clamp(min=1.0)
+    error = (got.double() - want.double()).abs()
+    close = error <= rtol * want.double().abs() + atol * largest.double()
+    return close | (torch.isnan(got) & torch.isnan(want))
+
+
 @dataclasses.dataclass(frozen=True)
 class WeightParts:
     """A quantized linear layer's weight as torchao holds it: integers, a scale and zero point per group."""

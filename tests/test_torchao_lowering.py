@@ -87,6 +87,7 @@ def test_the_backend_receives_plain_integer_weights_named_by_their_parts(config)
     torch.testing.assert_close(unwrapped.module()(X), module(X), rtol=0, atol=0)
 
 
+@pytest.mark.slow  # a fresh process
 def test_a_saved_archive_runs_without_torchao(tmp_path):
     module = quantized("8da4w-g32")
     path = tmp_path / "q.bcpt"
@@ -103,6 +104,7 @@ def test_a_saved_archive_runs_without_torchao(tmp_path):
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), module(X), rtol=0, atol=0)
 
 
+@pytest.mark.slow  # a fresh process
 def test_lowering_a_plain_module_does_not_import_torchao():
     code = (
         "import sys, torch\nimport pytest_backendconf as bc\n"

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from pytest_backendconf import _compat
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
 from pytest_backendconf.lowering import DEFAULT_TOLERANCES, export_method, lower_programs
@@ -270,12 +271,10 @@ class _Layer(nn.Module):
 
 def quantized_layers(module: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The linear layers whose weight torchao replaced with a tensor subclass, by module path."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     return [
         (name, layer)
         for name, layer in module.named_modules()
-        if isinstance(layer, nn.Linear) and is_traceable_wrapper_subclass(layer.weight)
+        if isinstance(layer, nn.Linear) and _compat.is_tensor_subclass(layer.weight)
     ]
 
 

@@ -388,6 +388,17 @@ def add_string_attribute(module: torch.jit.ScriptModule, name: str, value: str) 
     module._c._register_attribute(name, torch._C.StringType.get(), value)
 
 
+def is_tensor_subclass(value: object) -> bool:
+    """Whether ``value`` is a traceable wrapper tensor subclass (torchao's quantized weights are).
+
+    ``torch.utils._python_dispatch.is_traceable_wrapper_subclass``: the protocol
+    (``__tensor_flatten__``/``__tensor_unflatten__``) torch.export unwraps.
+    """
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return bool(is_traceable_wrapper_subclass(value))
+
+
 def register_quantized_decomposed() -> None:
     """Register the ``quantized_decomposed`` quantize/dequantize operators of PT2E programs.
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from .._compat import is_tensor_subclass
 from ..errors import LoweringError
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def _state(program: ExportedProgram, spec: InputSpec) -> object:
 def has_subclass_state(program: ExportedProgram) -> bool:
     """Whether a parameter, buffer or constant of ``program`` is a tensor subclass (a quantized weight)."""
     return any(
-        spec.kind in _STATE_KINDS and is_traceable_wrapper_subclass(_state(program, spec))
+        spec.kind in _STATE_KINDS and is_tensor_subclass(_state(program, spec))
         for spec in program.graph_signature.input_specs
     )
 
@@ -69,7 +69,7 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
     while work:
         spec = work.pop(0)
         value = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)
-        if spec.kind not in _STATE_KINDS or not is_traceable_wrapper_subclass(value):
+        if spec.kind not in _STATE_KINDS or not is_tensor_subclass(value):
             specs.append(spec)
             continue
         node = placeholders[spec.arg.name]

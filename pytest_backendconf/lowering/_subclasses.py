@@ -68,7 +68,7 @@ def unwrap_tensor_subclasses(program: ExportedProgram, method: str = "forward") 
     work = [_renamed(spec, renamed) for spec in program.graph_signature.input_specs]
     while work:
         spec = work.pop(0)
-        value = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)
+        value: Any = state_dict[spec.target] if spec.target in state_dict else constants.get(spec.target)
         if spec.kind not in _STATE_KINDS or not is_tensor_subclass(value):
             specs.append(spec)
             continue

@@ -47,6 +47,7 @@ from pytest_backendconf.quant import (
 from pytest_backendconf.checks import Check, CheckFailed, Unsupported
 from pytest_backendconf.suite import SuiteContext
 
+from . import quantized_llm
 from ._spec import section
 
 #: Quantization starts from the float32 model.
@@ -76,6 +77,7 @@ def checks(ctx: SuiteContext) -> Iterator[Check]:
                 stage="execute",
                 case=name,
             )
+    yield from quantized_llm.checks(ctx)
 
 
 def rule() -> QuantizedRule:

@@ -240,6 +240,7 @@ def exported_program(
     range_constraints: dict,
     n_inputs: int,
     n_outputs: int,
+    verifiers: list | None = None,
 ) -> ExportedProgram:
     """An ``ExportedProgram`` around a graph cut out of another (a partition of a method).
 
@@ -264,6 +265,7 @@ def exported_program(
         [call],
         None,
         constants,
+        verifiers=verifiers,
     )
 
 
@@ -384,6 +386,17 @@ def load_for_lite_interpreter(path: str) -> torch.jit.mobile.LiteScriptModule:
 def add_string_attribute(module: torch.jit.ScriptModule, name: str, value: str) -> None:
     """A new ``str`` attribute on a ScriptModule (``torch.utils.bundled_inputs`` adds its own this way)."""
     module._c._register_attribute(name, torch._C.StringType.get(), value)
+
+
+def is_tensor_subclass(value: object) -> bool:
+    """Whether ``value`` is a traceable wrapper tensor subclass (torchao's quantized weights are).
+
+    ``torch.utils._python_dispatch.is_traceable_wrapper_subclass``: the protocol
+    (``__tensor_flatten__``/``__tensor_unflatten__``) torch.export unwraps.
+    """
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return bool(is_traceable_wrapper_subclass(value))
 
 
 def register_quantized_decomposed() -> None:

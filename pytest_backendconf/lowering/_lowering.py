@@ -27,6 +27,7 @@ from ._program_io import user_inputs, user_outputs
 from ..backend import Backend
 from ..debuginfo import DebugInfo, build_debug_infos
 from ._cache import cached_preprocess
+from ._subclasses import unwrap_tensor_subclasses
 from ._lowered_module import LoweredModule, WrapperModule
 from ..archive import MethodSpec, ParamSpec, params_of, value_spec
 from ..capabilities import capabilities_of
@@ -274,7 +275,8 @@ def lower_programs(
     if state:
         _check_keeps_state(backend)
     for name, spec in method_compile_spec.items():
-        program = programs[name]
+        # torchao's quantized weights reach the backend as plain integer tensors, scales and zero points.
+        program = unwrap_tensor_subclasses(programs[name], name)
         handles = recorder.assign(program.graph_module)
         infos = build_debug_infos(program.graph_module, handles, method=name, top_class=module_type.__name__)
         debug.update(infos)

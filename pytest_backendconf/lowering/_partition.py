@@ -370,6 +370,7 @@ def cut(program: ExportedProgram, nodes: list[torch.fx.Node], handles: DebugHand
         range_constraints=dict(program.range_constraints),
         n_inputs=len(user_reads),
         n_outputs=len(outputs),
+        verifiers=list(program.verifiers),  # a piece is in the program's IR: in-place ops on its intermediates too
     )
     state = piece_state(program, user_reads, outputs)
     if state:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, cast
 import torch
 import torch.nn.functional as F
 
-from . import qkernels
+from . import affine, qkernels
 
 if TYPE_CHECKING:
     from .._compat import OpOverload
@@ -712,6 +712,11 @@ _TABLE: list[tuple] = [
     (517, "aten.select_scatter.default", torch.select_scatter),
     (518, "aten.index.Tensor", _aten("index.Tensor")),
     (519, "aten.alias.default", _aten("alias.default")),
+    # torchao's affine quantization (LLM weight-only and 8da4w programs; backendconf-reference 0.5.0): own
+    # kernels, so that neither the compiler nor the target needs torchao
+    (520, "torchao.dequantize_affine.default", affine.dequantize_affine),
+    (521, "torchao.quantize_affine.default", affine.quantize_affine),
+    (522, "torchao.choose_qparams_affine.default", affine.choose_qparams_affine),
 ]
 
 OPS: tuple[Op, ...] = tuple(Op(*row) for row in _TABLE if row[2] is not _Missing)

@@ -551,6 +551,7 @@ def test_model_zoo_covers_every_op():
     # category's shipped data (of any torch release), which `-m ops` runs one by one
     # (tests/test_reference_ops.py checks that run against the declared ops).
     used = set().union(*(opcodes_of(compiled(case.name).blob) for case in CASES))
+    used |= _stateful_opcodes()
     from pytest_backendconf.conformance.ops import discovery
 
     in_data = {
@@ -561,14 +562,46 @@ def test_model_zoo_covers_every_op():
     # The quantize/dequantize ops of PT2E programs: tests/test_quantized.py lowers the quantized
     # category's programs (they need torchao) and checks that they use each of them; torchao's affine
     # ops are lowered by tests/test_torchao_lowering.py (the 8da4w program uses all three).
+    # aten.alias (transformers' static cache), aten.index.Tensor (a cache written by slice assignment)
+    # and the other forms of a state write and a mask: tests/test_state.py lowers the programs that use
+    # them and checks them against eager.
+    by_state_tests = {
+        "aten.alias.default",
+        "aten.index.Tensor",
+        "aten.copy.default",
+        "aten.select_scatter.default",
+        "aten.where.Scalar",
+        "aten.where.ScalarOther",
+        "aten.where.ScalarSelf",
+        "aten.scalar_tensor.default",
+    }
     missing = sorted(
         op.name
         for op in ops.OPS
         if op.opcode not in used
         and op.name not in in_data
+        and op.name not in by_state_tests
         and not op.name.startswith(("quantized_decomposed.", "torchao."))
     )
     assert not missing, f"ops neither a zoo model nor the ops data exercises: {missing}"
+
+
+def _stateful_opcodes() -> set[int]:
+    """The opcodes of the stateful category's models (each method lowered whole in float32)."""
+    from pytest_backendconf.conformance import stateful
+    from pytest_backendconf.lowering import export_method, lower_programs
+
+    used: set[int] = set()
+    for model in stateful.models():
+        module = model.module("float32")
+        shapes = model.dynamic_shapes() or {}
+        programs = {
+            m: export_method(module, m, model.example_inputs("float32")[m], {}, dynamic_shapes=shapes.get(m))
+            for m in model.methods
+        }
+        lowered = lower_programs(programs, ReferenceBackend(), {m: {} for m in model.methods}, module_type=type(module))
+        used |= set().union(*(opcodes_of(blob) for blob in lowered.lowered.blobs.values()))
+    return used
 
 
 def test_op_table_is_well_formed():

@@ -185,7 +185,9 @@ def test_compile_spec_mistakes_name_the_key():
     with pytest.raises(ValueError, match="unknown compile-spec key 'target_cpu' for the iree backend"):
         parse_spec({"target_cpu": "host"})
     with pytest.raises(ValueError, match="fault injection names node 'nope'"):
-        IreeBackend().preprocess(*_prepared(Gatherer().eval(), (TABLE, INDEX), {"__backendconf_fault__": {"node": "nope"}}))
+        IreeBackend().preprocess(
+            *_prepared(Gatherer().eval(), (TABLE, INDEX), {"__backendconf_fault__": {"node": "nope"}})
+        )
 
 
 def test_a_bad_blob_is_refused_by_name(gatherer):

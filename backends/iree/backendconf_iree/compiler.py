@@ -280,14 +280,14 @@ def _compile(mlir: bytes, located: list[torch.fx.Node], originals: ProgramNodes)
 # "<unknown>:0: error: 'arith.constant' op failed to verify ..."
 _ERROR = re.compile(r"^(?P<where>.*?): error: (?P<message>.*)$", re.M)
 _LOCATION = re.compile(r"\bn(\d+):(\d+)\b")
-_NOT_CLAIMED = re.compile(r"failed to legalize operation '(torch\.[\w.]+)'|unsupported|not supported|unimplemented", re.I)
+_NOT_CLAIMED = re.compile(
+    r"failed to legalize operation '(torch\.[\w.]+)'|unsupported|not supported|unimplemented", re.I
+)
 _UNDEFINED = re.compile(r"undefined symbol: (\w+)")
 _TORCH_OP = re.compile(r"'torch\.(aten\.[\w.]+?)'")
 
 
-def compile_error(
-    stderr: str, returncode: int, located: list[torch.fx.Node], originals: ProgramNodes
-) -> Exception:
+def compile_error(stderr: str, returncode: int, located: list[torch.fx.Node], originals: ProgramNodes) -> Exception:
     """The exception for a failed ``iree-compile``: `UnsupportedNodeError` or `CompileFailure` (module docstring)."""
     first = _ERROR.search(stderr)
     diagnostic = normalised(first["message"]) if first else ""

@@ -74,7 +74,9 @@ class CompiledMethod:
         header = self.header
         if len(inputs) != len(header.inputs):
             raise ValueError(f"expected {len(header.inputs)} inputs, got {len(inputs)}")
-        arrays = [_to_numpy(index, dtype, value) for index, (dtype, value) in enumerate(zip(header.inputs, inputs)) if dtype]
+        arrays = [
+            _to_numpy(index, dtype, value) for index, (dtype, value) in enumerate(zip(header.inputs, inputs)) if dtype
+        ]
         if header.fault is not None:
             # Simulated: every dispatch of an IREE module runs on every call, so fail before running.
             fault = header.fault

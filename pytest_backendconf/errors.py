@@ -9,7 +9,7 @@ torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast, overload
+from typing import TYPE_CHECKING, TypeVar, cast, overload
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -58,6 +58,8 @@ class Rejection:
     """
 
     __slots__ = ("node", "reason", "debug_info")
+    #: The error class whose entry this is, as its text names it.
+    _raised_with = "UnsupportedNodeError"
 
     def __init__(self, node: object, reason: str = "") -> None:
         self.node = node
@@ -81,12 +83,27 @@ class Rejection:
                 # Not a torch.fx.Node: say so rather than fail inside str().
                 reason = f" ({self.reason})" if self.reason else ""
                 return (
-                    f"UnsupportedNodeError was raised with {type(self.node).__name__} {self.node!r:.80}, not a "
+                    f"{self._raised_with} was raised with {type(self.node).__name__} {self.node!r:.80}, not a "
                     f"torch.fx.Node{reason}; pass the node of the program given to preprocess(), "
                     "so that the error can point at the model's source"
                 )
             info = debug_info_for_node(cast("Node", self.node), method="", handle=-1)
-        return format_unsupported(info, self.reason)
+        return format_unsupported(info, self.reason, compiler_failure=isinstance(self, CompilerFailure))
+
+
+class CompilerFailure(Rejection):
+    """One node a backend claims and its compiler failed on: an entry of `CompilerError.failures`.
+
+    As a `Rejection`: ``node``, ``reason`` (here the compiler's diagnostic
+    line), ``debug_info``; ``str()`` leads with "The node of … failed in this
+    compiler, which claims it".
+    """
+
+    __slots__ = ()
+    _raised_with = "CompilerError"
+
+    def __repr__(self) -> str:
+        return f"CompilerFailure({getattr(self.node, 'name', self.node)!r}, {self.reason!r})"
 
 
 _NO_NODE = object()
@@ -130,7 +147,7 @@ class UnsupportedNodeError(BackendConfError):
                     "UnsupportedNodeError takes (node, reason) for one node or rejections=[(node, reason), ...] "
                     "for several, not both"
                 )
-            entries = _rejections(rejections)
+            entries = _entries(rejections, Rejection, "UnsupportedNodeError(rejections=...)")
         super().__init__(entries[0].node, entries[0].reason)
         #: Every rejected node, the first being ``node``; filled in with debug info by the lowering.
         self.rejections: tuple[Rejection, ...] = tuple(entries)
@@ -169,32 +186,30 @@ class UnsupportedNodeError(BackendConfError):
         return f"{first}\nThe backend rejected {more} more node{'s' if more != 1 else ''}:\n{rest}"
 
 
-def _rejections(given: object) -> list[Rejection]:
-    """``rejections=`` checked: a non-empty list of (node, reason) pairs, each node once."""
+_EntryT = TypeVar("_EntryT", bound=Rejection)
+
+
+def _entries(given: object, kind: type[_EntryT], call: str) -> list[_EntryT]:
+    """``rejections=`` (or ``failures=``) checked: a non-empty list of (node, reason) pairs, each node once."""
     if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-        raise TypeError(
-            f"UnsupportedNodeError(rejections=...) takes a list of (node, reason) pairs, got "
-            f"{type(given).__name__} {given!r:.80}"
-        )
+        raise TypeError(f"{call} takes a list of (node, reason) pairs, got {type(given).__name__} {given!r:.80}")
     if not given:
         raise ValueError(
-            "UnsupportedNodeError(rejections=[]) names no node; raise it only for nodes the backend rejects"
+            f"{call.replace('...', '[]')} names no node; raise it only for nodes the backend "
+            + ("rejects" if kind is Rejection else "claims and failed to compile")
         )
-    entries: list[Rejection] = []
+    entries: list[_EntryT] = []
     seen: set[int] = set()
     for k, pair in enumerate(given):
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[1], str):
-            raise TypeError(
-                f"UnsupportedNodeError(rejections=...): entry {k} is {pair!r:.80}; each entry is a "
-                "(node, reason) pair, the reason a str"
-            )
+            raise TypeError(f"{call}: entry {k} is {pair!r:.80}; each entry is a (node, reason) pair, the reason a str")
         if id(pair[0]) in seen:
             raise ValueError(
-                f"UnsupportedNodeError(rejections=...) names node {getattr(pair[0], 'name', pair[0])!r:.80} twice; "
-                "give each rejected node once, with one reason"
+                f"{call} names node {getattr(pair[0], 'name', pair[0])!r:.80} twice; "
+                f"give each {'rejected' if kind is Rejection else 'failing'} node once, with one reason"
             )
         seen.add(id(pair[0]))
-        entries.append(Rejection(pair[0], pair[1]))
+        entries.append(kind(pair[0], pair[1]))
     return entries
 
 
@@ -203,6 +218,88 @@ def _rebuild_unsupported(entries: list[tuple[object, str, DebugInfo | None]]) ->
     exc = UnsupportedNodeError(rejections=[(cast("Node", node), reason) for node, reason, _ in entries])
     for rejection, (_, _, info) in zip(exc.rejections, entries):
         rejection.debug_info = info
+    return exc
+
+
+class CompilerError(BackendConfError):
+    """Raised by ``preprocess`` for graph nodes the backend claims but its compiler failed to build.
+
+    The second of a compile error's three verdicts (docs/backend-contract.md,
+    "Compile errors"): `UnsupportedNodeError` says "the backend does not claim
+    this" (the check is *unsupported*); ``CompilerError`` says "the backend
+    claims it and its compiler broke" (a verifier error, a legalization crash,
+    a link error: the check *fails*, and a known-failures file lists it); any
+    other exception from ``preprocess`` leaves the harness unable to tell, and
+    the failure's text says so.
+
+    ``CompilerError(node, diagnostic)`` names one node, with the compiler's
+    own diagnostic line; ``CompilerError(failures=[(node, diagnostic), ...])``
+    names several. ``failures`` holds each as a `CompilerFailure` (node,
+    ``reason`` = the diagnostic, and the debug info the lowering fills in);
+    ``node``, ``reason`` and ``debug_info`` are the first one's. ``str()`` is
+    the symbolicated text of each node, as `UnsupportedNodeError` gives it,
+    led by "The node of … failed in this compiler, which claims it".
+    `FailingNodes.raise_verdict` raises it for a whole-graph compiler.
+    """
+
+    @overload
+    def __init__(self, node: Node, reason: str = "") -> None: ...
+    @overload
+    def __init__(self, *, failures: Sequence[tuple[Node, str]]) -> None: ...
+    def __init__(
+        self, node: object = _NO_NODE, reason: str = "", *, failures: Sequence[tuple[object, str]] | None = None
+    ) -> None:
+        if failures is None:
+            if node is _NO_NODE:
+                raise TypeError(
+                    "CompilerError takes the node the compiler failed on: CompilerError(node, diagnostic), or "
+                    "failures=[(node, diagnostic), ...] for several"
+                )
+            entries = [CompilerFailure(node, reason)]
+        else:
+            if node is not _NO_NODE or reason:
+                raise TypeError(
+                    "CompilerError takes (node, diagnostic) for one node or failures=[(node, diagnostic), ...] "
+                    "for several, not both"
+                )
+            entries = _entries(failures, CompilerFailure, "CompilerError(failures=...)")
+        super().__init__(entries[0].node, entries[0].reason)
+        #: Every node the compiler failed on, the first being ``node``; filled in with debug info by the lowering.
+        self.failures: tuple[CompilerFailure, ...] = tuple(entries)
+
+    @property
+    def node(self) -> object:
+        return self.failures[0].node
+
+    @property
+    def reason(self) -> str:
+        return self.failures[0].reason
+
+    @property
+    def debug_info(self) -> DebugInfo | None:
+        return self.failures[0].debug_info
+
+    @property
+    def rejections(self) -> tuple[CompilerFailure, ...]:
+        """``failures``, under the name the lowering fills `UnsupportedNodeError`'s debug info by."""
+        return self.failures
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_compiler_error, ([(r.node, r.reason, r.debug_info) for r in self.failures],))
+
+    def __str__(self) -> str:
+        first = str(self.failures[0])
+        if len(self.failures) == 1:
+            return first
+        more = len(self.failures) - 1
+        rest = "\n".join(str(r) for r in self.failures[1:])
+        return f"{first}\nThe compiler failed on {more} more node{'s' if more != 1 else ''}:\n{rest}"
+
+
+def _rebuild_compiler_error(entries: list[tuple[object, str, DebugInfo | None]]) -> CompilerError:
+    exc = CompilerError(failures=[(cast("Node", node), reason) for node, reason, _ in entries])
+    for failure, (_, _, info) in zip(exc.failures, entries):
+        failure.debug_info = info
     return exc
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the suite imports torch: only once a backend is selected
 
 # The report's schema version for --help, without importing the report package at every start;
 # tests/test_suite_plugin.py checks that it is report._report.REPORT_SCHEMA_VERSION.
-_REPORT_SCHEMA_VERSION = "1.8"
+_REPORT_SCHEMA_VERSION = "1.9"
 
 BACKEND_KEY = pytest.StashKey[RegisteredBackend]()
 REGISTRY_KEY = pytest.StashKey[BackendRegistry]()

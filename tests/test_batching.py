@@ -150,6 +150,13 @@ def test_a_wrong_or_partial_rejection_list_does_not_change_any_outcome(batch_pyt
         r"the backend named \d+ nodes? as rejected in a batch that it judged otherwise alone", result.stdout.str()
     )
     assert "its rejection list is wrong" in result.stdout.str()
+    # ... naming each check and the node the batch's rejection named
+    abs_checks = sorted(i for i in batched if "abs.default" in i)
+    for check in abs_checks:
+        short = check.removeprefix("backendconf::")
+        assert re.search(
+            rf"  {re.escape(short)}: the batch's rejection named '.*aten::abs.*'; alone it passed", result.stdout.str()
+        ), result.stdout.str()
 
 
 @pytest.mark.slow

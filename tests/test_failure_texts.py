@@ -122,7 +122,7 @@ def test_a_backend_returning_float32_for_float16_gets_clean_blocks_and_a_rerun_c
         result.stdout.fnmatch_lines([expected])
 
     report = json.loads((pytester.path / "report.json").read_text())
-    assert report["schema_version"] == list(REPORT_SCHEMA_VERSION) == [1, 8]
+    assert report["schema_version"] == list(REPORT_SCHEMA_VERSION) == [1, 9]
     tests = {t["id"]: t for t in report["tests"]}
     failing = [t for t in tests.values() if t["outcome"] in FAILING]
     assert sorted(t["id"] for t in failing) == sorted(HALF)

@@ -8,6 +8,7 @@ defect each (see broken_backends.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import pytest_backendconf as bc
 from pytest_backendconf.checks import id_matches
 from pytest_backendconf.report._known_failures import (
     KnownFailure,
@@ -430,6 +432,8 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
             "*= backendconf: conformance of backend 'no_mul_wrong_dtype' =*",
             "contract       1/1 passed (100.0%); 0 unsupported, 0 known failures, 0 failed — score = passed / all 1",
             "parity         0/3 passed (0.0%); 1 unsupported, 1 known failure, 1 failed — score = passed / all 3",
+            "compile errors: 1 not claimed by the backend (unsupported), 0 compiler failures on claimed nodes "
+            "(failed), 0 undecided (no node named: the harness could not tell)",
             "",
             "to reproduce a failure, run its command:",
             f"FAILED {MLP}: pytest --backend=no_mul_wrong_dtype '--backendconf-select={MLP}' --backendconf-hypothesis=ci",
@@ -438,7 +442,7 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     )
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["schema"] == "backendconf-report"
-    assert report["schema_version"] == [1, 8]
+    assert report["schema_version"] == [1, 9]
     capabilities = report["backend"].pop("capabilities")
     assert report["backend"] == {
         "name": "no_mul_wrong_dtype",
@@ -452,6 +456,9 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     assert {"float32", "float16", "bfloat16"} <= set(capabilities["dtypes"])
     assert capabilities["thread_safe"] is True and capabilities["fault_injection"] is True
     assert capabilities["host_only_modules"] == ["backendconf_reference.compiler"]
+    # Every declared field is listed, the flags as declared.
+    assert set(capabilities) == {f.name for f in dataclasses.fields(bc.Capabilities)}
+    assert capabilities["dynamic_shapes"] is True and capabilities["batch_ops"] is None
     import torch
 
     assert report["environment"]["torch"] == torch.__version__
@@ -539,7 +546,12 @@ def test_the_report_and_the_summary_count_every_outcome(suite, pytester):
     }
     assert report["summary"]["contract"]["score"] == 1.0
     assert report["summary"]["reliability"]["total"] == 0 and report["summary"]["reliability"]["score"] is None
-    assert report["errors"] == {"total": 2, "by_type": {"OutputSpecError": 2}, "by_stage": {"execute": 2}}
+    assert report["errors"] == {
+        "total": 2,
+        "by_type": {"OutputSpecError": 2},
+        "by_stage": {"execute": 2},
+        "compile_errors": {"unsupported": 1, "compiler_failure": 0, "undecided": 0},
+    }
 
 
 def test_the_report_and_the_summary_say_what_the_declaration_left_out(suite, pytester):
@@ -561,5 +573,8 @@ def test_the_report_and_the_summary_say_what_the_declaration_left_out(suite, pyt
         "host_only_modules": [],
         "thread_safe": False,
         "fault_injection": False,
+        "dynamic_shapes": True,
+        "target_runtime_modules": [],
+        "batch_ops": None,
     }
     assert backend["not_under_test"][0] == "dtypes float16, bfloat16 (not in Capabilities.dtypes)"

@@ -304,6 +304,9 @@ class Reference:
     how: str
     writes: dict[int, torch.Tensor]
     eager_writes: dict[int, torch.Tensor]
+    #: Inputs eager writes although the op's schema declares no write (training batch norm's running
+    #: statistics), by number: what the backend did with each (`judge` fills it in; the report keeps it).
+    undeclared: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def against_float64(self) -> bool:
@@ -473,10 +476,17 @@ def verdict(
             + "\n".join(r.text() for r in failing)
             + f"\n  inputs: {saved}\n  rerun this comparison: {rerun}"
             + (f"\n  worst closeness {top.closeness:.3g}" if top is not None else ""),
-            details={"numerics": {**summary_json(results), "reference": reference.how}},
+            details={"numerics": {**summary_json(results), "reference": reference.how}, **_undeclared(reference)},
             rerun=rerun,
         )
-    return {"numerics": {**summary_json(results), "reference": reference.how}}
+    return {"numerics": {**summary_json(results), "reference": reference.how}, **_undeclared(reference)}
+
+
+def _undeclared(reference: Reference) -> dict[str, Any]:
+    """The report's ``undeclared_writes``: each input eager writes undeclared, and what the backend did."""
+    if not reference.undeclared:
+        return {}
+    return {"undeclared_writes": [{"input": i, "backend": what} for i, what in sorted(reference.undeclared.items())]}
 
 
 class WritesInPlace(Exception):
@@ -503,8 +513,24 @@ def judge(
     if len(actual) == len(reference.truth):
         actual, _ = settle_ties(sample, actual, reference.truth)
     results = compare_outputs(actual, reference.truth, tolerance, reference.eager, multiple)
+    declared = _declares_writes(sample)
     for i, (before, after) in enumerate(zip(sample.inputs, inputs)):
-        if i in reference.writes:
+        if i in reference.writes and not declared:
+            # Eager writes an input the schema does not declare written: the contract forbids execute to
+            # change its inputs, so leaving it alone is right; the write is reported apart, not judged.
+            # Written anyway, it must be eager's write (any other change is a change of the caller's tensor).
+            if same_tensor(before, after):
+                reference.undeclared[i] = "left unchanged (eager writes it; the schema declares no write)"
+                continue
+            written = compare_tensor(len(results), after, reference.writes[i], tolerance, None, multiple)
+            if not written.passed:
+                raise WritesInPlace(
+                    f"execute() changed input {i} in place to other values than eager's: eager writes it although "
+                    f"{sample.overload}'s schema declares no write, and a backend may leave it unchanged "
+                    "(execute must not change its inputs) or write eager's values, nothing else"
+                )
+            reference.undeclared[i] = "written as eager writes it (the schema declares no write)"
+        elif i in reference.writes:
             written = compare_tensor(
                 len(results),
                 after,
@@ -517,6 +543,15 @@ def judge(
         elif not same_tensor(before, after):
             raise WritesInPlace(f"execute() changed input {i} in place, which eager PyTorch leaves unchanged")
     return results, reference
+
+
+def _declares_writes(sample: discovery.OpSample) -> bool:
+    """Whether the op's schema declares any argument written (``Tensor(a!)``); unknown schema: True."""
+    try:
+        schema = _compat.op_schema(discovery.resolve_overload(sample.overload))
+    except (AttributeError, RuntimeError):
+        return True
+    return schema is None or bool(schema.is_mutable)
 
 
 def _headline(sample: discovery.OpSample, is_declared: bool) -> str:

@@ -16,6 +16,7 @@ from ._context import CheckContext, ContextT
 from ._check import CATEGORIES, LOWERING_STAGES, ROOT_ID, Batching, Check, CheckFailed, Unsupported, fail, id_matches
 from ._outcome import (
     CHECK_OUTCOMES,
+    COMPILE_VERDICTS,
     NOT_RUN_AGAIN,
     CheckOutcome,
     NotNeeded,
@@ -28,6 +29,7 @@ from ._outcome import (
 __all__ = [
     "CATEGORIES",
     "CHECK_OUTCOMES",
+    "COMPILE_VERDICTS",
     "LOWERING_STAGES",
     "NOT_RUN_AGAIN",
     "ROOT_ID",

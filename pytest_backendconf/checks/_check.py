@@ -126,6 +126,10 @@ class CheckFailed(AssertionError):
 class Unsupported(Exception):
     """The backend rejected the model (`UnsupportedNodeError`): counted apart, never as a pass."""
 
+    #: Whether the backend's `UnsupportedNodeError` made it (a compile error's "not claimed" verdict,
+    #: which the report counts), rather than the suite's own reading of a declaration.
+    rejected: bool = False
+
     @classmethod
     def from_rejection(cls, exc: Exception) -> "Unsupported":
         """``The node of aten::mul is not supported in this compiler (reason) at models.py:12``."""
@@ -133,7 +137,9 @@ class Unsupported(Exception):
         reason = getattr(exc, "reason", "")
         info = getattr(exc, "debug_info", None)
         where = f" at {info.file}:{info.line}" if info is not None and info.file else ""
-        return cls(first + (f" ({reason})" if reason else "") + where)
+        made = cls(first + (f" ({reason})" if reason else "") + where)
+        made.rejected = True
+        return made
 
 
 def fail(message: str) -> None:

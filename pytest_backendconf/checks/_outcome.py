@@ -19,6 +19,10 @@ from .._validation import check_choice, check_type, field
 Outcome = Literal["passed", "failed", "unsupported", "not_needed", "skipped"]
 #: Every `Outcome`, in the order of its ``Literal``.
 CHECK_OUTCOMES: tuple[str, ...] = get_args(Outcome)
+#: A compile error's verdicts, kept as a check's ``details.compile_error`` and counted by the report
+#: (``errors.compile_errors``): the backend does not claim the node (`UnsupportedNodeError`), it claims it
+#: and its compiler failed (`CompilerError`), or preprocess failed naming no node and the harness cannot tell.
+COMPILE_VERDICTS = ("unsupported", "compiler_failure", "undecided")
 #: The error type of a check failed at once, not run again, because its model hung or crashed in an
 #: earlier check (the backend host says so; the summary counts them).
 NOT_RUN_AGAIN = "BackendHostModelHung"

@@ -204,9 +204,11 @@ def traceback_text(frames: tuple[Frame, ...]) -> str:
 # --- the pinned texts ---------------------------------------------------------
 
 
-def format_unsupported(info: DebugInfo, reason: str) -> str:
-    """The text of `UnsupportedNodeError` (its first lines are pinned)."""
-    lines = [f"The node of {one_line(info.op)} is not supported in this compiler. Source code:"]
+def format_unsupported(info: DebugInfo, reason: str, *, compiler_failure: bool = False) -> str:
+    """The text of `UnsupportedNodeError` (its first lines are pinned), or of `CompilerError`
+    (``compiler_failure``: the backend claims the node and its compiler failed on it)."""
+    said = "failed in this compiler, which claims it" if compiler_failure else "is not supported in this compiler"
+    lines = [f"The node of {one_line(info.op)} {said}. Source code:"]
     if info.frames:
         lines.append(info.frames[-1].render())
         if not info.frames[-1].source:
@@ -215,7 +217,7 @@ def format_unsupported(info: DebugInfo, reason: str) -> str:
     else:
         lines.append("  (no source recorded for this node)")
     if reason:
-        lines.append(f"Reason: {clip(reason, MAX_TEXT_CHARS)}")
+        lines.append(f"{'Diagnostic' if compiler_failure else 'Reason'}: {clip(reason, MAX_TEXT_CHARS)}")
     lines.append(str(info))
     lines.append(_locator(info))
     return "\n".join(lines)

@@ -10,7 +10,7 @@ May import: `target` (the minimiser runs its candidates in a child process), `lo
 """
 
 from ._divergence import locate_divergence, locate_in_program
-from ._failing_nodes import FailingNodes, failing_nodes
+from ._failing_nodes import FailingNodes, NodeFailure, failing_nodes
 from ._layers import Layer, LayerVerdict, judge_layers
 from ._minify import DEFAULT_BUDGET, Candidate, Outcome, Reproduction, minify, same_failure
 from ._profile import Call, Profile, check_events, profile
@@ -22,6 +22,7 @@ __all__ = [
     "Call",
     "Candidate",
     "FailingNodes",
+    "NodeFailure",
     "Outcome",
     "Reproduction",
     "Profile",

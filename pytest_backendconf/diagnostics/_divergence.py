@@ -331,6 +331,7 @@ def piece_program(
     *,
     program: ExportedProgram | None = None,
     outputs: list[Node] | None = None,
+    range_constraints: dict | None = None,
 ) -> tuple[ExportedProgram, list[torch.Tensor], list[tuple[Node, list[int | None]]]]:
     """A program of ``nodes`` whose outside inputs are placeholders fed with eager values.
 
@@ -339,6 +340,10 @@ def piece_program(
     that fuses a quantized convolution only over a constant weight fuses it here too. ``outputs``
     (default: every node) are the nodes whose values the piece returns; a node whose value nothing
     outside reads stays an intermediate, as in the program.
+
+    ``range_constraints`` (the program's, for its symbolic sizes) are kept on the piece: without them a
+    size the program bounds is unbounded there. A higher-order op's subgraphs (``torch.cond``'s
+    branches, read by ``get_attr``) go into the piece with it.
 
     Returns it, its inputs, and per output node which of its results are outputs
     (``[None]``: the node's tensor; else the tuple indices the graph uses).
@@ -350,8 +355,17 @@ def piece_program(
     weights = _weights_of(program)
     constants: dict = {}  # name -> tensor (ExportedProgram's own annotation is wider)
 
+    submodules: dict[str, torch.nn.Module] = {}
+
     def outside(n: Node) -> Argument:
         if n in mapping:
+            return mapping[n]
+        if n.op == "get_attr":
+            # A subgraph (a cond branch): the piece holds the module itself, under the same name.
+            owner = n.graph.owning_module
+            assert owner is not None and isinstance(n.target, str)
+            submodules[n.target] = _submodule(owner, n.target)
+            mapping[n] = graph.node_copy(n)
             return mapping[n]
         value = env[n]
         if not isinstance(value, torch.Tensor):
@@ -372,7 +386,7 @@ def piece_program(
 
     frontier = [n for node in nodes for n in node.all_input_nodes if n not in inside]
     # Placeholders first, weights before user inputs (as export orders them), then the nodes.
-    for n in sorted(frontier, key=lambda n: n not in weights):
+    for n in sorted(frontier, key=lambda n: (n.op == "get_attr", n not in weights)):
         outside(n)
     for node in nodes:
         mapping[node] = graph.node_copy(node, lambda n: mapping[n] if n in mapping else outside(n))
@@ -396,7 +410,10 @@ def piece_program(
             output_nodes.extend(cast("Node", mapping[u]) for u in items)
             counts.append((node, [cast(int, u.args[1]) for u in items]))
     graph.output(tuple(output_nodes))
-    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    root = torch.nn.Module()
+    for name, submodule in submodules.items():
+        root.add_module(name, submodule)
+    module = torch.fx.GraphModule(root, graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     signature = ExportGraphSignature(
         input_specs=[
@@ -414,7 +431,7 @@ def piece_program(
         graph=module.graph,
         graph_signature=signature,
         state_dict={},
-        range_constraints={},
+        range_constraints=dict(range_constraints or {}),
         module_call_graph=[
             ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
         ],
@@ -423,6 +440,15 @@ def piece_program(
         verifiers=list(program.verifiers) if program is not None else None,
     )
     return piece, inputs, counts
+
+
+def _submodule(owner: torch.nn.Module, target: str) -> torch.nn.Module:
+    """The submodule a ``get_attr`` node names (a dotted path under ``owner``)."""
+    value: object = owner
+    for part in target.split("."):
+        value = getattr(value, part)
+    assert isinstance(value, torch.nn.Module), f"get_attr {target!r} is not a subgraph"
+    return value
 
 
 def _weights_of(program: ExportedProgram | None) -> dict[Node, torch.Tensor]:

@@ -28,7 +28,13 @@ from ._cache import cached_preprocess
 from ._lowered_module import LoweredModule, WrapperModule
 from ..archive import MethodSpec, params_of, value_spec
 from ._args import availability, check_compile_spec, check_examples, normalize, resolve_backend
-from ..errors import BackendContractError, BackendUnavailableWarning, LoweringError, UnsupportedNodeError
+from ..errors import (
+    BackendContractError,
+    BackendUnavailableWarning,
+    CompilerError,
+    LoweringError,
+    UnsupportedNodeError,
+)
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -156,14 +162,19 @@ def lower_programs(
             else:
                 partitioned[name] = _lower_partitioned(backend, program, dict(spec), handles, infos, name, partition)
                 blobs.update(partitioned[name].delegated_blobs)
-        except (UnsupportedNodeError, BackendContractError, LoweringError):
+        except (UnsupportedNodeError, CompilerError, BackendContractError, LoweringError):
             raise
         except Exception as exc:
             # Name the backend and the method: a bare ValueError from deep inside
-            # a vendor's compiler does not say whose it is.
-            raise LoweringError(
+            # a vendor's compiler does not say whose it is. Neither a rejection nor a compiler failure at
+            # named nodes: the harness cannot tell which of the two it is, and says so (the last line, so
+            # that the first stays the backend's own words).
+            error = LoweringError(
                 f"preprocess() of backend {backend.name!r} failed for method {name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+                f"\n{UNDECIDED_TEXT}"
+            )
+            error.compile_verdict = "undecided"  # type: ignore[attr-defined]
+            raise error from exc
         methods[name] = _method_spec(program, name, dict(spec), getattr(module_type, name))
     lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version)
     for name, nodes in whole.items():
@@ -280,6 +291,14 @@ def _written_arguments(node: Node) -> list[Node]:
     return written
 
 
+#: What a compile error that names no node says: whether the backend claims the program is not known.
+UNDECIDED_TEXT = (
+    "The harness cannot tell whether the backend claims this program: preprocess() raised neither "
+    "UnsupportedNodeError (not claimed) nor CompilerError (claimed, and its compiler failed) naming nodes "
+    '(docs/writing-a-backend.md, "A compiler that builds the whole graph").'
+)
+
+
 def run_preprocess(
     backend: Backend,
     program: ExportedProgram,
@@ -292,8 +311,8 @@ def run_preprocess(
     info (for the error's source lines), and a blob that is not bytes is a `BackendContractError`."""
     try:
         blob = backend.preprocess(program, copy.deepcopy(spec), handles)
-    except UnsupportedNodeError as exc:
-        # Every rejected node gets its own source line (a backend may name several at once).
+    except (UnsupportedNodeError, CompilerError) as exc:
+        # Every rejected or failing node gets its own source line (a backend may name several at once).
         for rejection in exc.rejections:
             node = rejection.node
             handle = handles.get(node) if isinstance(node, torch.fx.Node) else None

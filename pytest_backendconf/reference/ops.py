@@ -188,24 +188,22 @@ def _assert_scalar(condition, message):
 
 
 def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    # In training mode eager updates the running statistics in place: the
-    # schema does not declare it, but the program relies on it, and the
-    # suite compares those writes with eager's. float16/bfloat16 are computed
-    # in float32 (eager's CPU kernel accumulates in the low-precision dtype),
-    # rounded back once, and the updated statistics written back.
-    if x.dtype not in _LOW_PRECISION:
-        return torch.native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    # In training mode eager updates the running statistics in place although the schema declares no
+    # write; execute must not change its inputs, so the kernel gets copies and the caller's tensors stay
+    # unchanged (the suite judges the outputs and reports the write apart: docs/backend-contract.md).
+    # float16/bfloat16 are computed in float32 (eager's CPU kernel accumulates in the low-precision
+    # dtype) and rounded back once.
+    low = x.dtype in _LOW_PRECISION
 
-    def wide(t):
-        return None if t is None else t.float()
+    def own(t):
+        if t is None:
+            return None
+        return t.float() if low else t.clone() if training else t
 
-    mean, var = wide(running_mean), wide(running_var)
-    out = torch.native_batch_norm(x.float(), wide(weight), wide(bias), mean, var, training, momentum, eps)
-    if training:
-        for original, updated in ((running_mean, mean), (running_var, var)):
-            if original is not None:
-                original.copy_(updated)
-    return tuple(t.to(x.dtype) if t.dtype == torch.float32 else t for t in out)
+    out = torch.native_batch_norm(
+        x.float() if low else x, own(weight), own(bias), own(running_mean), own(running_var), training, momentum, eps
+    )
+    return tuple(t.to(x.dtype) if low and t.dtype == torch.float32 else t for t in out)
 
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)

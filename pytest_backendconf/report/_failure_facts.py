@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .._diagnostic import diagnostic_line
+
 #: The numbers ``figures`` may hold: the worst output's error, its closeness and the tolerance it had.
 FIGURE_KEYS = ("max_abs_error", "max_rel_error", "closeness", "ulp", "rtol", "atol")
 #: The longest reason written from a failure's first line: a backend's message is foreign text of any
@@ -21,18 +23,40 @@ MAX_REASON = 1000
 
 
 def reason_of(error: Mapping[str, Any] | None, outcome: str | None, verdict_type: str) -> str:
-    """The failure's first line (with its exception type unless it is the suite's own verdict), whole.
+    """The failure's diagnostic line (with its exception type unless it is the suite's own verdict), whole.
 
+    The suite's own verdict gives its first line; an exception its diagnostic
+    line (`diagnostic_line`: the first line naming an op or giving a
+    compiler's ``error:``, else its first line), so that a wrapper such as
+    ``CompilerToolError: Error invoking … iree-compile`` is not the reason
+    when the compiler's ``'arith.constant' op failed to verify …`` is below it.
     A trailing colon, which introduced the lines of detail that follow it in
     the failure text, is dropped; only a line longer than `MAX_REASON` is cut,
     and then it says so with a final ``…``.
     """
     if error is None:
         return outcome or "failed"
-    first = (str(error.get("message", "")).splitlines() or [""])[0].strip().removesuffix(":").rstrip()
+    message = str(error.get("message", ""))
     kind = str(error.get("type", ""))
+    if kind == verdict_type:
+        first = (message.splitlines() or [""])[0]
+    else:
+        first = diagnostic_line(message)
+        said = _compiler_diagnostic(message) if kind == "CompilerError" else None
+        if said:
+            # "The node of aten::tanh failed in this compiler, which claims it" and the compiler's own words.
+            first = f"{first.removesuffix(' Source code:').rstrip('.')}: {said}"
+    first = first.strip().removesuffix(":").rstrip()
     line = first if kind == verdict_type and first else f"{kind}: {first}" if first else kind
     return line if len(line) <= MAX_REASON else line[: MAX_REASON - 1] + "…"
+
+
+def _compiler_diagnostic(message: str) -> str | None:
+    """The ``Diagnostic: …`` line of a `CompilerError`'s text (its first node's), without the label."""
+    for line in message.splitlines():
+        if line.startswith("Diagnostic: "):
+            return line.removeprefix("Diagnostic: ").strip() or None
+    return None
 
 
 def facts_of(details: Mapping[str, Any] | None, reproduction: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -257,7 +257,7 @@ _SECTIONS: dict[str, dict[str, str]] = {
         "shard": "object",
     },
     "known_failures": {"file": "string", "entries": "count", "stale": "list"},
-    "errors": {"total": "count", "by_type": "object", "by_stage": "object"},
+    "errors": {"total": "count", "by_type": "object", "by_stage": "object", "compile_errors": "object"},
     "ops": {"dtypes": "list", "overloads": "object", "samples": "object"},
     "delegation": {},
 }
@@ -290,7 +290,7 @@ def _check_sections(document: dict[str, Any]) -> None:
             check_type(entry, "object", where)
             field(entry, "distribution", "string", where, optional=True)
             field(entry, "version", "string", where, optional=True)
-    for key in ("by_type", "by_stage"):
+    for key in ("by_type", "by_stage", "compile_errors"):
         for label, count in ((document.get("errors") or {}).get(key) or {}).items():
             check_type(count, "count", f"errors.{key}.{label}")
     ops = document.get("ops") or {}

@@ -9,13 +9,14 @@ time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..checks import CATEGORIES
+from ..checks import CATEGORIES, COMPILE_VERDICTS
 from ._counts import category_counts, non_strict_counts, outcome_parts
 from ._machine import describe_machine
 from ._record import ReportTest
@@ -33,8 +34,10 @@ REPORT_SCHEMA = "backendconf-report"
 # run: its index, count and checks, and the collection's size and digest) and a joined report's run.shards;
 # 1.7: tests[].rerun (every failure's rerun command: the saved comparison's, else the reproduce command);
 # 1.8: tests[].verdict (the test's outcome before known failures applied: a gate judges it again from there);
-# ops.samples (the count, digest and source of the sample set the ops checks were made from)
-REPORT_SCHEMA_VERSION = (1, 8)
+# ops.samples (the count, digest and source of the sample set the ops checks were made from);
+# 1.9: errors.compile_errors (compile errors by verdict, from tests[].details.compile_error) and every
+# declared capability in backend.capabilities (dynamic_shapes, batch_ops, target_runtime_modules added)
+REPORT_SCHEMA_VERSION = (1, 9)
 
 
 def summarize(tests: Iterable[ReportTest], categories: Iterable[str] = CATEGORIES) -> dict[str, dict[str, Any]]:
@@ -54,7 +57,36 @@ def error_counts(tests: Iterable[ReportTest]) -> dict[str, Any]:
         by_stage[test.stage] = by_stage.get(test.stage, 0) + 1
         kind = str(test.error.get("type")) if test.error is not None else "unknown"
         by_type[kind] = by_type.get(kind, 0) + 1
-    return {"total": total, "by_type": dict(sorted(by_type.items())), "by_stage": dict(sorted(by_stage.items()))}
+    return {
+        "total": total,
+        "by_type": dict(sorted(by_type.items())),
+        "by_stage": dict(sorted(by_stage.items())),
+        "compile_errors": compile_error_counts(tests),
+    }
+
+
+def compile_error_counts(tests: Iterable[ReportTest]) -> dict[str, int]:
+    """How many tests ended in a compile error of each verdict: the backend did not claim the node
+    (``unsupported``), claimed it and its compiler failed (``compiler_failure``), or the harness could
+    not tell (``undecided``: preprocess failed naming no node)."""
+    counts = dict.fromkeys(COMPILE_VERDICTS, 0)
+    for test in tests:
+        verdict = (test.details or {}).get("compile_error")
+        if verdict in counts:
+            counts[verdict] += 1
+    return counts
+
+
+def compile_errors_line(counts: dict[str, int]) -> str | None:
+    """``compile errors: 12 not claimed (unsupported), 3 compiler failures, 1 undecided …``; None when none."""
+    if not any(counts.get(v, 0) for v in COMPILE_VERDICTS):
+        return None
+    failures = counts.get("compiler_failure", 0)
+    return (
+        f"compile errors: {counts.get('unsupported', 0)} not claimed by the backend (unsupported), "
+        f"{failures} compiler failure{'s' if failures != 1 else ''} on claimed nodes (failed), "
+        f"{counts.get('undecided', 0)} undecided (no node named: the harness could not tell)"
+    )
 
 
 def score_line(category: str, counts: dict[str, Any]) -> str:
@@ -89,16 +121,18 @@ def declared(capabilities: Any) -> dict[str, Any]:
         return [float(v) for v in value]
 
     c = capabilities
-    return {
+    written = {
         "supported_ops": None if c.supported_ops is None else sorted(c.supported_ops),
         "dtypes": None if c.dtypes is None else sorted(name(d) for d in c.dtypes),
         "tolerances": None
         if c.tolerances is None
         else {name(d): tolerance(pair) for d, pair in sorted(c.tolerances.items(), key=lambda i: name(i[0]))},
         "host_only_modules": list(c.host_only_modules),
-        "thread_safe": c.thread_safe,
-        "fault_injection": c.fault_injection,
+        "target_runtime_modules": list(c.target_runtime_modules),
     }
+    # Every declared field, so that a score is read against the whole declaration (a field added to
+    # Capabilities later is listed too: the flags are JSON as they are).
+    return {f.name: written.get(f.name, getattr(c, f.name)) for f in dataclasses.fields(c)}
 
 
 def not_under_test(capabilities: Any) -> list[str]:

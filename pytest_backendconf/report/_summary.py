@@ -16,7 +16,7 @@ from ._failure_groups import group_failures, same_program_groups, same_program_l
 from ._failure_groups import summary_lines as group_lines
 from ._ops import flagged_lines, ops_matrix, summary_line
 from ._record import ReportTest
-from ._report import not_under_test, score_line, summarize
+from ._report import compile_error_counts, compile_errors_line, not_under_test, score_line, summarize
 from ._words import counted
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ def summary_lines(results: list[ReportTest], supported_ops: Iterable[str] | None
             )
     if matrix is not None:
         lines += [summary_line(matrix), *flagged_lines(matrix)]
+    compile_errors = compile_errors_line(compile_error_counts(results))
+    if compile_errors is not None:
+        lines.append(compile_errors)
     if left_out:
         lines.append(f"not under test (as declared): {'; '.join(left_out)}")
     non_strict = non_strict_line(results)

@@ -97,6 +97,8 @@ class Batcher:
         self.claimed: dict[str, CheckOutcome] = {}
         #: Checks whose batch rejection their run alone contradicted (the backend's list was wrong).
         self.contradicted: list[str] = []
+        #: Each contradiction in words, for the summary: the check, the node the batch named, what it was alone.
+        self.contradictions: list[str] = []
 
     def counts(self) -> dict[str, Any]:
         """What this process's batches did, for the summary (an xdist worker sends it to the controller)."""
@@ -106,11 +108,12 @@ class Batcher:
             "seconds": self.seconds,
             "alone": len(self.alone),
             "contradicted": len(self.contradicted),
+            "contradictions": list(self.contradictions),
         }
 
     @staticmethod
     def add_counts(total: dict[str, Any] | None, counts: dict[str, Any]) -> dict[str, Any]:
-        return {k: (total or {}).get(k, 0) + v for k, v in counts.items()}
+        return {k: (total or {}).get(k, [] if isinstance(v, list) else 0) + v for k, v in counts.items()}
 
     @staticmethod
     def summary(counts: dict[str, Any]) -> str:
@@ -126,6 +129,11 @@ class Batcher:
                 f"; the backend named {counted(wrong, 'node')} as rejected in a batch that it judged "
                 "otherwise alone (those checks report their outcome alone; its rejection list is wrong)"
             )
+            named = list(counts.get("contradictions") or [])
+            shown = named[:MAX_CONTRADICTIONS_SHOWN]
+            text += "".join(f"\n  {line}" for line in shown)
+            if len(named) > len(shown):
+                text += f"\n  … and {len(named) - len(shown)} more"
         return text
 
     def ran_alone(self, check: Check, outcome: str, message: str) -> None:
@@ -140,6 +148,10 @@ class Batcher:
         claimed = self.claimed.pop(check.id, None)
         if claimed is not None and (claimed.outcome, claimed.message) != (outcome, message):
             self.contradicted.append(check.id)
+            said = (claimed.message.splitlines() or [""])[0]
+            self.contradictions.append(
+                f"{check.id}: the batch's rejection named {said[:200]!r}; alone it {_ALONE_WORDS.get(outcome, outcome)}"
+            )
 
     def outcome(self, item: ConformanceItem) -> CheckOutcome | None:
         """The check's outcome from a batch, or None: run it alone."""
@@ -270,6 +282,11 @@ class Batcher:
             return batching.run(self.ctx, checks)
         except Exception:  # the runner itself failed: the checks alone will say what
             return None
+
+
+#: How many contradicted checks the summary names (the rest are counted).
+MAX_CONTRADICTIONS_SHOWN = 20
+_ALONE_WORDS = {"passed": "passed", "failed": "failed", "unsupported": "was rejected otherwise"}
 
 
 def _key(check: Check, outcome: str, message: str) -> tuple[str, str, str]:

@@ -282,8 +282,24 @@ def _inputs(ctx: SuiteContext, program: ExportedProgram, case: str, dtype: str, 
     if saved and os.path.exists(saved.group(1)):
         tensors, _ = read_tensors(saved.group(1))
         if len(tensors) == wanted:
-            return [tensors[f"input{i}"] for i in range(wanted)]
-    return list(ctx.flat_inputs(case, dtype, method))
+            return tensor_inputs(program, [tensors[f"input{i}"] for i in range(wanted)])
+        if len(tensors) == len(tensor_inputs(program, [])) and len(tensors):  # the check saved its tensors only
+            return [tensors[f"input{i}"] for i in range(len(tensors))]
+    return tensor_inputs(program, list(ctx.flat_inputs(case, dtype, method)))
+
+
+def tensor_inputs(program: ExportedProgram, flat: list) -> list:
+    """The tensors of a program's flat user inputs, as `minify` takes them: a Python number the program
+    takes (a ``ConstantArgument``: ``scale: float``) is baked into the exported program, and minify refuses it."""
+    import torch
+    from torch.export.graph_signature import InputKind, TensorArgument
+
+    users = [spec for spec in program.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    if not flat:  # how many tensors it takes: as many placeholders
+        return [spec for spec in users if isinstance(spec.arg, TensorArgument)]
+    if len(users) != len(flat):
+        return [value for value in flat if isinstance(value, torch.Tensor)]
+    return [value for spec, value in zip(users, flat) if isinstance(spec.arg, TensorArgument)]
 
 
 def _tolerance(ctx: SuiteContext, case: str, dtype: str) -> tuple[float, float]:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from ..checks import Check, CheckFailed, CheckOutcome, ContextT, NotNeeded, Unsupported
+from ..errors import CompilerError, UnsupportedNodeError
 from ._failure_text import failure_text
 
 #: The outcome of the check an item ran (or was decided for it); read by `_gating` when its report is made.
@@ -36,7 +37,7 @@ def run_check(check: Check[ContextT], ctx: ContextT) -> CheckOutcome:
     try:
         details = check.run(ctx)
     except Unsupported as exc:
-        return CheckOutcome("unsupported", str(exc), seconds=took())
+        return CheckOutcome("unsupported", str(exc), details=_verdict_of(exc), seconds=took())
     except NotNeeded as exc:
         return CheckOutcome("not_needed", str(exc), seconds=took())
     except pytest.skip.Exception as exc:
@@ -47,7 +48,7 @@ def run_check(check: Check[ContextT], ctx: ContextT) -> CheckOutcome:
         return CheckOutcome(
             "failed",
             str(exc),
-            details=details or None,
+            details={**(details or {}), **(_verdict_of(exc) or {})} or None,
             error=exc.error_record if isinstance(exc.error_record, dict) else error_record(exc),
             seconds=took(),
             rerun=rerun,
@@ -57,9 +58,33 @@ def run_check(check: Check[ContextT], ctx: ContextT) -> CheckOutcome:
         return CheckOutcome(
             "failed",
             failure_text(pytest.ExceptionInfo.from_exception(exc)),
+            details=_verdict_of(exc),
             error=error_record(exc),
             seconds=took(),
             exception=exc,
         )
     # A check may return details for the report (delegation's node counts); they are JSON data.
     return CheckOutcome("passed", details=details if isinstance(details, dict) and details else None, seconds=took())
+
+
+def compile_verdict(exc: BaseException | None) -> str | None:
+    """Which of `COMPILE_VERDICTS` a check's exception came from (its causes followed); None: no compile error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, Unsupported):
+            if exc.rejected:
+                return "unsupported"
+        elif isinstance(exc, UnsupportedNodeError):
+            return "unsupported"
+        elif isinstance(exc, CompilerError):
+            return "compiler_failure"
+        elif getattr(exc, "compile_verdict", None) == "undecided":
+            return "undecided"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _verdict_of(exc: BaseException) -> dict[str, str] | None:
+    verdict = compile_verdict(exc)
+    return None if verdict is None else {"compile_error": verdict}

@@ -132,15 +132,22 @@ def test_a_dynamic_dimension_runs_every_size_in_its_range():
         torch.testing.assert_close(lowered(x), Scores()(x))
 
 
-def test_a_compiler_crash_on_an_op_iree_claims_is_a_failure_naming_the_diagnostic():
+def test_a_compiler_crash_on_an_op_iree_claims_is_a_compiler_error_at_its_node():
     # IREE lowers log10 to a call of libm's log10f, which the generic CPU's runtime library lacks:
     # the link fails. IREE claims the op, so this is its compiler's failure, not "unsupported".
-    with pytest.raises(CompileFailure) as caught:
-        IreeBackend().preprocess(*_prepared(Log10(), (torch.rand(4),)))
-    text = str(caught.value)
-    assert text.startswith("IREE's compiler failed on an op it claims: iree-lld: undefined symbol: log10f")
-    assert "[at log10 (aten::log10)" in text  # the missing function names its op first
+    program, spec, handles = _prepared(Log10(), (torch.rand(4),))
+    with pytest.raises(bc.CompilerError) as caught:
+        IreeBackend().preprocess(program, spec, handles)
+    # The missing function names its op, although the fused dispatch carries the location of the mul.
+    assert caught.value.node.name == "log10"
+    assert caught.value.reason == "iree-lld: undefined symbol: log10f"
     assert not isinstance(caught.value, bc.UnsupportedNodeError)
+    # Through the lowering: the user's line, led by the compiler-failure verdict.
+    with pytest.raises(bc.CompilerError) as lowered:
+        bc.to_backend(Log10(), BACKEND, {"forward": {}}, example_inputs=(torch.rand(4),))
+    text = str(lowered.value)
+    assert text.startswith("The node of aten::log10 failed in this compiler, which claims it")
+    assert f"line {_line_of('LOG10_LINE')}" in text and "Diagnostic: iree-lld: undefined symbol: log10f" in text
 
 
 def test_the_compilers_diagnostics_are_read_by_their_node_locations():
@@ -160,13 +167,12 @@ def test_the_compilers_diagnostics_are_read_by_their_node_locations():
         f"n{index_select}:{index_select}:0: error: failed to run translation of source executable\n"
     )
     failure = compile_error(verifier, 1, located, originals)
-    assert isinstance(failure, CompileFailure)
-    assert str(failure) == (
-        "IREE's compiler failed on an op it claims: 'arith.constant' op failed to verify that all of "
-        "{value, result} have same type [at index_select (aten::index_select)]"
-    )
+    assert isinstance(failure, bc.CompilerError) and failure.node is located[index_select]
+    assert failure.reason == "'arith.constant' op failed to verify that all of {value, result} have same type"
+    # Naming no node: neither verdict, the harness reports it as undecided.
     silent = compile_error("", -11, located, originals)
-    assert isinstance(silent, CompileFailure) and "exited with status -11 and no message" in str(silent)
+    assert isinstance(silent, CompileFailure) and not isinstance(silent, bc.CompilerError)
+    assert "exited with status -11 and no message" in str(silent)
 
 
 def test_an_op_the_importer_cannot_take_is_unsupported_at_its_node():

@@ -10,8 +10,9 @@ VM module (``.vmfb``) for the ``llvm-cpu`` target on the generic x86-64 CPU
     pytest --backend=iree --backendconf-known-failures=backends/iree/known-failures.toml
 
 A compiler error on an op IREE has no lowering for is ``UnsupportedNodeError``
-at the node; any other (a verifier or linker error, a crash) is a failure
-of the check: IREE broke on something it claims (``compiler.CompileFailure``).
+at the node; any other (a verifier or linker error, a crash) at a node the
+diagnostics name is ``CompilerError`` there: IREE broke on something it
+claims, a failure of the check (README.md, "Compile errors").
 
 This module stays importable without IREE (``is_available`` then says why):
 it imports ``compiler`` only inside ``preprocess`` and ``runtime`` only

@@ -14,15 +14,19 @@ through ``node.meta["from_node"]``), instead of its Python stack trace. The
 compiler's diagnostics quote those locations, so an error maps back to the
 user's node, and no source file name or line reaches the module.
 
-What a compile error is (`CompileFailure`):
+What a compile error is (`compile_error`), the verdicts of
+docs/backend-contract.md, "Compile errors":
 
 - IREE has no lowering for the op (``failed to legalize operation
   'torch.aten.…'``), or its FX importer cannot import the node: the backend
   does not claim it, ``UnsupportedNodeError`` at the node;
 - anything else (a verifier error, a linker error, a crash of the
-  compiler) on a program whose every op IREE takes: IREE's compiler broke
-  on something it claims, which is a failure of the check (a known-failure
-  entry), never "unsupported".
+  compiler) at a node the diagnostics name: IREE's compiler broke on
+  something it claims, ``CompilerError`` at that node with IREE's
+  diagnostic line (a failure of the check and a known-failure entry, never
+  "unsupported");
+- the same naming no node (no location, no missing symbol):
+  `CompileFailure`, which the harness reports as undecided.
 
 This module, ``iree.compiler`` and ``iree-compile`` are host-only: the target
 runs the ``.vmfb`` with ``iree.runtime`` alone.
@@ -40,7 +44,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
-from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
+from pytest_backendconf import CompilerError, UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
 
@@ -70,11 +74,10 @@ _SUPPORTED_DTYPES = blob_format.DTYPES
 
 
 class CompileFailure(RuntimeError):
-    """IREE's compiler failed on a program whose ops it claims: a failure of the check, not "unsupported".
+    """``iree-compile`` failed and its diagnostics name no node of the program (nor did it time out on one).
 
-    The first line is the compiler's own diagnostic (``iree-lld: error:
-    undefined symbol: log10f``), then the node it names, so a known-failure
-    entry's reason says what broke.
+    Neither "unsupported" nor `CompilerError` at a node: the check fails and
+    the harness says it cannot tell. The text is IREE's own diagnostic line.
     """
 
 
@@ -270,7 +273,9 @@ def _compile(mlir: bytes, located: list[torch.fx.Node], originals: ProgramNodes)
     try:
         done = subprocess.run(command_line(), input=mlir, capture_output=True, timeout=COMPILE_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        raise CompileFailure(f"iree-compile did not finish in {COMPILE_TIMEOUT} s") from None
+        raise CompileFailure(
+            f"iree-compile did not finish in {COMPILE_TIMEOUT} s (the harness cannot tell on which node)"
+        ) from None
     if done.returncode == 0 and done.stdout:
         return done.stdout
     raise compile_error(done.stderr.decode("utf-8", "replace"), done.returncode, located, originals)
@@ -288,7 +293,7 @@ _TORCH_OP = re.compile(r"'torch\.(aten\.[\w.]+?)'")
 
 
 def compile_error(stderr: str, returncode: int, located: list[torch.fx.Node], originals: ProgramNodes) -> Exception:
-    """The exception for a failed ``iree-compile``: `UnsupportedNodeError` or `CompileFailure` (module docstring)."""
+    """The exception for a failed ``iree-compile``: `UnsupportedNodeError`, `CompilerError` or `CompileFailure`."""
     first = _ERROR.search(stderr)
     diagnostic = normalised(first["message"]) if first else ""
     if not diagnostic:
@@ -304,9 +309,11 @@ def compile_error(stderr: str, returncode: int, located: list[torch.fx.Node], or
     if _NOT_CLAIMED.search(diagnostic):
         node = nodes[0] if nodes else _node_of_op(diagnostic, originals)
         return UnsupportedNodeError(node or originals.output, f"IREE cannot compile it: {diagnostic}")
-    prefix = "iree-lld: " if tool.startswith("iree-lld") else ""
-    where = ", ".join(f"{n.name} ({_op_name(n)})" for n in nodes[:3]) or "no node named"
-    return CompileFailure(f"IREE's compiler failed on an op it claims: {prefix}{diagnostic} [at {where}]")
+    said = f"iree-lld: {diagnostic}" if tool.startswith("iree-lld") else diagnostic
+    if nodes:
+        # The node the diagnostic names first: in a fused dispatch the others only share its code.
+        return CompilerError(nodes[0], said)
+    return CompileFailure(f"IREE's compiler failed naming no node: {said}")
 
 
 def _named_nodes(where: str, stderr: str, located: list[torch.fx.Node]) -> list[torch.fx.Node]:

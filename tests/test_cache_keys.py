@@ -411,3 +411,24 @@ def test_a_program_exported_after_others_has_the_same_hash():
     first = program_digest(export_method(CondOnSign().eval(), "forward", (torch.randn(2, 3),), {}))
     export_method(CondOnSign().eval(), "forward", (torch.randn(4, 3),), {})  # another export in between
     assert program_digest(export_method(CondOnSign().eval(), "forward", (torch.randn(2, 3),), {})) == first
+
+
+def test_an_edit_to_any_file_of_the_backends_package_misses_every_entry(tmp_path, program, monkeypatch):
+    # docs/ci-gating.md: a fix to the backend (any file of its package) misses every entry; a rerun
+    # after it pays every preprocess once.
+    package = tmp_path / "npu_backend"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from backendconf_reference import ReferenceBackend\n\nclass Npu(ReferenceBackend):\n    name = 'npu'\n"
+    )
+    (package / "kernels.py").write_text("TILE = 8\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    import sys
+
+    npu = importlib.import_module("npu_backend")
+    monkeypatch.setitem(sys.modules, "npu_backend", npu)  # removed again after the test
+    key = _key(tmp_path, program, npu.Npu())
+    assert key is not None and key == _key(tmp_path, program, npu.Npu())
+    (package / "kernels.py").write_text("TILE = 8  # a fix elsewhere in the package\n")
+    assert _key(tmp_path, program, npu.Npu()) not in (None, key)

@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
         "provenance",
         "vendor",
         "_compat",
+        "_diagnostic",
         "_quoting",
         "_validation",
         "_moved",

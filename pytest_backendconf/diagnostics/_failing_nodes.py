@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import torch
 from torch.export import ExportedProgram
 
+from .. import _compat
 from .._diagnostic import diagnostic_line
 from ..debuginfo import DebugHandleRecorder
 from ..errors import CompilerError, UnsupportedNodeError
@@ -256,7 +257,7 @@ def _has_weights(program: ExportedProgram, node: torch.fx.Node) -> bool:
 
 def _is_dynamic(node: torch.fx.Node) -> bool:
     values = [n.meta.get("val") for n in (node, *node.all_input_nodes)]
-    tensors = [v for value in values for v in torch.utils._pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+    tensors = [v for value in values for v in _compat.tree_leaves(value) if isinstance(v, torch.Tensor)]
     return any(not isinstance(size, int) for t in tensors for size in t.shape)
 
 

@@ -10,9 +10,12 @@ load the model.
 
 Every ONNX node is traced back to the FX node of the *given* program it
 came from through the provenance the exporter records
-(``node.meta["from_node"]``). An op the exporter cannot translate, or that
-ONNX Runtime cannot load, is rejected with ``UnsupportedNodeError`` at that
-FX node, so the user sees their own source line. Every node the exporter's
+(``node.meta["from_node"]``). An op the exporter has no translation for, or
+that ONNX Runtime has no kernel for, is rejected with ``UnsupportedNodeError``
+at that FX node, so the user sees their own source line; a translation that
+crashes, or a model ONNX Runtime refuses otherwise, is the engine failing on
+an op it claims: ``CompilerError`` at the node it names, or, naming none, a
+plain error (the harness then says it cannot tell). Every node the exporter's
 dispatch check would reject is named in one error, and those that no
 decomposition rewrites are found before decomposing (most of an export's
 cost), from torchlib's registry alone.
@@ -35,7 +38,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
+from pytest_backendconf import (
+    CompilerError,
+    UnsupportedNodeError,
+    check_compile_spec_keys,
+    check_functional_signature,
+)
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name as requested_fault_node
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
@@ -310,8 +318,9 @@ def _is_passthrough(node: torch.fx.Node) -> bool:
 _TRANSLATING = re.compile(r"Error when translating node (%\S+ : .*?)\. See the stack trace")
 
 
-def _rejection(exc: BaseException, originals: ProgramNodes, decomposed: Any) -> UnsupportedNodeError:
-    """An exporter failure as an ``UnsupportedNodeError`` at the node it names (else the output)."""
+def _rejection(exc: BaseException, originals: ProgramNodes, decomposed: Any) -> Exception:
+    """An exporter failure on an op it has a translation for: a ``CompilerError`` at the node it names (the
+    backend claims the op; its exporter broke), else a ``RuntimeError`` naming no node (undecided)."""
     culprit = None
     text = str(exc)
     match = _TRANSLATING.search(text) or _search_chain(exc)
@@ -326,7 +335,9 @@ def _rejection(exc: BaseException, originals: ProgramNodes, decomposed: Any) -> 
                 break
     cause = _innermost(exc)
     reason = f"torch.onnx cannot export it: {type(cause).__name__}: {_first_line(cause)}"
-    return UnsupportedNodeError(culprit or originals.output, reason)
+    if culprit is None:
+        return RuntimeError(f"torch.onnx could not export the program, naming no node: {reason}")
+    return CompilerError(culprit, reason)
 
 
 def _search_chain(exc: BaseException) -> re.Match | None:
@@ -361,6 +372,8 @@ def _describe(node: torch.fx.Node) -> str:
 # --- ONNX Runtime's verdict ------------------------------------------------------------------
 
 _NODE_NAME = re.compile(r"[Nn]ame:? ?'([^']*)'")
+# "NOT_IMPLEMENTED : Could not find an implementation for Cos(7) node with name 'cos'"
+_NO_KERNEL = re.compile(r"NOT_IMPLEMENTED|Could not find an implementation for")
 
 
 def _check_loads(data: bytes, builder: ModelBuilder) -> None:
@@ -385,7 +398,10 @@ def _check_loads(data: bytes, builder: ModelBuilder) -> None:
             culprit = builder.node_by_name.get(name)
             if culprit is not None:
                 break
-        raise UnsupportedNodeError(
-            culprit or builder.originals.output,
-            f"ONNX Runtime cannot load the exported model: {text.strip().splitlines()[0][:500]}",
-        ) from None
+        reason = f"ONNX Runtime cannot load the exported model: {text.strip().splitlines()[0][:500]}"
+        if _NO_KERNEL.search(text):
+            # No kernel for the op (or its dtypes): ONNX Runtime does not run it, so the backend does not claim it.
+            raise UnsupportedNodeError(culprit or builder.originals.output, reason) from None
+        if culprit is None:
+            raise RuntimeError(f"{reason} (no node named)") from None
+        raise CompilerError(culprit, reason) from None

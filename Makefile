@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: target-venv torchscript-built replay-aarch64 suite suite-llm release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-torchscript test test-slow demo lint clean
+.PHONY: target-venv torchscript-built replay-aarch64 suite suite-llm release-torch suite-releases suite-onnxruntime suite-executorch suite-openvino suite-iree suite-torchscript test test-slow demo lint clean
 
 $(VENV)/.installed: pyproject.toml backends/reference/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -141,6 +141,33 @@ suite-openvino: $(VENV)/.installed-openvino
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=openvino -n 2 \
 	    --backendconf-hypothesis=$(OPENVINO_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
 	    --backendconf-known-failures=$(abspath backends/openvino/known-failures.toml) $(SUITE_ARGS)
+
+# The IREE backend (iree-compile for llvm-cpu on the generic x86-64 CPU, IREE's
+# runtime on the local-sync driver). Neither wheel names torch (the compiler
+# needs numpy and sympy, the runtime numpy and ml_dtypes); the last step checks
+# that torch did not change all the same.
+IREE_PINS ?= iree-base-compiler==3.13.0 iree-base-runtime==3.13.0
+$(VENV)/.installed-iree: $(VENV)/.installed backends/iree/pyproject.toml
+	$(BIN)/python -c 'import torch; print(torch.__version__)' > $(VENV)/.torch-before-iree
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(IREE_PINS) ml_dtypes
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e backends/iree
+	@before="$$(cat $(VENV)/.torch-before-iree)"; \
+	after="$$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	if [ "$$before" != "$$after" ]; then \
+	    echo "installing IREE changed torch from $$before to $$after; reinstall torch==$(TORCH)" >&2; exit 1; \
+	fi
+	touch $@
+
+# The suite against IREE: two workers, the derandomized `ci` Hypothesis profile
+# (a strict known-failures file needs the same inputs every run;
+# IREE_HYPOTHESIS=dev draws afresh), the ops category's default matrix, batched
+# (the backend declares Capabilities(batch_ops=True); ENGINE_OPS=quick for the
+# quick selection, whose entries for other checks then only warn).
+IREE_HYPOTHESIS ?= ci
+suite-iree: $(VENV)/.installed-iree
+	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=iree -n 2 \
+	    --backendconf-hypothesis=$(IREE_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
+	    --backendconf-known-failures=$(abspath backends/iree/known-failures.toml) $(SUITE_ARGS)
 
 # The suite against the reference backend under older torch releases, each in its own environment
 # outside the repository (PyPI's builds, as a vendor installs them: `pip install torch==X`, the

@@ -239,6 +239,24 @@ def test_outputs_are_judged_call_by_call_and_the_first_failing_is_named():
     assert "max abs error 0.5" in verdict.results[0].text()
 
 
+def _low_precision_record(actual: list[float]) -> StepRecord:
+    """A bfloat16 call whose eager logits are one rounding (0.0078) off the float64 model at 1.5."""
+    truth = torch.tensor([[0.0003, 0.5, 1.5]], dtype=torch.float64).to(torch.bfloat16)  # cast back, as the session does
+    eager = torch.tensor([[0.0003, 0.5, 1.5078125]]).to(torch.bfloat16)
+    call = Call("forward", (), position=3, chooses=True)
+    return StepRecord(3, call, eager, actual=torch.tensor([actual]).to(torch.bfloat16), truth=truth)
+
+
+def test_a_carried_rounding_on_a_near_zero_logit_passes_when_no_larger_than_eagers_error():
+    # Element by element the backend's 0.004 on a logit of 0.0003 is far outside bfloat16's tolerance,
+    # but it is half of eager's own largest error: a state carries roundings from call to call.
+    tol = Tolerance(0.016, 1e-5)
+    assert judge_outputs([_low_precision_record([0.0043, 0.5, 1.5])], tol, 2.0).passed
+    # Three times eager's largest error is no rounding: it fails, naming the element.
+    verdict = judge_outputs([_low_precision_record([0.05, 0.5, 1.5])], tol, 2.0)
+    assert not verdict.passed and "at index [0, 0]" in verdict.results[0].text()
+
+
 def test_a_call_that_raised_is_named_by_the_outputs_verdict():
     record = _record(0, [1.0], [1.0])
     record.actual, record.error = None, RuntimeError("device lost")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import functools
 import zlib
 from typing import Any, Callable
@@ -308,11 +309,28 @@ def judge_outputs(records: list[StepRecord], tol: Tolerance, multiple: float) ->
                 results = compare_outputs(record.actual, record.eager, tol)
         except StructureMismatch as exc:
             return OutputVerdict(record, broken=str(exc))
-        if not all(r.passed for r in results):
+        if not all(r.passed or _within_carried_error(r, multiple) for r in results):
             return OutputVerdict(record, tuple(results))
         if not worst or max(r.closeness for r in results) > max(r.closeness for r in worst):
             worst = tuple(results)
     return OutputVerdict(None, worst=worst)
+
+
+def _within_carried_error(result: Closeness, multiple: float) -> bool:
+    """Low precision: the backend's largest error no more than ``multiple`` times eager's largest.
+
+    Element by element, the numerics verdict allows each value an error relative to itself. A state
+    carries each call's rounding into the next, so after a few steps two correct implementations
+    (eager, and a backend that accumulates in float32) differ at every element by about one rounding
+    of the values the logits are made from: where a logit is near zero that is many times its own
+    allowance, for eager as for the backend. Past the first such step what is comparable is the size
+    of the error over the whole output, so the backend passes when its largest error is no larger
+    than ``multiple`` times eager's own (both against the float64 model).
+    """
+    eager = result.eager
+    if eager is None or not math.isfinite(result.max_abs) or not math.isfinite(eager.max_abs):
+        return False
+    return result.max_abs <= multiple * eager.max_abs
 
 
 @dataclasses.dataclass(frozen=True)

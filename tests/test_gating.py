@@ -576,5 +576,6 @@ def test_the_report_and_the_summary_say_what_the_declaration_left_out(suite, pyt
         "dynamic_shapes": True,
         "target_runtime_modules": [],
         "batch_ops": None,
+        "keeps_state": False,
     }
     assert backend["not_under_test"][0] == "dtypes float16, bfloat16 (not in Capabilities.dtypes)"

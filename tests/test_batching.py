@@ -29,7 +29,7 @@ except ImportError:
 
 # passes, rejections (amax names its input), the avg_pool divisor_override failure, in two dtypes
 ONNX_SELECTION = [
-    "backendconf::ops::aten.a[bcm]*[[]float32-sample0]",
+    "backendconf::ops::aten.a[bc]*[[]float32-sample0]",  # not amax/amin: compiler failures split a batch
     "backendconf::ops::aten.avg_pool2d*[[]float32-sample0]",
     "backendconf::ops::aten.special_chebyshev_polynomial_t*[[]float32-sample0]",
     "backendconf::ops::aten.[cn]e*[[]float16-sample0]",

@@ -39,6 +39,7 @@ def expected_keys(settings) -> set[str]:
         keys |= {f"scaling.lower.{n}", f"scaling.size.{n}"}
     keys |= {"symbolicate.cold", "symbolicate.distinct", "symbolicate.warm"}
     keys |= {"bounds.report_html", "bounds.known_failures", "known_failures.per_check_ms"}
+    keys |= {"stateful.decode_step"}
     return keys
 
 

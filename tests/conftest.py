@@ -126,3 +126,20 @@ def _keep_stateful_modules_across_inline_runs(monkeypatch):
         original(self, preserve=keep)
 
     monkeypatch.setattr(_pytester.SysModulesSnapshot, "__init__", init)
+
+
+@pytest.fixture
+def backends_of():
+    """``backends_of(module)``: a test module's backends as the registry load() reads, as a conftest's would be."""
+    from pytest_backendconf.registry import BackendRegistry, Source, active_registry, set_active_registry
+
+    previous = active_registry()
+
+    def install(module):
+        registry = BackendRegistry()
+        registry.add_plugin(module, Source(f"tests/{module.__name__}.py"))
+        set_active_registry(registry)
+        return registry
+
+    yield install
+    set_active_registry(previous)

@@ -380,16 +380,6 @@ def test_the_training_mode_hint_appears_with_a_training_mode_op():
     assert "training-mode op node 'batch_norm'" in str(info.value)
 
 
-def test_a_backend_declaring_keeps_state_is_refused_clearly():
-    class KeepsState(ReferenceBackend):
-        name = "keeps_state"
-        capabilities = bc.Capabilities(keeps_state=True)
-
-    with pytest.raises(bc.LoweringError, match="declares keeps_state=True, which this version of the lowering"):
-        lower(Accumulator(), (torch.ones(3),), backend=KeepsState())
-    lower(models.N(), (torch.randn(2, 3),), backend=KeepsState())  # a program without state is not concerned
-
-
 def test_a_new_state_of_the_wrong_shape_is_an_output_spec_error_naming_the_state():
     class WrongState(ReferenceBackend):
         name = "wrong_state"

@@ -140,16 +140,9 @@ def test_a_position_past_the_cache_that_gives_an_answer_is_named(pytester):
 
 
 @pytest.fixture
-def stateful_backends():
+def stateful_backends(backends_of):
     """The broken backends of this file, as a conftest's would be, for load() to find."""
-    from pytest_backendconf.registry import BackendRegistry, Source, active_registry, set_active_registry
-
-    registry = BackendRegistry()
-    registry.add_plugin(broken_backends_stateful, Source("tests/broken_backends_stateful.py"))
-    previous = active_registry()
-    set_active_registry(registry)
-    yield registry
-    set_active_registry(previous)
+    return backends_of(broken_backends_stateful)
 
 
 def test_calls_that_do_not_take_turns_fail_the_threads_check(monkeypatch, stateful_backends):

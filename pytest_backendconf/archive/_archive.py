@@ -149,8 +149,15 @@ def encode(
         entries[f"tensors/{i}.bin"] = data
     entries.update(bundles or {})
     # The lowest schema that describes the archive, so that older readers read what they can.
+    kept = any(spec.state_kept_by_backend for spec in core.methods.values())
     version = (
-        STATE_SCHEMA if state_fields else BUNDLE_SCHEMA if bundles else SEPARATE_SCHEMA if separate else SCHEMA_VERSION
+        STATE_SCHEMA
+        if state_fields or kept
+        else BUNDLE_SCHEMA
+        if bundles
+        else SEPARATE_SCHEMA
+        if separate
+        else SCHEMA_VERSION
     )
     manifest = {
         "format": FORMAT_NAME,

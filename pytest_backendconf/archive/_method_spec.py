@@ -200,6 +200,9 @@ class MethodSpec:
     #: The buffers the method reads or writes as state (`StateSpec`); ``inputs`` and ``outputs``
     #: are the caller's values only, which ``execute`` receives and returns after the states.
     state: tuple[StateSpec, ...] = ()
+    #: The backend keeps this method's state itself (it declares ``keeps_state``): ``execute`` gets the
+    #: caller's values only, and the lowered module compiles the blobs again to return to the initial state.
+    state_kept_by_backend: bool = False
 
     def signature(self) -> inspect.Signature:
         """The original method's signature, for ``inspect`` and for binding calls."""
@@ -223,6 +226,8 @@ class MethodSpec:
             out["dynamic_shapes"] = self.dynamic_shapes.to_json()
         if self.state:
             out["state"] = [s.to_json() for s in self.state]
+        if self.state_kept_by_backend:
+            out["state_kept_by_backend"] = True
         return out
 
     @classmethod
@@ -246,6 +251,11 @@ class MethodSpec:
             raise ValueError("state is not a list")
         state = tuple(StateSpec.from_json(s) for s in state_data)
         check_state_specs(state, f"method {data['name']!r}")
+        kept = data.get("state_kept_by_backend", False)
+        if not isinstance(kept, bool):
+            raise ValueError(f"state_kept_by_backend is {kept!r}, not true or false")
+        if kept and state:
+            raise ValueError("a method whose backend keeps its state has no state specs of its own")
         return cls(
             name=str(data["name"]),
             compile_spec=data["compile_spec"],
@@ -256,6 +266,7 @@ class MethodSpec:
             outputs=outputs,
             dynamic_shapes=None if dynamic is None else DynamicShapes.from_json(dynamic, inputs, outputs),
             state=state,
+            state_kept_by_backend=kept,
         )
 
 

@@ -52,6 +52,12 @@ def state(module: "WrapperModule | LoweredModule") -> dict[str, torch.Tensor]:
     """The current value of each buffer the lowered methods keep as state, by name (copies: changing them
     changes nothing). Empty for a module without state."""
     lowered = _lowered(module, "state")
+    if lowered.state_kept_by_backend:
+        raise TypeError(
+            f"state() cannot read the state of method(s) {', '.join(map(repr, sorted(lowered.state_kept_by_backend)))}: "
+            f"backend {lowered.backend_name!r} keeps it itself (it declares keeps_state=True). Judge such a "
+            "module by what its methods return; reset() still returns it to its initial state"
+        )
     with lowered._state_lock:
         return {k: v.clone() for k, v in lowered.state.items()}
 
@@ -118,6 +124,8 @@ class LoweredModule(torch.nn.Module):
         #: The state's current values; replaced (never written in place) after each call.
         self.state: dict[str, torch.Tensor] = {k: v.clone() for k, v in self.initial_state.items()}
         self._state_of = {name: spec.state for name, spec in methods.items() if spec.state}
+        #: The methods whose state the backend keeps in its handles (it declares ``keeps_state``).
+        self.state_kept_by_backend = frozenset(name for name, spec in methods.items() if spec.state_kept_by_backend)
         missing = sorted({s.fqn for specs in self._state_of.values() for s in specs} - set(self.state))
         if missing:
             raise LoweringError(f"no initial value for state {missing}; the methods read them as state")
@@ -139,6 +147,10 @@ class LoweredModule(torch.nn.Module):
         """Return the state to its initial values (as exported); a module without state is unchanged."""
         with self._state_lock:
             self.state = {k: v.clone() for k, v in self.initial_state.items()}
+            if self.state_kept_by_backend:
+                # The backend's handles hold the state: the next call compiles the blobs again, and a
+                # handle compiled from the blobs starts from the initial values they carry.
+                self.handles = None
 
     def add_plan(
         self, method: str, plan: Plan, compile_specs: dict[str, dict], fallback_blobs: dict[str, bytes]
@@ -230,20 +242,29 @@ class LoweredModule(torch.nn.Module):
         if backend.is_available() is not True:
             # Never call execute on an unavailable backend (the contract's availability rule).
             raise BackendUnavailableError(self._unavailable_text(f"cannot run method {method!r}"))
-        handles = self.handles
-        if handles is None:
+        if self.handles is None:
             self.compile_now(at="call")
-            handles = self.handles
         inputs = runner.flatten(args, kwargs)
         sizes = runner.check_sizes(inputs) if runner.dynamic is not None else None
         if method in self._state_of:
             return self._run_stateful(method, runner, inputs, sizes)
+        if self.state_kept_by_backend:
+            # The backend keeps the state: calls take turns as with the module's own state, and after a
+            # reset (handles dropped) the first call compiles again.
+            with self._state_lock:
+                if self.handles is None:
+                    self.compile_now(at="call")
+                return self._execute(method, runner, inputs, sizes)
+        return self._execute(method, runner, inputs, sizes)
+
+    def _execute(self, method: str, runner: MethodRunner, inputs: list, sizes: list | None) -> Any:
+        """A call of a method the module keeps no state for: execute (or the partitions' plan), checked."""
         outputs: Sequence[object]
         try:
             if method in self._plan_runners:
                 outputs = self._plan_runners[method].run(inputs)
             else:
-                outputs = backend.execute(handles[method], inputs)  # type: ignore[index]
+                outputs = self.backend.execute(self.handles[method], inputs)  # type: ignore[index]
         except BackendError as exc:
             raise self._symbolicate(exc, method) from exc
         except Exception as exc:

@@ -31,7 +31,7 @@ from ._subclasses import unwrap_tensor_subclasses
 from ._lowered_module import LoweredModule, WrapperModule
 from ..archive import MethodSpec, ParamSpec, params_of, value_spec
 from ..capabilities import capabilities_of
-from ._state import check_mutations, make_explicit
+from ._state import check_mutations, functional_form, make_explicit
 from ._args import availability, check_compile_spec, check_examples, check_json, normalize, resolve_backend
 from ..errors import (
     BackendContractError,
@@ -271,9 +271,16 @@ def lower_programs(
         name: _method_spec(programs[name], name, dict(spec), _params(module_type, name, params))
         for name, spec in method_compile_spec.items()
     }
-    programs, state, initial_state = make_explicit({name: programs[name] for name in method_compile_spec})
-    if state:
-        _check_keeps_state(backend)
+    explicit, state, initial_state = make_explicit({name: programs[name] for name in method_compile_spec})
+    kept: frozenset[str] = frozenset()
+    if state and capabilities_of(backend).keeps_state:
+        # The backend keeps the state: it gets torch.export's own form, and the module keeps nothing.
+        _check_kept_whole(backend, partition, state)
+        kept = frozenset(state)
+        programs = {name: functional_form(programs[name]) if name in kept else explicit[name] for name in explicit}
+        state, initial_state = {}, {}
+    else:
+        programs = explicit
     for name, spec in method_compile_spec.items():
         # torchao's quantized weights reach the backend as plain integer tensors, scales and zero points.
         program = unwrap_tensor_subclasses(programs[name], name)
@@ -302,7 +309,9 @@ def lower_programs(
             )
             error.compile_verdict = "undecided"  # type: ignore[attr-defined]
             raise error from exc
-        methods[name] = dataclasses.replace(signatures[name], state=state.get(name, ()))
+        methods[name] = dataclasses.replace(
+            signatures[name], state=state.get(name, ()), state_kept_by_backend=name in kept
+        )
     lowered = LoweredModule(backend, methods, blobs, debug, backend_version=backend_version, state=initial_state)
     for name, nodes in whole.items():
         lowered.whole_method_nodes[name] = nodes
@@ -424,12 +433,13 @@ def _params(module_type: type, name: str, given: Mapping[str, tuple[ParamSpec, .
     return params_of(getattr(module_type, name))
 
 
-def _check_keeps_state(backend: Backend) -> None:
-    if capabilities_of(backend).keeps_state:
+def _check_kept_whole(backend: Backend, partition: object, state: Mapping[str, object]) -> None:
+    if partition is not None:
         raise LoweringError(
-            f"backend {backend.name!r} declares keeps_state=True, which this version of the lowering does not "
-            "run yet: it passes the state to execute as inputs and outputs (docs/backend-contract.md, "
-            '"State"). Declare keeps_state=False to run stateful programs that way'
+            f"backend {backend.name!r} declares keeps_state=True, and method(s) {', '.join(map(repr, state))} "
+            f"keep state: partition={partition!r} cannot give a backend that keeps state the part of it that "
+            "its partitions read and write. Lower these methods whole (partition=None), or declare "
+            "keeps_state=False so that the lowered module keeps the state and passes it to execute"
         )
 
 

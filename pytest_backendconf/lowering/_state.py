@@ -229,6 +229,20 @@ def _explicit_cached(
         return forms[key]
 
 
+def functional_form(program: ExportedProgram) -> ExportedProgram:
+    """What a backend that keeps state itself gets: torch.export's functional form (cached as above).
+
+    Each state is a ``BUFFER`` input, its value as exported in ``state_dict``
+    (or ``constants``), and its new value a ``BUFFER_MUTATION`` output.
+    """
+    with _explicit_lock:
+        forms = _explicit_forms.setdefault(program, {})
+        key = ("functional", id(program.graph), len(program.graph.nodes))
+        if key not in forms:
+            forms[key] = _functional(program)
+        return forms[key]
+
+
 def _functional(program: ExportedProgram) -> ExportedProgram:
     """A functional copy of ``program`` (torch.export's functionalization, no decomposition)."""
     with warnings.catch_warnings():

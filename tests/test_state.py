@@ -498,6 +498,22 @@ def test_a_loaded_archive_runs_its_call_sequence_on_the_target_from_the_initial_
         torch.testing.assert_close(got, eager(x))
 
 
+@pytest.mark.slow  # a device process: seconds
+def test_a_replay_through_a_device_leaves_the_process_target_as_it_was(accumulator_archive, capsys):
+    """``cli.main`` in a process that goes on: the device of one command is not the target of the next."""
+    import shlex
+    import sys
+
+    from pytest_backendconf.cli import main
+    from pytest_backendconf.target import target_command
+
+    path, _ = accumulator_archive
+    assert target_command() is None
+    assert main(["replay", str(path), "--target-command", shlex.quote(sys.executable)]) == 0
+    assert "target: device" in capsys.readouterr().out
+    assert target_command() is None
+
+
 @pytest.mark.slow
 def test_replay_runs_the_bundled_call_sequence_on_the_device(accumulator_archive):
     import shlex

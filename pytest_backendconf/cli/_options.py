@@ -80,12 +80,18 @@ def unreachable(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     def wrapped(args: argparse.Namespace) -> int:
         from ..errors import TargetUnreachable, TargetVersionError
         from ..report import printable
+        from ..target import target_command, use_target_command
 
+        previous = target_command()
         try:
             return run(args)
         except (TargetUnreachable, TargetVersionError) as exc:
             print(f"backendconf: error: --target-command: {printable(exc)}", file=sys.stderr)
             return UNREACHABLE_STATUS
+        finally:
+            # `cli.main` called in a process that goes on (a script, a test) leaves its target as it was:
+            # the device of one command must not become the target of what the process runs next.
+            use_target_command(previous)
 
     wrapped.__name__ = run.__name__
     return wrapped

@@ -417,6 +417,21 @@ def _failed_at(verdict: OutputVerdict) -> str:
     return _outputs_text(verdict, record)
 
 
+def _off_eager(session: Session, ctx: SuiteContext, model_name: str, dtype: str) -> str:
+    """Where ``session``'s outputs first leave eager's, as the failure says it; "" when it generated as eager."""
+    verdict = _judged(session, ctx, model_name, dtype)
+    return "" if verdict.passed else _failed_at(verdict)
+
+
+def _half_run(model: StatefulModel, dtype: str, lowered: Any) -> tuple[Session, int]:
+    """A session (seed 1) that has made half its calls on ``lowered`` (at least one), and that number."""
+    session = _session(model, dtype, lowered, seed=1)
+    half = max(1, session.calls.total // 2)
+    for _ in range(half):
+        session.step()
+    return session, half
+
+
 def _alone_passes(ctx: SuiteContext, model_name: str, dtype: str) -> str:
     """What one instance alone does (the shared whole-lowering generation), to tell a shared state from a wrong kernel."""
     try:
@@ -438,11 +453,10 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
     while (a.step() is not None) | (b.step() is not None):
         pass
     for label, session in (("first", a), ("second", b)):
-        verdict = _judged(session, ctx, model_name, dtype)
-        if not verdict.passed:
+        if failed := _off_eager(session, ctx, model_name, dtype):
             raise CheckFailed(
                 f"{model_name} in {dtype}: two instances lowered apart, called in turn (each with its own prompt), "
-                f"the {label} instance: {_failed_at(verdict)}\nEach lowered instance must keep its own state: "
+                f"the {label} instance: {failed}\nEach lowered instance must keep its own state: "
                 f"a call on one must never change what the other computes.{_alone_passes(ctx, model_name, dtype)}"
             )
     return {"stateful": {"calls": len(a.records) + len(b.records)}}
@@ -451,18 +465,15 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
 def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     lowered = _instance(ctx, model, dtype, lowering)
-    before = _session(model, dtype, lowered, seed=1)
-    for _ in range(max(1, before.calls.total // 2)):
-        before.step()
+    before, _ = _half_run(model, dtype, lowered)
     lowered.reset()
     _starts_initial(model, dtype, lowered, f"{model_name} in {dtype}: after {len(before.records)} calls and reset()")
     after = _session(model, dtype, lowered, seed=0)
     after.run_all()
-    verdict = _judged(after, ctx, model_name, dtype)
-    if not verdict.passed:
+    if failed := _off_eager(after, ctx, model_name, dtype):
         raise CheckFailed(
             f"{model_name} in {dtype}: after {len(before.records)} calls and reset(), compared with a fresh eager "
-            f"model: {_failed_at(verdict)}\nreset() must return the state to its initial value; the backend must "
+            f"model: {failed}\nreset() must return the state to its initial value; the backend must "
             "keep no state of its own between calls (the lowered module passes it in and takes it back)."
         )
     return {"stateful": {"calls_before_reset": len(before.records), "calls": len(after.records)}}
@@ -484,30 +495,25 @@ def _starts_initial(model: StatefulModel, dtype: str, lowered: Any, where: str) 
 def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     lowered = _instance(ctx, model, dtype, lowering)
-    used = _session(model, dtype, lowered, seed=1)
-    half = max(1, used.calls.total // 2)
-    for _ in range(half):
-        used.step()
+    used, half = _half_run(model, dtype, lowered)
     path = ctx.tmp_dir("stateful-reload") / f"{model_name}.bcarchive"
     bc.save(lowered, path)
     loaded = bc.load(path)
     _starts_initial(model, dtype, loaded, f"{model_name} in {dtype}: an archive saved after {half} calls, loaded")
     fresh = _session(model, dtype, loaded, seed=0)
     fresh.run_all()
-    verdict = _judged(fresh, ctx, model_name, dtype)
-    if not verdict.passed:
+    if failed := _off_eager(fresh, ctx, model_name, dtype):
         raise CheckFailed(
             f"{model_name} in {dtype}: an archive saved after {half} calls, loaded and compared with a fresh eager "
-            f"model: {_failed_at(verdict)}\nA loaded archive must start from the initial state (as exported), never "
+            f"model: {failed}\nA loaded archive must start from the initial state (as exported), never "
             "from the live state of the module that was saved."
         )
     # Saving must not disturb the module saved: it goes on as eager does.
     used.run_all()
-    verdict = _judged(used, ctx, model_name, dtype)
-    if not verdict.passed:
+    if failed := _off_eager(used, ctx, model_name, dtype):
         raise CheckFailed(
             f"{model_name} in {dtype}: the module saved after {half} calls, called on after bc.save: "
-            f"{_failed_at(verdict)}\nSaving must leave the module's state as it was."
+            f"{failed}\nSaving must leave the module's state as it was."
         )
     return {"stateful": {"calls_before_save": half, "calls": len(fresh.records)}}
 
@@ -579,9 +585,8 @@ def check_threads(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: s
         # Every thread writes the same values at the same positions, and reads only positions it wrote
         # itself first: taken in turns, each thread sees exactly eager's sequence.
         for i, session in enumerate(sessions):
-            verdict = _judged(session, ctx, model_name, dtype)
-            if not verdict.passed:
-                raise CheckFailed(f"{where}: thread {i}'s {_failed_at(verdict)}{rule}")
+            if failed := _off_eager(session, ctx, model_name, dtype):
+                raise CheckFailed(f"{where}: thread {i}'s {failed}{rule}")
     else:
         # A running sum: after every call of every thread, one more call must see them all.
         eager = model.module(dtype)

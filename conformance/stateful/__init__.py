@@ -423,6 +423,15 @@ def _off_eager(session: Session, ctx: SuiteContext, model_name: str, dtype: str)
     return "" if verdict.passed else _failed_at(verdict)
 
 
+def _fresh_run(ctx: SuiteContext, model: StatefulModel, dtype: str, lowered: Any, where: str) -> tuple[Session, str]:
+    """A fresh session (seed 0) run through on ``lowered``, after `_starts_initial` (``where`` names the moment),
+    and where its outputs leave eager's (`_off_eager`)."""
+    _starts_initial(model, dtype, lowered, where)
+    session = _session(model, dtype, lowered, seed=0)
+    session.run_all()
+    return session, _off_eager(session, ctx, model.name, dtype)
+
+
 def _half_run(model: StatefulModel, dtype: str, lowered: Any) -> tuple[Session, int]:
     """A session (seed 1) that has made half its calls on ``lowered`` (at least one), and that number."""
     session = _session(model, dtype, lowered, seed=1)
@@ -467,14 +476,13 @@ def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str
     lowered = _instance(ctx, model, dtype, lowering)
     before, _ = _half_run(model, dtype, lowered)
     lowered.reset()
-    _starts_initial(model, dtype, lowered, f"{model_name} in {dtype}: after {len(before.records)} calls and reset()")
-    after = _session(model, dtype, lowered, seed=0)
-    after.run_all()
-    if failed := _off_eager(after, ctx, model_name, dtype):
+    where = f"{model_name} in {dtype}: after {len(before.records)} calls and reset()"
+    after, failed = _fresh_run(ctx, model, dtype, lowered, where)
+    if failed:
         raise CheckFailed(
-            f"{model_name} in {dtype}: after {len(before.records)} calls and reset(), compared with a fresh eager "
-            f"model: {failed}\nreset() must return the state to its initial value; the backend must "
-            "keep no state of its own between calls (the lowered module passes it in and takes it back)."
+            f"{where}, compared with a fresh eager model: {failed}\nreset() must return the state to its initial "
+            "value; the backend must keep no state of its own between calls (the lowered module passes it in and "
+            "takes it back)."
         )
     return {"stateful": {"calls_before_reset": len(before.records), "calls": len(after.records)}}
 
@@ -499,14 +507,12 @@ def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: st
     path = ctx.tmp_dir("stateful-reload") / f"{model_name}.bcarchive"
     bc.save(lowered, path)
     loaded = bc.load(path)
-    _starts_initial(model, dtype, loaded, f"{model_name} in {dtype}: an archive saved after {half} calls, loaded")
-    fresh = _session(model, dtype, loaded, seed=0)
-    fresh.run_all()
-    if failed := _off_eager(fresh, ctx, model_name, dtype):
+    where = f"{model_name} in {dtype}: an archive saved after {half} calls, loaded"
+    fresh, failed = _fresh_run(ctx, model, dtype, loaded, where)
+    if failed:
         raise CheckFailed(
-            f"{model_name} in {dtype}: an archive saved after {half} calls, loaded and compared with a fresh eager "
-            f"model: {failed}\nA loaded archive must start from the initial state (as exported), never "
-            "from the live state of the module that was saved."
+            f"{where} and compared with a fresh eager model: {failed}\nA loaded archive must start from the initial "
+            "state (as exported), never from the live state of the module that was saved."
         )
     # Saving must not disturb the module saved: it goes on as eager does.
     used.run_all()

@@ -27,11 +27,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator
 
-import pytest_backendconf as bc
 from pytest_backendconf import _compat
 from pytest_backendconf.diagnostics import LayerVerdict, judge_layers, locate_in_program
-from pytest_backendconf.errors import LoweringError, UnsupportedNodeError
-from pytest_backendconf.lowering import export_method, lower_programs
+from pytest_backendconf.errors import LoweringError
+from pytest_backendconf.lowering import export_method
 from pytest_backendconf.lowering import normalize as normalize_call
 from pytest_backendconf.quant import (
     EXTRA_NOTICE,
@@ -211,24 +210,8 @@ def _lowered(ctx: SuiteContext, case_name: str, scheme: str) -> tuple[Any, str]:
 
 def _lower(ctx: SuiteContext, case_name: str, scheme: str) -> Any:
     programs = quantized_programs(ctx, case_name, scheme)
-    spec: dict[str, dict[str, Any]] = {m: {} for m in programs}
-    lower = functools.partial(
-        lower_programs, module_type=type(ctx.module(case_name, DTYPE)), backend_version=ctx.registered.source.version
-    )
-    try:
-        return lower(programs, ctx.backend, spec), "lowered whole"
-    except UnsupportedNodeError as exc:
-        rejection = exc
-    try:
-        lowered = lower(programs, ctx.backend, spec, partition="supported")
-    except (UnsupportedNodeError, LoweringError) as exc:
-        return Unsupported(f"{case_name} [{scheme}]: rejected whole ({rejection.reason}) and in partitions: {exc}")
-    records = bc.delegation(lowered)
-    delegated = sum(len(r.delegated) for r in records.values())
-    total = sum(r.total for r in records.values())
-    if delegated == 0:
-        return Unsupported(f"{case_name} [{scheme}]: the backend accepts none of its {total} op nodes")
-    return lowered, f"partially delegated ({delegated} of {total} op nodes)"
+    module_type = type(ctx.module(case_name, DTYPE))
+    return quantized_llm.lower_layer_or_model(ctx, programs, module_type, f"{case_name} [{scheme}]")
 
 
 def _draws(which: str) -> list[tuple[int, str]]:

@@ -146,9 +146,12 @@ def _lowered(ctx: SuiteContext, model: str, scheme: str) -> tuple[Any, str]:
 
 
 def lower_layer_or_model(ctx: SuiteContext, programs: dict, module_type: type, what: str) -> Any:
-    """Lowered whole, else partitioned; `Unsupported` when the backend takes none of it."""
+    """``(lowered, how)``: whole, else partitioned; `Unsupported` when the backend takes none of it.
+
+    The quantized category's models lower the same way (`quantized._lower`).
+    """
     lower = functools.partial(lower_programs, module_type=module_type, backend_version=ctx.registered.source.version)
-    spec: dict[str, dict] = {"forward": {}}
+    spec: dict[str, dict] = {m: {} for m in programs}
     try:
         return lower(programs, ctx.backend, spec), "lowered whole"
     except UnsupportedNodeError as exc:

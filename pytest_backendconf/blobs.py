@@ -18,21 +18,44 @@ code again. Layout (integers little-endian)::
 The header is written with sorted keys and no whitespace, so the same
 arguments give the same bytes in every process. Reading never executes
 anything (no pickle); every problem is a ``ValueError`` naming the blob's
-kind and what is wrong, which ``compile`` passes on.
+kind and what is wrong, which ``compile`` passes on. `unpack_header` is
+`unpack_blob` with the backend's own check of the header, and `Fault`,
+`outputs_from_json` and `DTYPES` the parts of a header that several
+backends' headers share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import zlib
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Collection, Mapping, TypeVar
 
 from .errors import OperatorRefusedError
 
 _PREFIX = struct.Struct("<8sIIQQ")
 
 _Handle = TypeVar("_Handle")
+_Header = TypeVar("_Header")
+
+#: dtype names a header may use (torch's, without the ``torch.`` prefix).
+DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """An injected fault (docs/backend-contract.md#fault-injection): raise at FX node ``node`` (its op ``op``)
+    with debug handle ``handle``. ``dataclasses.asdict`` of it is its JSON form."""
+
+    node: str
+    op: str
+    handle: int
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Fault:
+        """The fault of its JSON form (a ``KeyError`` or ``TypeError`` where that is malformed)."""
+        return cls(str(raw["node"]), str(raw["op"]), int(raw["handle"]))
 
 
 def pack_blob(magic: bytes, version: int, header: Mapping[str, object], payload: bytes) -> bytes:
@@ -78,6 +101,34 @@ def unpack_blob(blob: object, magic: bytes, version: int, *, kind: str, upgrade:
     except ValueError as exc:
         raise ValueError(f"{kind} has a malformed header: {exc}") from None
     return header, rest[head_len:]
+
+
+def unpack_header(
+    blob: object, magic: bytes, version: int, *, kind: str, upgrade: str, parse: Callable[[Any, bytes], _Header]
+) -> tuple[_Header, bytes]:
+    """`unpack_blob`, then ``(parse(header, payload), payload)``.
+
+    ``parse`` checks the header's shape (the payload is there for checks
+    against its length); a ``ValueError``, ``KeyError`` or ``TypeError`` it
+    raises is a ``ValueError`` saying that the ``kind`` has a malformed header.
+    """
+    raw, payload = unpack_blob(blob, magic, version, kind=kind, upgrade=upgrade)
+    try:
+        return parse(raw, payload), payload
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{kind} has a malformed header: {exc}") from None
+
+
+def outputs_from_json(raw: Any, dtypes: Collection[str] = DTYPES) -> tuple[tuple[str, Any], ...]:
+    """A header's user outputs, each ``["tensor", dtype name]`` or ``["constant", JSON value]``, checked."""
+    outputs = []
+    for kind, value in raw:
+        if kind == "tensor" and value not in dtypes:
+            raise ValueError(f"output dtype {value!r} is not one of {sorted(dtypes)}")
+        if kind not in ("tensor", "constant"):
+            raise ValueError(f"output kind {kind!r} is not 'tensor' or 'constant'")
+        outputs.append((kind, value))
+    return tuple(outputs)
 
 
 def compile_each(processed: Mapping[str, bytes], load: Callable[[bytes], _Handle]) -> dict[str, _Handle]:

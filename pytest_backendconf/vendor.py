@@ -1,7 +1,7 @@
 """Helpers for a backend's own code: the checks every ``preprocess`` repeats, and a cached availability probe.
 
 Each backend of this project (the reference backend, ONNX Runtime,
-OpenVINO, ExecuTorch) used to carry its own copy of these; a vendor's
+OpenVINO, ExecuTorch, IREE) used to carry its own copy of these; a vendor's
 backend may use them too::
 
     import pytest_backendconf as bc
@@ -25,14 +25,21 @@ backend may use them too::
             bc.check_functional_signature(program, self.name, engine="MyEngine")
             ...
 
+A backend over an engine whose runtime loads one blob per method may
+start from `EngineBackend`, which holds the availability probe, ``compile``
+and ``execute`` such a backend repeats.
+
 Importing this module never imports torch (`check_functional_signature`
 imports it when called).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from .blobs import checked_handle, compile_each
 
 if TYPE_CHECKING:
     import torch
@@ -157,3 +164,54 @@ class AvailabilityProbe:
         if self._reason is None:
             self._reason = self._probe()
         return self._reason
+
+
+class EngineBackend:
+    """The delegate-backend protocol around an engine's runtime, less what differs per engine.
+
+    A subclass sets ``name``, ``version``, ``capabilities`` and
+    ``runtime_module``, and defines ``preprocess`` and ``_probe`` (``""``
+    when the engine runs here, else why not and how to fix it). The runtime
+    module, imported only where a method is loaded, has ``load(blob)``
+    (a ``ValueError`` for a bad blob) returning a ``CompiledMethod``, whose
+    ``run(inputs)`` returns the flat outputs.
+    """
+
+    name: str
+    version: str
+    #: The module (target side) with ``load`` and ``CompiledMethod``, e.g. ``"backendconf_iree.runtime"``.
+    runtime_module: str
+
+    def __init__(self) -> None:
+        self._availability = AvailabilityProbe(self._probe)
+
+    def _probe(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} must define _probe()")
+
+    def is_available(self) -> bool:
+        """True when the engine's runtime loads here (``_probe``, asked once)."""
+        return not self.unavailable_reason()
+
+    def unavailable_reason(self) -> str:
+        """Why ``is_available()`` is false; empty when it is true."""
+        return self._availability.reason()
+
+    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
+        """One loaded method per blob; a bad blob raises ``ValueError`` naming the method.
+
+        Everything the runtime needs is in the blob, so this is a pure load
+        that works on a target without the engine's host-only parts.
+        """
+        return compile_each(processed, self._runtime().load)
+
+    def execute(self, handle: Any, inputs: list) -> list:
+        """Run a compiled method on its flat user inputs; return the flat outputs."""
+        compiled = checked_handle(handle, self._runtime().CompiledMethod, f"{type(self).__name__}.compile")
+        return compiled.run(inputs)
+
+    def _runtime(self) -> Any:
+        # Imported here, not with the backend: the runtime needs the engine, which may be missing.
+        return importlib.import_module(self.runtime_module)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.version}>"

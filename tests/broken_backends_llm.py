@@ -1,6 +1,6 @@
 """Backends that run torchao's affine quantization ops node by node, one with an LLM-quantization defect each.
 
-``EagerAffine`` is `eager_backends.EagerBackend` under its own name: it
+`eager_backends.EagerBackend` (``eager``) is registered here too: it
 runs every ``torchao.*_affine`` node with torchao's own op, so it *is* the
 reference the LLM schemes of the ``quantized`` category judge with, and
 must pass. The others each break one thing an engine's int4/int8 kernels
@@ -79,10 +79,6 @@ def _per_tensor(
     return tuple(w.reshape(-1)[0].expand_as(t).clone() for w, t in zip(whole, per_token))
 
 
-class EagerAffine(EagerBackend):
-    name = "eager_affine"
-
-
 class SwappedNibbles(EagerBackend):
     name = "swapped_nibbles"
     calls = {ao.dequantize_affine.default: _swapped_nibbles}
@@ -105,5 +101,5 @@ class PerTensorActivations(EagerBackend):
 
 @bc.hookimpl
 def backendconf_register_backends(register):
-    for backend in (EagerAffine, SwappedNibbles, GroupOf64, IgnoredZeroPoint, PerTensorActivations):
+    for backend in (EagerBackend, SwappedNibbles, GroupOf64, IgnoredZeroPoint, PerTensorActivations):
         register(backend())

@@ -11,11 +11,8 @@ a target without the compiler.
 
 from __future__ import annotations
 
-import inspect
 import json
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -26,12 +23,12 @@ pytest.importorskip("iree.runtime", reason="the iree backend needs iree-base-run
 pytest.importorskip("backendconf_iree", reason="install the backend: pip install -e backends/iree")
 
 import pytest_backendconf as bc
-from pytest_backendconf.debuginfo import DebugHandleRecorder
-from pytest_backendconf.lowering import export_method
 from pytest_backendconf.provenance import ProgramNodes
 
 from backendconf_iree import IreeBackend, blob
 from backendconf_iree.compiler import CompileFailure, compile_error, parse_spec
+from engine_setup import host_only_imports, line_of
+from engine_setup import prepared as _prepared
 
 BACKEND = "iree"
 
@@ -57,18 +54,11 @@ class Log10(nn.Module):
 
 
 def _line_of(marker: str) -> int:
-    lines = inspect.getsource(sys.modules[__name__]).splitlines()
-    return next(i for i, text in enumerate(lines, start=1) if text.endswith(f"# {marker}"))
+    return line_of(__name__, marker)
 
 
 TABLE = torch.randn(3, 4)
 INDEX = torch.tensor([0, 2])
-
-
-def _prepared(module, args, spec=None):
-    program = export_method(module, "forward", args, {})
-    handles = DebugHandleRecorder().assign(program.graph_module)
-    return program, spec or {}, handles
 
 
 @pytest.fixture(scope="module")
@@ -239,15 +229,6 @@ def test_a_fault_on_the_target_shows_the_users_source(tmp_path):
 
 def test_the_runtime_never_imports_the_compiler():
     # What compile and execute import, in a fresh interpreter.
-    code = textwrap.dedent(
-        """
-        import json, sys
-        import backendconf_iree, backendconf_iree.plugin, backendconf_iree.runtime
-        backendconf_iree.runtime.config()
-        host = backendconf_iree.IreeBackend.capabilities.host_only_modules
-        print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in host))))
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = host_only_imports("backendconf_iree", "IreeBackend", "backendconf_iree.runtime.config()")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []

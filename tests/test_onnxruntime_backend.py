@@ -9,11 +9,8 @@ engine comes back as the user's own source line.
 
 from __future__ import annotations
 
-import inspect
 import json
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -24,10 +21,10 @@ pytest.importorskip("onnxscript", reason="the onnxruntime backend exports with t
 pytest.importorskip("backendconf_onnxruntime", reason="install the backend: pip install -e backends/onnxruntime")
 
 import pytest_backendconf as bc
-from pytest_backendconf.debuginfo._handles import DebugHandleRecorder
-from pytest_backendconf.lowering._lowering import export_method
 
 from backendconf_onnxruntime import OnnxRuntimeBackend, blob
+from engine_setup import host_only_imports, line_of
+from engine_setup import prepared as _prepared
 
 BACKEND = "onnxruntime"
 
@@ -72,8 +69,7 @@ class Chain(nn.Module):
 
 
 def _line_of(marker: str) -> int:
-    lines = inspect.getsource(sys.modules[__name__]).splitlines()
-    return next(i for i, text in enumerate(lines, start=1) if text.endswith(f"# {marker}"))
+    return line_of(__name__, marker)
 
 
 TABLE = torch.arange(12, dtype=torch.float32).reshape(3, 4)
@@ -130,12 +126,6 @@ def test_an_error_naming_no_known_node_still_raises_backend_error():
 
 
 # --- preprocess ------------------------------------------------------------------------
-
-
-def _prepared(module, args, spec=None):
-    program = export_method(module, "forward", args, {})
-    handles = DebugHandleRecorder().assign(program.graph_module)
-    return program, spec or {}, handles
 
 
 def test_blob_is_deterministic_and_carries_no_exporter_metadata():
@@ -299,15 +289,7 @@ def test_target_runs_the_archive_with_the_exporter_blocked(gatherer, tmp_path):
 
 def test_the_runtime_module_never_imports_the_exporter():
     # What compile and execute import, in a fresh interpreter.
-    code = textwrap.dedent(
-        """
-        import json, sys
-        import backendconf_onnxruntime, backendconf_onnxruntime.plugin, backendconf_onnxruntime.runtime
-        host = backendconf_onnxruntime.OnnxRuntimeBackend.capabilities.host_only_modules
-        print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in host))))
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = host_only_imports("backendconf_onnxruntime", "OnnxRuntimeBackend")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 

@@ -10,12 +10,9 @@ user's line, and a target without the frontend.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -25,11 +22,11 @@ pytest.importorskip("openvino", reason="the openvino backend needs openvino (mak
 pytest.importorskip("backendconf_openvino", reason="install the backend: pip install -e backends/openvino")
 
 import pytest_backendconf as bc
-from pytest_backendconf.debuginfo import DebugHandleRecorder
-from pytest_backendconf.lowering import export_method
 
 from backendconf_openvino import OpenVinoBackend, blob
 from backendconf_openvino.conversion import parse_spec
+from engine_setup import host_only_imports, line_of
+from engine_setup import prepared as _prepared
 
 BACKEND = "openvino"
 
@@ -68,18 +65,11 @@ class Mystery(nn.Module):
 
 
 def _line_of(marker: str) -> int:
-    lines = inspect.getsource(sys.modules[__name__]).splitlines()
-    return next(i for i, text in enumerate(lines, start=1) if text.endswith(f"# {marker}"))
+    return line_of(__name__, marker)
 
 
 TABLE = torch.randn(3, 4)
 INDEX = torch.tensor([0, 2])
-
-
-def _prepared(module, args, spec=None):
-    program = export_method(module, "forward", args, {})
-    handles = DebugHandleRecorder().assign(program.graph_module)
-    return program, spec or {}, handles
 
 
 @pytest.fixture(scope="module")
@@ -362,16 +352,7 @@ def test_a_fault_on_the_target_shows_the_users_source(tmp_path):
 
 def test_the_runtime_never_imports_the_frontend():
     # What compile and execute import, in a fresh interpreter.
-    code = textwrap.dedent(
-        """
-        import json, sys
-        import backendconf_openvino, backendconf_openvino.plugin, backendconf_openvino.runtime
-        backendconf_openvino.runtime.core()
-        host = backendconf_openvino.OpenVinoBackend.capabilities.host_only_modules
-        print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in host))))
-        """
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = host_only_imports("backendconf_openvino", "OpenVinoBackend", "backendconf_openvino.runtime.core()")
     assert done.returncode == 0, done.stderr
     # `import openvino` itself imports openvino.tools.ovc (for convert_model) when it can;
     # the frontend and our conversion are never imported.

@@ -40,7 +40,7 @@ def run(pytester, backend: str, *select: str) -> tuple[dict, pytest.RunResult]:
 
 
 def test_eager_torchao_ops_pass(pytester):
-    tests, result = run(pytester, "eager_affine", *SELECTED)
+    tests, result = run(pytester, "eager", *SELECTED)
     assert set(tests) == set(SELECTED), result.stdout.str()[-2000:]
     assert {t["outcome"] for t in tests.values()} == {"passed"}, result.stdout.str()[-3000:]
     assert tests[INT4]["details"]["quantized"]["lowered"] == "lowered whole"

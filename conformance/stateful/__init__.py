@@ -423,6 +423,30 @@ def _failed_at(verdict: OutputVerdict) -> str:
     return _outputs_text(verdict, record)
 
 
+def _off_eager(session: Session, ctx: SuiteContext, model_name: str, dtype: str) -> str:
+    """Where ``session``'s outputs first leave eager's, as the failure says it; "" when it generated as eager."""
+    verdict = _judged(session, ctx, model_name, dtype)
+    return "" if verdict.passed else _failed_at(verdict)
+
+
+def _fresh_run(ctx: SuiteContext, model: StatefulModel, dtype: str, lowered: Any, where: str) -> tuple[Session, str]:
+    """A fresh session (seed 0) run through on ``lowered``, after `_starts_initial` (``where`` names the moment),
+    and where its outputs leave eager's (`_off_eager`)."""
+    _starts_initial(model, dtype, lowered, where)
+    session = _session(model, dtype, lowered, seed=0)
+    session.run_all()
+    return session, _off_eager(session, ctx, model.name, dtype)
+
+
+def _half_run(model: StatefulModel, dtype: str, lowered: Any) -> tuple[Session, int]:
+    """A session (seed 1) that has made half its calls on ``lowered`` (at least one), and that number."""
+    session = _session(model, dtype, lowered, seed=1)
+    half = max(1, session.calls.total // 2)
+    for _ in range(half):
+        session.step()
+    return session, half
+
+
 def _alone_passes(ctx: SuiteContext, model_name: str, dtype: str) -> str:
     """What one instance alone does (the shared whole-lowering generation), to tell a shared state from a wrong kernel."""
     try:
@@ -444,11 +468,10 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
     while (a.step() is not None) | (b.step() is not None):
         pass
     for label, session in (("first", a), ("second", b)):
-        verdict = _judged(session, ctx, model_name, dtype)
-        if not verdict.passed:
+        if failed := _off_eager(session, ctx, model_name, dtype):
             raise CheckFailed(
                 f"{model_name} in {dtype}: two instances lowered apart, called in turn (each with its own prompt), "
-                f"the {label} instance: {_failed_at(verdict)}\nEach lowered instance must keep its own state: "
+                f"the {label} instance: {failed}\nEach lowered instance must keep its own state: "
                 f"a call on one must never change what the other computes.{_alone_passes(ctx, model_name, dtype)}"
             )
     return {"stateful": {"calls": len(a.records) + len(b.records)}}
@@ -457,18 +480,14 @@ def check_isolation(ctx: SuiteContext, *, model_name: str, dtype: str, lowering:
 def check_reset(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     lowered = _instance(ctx, model, dtype, lowering)
-    before = _session(model, dtype, lowered, seed=1)
-    for _ in range(max(1, before.calls.total // 2)):
-        before.step()
+    before, _ = _half_run(model, dtype, lowered)
     lowered.reset()
-    _starts_initial(model, dtype, lowered, f"{model_name} in {dtype}: after {len(before.records)} calls and reset()")
-    after = _session(model, dtype, lowered, seed=0)
-    after.run_all()
-    verdict = _judged(after, ctx, model_name, dtype)
-    if not verdict.passed:
+    where = f"{model_name} in {dtype}: after {len(before.records)} calls and reset()"
+    after, failed = _fresh_run(ctx, model, dtype, lowered, where)
+    if failed:
         raise CheckFailed(
-            f"{model_name} in {dtype}: after {len(before.records)} calls and reset(), compared with a fresh eager "
-            f"model: {_failed_at(verdict)}\nreset() must return the state to its initial value; "
+            f"{where}, compared with a fresh eager model: {failed}\nreset() must return the state to its initial "
+            "value; "
             + (
                 "the backend keeps the state (keeps_state=True), and reset() compiles the blobs again: each "
                 "compile() must start from the initial values the blobs carry, never from state kept across calls."
@@ -498,30 +517,23 @@ def _starts_initial(model: StatefulModel, dtype: str, lowered: Any, where: str) 
 def check_reload(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: str) -> dict[str, Any]:
     model = _model(ctx, model_name)
     lowered = _instance(ctx, model, dtype, lowering)
-    used = _session(model, dtype, lowered, seed=1)
-    half = max(1, used.calls.total // 2)
-    for _ in range(half):
-        used.step()
+    used, half = _half_run(model, dtype, lowered)
     path = ctx.tmp_dir("stateful-reload") / f"{model_name}.bcarchive"
     bc.save(lowered, path)
     loaded = bc.load(path)
-    _starts_initial(model, dtype, loaded, f"{model_name} in {dtype}: an archive saved after {half} calls, loaded")
-    fresh = _session(model, dtype, loaded, seed=0)
-    fresh.run_all()
-    verdict = _judged(fresh, ctx, model_name, dtype)
-    if not verdict.passed:
+    where = f"{model_name} in {dtype}: an archive saved after {half} calls, loaded"
+    fresh, failed = _fresh_run(ctx, model, dtype, loaded, where)
+    if failed:
         raise CheckFailed(
-            f"{model_name} in {dtype}: an archive saved after {half} calls, loaded and compared with a fresh eager "
-            f"model: {_failed_at(verdict)}\nA loaded archive must start from the initial state (as exported), never "
-            "from the live state of the module that was saved."
+            f"{where} and compared with a fresh eager model: {failed}\nA loaded archive must start from the initial "
+            "state (as exported), never from the live state of the module that was saved."
         )
     # Saving must not disturb the module saved: it goes on as eager does.
     used.run_all()
-    verdict = _judged(used, ctx, model_name, dtype)
-    if not verdict.passed:
+    if failed := _off_eager(used, ctx, model_name, dtype):
         raise CheckFailed(
             f"{model_name} in {dtype}: the module saved after {half} calls, called on after bc.save: "
-            f"{_failed_at(verdict)}\nSaving must leave the module's state as it was."
+            f"{failed}\nSaving must leave the module's state as it was."
         )
     return {"stateful": {"calls_before_save": half, "calls": len(fresh.records)}}
 
@@ -593,9 +605,8 @@ def check_threads(ctx: SuiteContext, *, model_name: str, dtype: str, lowering: s
         # Every thread writes the same values at the same positions, and reads only positions it wrote
         # itself first: taken in turns, each thread sees exactly eager's sequence.
         for i, session in enumerate(sessions):
-            verdict = _judged(session, ctx, model_name, dtype)
-            if not verdict.passed:
-                raise CheckFailed(f"{where}: thread {i}'s {_failed_at(verdict)}{rule}")
+            if failed := _off_eager(session, ctx, model_name, dtype):
+                raise CheckFailed(f"{where}: thread {i}'s {failed}{rule}")
     else:
         # A running sum: after every call of every thread, one more call must see them all.
         eager = model.module(dtype)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import pytest_backendconf as bc
-from pytest_backendconf.blobs import checked_handle, compile_each
+from pytest_backendconf.vendor import EngineBackend
 
 __version__ = "0.1.0"
 __all__ = ["ExecuTorchBackend"]
@@ -38,11 +38,12 @@ INSTALL_HINT = (
 )
 
 
-class ExecuTorchBackend:
+class ExecuTorchBackend(EngineBackend):
     """The delegate-backend protocol (docs/writing-a-backend.md) over ExecuTorch's runtime."""
 
     name = "executorch"
     version = __version__
+    runtime_module = "backendconf_executorch.runtime"
     capabilities = bc.Capabilities(
         # None: which ops XNNPACK takes, and which the portable kernels cover,
         # move with ExecuTorch's version; the suite finds out by trying, and
@@ -79,34 +80,11 @@ class ExecuTorchBackend:
         batch_ops=True,
     )
 
-    def __init__(self) -> None:
-        self._availability = bc.AvailabilityProbe(_probe)
-
-    def is_available(self) -> bool:
-        """True when ExecuTorch's runtime imports here."""
-        return not self.unavailable_reason()
-
-    def unavailable_reason(self) -> str:
-        """Why ``is_available()`` is false; empty when it is true."""
-        return self._availability.reason()
-
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Lower ``program`` to a ``.pte`` blob (host only; see ``lowering``)."""
         from .lowering import lower_program  # host only: never imported on the target
 
         return lower_program(program, compile_spec, debug_handles)
-
-    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
-        """One loaded ExecuTorch method per method; a bad blob raises ``ValueError`` naming the method."""
-        from .runtime import load
-
-        return compile_each(processed, load)
-
-    def execute(self, handle: Any, inputs: list) -> list:
-        """Run a compiled method on its flat user inputs; return the flat outputs."""
-        from .runtime import CompiledMethod
-
-        return checked_handle(handle, CompiledMethod, "ExecuTorchBackend.compile").run(inputs)
 
     def quantizer(self, scheme: str) -> Any:
         """XNNPACK's own PT2E quantizer for a scheme of the ``quantized`` category (None: XNNPACK has none).
@@ -129,26 +107,24 @@ class ExecuTorchBackend:
 
         return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(**configs[scheme]))
 
-    def __repr__(self) -> str:
-        return f"<ExecuTorchBackend {self.version}>"
+    @staticmethod
+    def _probe() -> str:
+        """Available when ExecuTorch's runtime imports here, with XNNPACK."""
+        try:
+            from executorch.runtime import Runtime
 
-
-def _probe() -> str:
-    try:
-        from executorch.runtime import Runtime
-
-        runtime = Runtime.get()
-    except Exception as exc:  # ImportError, or a native library that does not load
-        text = f"{type(exc).__name__}: {exc}"
-        if "_C" in str(exc) or "flatbuffers" in str(exc):
-            # ExecuTorch reports a missing Python dependency of its pybindings
-            # (flatbuffers, most often) as a missing prebuilt extension.
-            text += " (this message also appears when flatbuffers is not installed)"
-        return f"ExecuTorch's runtime cannot be imported ({text}); {INSTALL_HINT}"
-    try:
-        backends = runtime.backend_registry.registered_backend_names
-    except Exception as exc:
-        return f"ExecuTorch's backend registry cannot be read: {exc}"
-    if "XnnpackBackend" not in backends:
-        return f"ExecuTorch's runtime has no XnnpackBackend (it has {', '.join(backends) or 'none'})"
-    return ""
+            runtime = Runtime.get()
+        except Exception as exc:  # ImportError, or a native library that does not load
+            text = f"{type(exc).__name__}: {exc}"
+            if "_C" in str(exc) or "flatbuffers" in str(exc):
+                # ExecuTorch reports a missing Python dependency of its pybindings
+                # (flatbuffers, most often) as a missing prebuilt extension.
+                text += " (this message also appears when flatbuffers is not installed)"
+            return f"ExecuTorch's runtime cannot be imported ({text}); {INSTALL_HINT}"
+        try:
+            backends = runtime.backend_registry.registered_backend_names
+        except Exception as exc:
+            return f"ExecuTorch's backend registry cannot be read: {exc}"
+        if "XnnpackBackend" not in backends:
+            return f"ExecuTorch's runtime has no XnnpackBackend (it has {', '.join(backends) or 'none'})"
+        return ""

@@ -21,13 +21,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_backendconf.blobs import pack_blob, unpack_blob
+from pytest_backendconf.blobs import DTYPES as DTYPES  # the header's dtypes (lowering checks against them)
+from pytest_backendconf.blobs import Fault, outputs_from_json, pack_blob, unpack_header
 
 MAGIC = b"\x89BCET\r\n\x1a"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-#: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +36,6 @@ class Instruction:
     what: str  # "kernel aten::add.out" or "delegate XnnpackBackend"
     handles: tuple[int, ...]
     nodes: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """An injected fault: raise at FX node ``node`` (its op ``op``) with debug handle ``handle``."""
-
-    node: str
-    op: str
-    handle: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,33 +71,22 @@ def encode(header: Header, program: bytes) -> bytes:
 
 def decode(blob: Any) -> tuple[Header, bytes]:
     """``(header, .pte bytes)`` of a blob; ``ValueError`` naming what is wrong."""
-    raw, program = unpack_blob(
-        blob, MAGIC, FORMAT_VERSION, kind="executorch backend blob", upgrade="backendconf-executorch"
+    return unpack_header(
+        blob, MAGIC, FORMAT_VERSION, kind="executorch backend blob", upgrade="backendconf-executorch", parse=_header
     )
-    try:
-        header = _header(raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"executorch backend blob has a malformed header: {exc}") from exc
-    return header, program
 
 
-def _header(raw: dict[str, Any]) -> Header:
-    outputs = []
-    for kind, value in raw["outputs"]:
-        if kind == "tensor" and value not in DTYPES:
-            raise ValueError(f"output dtype {value!r} is not one of {sorted(DTYPES)}")
-        if kind not in ("tensor", "constant"):
-            raise ValueError(f"output kind {kind!r} is not 'tensor' or 'constant'")
-        outputs.append((kind, value))
+def _header(raw: dict[str, Any], program: bytes) -> Header:
+    outputs = outputs_from_json(raw["outputs"])
     fault = raw.get("fault")
     return Header(
         method=str(raw["method"]),
         fed=tuple(bool(f) for f in raw["fed"]),
-        outputs=tuple(outputs),
+        outputs=outputs,
         instructions=tuple(
             Instruction(str(i["what"]), tuple(int(h) for h in i["handles"]), tuple(str(n) for n in i["nodes"]))
             for i in raw["instructions"]
         ),
         partitioners=tuple(str(p) for p in raw["partitioners"]),
-        fault=Fault(str(fault["node"]), str(fault["op"]), int(fault["handle"])) if fault else None,
+        fault=Fault.from_json(fault) if fault else None,
     )

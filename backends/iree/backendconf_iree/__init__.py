@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest_backendconf as bc
-from pytest_backendconf.blobs import checked_handle, compile_each
+from pytest_backendconf.vendor import EngineBackend
 
 __version__ = "0.1.0"
 __all__ = ["IreeBackend"]
@@ -34,11 +34,12 @@ __all__ = ["IreeBackend"]
 INSTALL_HINT = "pip install iree-base-compiler==3.13.0 iree-base-runtime==3.13.0"
 
 
-class IreeBackend:
+class IreeBackend(EngineBackend):
     """The delegate-backend protocol (docs/writing-a-backend.md) over IREE's compiler and runtime."""
 
     name = "iree"
     version = __version__
+    runtime_module = "backendconf_iree.runtime"
     capabilities = bc.Capabilities(
         # None: what IREE lowers moves with its version; the suite finds out
         # by trying, and preprocess rejects at the FX node the compiler names.
@@ -60,28 +61,11 @@ class IreeBackend:
         fault_injection=True,
     )
 
-    def __init__(self) -> None:
-        self._availability = bc.AvailabilityProbe(_probe)
-
-    def is_available(self) -> bool:
-        """True when IREE's runtime imports and offers the local-sync driver."""
-        return not self.unavailable_reason()
-
-    def unavailable_reason(self) -> str:
-        """Why ``is_available()`` is false; empty when it is true."""
-        return self._availability.reason()
-
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Compile ``program`` to a ``.vmfb`` blob (host only; see ``compiler``)."""
         from .compiler import compile_program  # host only: never imported on the target
 
         return compile_program(program, compile_spec, debug_handles)
-
-    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
-        """One loaded VM module per method; a bad blob raises ``ValueError`` naming the method."""
-        from .runtime import load
-
-        return compile_each(processed, load)
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
@@ -89,21 +73,13 @@ class IreeBackend:
 
         return same_major_not_newer(version, self.version)
 
-    def execute(self, handle: Any, inputs: list) -> list:
-        """Run a compiled method on its flat user inputs; return the flat outputs."""
-        from .runtime import CompiledMethod
+    @staticmethod
+    def _probe() -> str:
+        """Available when IREE's runtime imports and offers the local-sync driver."""
+        try:
+            from .runtime import config
 
-        return checked_handle(handle, CompiledMethod, "IreeBackend.compile").run(inputs)
-
-    def __repr__(self) -> str:
-        return f"<IreeBackend {self.version}>"
-
-
-def _probe() -> str:
-    try:
-        from .runtime import config
-
-        config()
-    except Exception as exc:  # ImportError, or a native library or driver that does not load
-        return f"IREE's runtime cannot be used ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
-    return ""
+            config()
+        except Exception as exc:  # ImportError, or a native library or driver that does not load
+            return f"IREE's runtime cannot be used ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        return ""

@@ -21,22 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_backendconf.blobs import pack_blob, unpack_blob
+from pytest_backendconf.blobs import DTYPES, Fault, outputs_from_json, pack_blob, unpack_header
 
 MAGIC = b"\x89BCIREE\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-#: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """An injected fault (docs/backend-contract.md#fault-injection): raise at FX node ``node`` with ``handle``."""
-
-    node: str
-    op: str
-    handle: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +56,12 @@ def encode(header: Header, vmfb: bytes) -> bytes:
 
 def decode(blob: Any) -> tuple[Header, bytes]:
     """``(header, .vmfb bytes)`` of a blob; ``ValueError`` naming what is wrong."""
-    raw, vmfb = unpack_blob(blob, MAGIC, FORMAT_VERSION, kind="iree backend blob", upgrade="backendconf-iree")
-    try:
-        header = _header(raw)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"iree backend blob has a malformed header: {exc}") from None
-    return header, vmfb
+    return unpack_header(
+        blob, MAGIC, FORMAT_VERSION, kind="iree backend blob", upgrade="backendconf-iree", parse=_header
+    )
 
 
-def _header(raw: Any) -> Header:
+def _header(raw: Any, vmfb: bytes) -> Header:
     if not isinstance(raw, dict):
         raise TypeError("the header must be a JSON object")
     inputs = []
@@ -83,20 +69,9 @@ def _header(raw: Any) -> Header:
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"input dtype {dtype!r} is not one of {sorted(DTYPES)}")
         inputs.append(dtype)
-    outputs = []
-    for kind, value in raw["outputs"]:
-        if kind == "tensor" and value not in DTYPES:
-            raise ValueError(f"output dtype {value!r} is not one of {sorted(DTYPES)}")
-        if kind not in ("tensor", "constant"):
-            raise ValueError(f"output kind {kind!r} is not 'tensor' or 'constant'")
-        outputs.append((kind, value))
+    outputs = outputs_from_json(raw["outputs"])
     function = raw["function"]
     if not isinstance(function, str) or not function.isidentifier():
         raise ValueError(f"function {function!r} is not an identifier")
     fault = raw.get("fault")
-    return Header(
-        function=function,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        fault=Fault(str(fault["node"]), str(fault["op"]), int(fault["handle"])) if fault else None,
-    )
+    return Header(function, tuple(inputs), outputs, Fault.from_json(fault) if fault else None)

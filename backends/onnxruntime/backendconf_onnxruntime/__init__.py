@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import pytest_backendconf as bc
-from pytest_backendconf.blobs import checked_handle, compile_each
+from pytest_backendconf.vendor import EngineBackend
 
 __version__ = "0.1.0"
 __all__ = ["OnnxRuntimeBackend"]
@@ -30,11 +30,12 @@ __all__ = ["OnnxRuntimeBackend"]
 PROVIDER = "CPUExecutionProvider"
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(EngineBackend):
     """The delegate-backend protocol (docs/backend-contract.md#the-four-hooks) over ONNX Runtime's CPU provider."""
 
     name = "onnxruntime"
     version = __version__
+    runtime_module = "backendconf_onnxruntime.runtime"
     capabilities = bc.Capabilities(
         # None: the exporter's and ONNX Runtime's coverage move with their
         # versions, so the suite finds out by trying (rejections are reported
@@ -73,32 +74,11 @@ class OnnxRuntimeBackend:
         batch_ops=True,
     )
 
-    def __init__(self) -> None:
-        self._availability = bc.AvailabilityProbe(_probe)
-
-    def is_available(self) -> bool:
-        """True when onnxruntime imports and offers the CPU execution provider."""
-        return not self.unavailable_reason()
-
-    def unavailable_reason(self) -> str:
-        """Why ``is_available()`` is false; empty when it is true."""
-        return self._availability.reason()
-
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Export ``program`` to an ONNX blob (host only; see ``exporter``)."""
         from .exporter import export_program  # host only: never imported on the target
 
         return export_program(program, compile_spec, debug_handles)
-
-    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
-        """One ``InferenceSession`` per method; a bad blob raises ``ValueError`` naming the method.
-
-        The compile spec is already in the blob, so this is a pure load that
-        works on a target without the exporter.
-        """
-        from .runtime import load
-
-        return compile_each(processed, load)
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
@@ -106,25 +86,19 @@ class OnnxRuntimeBackend:
 
         return same_major_not_newer(version, self.version)
 
-    def execute(self, handle: Any, inputs: list) -> list:
-        """Run a compiled method on its flat user inputs; return the flat outputs."""
-        from .runtime import CompiledMethod
-
-        return checked_handle(handle, CompiledMethod, "OnnxRuntimeBackend.compile").run(inputs)
-
-    def __repr__(self) -> str:
-        return f"<OnnxRuntimeBackend {self.version}>"
-
-
-def _probe() -> str:
-    try:
-        import onnxruntime
-    except Exception as exc:  # ImportError, or a broken native library
-        return f"onnxruntime cannot be imported ({type(exc).__name__}: {exc}); pip install onnxruntime"
-    try:
-        providers = onnxruntime.get_available_providers()
-    except Exception as exc:
-        return f"onnxruntime.get_available_providers() failed: {exc}"
-    if PROVIDER not in providers:
-        return f"onnxruntime {onnxruntime.__version__} offers no {PROVIDER} (it has {', '.join(providers) or 'none'})"
-    return ""
+    @staticmethod
+    def _probe() -> str:
+        """Available when onnxruntime imports and offers the CPU execution provider."""
+        try:
+            import onnxruntime
+        except Exception as exc:  # ImportError, or a broken native library
+            return f"onnxruntime cannot be imported ({type(exc).__name__}: {exc}); pip install onnxruntime"
+        try:
+            providers = onnxruntime.get_available_providers()
+        except Exception as exc:
+            return f"onnxruntime.get_available_providers() failed: {exc}"
+        if PROVIDER not in providers:
+            return (
+                f"onnxruntime {onnxruntime.__version__} offers no {PROVIDER} (it has {', '.join(providers) or 'none'})"
+            )
+        return ""

@@ -21,13 +21,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_backendconf.blobs import pack_blob, unpack_blob
+from pytest_backendconf.blobs import DTYPES, pack_blob, unpack_header
 
 MAGIC = b"\x89BCORT\r\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-#: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +84,14 @@ def encode(header: Header, model: bytes) -> bytes:
 
 def decode(blob: bytes) -> tuple[Header, bytes]:
     """Check and split a blob; ``ValueError`` naming the problem if it is not one."""
-    data, model = unpack_blob(
-        blob, MAGIC, FORMAT_VERSION, kind="onnxruntime backend blob", upgrade="backendconf-onnxruntime"
+    return unpack_header(
+        blob,
+        MAGIC,
+        FORMAT_VERSION,
+        kind="onnxruntime backend blob",
+        upgrade="backendconf-onnxruntime",
+        parse=lambda data, model: _header_from_json(data),
     )
-    try:
-        header = _header_from_json(data)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"onnxruntime backend blob has a malformed header: {exc}") from None
-    return header, model
 
 
 # --- JSON ------------------------------------------------------------------------

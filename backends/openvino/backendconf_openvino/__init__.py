@@ -24,9 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
 import pytest_backendconf as bc
-from pytest_backendconf.blobs import checked_handle, compile_each
+from pytest_backendconf.vendor import EngineBackend
 
 __version__ = "0.1.0"
 __all__ = ["OpenVinoBackend"]
@@ -36,11 +35,12 @@ __all__ = ["OpenVinoBackend"]
 INSTALL_HINT = "pip install openvino==2026.4.1 packaging"
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(EngineBackend):
     """The delegate-backend protocol (docs/writing-a-backend.md) over OpenVINO's CPU plugin."""
 
     name = "openvino"
     version = __version__
+    runtime_module = "backendconf_openvino.runtime"
     capabilities = bc.Capabilities(
         # None: the frontend's coverage moves with OpenVINO's version; the
         # suite finds out by trying, and preprocess rejects at the FX node.
@@ -69,32 +69,11 @@ class OpenVinoBackend:
         fault_injection=True,
     )
 
-    def __init__(self) -> None:
-        self._availability = bc.AvailabilityProbe(_probe)
-
-    def is_available(self) -> bool:
-        """True when openvino imports and offers the CPU device."""
-        return not self.unavailable_reason()
-
-    def unavailable_reason(self) -> str:
-        """Why ``is_available()`` is false; empty when it is true."""
-        return self._availability.reason()
-
     def preprocess(self, program: Any, compile_spec: dict, debug_handles: Mapping[Any, int]) -> bytes:
         """Convert ``program`` to an IR blob (host only; see ``conversion``)."""
         from .conversion import convert_program  # host only: never imported on the target
 
         return convert_program(program, compile_spec, debug_handles)
-
-    def compile(self, processed: dict[str, bytes], method_compile_spec: dict[str, dict]) -> dict[str, Any]:
-        """One ``CompiledModel`` on ``"CPU"`` per method; a bad blob raises ``ValueError`` naming the method.
-
-        The precision and everything else the runtime needs are in the blob,
-        so this is a pure load that works on a target without the frontend.
-        """
-        from .runtime import load
-
-        return compile_each(processed, load)
 
     def accepts_blob_version(self, version: str) -> bool:
         """Blobs of the same major release, up to this minor (a newer minor may write what this cannot run)."""
@@ -102,25 +81,17 @@ class OpenVinoBackend:
 
         return same_major_not_newer(version, self.version)
 
-    def execute(self, handle: Any, inputs: list) -> list:
-        """Run a compiled method on its flat user inputs; return the flat outputs."""
-        from .runtime import CompiledMethod
+    @staticmethod
+    def _probe() -> str:
+        """Available when openvino imports and offers the CPU device."""
+        try:
+            import openvino  # noqa: F401  (before the cached Core: a missing openvino is found here)
 
-        return checked_handle(handle, CompiledMethod, "OpenVinoBackend.compile").run(inputs)
+            from .runtime import core
 
-    def __repr__(self) -> str:
-        return f"<OpenVinoBackend {self.version}>"
-
-
-def _probe() -> str:
-    try:
-        import openvino  # noqa: F401  (before the cached Core: a missing openvino is found here)
-
-        from .runtime import core
-
-        devices = core().available_devices
-    except Exception as exc:  # ImportError, or a native library that does not load
-        return f"openvino cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
-    if "CPU" not in devices:
-        return f"openvino offers no CPU device (it has {', '.join(devices) or 'none'})"
-    return ""
+            devices = core().available_devices
+        except Exception as exc:  # ImportError, or a native library that does not load
+            return f"openvino cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        if "CPU" not in devices:
+            return f"openvino offers no CPU device (it has {', '.join(devices) or 'none'})"
+        return ""

@@ -23,13 +23,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_backendconf.blobs import pack_blob, unpack_blob
+from pytest_backendconf.blobs import DTYPES, Fault, pack_blob, unpack_header
 
 MAGIC = b"\x89BCOVI\r\n"
 #: Bumped on any incompatible change; a reader refuses blobs newer than itself.
 FORMAT_VERSION = 1
-#: dtype names the header may use (torch's, without the ``torch.`` prefix).
-DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool"})
 #: Inference precisions of OpenVINO's CPU plugin the header may ask for.
 PRECISIONS = frozenset({"f32", "bf16", "f16"})
 
@@ -46,15 +44,6 @@ class TensorSlot:
     name: str
     dtype: str
     widened: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """An injected fault (docs/backend-contract.md#fault-injection): raise at FX node ``node`` with ``handle``."""
-
-    node: str
-    op: str
-    handle: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,17 +71,18 @@ def encode(header: Header, xml: bytes, weights: bytes) -> bytes:
 
 def decode(blob: Any) -> tuple[Header, bytes, bytes]:
     """``(header, xml, weights)`` of a blob; ``ValueError`` naming what is wrong."""
-    data, payload = unpack_blob(
-        blob, MAGIC, FORMAT_VERSION, kind="openvino backend blob", upgrade="backendconf-openvino"
+    (header, xml_length), payload = unpack_header(
+        blob, MAGIC, FORMAT_VERSION, kind="openvino backend blob", upgrade="backendconf-openvino", parse=_parse
     )
-    try:
-        header = _header_from_json(data)
-        xml_length = data["xml_length"]
-        if type(xml_length) is not int or not 0 < xml_length <= len(payload):
-            raise ValueError(f"xml_length {xml_length!r} does not fit the {len(payload)}-byte payload")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"openvino backend blob has a malformed header: {exc}") from None
     return header, payload[:xml_length], payload[xml_length:]
+
+
+def _parse(data: Any, payload: bytes) -> tuple[Header, int]:
+    header = _header_from_json(data)
+    xml_length = data["xml_length"]
+    if type(xml_length) is not int or not 0 < xml_length <= len(payload):
+        raise ValueError(f"xml_length {xml_length!r} does not fit the {len(payload)}-byte payload")
+    return header, xml_length
 
 
 # --- JSON ------------------------------------------------------------------------
@@ -141,6 +131,5 @@ def _header_from_json(data: Any) -> Header:
     if not isinstance(nodes, dict) or not all(isinstance(k, str) and type(v) is int for k, v in nodes.items()):
         raise ValueError("the node table must map IR layer names to integer handles")
     fault = data["fault"]
-    if fault is not None:
-        fault = Fault(node=str(fault["node"]), op=str(fault["op"]), handle=int(fault["handle"]))
+    fault = None if fault is None else Fault.from_json(fault)
     return Header(inputs=inputs, outputs=tuple(outputs), precision=precision, nodes=dict(nodes), fault=fault)

@@ -388,3 +388,14 @@ def test_a_partition_whose_input_names_clash_with_the_retraces_runs(mystery_op):
     for step in range(3):
         x = torch.full((4,), float(step))
         torch.testing.assert_close(lowered(x), eager(x))
+
+
+class MeanOfOne(nn.Module):
+    def forward(self, x):
+        return x.mean(dim=[0])  # the mean of a 0-d tensor: the exporter emits no node at all
+
+
+def test_a_program_without_ops_loads_and_runs():
+    x = torch.randn(())
+    lowered = bc.to_backend(MeanOfOne(), BACKEND, {"forward": {}}, example_inputs=(x,))
+    torch.testing.assert_close(lowered(x), x)

@@ -318,3 +318,66 @@ def test_dynamic_shapes_export_named_onnx_dimensions_and_run_any_size_in_the_ran
         torch.testing.assert_close(lowered(x), model(x), rtol=1e-5, atol=1e-5)
     with pytest.raises(bc.InputSpecError, match=r"input 'x': dimension 1 is 17, outside the range \[1, 16\]"):
         lowered(torch.randn(2, 17, 8))
+
+
+class Running(nn.Module):
+    """A running sum in a buffer: its state reaches the backend as an input and an output."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4, dtype=dtype))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_stateful_program_keeps_its_state_names_and_low_precision(dtype):
+    # torch.onnx's retrace names `b_total, x` after forward's one parameter: `arg_0, arg_1`; the
+    # backend gives the names back by position, before widening the bfloat16 state to float32.
+    lowered = bc.to_backend(
+        Running(dtype), "onnxruntime", {"forward": {}}, example_inputs=(torch.ones(4, dtype=dtype),)
+    )
+    eager = Running(dtype)
+    for step in range(3):
+        x = torch.full((4,), float(step + 1), dtype=dtype)
+        torch.testing.assert_close(lowered(x), eager(x))
+    torch.testing.assert_close(bc.state(lowered)["total"], eager.total)
+    header, _ = blob.decode(lowered.lowered.blobs["forward"])
+    assert [slot.name for slot in header.inputs if slot is not None] == ["b_total", "x"]
+
+
+class PartitionedState(nn.Module):
+    """Its partitions' inputs are named as the retrace names its own values (`mul`, `mul_1`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        y = x * 2
+        self.total.add_(torch.ops.backendconf_ort_test.mystery(y * 3))
+        return self.total * 4 + y
+
+
+def test_a_partition_whose_input_names_clash_with_the_retraces_runs(mystery_op):
+    lowered = bc.to_backend(
+        PartitionedState(), "onnxruntime", {"forward": {}}, example_inputs=(torch.ones(4),), partition="supported"
+    )
+    assert bc.delegation(lowered)["forward"].partitions >= 2
+    eager = PartitionedState()
+    for step in range(3):
+        x = torch.full((4,), float(step))
+        torch.testing.assert_close(lowered(x), eager(x))
+
+
+class MeanOfOne(nn.Module):
+    def forward(self, x):
+        return x.mean(dim=[0])  # the mean of a 0-d tensor: the exporter emits no node at all
+
+
+def test_a_program_without_ops_loads_and_runs():
+    x = torch.randn(())
+    lowered = bc.to_backend(MeanOfOne(), BACKEND, {"forward": {}}, example_inputs=(x,))
+    torch.testing.assert_close(lowered(x), x)

@@ -117,6 +117,35 @@ def test_supported_ops_decide_without_asking_preprocess():
     assert "sigmoid" in bc.delegation(lowered)["forward"].fallback
 
 
+class CastsItsInput(torch.nn.Module):
+    def forward(self, x, scale):
+        return x * scale.to(torch.float32)  # an `_assert_tensor_metadata` node that nothing reads
+
+
+@pytest.mark.parametrize("asks", [True, False], ids=["asked", "supported_ops"])
+def test_a_node_nobody_reads_is_never_a_partition_of_its_own(asks):
+    from backendconf_reference import ReferenceBackend
+
+    class NoEmptyPrograms(ReferenceBackend):
+        """An engine that cannot load a model without outputs (ONNX Runtime's 'Missing opset')."""
+
+        name = "no_empty_programs"
+        capabilities = bc.Capabilities(supported_ops=None if asks else {"aten._assert_tensor_metadata.default"})
+
+        def preprocess(self, program, compile_spec, debug_handles):
+            if not program.graph_signature.output_specs:
+                raise RuntimeError("cannot load a model without outputs")
+            return super().preprocess(program, compile_spec, debug_handles)
+
+    x, scale = torch.randn(3), torch.tensor([2.0])
+    lowered = bc.to_backend(
+        CastsItsInput(), NoEmptyPrograms(), {"forward": {}}, example_inputs=(x, scale), partition="supported"
+    )
+    record = bc.delegation(lowered)["forward"]
+    assert any("assert_tensor_metadata" in name for name in record.fallback)
+    torch.testing.assert_close(lowered(x, scale), x * 2)
+
+
 def test_debug_info_covers_every_node_delegated_or_not():
     lowered, _ = lower(WithCustomOp())
     nodes = {info.node for info in bc.debug_info(lowered).values()}

@@ -128,7 +128,9 @@ def accepted_nodes(
         dtypes = getattr(capabilities, "dtypes", None)
         accepted = {n for n in producers if op_overload(n) in ops and _dtypes_within(n, dtypes)}
     else:
-        accepted = {n for n in producers if probe(program, n, backend, spec, handles)}
+        # A node nobody reads (an assertion) is not asked about: it would be a one-node program without
+        # outputs, and it stays on the fallback anyway (plan_units).
+        accepted = {n for n in producers if n.users and probe(program, n, backend, spec, handles)}
     return accepted | {n for n in nodes if _is_item(n) and n.args[0] in accepted}
 
 
@@ -217,6 +219,10 @@ def plan_units(program: ExportedProgram, selected: set[torch.fx.Node]) -> list[U
     between delegated partitions and fallback segments.
     """
     partitions = _compat.propose_partitions(program.graph_module, lambda node: node in selected)
+    # A partition whose nodes nobody reads (a lone `_assert_tensor_metadata`) would give the backend
+    # a program without outputs: nothing to compute, and some engines cannot load an empty model.
+    # Its nodes run on the fallback.
+    partitions = [nodes for nodes in partitions if any(n.users for n in nodes)]
     position = {n: i for i, n in enumerate(program.graph.nodes)}
     owner: dict[torch.fx.Node, int] = {}
     groups: list[list[torch.fx.Node]] = []

@@ -101,10 +101,17 @@ def export_program(
 
     builder = ModelBuilder(model, program, originals, debug_handles)
     header = builder.finish(fault_node)
+    if "" not in model.opset_imports:
+        # A program without ops (`mean` over a dimension of size 1, kept: the input is the output)
+        # comes out with no nodes, and so no opset import, which ONNX Runtime refuses to load.
+        model.opset_imports[""] = _DEFAULT_OPSET
     data = serde.serialize_model(model).SerializeToString(deterministic=True)
     _check_loads(data, builder)
     return blob_format.encode(header, data)
 
+
+#: The ONNX opset of a model without nodes: the one torch.onnx's exporter writes (its torchlib's).
+_DEFAULT_OPSET = 18
 
 # --- compile spec ------------------------------------------------------------------
 

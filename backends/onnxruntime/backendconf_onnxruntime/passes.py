@@ -74,6 +74,7 @@ class ModelBuilder:
             if found is not None:
                 self.origin[node] = found
         self._fix_outputs()
+        self._name_inputs_by_position()
         widened = self._widen_low_precision()
         flag = self._fault_flag(fault_node) if fault_node is not None else None
         self._name_nodes()
@@ -128,6 +129,36 @@ class ModelBuilder:
                 raise UnsupportedNodeError(node, f"input {name!r} is missing from the exported ONNX model")
             slots.append(_slot(name, node.meta.get("val"), name in widened, node))
         return tuple(slots)
+
+    def _name_inputs_by_position(self) -> None:
+        """Give the model's inputs the program's names where the exporter's retrace lost them.
+
+        torch.onnx retraces the program and names its inputs after the
+        method's parameters; a program with more user inputs than that (a
+        stateful method's state made explicit: ``b_acc, x`` for ``forward(x)``)
+        comes out as ``arg_0, arg_1``. The order is kept, the user's inputs
+        first among the graph's, so the names are given back by position.
+        """
+        names = [
+            spec.arg.name
+            for spec in self.program.graph_signature.input_specs
+            if spec.kind == InputKind.USER_INPUT and not isinstance(spec.arg, ConstantArgument)
+        ]
+        inputs = list(self.model.graph.inputs)
+        if {value.name for value in inputs} >= set(names) or len(inputs) < len(names):
+            return
+        # The retrace names the graph's own values after its nodes, which may be the names of the
+        # program's inputs (a partition's input `mul_1` beside the retrace's `mul_1`): those values
+        # make way, unless one is a graph output (named as the program's outputs are).
+        wanted = set(names)
+        outputs = {id(value) for value in self.model.graph.outputs}
+        clashing = [value for node in self.model.graph for value in node.outputs if value.name in wanted]
+        if any(id(value) in outputs for value in clashing):
+            return  # leave the inputs as they are: reported missing, below
+        for value in clashing:
+            value.name = self._fresh(value.name)
+        for value, name in zip(inputs, names):
+            value.name = name
 
     def _output_slots(self, widened: set[str]) -> tuple[tuple[str, Any], ...]:
         output_node = self.originals.output

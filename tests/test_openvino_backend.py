@@ -173,6 +173,21 @@ def test_an_index_copy_past_the_end_is_clamped_not_written_past_the_tensor():
     assert torch.equal(past, cache.index_copy(0, torch.tensor([3]), row))
 
 
+class IntegerMatmul(nn.Module):
+    def forward(self, a, b):
+        return torch.mm(a, b)
+
+
+def test_an_ir_the_cpu_plugin_cannot_compile_is_a_compiler_error_at_its_node():
+    # The frontend converts an int64 mm (OpenVINO claims it); the CPU plugin cannot compile it when a
+    # dimension is empty ("object is not initialized"): a compiler failure, not "unsupported".
+    a, b = torch.zeros(0, 4, dtype=torch.int64), torch.ones(4, 5, dtype=torch.int64)
+    with pytest.raises(bc.CompilerError) as caught:
+        bc.to_backend(IntegerMatmul(), BACKEND, {"forward": {}}, example_inputs=(a, b))
+    assert caught.value.node.name == "mm"
+    assert "OpenVINO's CPU plugin cannot compile the IR: object is not initialized" in caught.value.reason
+
+
 def test_cond_branches_are_converted_and_their_layers_have_handles():
     lowered = bc.to_backend(Branches(), BACKEND, {"forward": {}}, example_inputs=(TABLE,))
     for x in (TABLE.abs(), -TABLE.abs()):

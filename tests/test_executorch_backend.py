@@ -112,3 +112,28 @@ def test_a_bad_blob_is_refused_by_name():
         blob.decode(data[:-1] + b"X")
     with pytest.raises(ValueError, match="truncated or padded"):
         blob.decode(data[:-1])
+
+
+class SlicedLinear(torch.nn.Module):
+    """A linear layer on the first 32 features of its input (backends/executorch/repro/linear_sliced_input_bmm.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.square = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.square(x[..., :32])
+
+
+def test_a_pass_that_raises_is_reported_with_its_cause():
+    # XNNPACK's ConvertToLinearPass fails on a weight-only int4 linear of a sliced 3-d input; ExecuTorch's
+    # pass manager wraps the error in one that names the pass only, and the text must carry the cause.
+    pytest.importorskip("torchao", reason="install torchao==0.18.0: make .venv/.installed-executorch")
+    from pytest_backendconf.quant import quantize_llm
+
+    model = quantize_llm(SlicedLinear().eval(), "int4-weight-only-g32")
+    with pytest.raises(bc.LoweringError) as caught:
+        bc.to_backend(model, BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3, 64),))
+    text = str(caught.value)
+    assert "An error occurred when running the 'ConvertToLinearPass' pass" in text
+    assert "(caused by RuntimeError: t() expects a tensor with <= 2 dimensions, but self is 3D)" in text

@@ -166,7 +166,7 @@ def _lower(
         node = _naming(originals, str(exc))
         if node is None:
             raise RuntimeError(
-                f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}"
+                f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}{_caused_by(exc)}"
             ) from exc
         raise UnsupportedNodeError(
             node, f"ExecuTorch cannot lower {_op_name(node)}: {type(exc).__name__}: {_first_line(exc)}"
@@ -304,6 +304,16 @@ def _raise_missing_kernel(
     if node is not None:
         raise UnsupportedNodeError(node, f"{reason} (error 0x14, OperatorMissing, at load_method)")
     raise RuntimeError(f"{reason}; no node of the program maps to it")
+
+
+def _caused_by(exc: BaseException) -> str:
+    """The innermost cause's first line: ExecuTorch's pass manager wraps a pass's error in one that names only the pass."""
+    cause = exc.__cause__
+    if cause is None:
+        return ""
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    return f" (caused by {type(cause).__name__}: {_first_line(cause)})"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -314,3 +315,39 @@ def test_to_backend_names_the_torchscript_way_for_a_torchscript_record():
         bc.to_backend(torch.nn.ReLU(), record, {"forward": {}}, example_inputs=(torch.ones(2),))
     assert "is a TorchScript backend (C++ behind torch._C._jit_to_backend)" in str(info.value)
     assert "torch._C._jit_to_backend('mydsp', scripted, {'forward': {'': ''}})" in str(info.value)
+
+
+STATE_IN_THE_SEEDS_FLOW = """
+import io, os, sys, torch
+import backendconf_torchscript_reference as reference
+sys.path.insert(0, {tests!r})
+from stateful_models import Accumulator, TinyDecoder, greedy
+from pytest_backendconf import _compat
+
+torch.ops.load_library(str(reference.library_path()))
+spec = {{"forward": {{"": ""}}}}
+a = _compat.jit_to_backend("torchscript_reference", torch.jit.script(Accumulator()), spec)
+b = _compat.jit_to_backend("torchscript_reference", torch.jit.script(Accumulator()), spec)
+x = torch.ones(3)
+print("calls", a(x).tolist(), a(x).tolist(), "other instance", b(x).tolist())
+saved = io.BytesIO()
+torch.jit.save(a, saved)
+saved.seek(0)
+print("loaded", torch.jit.load(saved)(x).tolist())
+decoder = _compat.jit_to_backend("torchscript_reference", torch.jit.script(TinyDecoder().eval()), spec)
+print("greedy", greedy(decoder, torch.tensor([[3]]), 8) == greedy(TinyDecoder().eval(), torch.tensor([[3]]), 8))
+"""
+
+
+@pytest.mark.slow  # a fresh process loading the C++ library: seconds
+def test_state_in_the_seeds_flow_is_kept_by_the_backend_and_saved_live():
+    """What ``torch._C._jit_to_backend`` does with a buffer a method writes (docs/writing-a-backend.md,
+    "State in the TorchScript form"): the backend's module keeps it, each lowering its own, a decoder
+    generates as eager; but ``torch.jit.save`` writes the live state, and there is no reset."""
+    script = STATE_IN_THE_SEEDS_FLOW.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "calls [3.0, 3.0, 3.0] [5.0, 5.0, 5.0] other instance [3.0, 3.0, 3.0]" in lines
+    assert "loaded [7.0, 7.0, 7.0]" in lines  # continues from the two calls: 2 * (1 + 1 + 1) + 1
+    assert "greedy True" in lines

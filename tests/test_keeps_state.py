@@ -8,14 +8,13 @@ category against them runs through pytester (slow).
 from __future__ import annotations
 
 import json
-import re
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
 
 import keeps_state_backends
+from suite_runs import failed_ids, run_with
 import pytest_backendconf as bc
 from keeps_state_backends import KeepsState, KeepsStateAcrossCompiles
 from stateful_models import Accumulator, PrefillDecode, TinyDecoder, greedy
@@ -141,28 +140,11 @@ def test_state_kept_across_compiles_is_shared_by_instances():
 
 # --- the stateful category against them ---------------------------------------------------
 
-TESTS_DIR = Path(__file__).parent
-CONFTEST = """
-import sys
-sys.path.insert(0, {tests!r})
-from keeps_state_backends import {cls}
-
-def backendconf_register_backends(register):
-    register({cls}())
-"""
 SELECT = ["backendconf::stateful::streaming_accumulator.*", "backendconf::stateful::prefill_decode.*[[]float32*"]
 
 
 def run_category(pytester, cls):
-    pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), cls=cls))
-    name = getattr(keeps_state_backends, cls).name
-    return pytester.runpytest(
-        f"--backend={name}", "-p", "no:cacheprovider", "-rfs", *(f"--backendconf-select={s}" for s in SELECT)
-    )
-
-
-def failed_ids(result) -> set[str]:
-    return {m.group(1) for m in re.finditer(r"^FAILED (backendconf::\S+?)(?: - .*)?$", result.stdout.str(), re.M)}
+    return run_with(pytester, keeps_state_backends, cls, SELECT)
 
 
 @pytest.mark.slow

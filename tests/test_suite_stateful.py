@@ -7,13 +7,13 @@ findings) is tested on tensors, with no lowering at all.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 import broken_backends_stateful
+from suite_runs import failed_ids, run_with
 from pytest_backendconf.conformance.stateful._generation import (
     Call,
     StepRecord,
@@ -23,30 +23,9 @@ from pytest_backendconf.conformance.stateful._generation import (
 from pytest_backendconf.conformance.stateful._state import describe
 from pytest_backendconf.numerics import Tolerance
 
-TESTS_DIR = Path(__file__).parent
-
-CONFTEST = """
-import sys
-sys.path.insert(0, {tests!r})
-from broken_backends_stateful import {cls}
-
-def backendconf_register_backends(register):
-    register({cls}())
-"""
-
 
 def run_suite(pytester, cls: str | None, select: list[str]):
-    name = "reference"
-    if cls is not None:
-        pytester.makeconftest(CONFTEST.format(tests=str(TESTS_DIR), cls=cls))
-        name = getattr(broken_backends_stateful, cls).name
-    return pytester.runpytest(
-        f"--backend={name}", "-p", "no:cacheprovider", "-rfs", *(f"--backendconf-select={s}" for s in select)
-    )
-
-
-def failed_ids(result) -> set[str]:
-    return {m.group(1) for m in re.finditer(r"^FAILED (backendconf::\S+?)(?: - .*)?$", result.stdout.str(), re.M)}
+    return run_with(pytester, broken_backends_stateful, cls, select)
 
 
 LLAMA_ID = "backendconf::stateful::llama_decoder"

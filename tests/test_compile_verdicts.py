@@ -125,6 +125,48 @@ def test_failing_nodes_keeps_weights_constant_and_says_the_failure_needs_them():
     assert bc.failing_nodes(program, "reference") == []
 
 
+class ParameterAndBuffers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("shift", torch.randn(4))
+        self.register_buffer("scratch", torch.randn(4), persistent=False)
+
+    def forward(self, x):
+        return torch.tanh(x * self.w + self.shift) - self.scratch
+
+
+class WeightsByKind(FusedBuild):
+    """Builds as `FusedBuild`, and, as ExecuTorch's XNNPACK passes do, reads each weight by its kind."""
+
+    name = "weights_by_kind"
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        signature = program.graph_signature
+        for spec in signature.input_specs:
+            if spec.kind.name == "PARAMETER":
+                assert isinstance(program.state_dict[spec.target], torch.nn.Parameter)
+            elif spec.kind.name == "BUFFER":
+                where = program.state_dict if spec.persistent else program.constants
+                assert isinstance(where[spec.target], torch.Tensor)
+        seen.append(sorted((s.kind.name, s.target, s.persistent) for s in signature.input_specs if s.target))
+        return super().preprocess(program, compile_spec, debug_handles)
+
+
+seen: list = []
+
+
+def test_failing_nodes_keeps_each_weights_kind_and_name():
+    # A parameter made a lifted constant in the one-node program failed in ExecuTorch's passes
+    # ("`weight0` is not a buffer") and put the blame on a node that builds in the program.
+    program = torch.export.export(ParameterAndBuffers(), (torch.randn(4),))
+    seen.clear()
+    found = bc.failing_nodes(program, WeightsByKind())
+    assert [n.target for n in found] == [torch.ops.aten.tanh.default]
+    kinds = {entry for piece in seen for entry in piece}
+    assert kinds == {("PARAMETER", "w", None), ("BUFFER", "shift", True), ("BUFFER", "scratch", False)}
+
+
 class DynamicTanh(torch.nn.Module):
     def forward(self, x):
         return torch.tanh(torch.relu(x) + 1) - x

@@ -132,8 +132,38 @@ def test_a_pass_that_raises_is_reported_with_its_cause():
     from pytest_backendconf.quant import quantize_llm
 
     model = quantize_llm(SlicedLinear().eval(), "int4-weight-only-g32")
-    with pytest.raises(bc.LoweringError) as caught:
+    with pytest.raises(bc.CompilerError) as caught:
         bc.to_backend(model, BACKEND, {"forward": {}}, example_inputs=(torch.randn(2, 3, 64),))
     text = str(caught.value)
+    # The error names no node; built node by node, the linear fails alone (its weights kept as they are).
+    assert text.startswith("The node of aten::linear failed in this compiler, which claims it.")
     assert "An error occurred when running the 'ConvertToLinearPass' pass" in text
     assert "(caused by RuntimeError: t() expects a tensor with <= 2 dimensions, but self is 3D)" in text
+
+
+class TrainingBatchNorm(torch.nn.Module):
+    def forward(self, x, weight, bias, mean, var):
+        return torch.ops.aten.native_batch_norm.default(x, weight, bias, mean, var, True, 0.1, 1e-5)[0]
+
+
+class UnbindVector(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.aten.unbind_copy.int(x, 0)
+
+
+def test_an_op_the_edge_dialect_refuses_is_unsupported():
+    # ExecuTorch's verifier refuses the op it decomposes to (not in the Core ATen opset): not claimed.
+    args = (torch.randn(2, 3, 4), torch.randn(3), torch.randn(3), torch.zeros(3), torch.ones(3))
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(TrainingBatchNorm(), BACKEND, {"forward": {}}, example_inputs=args)
+    text = str(caught.value)
+    assert text.startswith("The node of aten::native_batch_norm is not supported in this compiler.")
+    assert "SpecViolationError: Operator torch._ops.aten._native_batch_norm_legit_functional.default" in text
+
+
+def test_an_internal_error_of_the_lowering_is_a_compiler_failure_at_the_node():
+    with pytest.raises(bc.CompilerError) as caught:
+        bc.to_backend(UnbindVector(), BACKEND, {"forward": {}}, example_inputs=(torch.randn(3),))
+    text = str(caught.value)
+    assert text.startswith("The node of aten::unbind_copy failed in this compiler, which claims it.")
+    assert "Diagnostic: ExecuTorch could not lower the program: InternalError: len() of a 0-d tensor" in text

@@ -353,7 +353,7 @@ def piece_program(
     inputs: list[torch.Tensor] = []
     inside = set(nodes)
     weights = _weights_of(program)
-    constants: dict = {}  # name -> tensor (ExportedProgram's own annotation is wider)
+    kept: dict[str, InputSpec] = {}  # placeholder name -> the weight's spec in the program
 
     submodules: dict[str, torch.nn.Module] = {}
 
@@ -373,10 +373,10 @@ def piece_program(
             mapping[n] = constant
             return constant
         if n in weights:
-            placeholder = graph.placeholder(f"weight{len(constants)}")
+            placeholder = graph.placeholder(f"weight{len(kept)}")
             placeholder.meta["val"] = n.meta.get("val")
             mapping[n] = placeholder
-            constants[placeholder.name] = weights[n]
+            kept[placeholder.name] = weights[n]
             return placeholder
         placeholder = graph.placeholder(f"input{len(inputs)}")
         placeholder.meta["val"] = n.meta.get("val")
@@ -415,10 +415,23 @@ def piece_program(
         root.add_module(name, submodule)
     module = torch.fx.GraphModule(root, graph)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    # A weight keeps its kind and name (a parameter stays a parameter): compilers and their passes
+    # look weights up by kind, and a parameter made a lifted constant fails in some (ExecuTorch's
+    # XNNPACK passes) where the program builds.
+    state_dict: dict[str, torch.Tensor] = {}
+    constants: dict = {}  # name -> tensor (ExportedProgram's own annotation is wider)
+    for spec in kept.values():
+        tensor = program.state_dict.get(spec.target) if program is not None else None
+        if tensor is None and program is not None:
+            tensor = program.constants.get(spec.target)
+        if spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent):
+            state_dict[spec.target] = tensor
+        else:
+            constants[spec.target] = tensor
     signature = ExportGraphSignature(
         input_specs=[
-            InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(p.name), p.name)
-            if p.name in constants
+            InputSpec(kept[p.name].kind, TensorArgument(p.name), kept[p.name].target, kept[p.name].persistent)
+            if p.name in kept
             else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
             for p in placeholders
         ],
@@ -430,7 +443,7 @@ def piece_program(
         root=module,
         graph=module.graph,
         graph_signature=signature,
-        state_dict={},
+        state_dict=state_dict,
         range_constraints=dict(range_constraints or {}),
         module_call_graph=[
             ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
@@ -451,8 +464,8 @@ def _submodule(owner: torch.nn.Module, target: str) -> torch.nn.Module:
     return value
 
 
-def _weights_of(program: ExportedProgram | None) -> dict[Node, torch.Tensor]:
-    """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their tensors."""
+def _weights_of(program: ExportedProgram | None) -> dict[Node, InputSpec]:
+    """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their specs."""
     if program is None:
         return {}
     by_name = {n.name: n for n in program.graph_module.graph.nodes if n.op == "placeholder"}
@@ -464,7 +477,7 @@ def _weights_of(program: ExportedProgram | None) -> dict[Node, torch.Tensor]:
         if tensor is None:
             tensor = program.constants.get(spec.target)
         if isinstance(tensor, torch.Tensor) and spec.arg.name in by_name:
-            found[by_name[spec.arg.name]] = tensor
+            found[by_name[spec.arg.name]] = spec
     return found
 
 

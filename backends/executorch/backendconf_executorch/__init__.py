@@ -84,7 +84,7 @@ class ExecuTorchBackend(EngineBackend):
         """Lower ``program`` to a ``.pte`` blob (host only; see ``lowering``)."""
         from .lowering import lower_program  # host only: never imported on the target
 
-        return lower_program(program, compile_spec, debug_handles)
+        return lower_program(program, compile_spec, debug_handles, self)
 
     def quantizer(self, scheme: str) -> Any:
         """XNNPACK's own PT2E quantizer for a scheme of the ``quantized`` category (None: XNNPACK has none).

@@ -16,6 +16,18 @@ on the target with a bare error code:
   ``UnsupportedNodeError`` at the user's node instead of "error 0x14" at
   ``load_method``.
 
+A lowering error gets the verdict of its kind (docs/backend-contract.md,
+"Compile errors"). ExecuTorch does not claim what its edge dialect's
+verifier refuses (``SpecViolationError``: an op outside the Core ATen
+opset, mismatched dtypes) nor an op without an out variant: those are
+``UnsupportedNodeError``. Any other exception of its lowering (a pass or
+XNNPACK's preprocess raising) is its compiler breaking on a node it took:
+``CompilerError`` at the node the error names. An error that names no node
+is located by building each node alone (``failing_nodes``) when the program
+has at most `PROBE_AT_MOST` ops (an operator check's program; each probe is
+a lowering of a second or more); otherwise, or when no node fails alone, it
+stays undecided.
+
 This module imports ``executorch.exir`` and the XNNPACK partitioner; it is
 declared host-only, and the runtime side never imports it.
 """
@@ -28,7 +40,7 @@ from typing import Any
 
 import torch
 
-from pytest_backendconf import UnsupportedNodeError, check_compile_spec_keys
+from pytest_backendconf import CompilerError, UnsupportedNodeError, check_compile_spec_keys, failing_nodes
 from pytest_backendconf.backend import fault_node_name
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
@@ -44,6 +56,11 @@ KNOWN_KEYS = (PARTITIONERS_KEY, FAULT_KEY)
 #: Partitioners the compile spec may name; [] means ExecuTorch's portable kernels only.
 KNOWN_PARTITIONERS = ("xnnpack",)
 DEFAULT_PARTITIONERS = ("xnnpack",)
+
+#: Programs with at most this many ops are probed node by node when a lowering error names no node.
+PROBE_AT_MOST = 8
+#: ExecuTorch's words for what it does not claim (`_not_claimed`).
+_MISSING_OUT_VARIANT = "Missing out variants"
 
 _KERNEL_NOT_FOUND = re.compile(r"kernel '([^']+)' not found")
 _MISSING_OPERATOR = re.compile(r"Missing operator: \[(\d+)\] (\S+)")
@@ -61,12 +78,17 @@ def parse_spec(compile_spec: Mapping[str, Any] | None) -> tuple[tuple[str, ...],
     return tuple(partitioners), fault_node_name(compile_spec)
 
 
-def lower_program(program: Any, compile_spec: Mapping[str, Any] | None, debug_handles: Mapping[Any, int]) -> bytes:
-    """The blob of one method: the ``.pte`` and the header (see ``blob``)."""
+def lower_program(
+    program: Any, compile_spec: Mapping[str, Any] | None, debug_handles: Mapping[Any, int], backend: object
+) -> bytes:
+    """The blob of one method: the ``.pte`` and the header (see ``blob``); ``backend`` probes nodes alone."""
     partitioners, fault_name = parse_spec(compile_spec)
     originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
-    executorch_program, origin_of_handle = _lower(program, partitioners, originals)
+    try:
+        executorch_program, origin_of_handle = _lower(program, partitioners, originals)
+    except _LoweringFailed as failed:
+        raise _verdict(failed.exception, program, originals, backend, compile_spec) from failed.exception
     method = "forward"
     plan = next(p for p in executorch_program.executorch_program.execution_plan if p.name == method)
     handle_map = executorch_program.debug_handle_map.get(method, {})
@@ -160,17 +182,57 @@ def _lower(
             edge = to_edge_transform_and_lower(program, partitioner=partitioner or None)
             origin_of_handle = _origins(edge.exported_program(), originals)
             return edge.to_executorch(), origin_of_handle
-    except UnsupportedNodeError:
+    except (UnsupportedNodeError, CompilerError):
         raise
     except Exception as exc:  # ExecuTorch's lowering raises plain exceptions
-        node = _naming(originals, str(exc))
-        if node is None:
-            raise RuntimeError(
-                f"ExecuTorch could not lower the program: {type(exc).__name__}: {_first_line(exc)}{_caused_by(exc)}"
-            ) from exc
-        raise UnsupportedNodeError(
-            node, f"ExecuTorch cannot lower {_op_name(node)}: {type(exc).__name__}: {_first_line(exc)}"
-        ) from exc
+        raise _LoweringFailed(exc) from exc
+
+
+class _LoweringFailed(Exception):
+    """ExecuTorch's lowering raised ``exception`` (`_verdict` decides what it means)."""
+
+    def __init__(self, exception: Exception) -> None:
+        super().__init__(str(exception))
+        self.exception = exception
+
+
+def _verdict(
+    exc: Exception, program: Any, originals: ProgramNodes, backend: object, compile_spec: Mapping[str, Any] | None
+) -> Exception:
+    """The error ``preprocess`` raises for a lowering exception: unsupported, a compiler failure, or undecided."""
+    said = f"{type(exc).__name__}: {_first_line(exc)}{_caused_by(exc)}"
+    node = _naming(originals, str(exc)) or _naming(originals, _innermost_text(exc))
+    if node is not None:
+        if _not_claimed(exc):
+            return UnsupportedNodeError(node, f"ExecuTorch does not take {_op_name(node)}: {said}")
+        return CompilerError(node, f"ExecuTorch's lowering failed on {_op_name(node)}: {said}")
+    undecided = RuntimeError(f"ExecuTorch could not lower the program: {said}")
+    if len(originals.call_nodes()) <= PROBE_AT_MOST:
+        bad = failing_nodes(program, backend, compile_spec)
+        verdict = bad.verdict(claims=lambda n: not _not_claimed(bad.failures[n].exception))
+        if verdict is not None:
+            return verdict
+    return undecided
+
+
+def _not_claimed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it wraps) is ExecuTorch refusing an op rather than breaking on it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UnsupportedNodeError) or type(current).__name__ == "SpecViolationError":
+            return True
+        if str(current).startswith(_MISSING_OUT_VARIANT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _innermost_text(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return str(exc)
 
 
 def _origins(edge_program: Any, originals: ProgramNodes) -> dict[int, list[torch.fx.Node]]:

@@ -72,7 +72,7 @@ def test_the_reference_backends_integer_kernels_pass_layer_by_layer(scheme):
     assert exact.passed and all(layer.max_steps == 0 for layer in exact.layers)
 
 
-def test_a_piece_keeps_the_programs_weights_as_constants_so_the_kernels_fuse():
+def test_a_piece_keeps_the_programs_weights_so_the_kernels_fuse():
     program, x = _program("int8-static-per-channel")
     graph = program.graph_module.graph
     conv = next(n for n in graph.nodes if n.target == torch.ops.aten.conv2d.default)
@@ -82,7 +82,10 @@ def test_a_piece_keeps_the_programs_weights_as_constants_so_the_kernels_fuse():
     env = eager_intermediates(program, [x])
     piece, inputs, _ = piece_program(layer, env, program=program, outputs=[quantize_node])
     kinds = [spec.kind for spec in piece.graph_signature.input_specs]
-    assert InputKind.CONSTANT_TENSOR in kinds and kinds.count(InputKind.USER_INPUT) == len(inputs) == 1
+    assert kinds.count(InputKind.USER_INPUT) == len(inputs) == 1
+    # The weights are the program's own, of the same kinds and names (a parameter stays a parameter).
+    weights = {(s.kind, s.target) for s in piece.graph_signature.input_specs if s.kind != InputKind.USER_INPUT}
+    assert weights and weights <= {(s.kind, s.target) for s in program.graph_signature.input_specs}
     from pytest_backendconf.debuginfo import DebugHandleRecorder
 
     blob = ReferenceBackend().preprocess(piece, {}, DebugHandleRecorder().assign(piece.graph_module))

@@ -129,6 +129,70 @@ def check_functional_signature(
                 raise UnsupportedNodeError(node, f"dtype {tensor.dtype} is not supported by the {backend} backend")
 
 
+def clamp_scatter_indices(module: torch.fx.GraphModule) -> int:
+    """Clamp the indices of each ``index_copy`` and ``index_put`` (in place or not) of ``module`` (and its subgraphs) into
+    range, in place; return how many indices were clamped.
+
+    For an engine whose scatter kernel has no bounds check (OpenVINO's
+    ScatterUpdate, IREE's scatter): an index past the end writes past the
+    tensor. A KV cache written one position past its end (eager raises
+    IndexError) corrupted the heap, and a later, unrelated call crashed the
+    process or, worse, could have computed on corrupted memory. Clamped, such
+    a write lands on the last row instead: wrong, as the check reports, but
+    memory-safe. In-range indices are unchanged (``index_put`` keeps negative
+    indices: its range is ``-size .. size - 1``); a dimension of symbolic
+    size, and a boolean mask, are left alone. Each clamp carries the
+    scatter's own metadata (its source line and provenance).
+    """
+    import torch
+
+    from .provenance import graph_modules
+
+    aten = torch.ops.aten
+    # The functional ops and, in a program of torch.export's training dialect, the in-place ones.
+    scatters = (aten.index_copy.default, aten.index_copy_.default, aten.index_put.default, aten.index_put_.default)
+    clamped_count = 0
+    for _, gm in graph_modules(module):
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in scatters:
+                continue
+            target = node.args[0]
+            value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
+            if not isinstance(value, torch.Tensor):
+                continue
+            by_put = node.target in (aten.index_put.default, aten.index_put_.default)
+            if not by_put:
+                dim, index = node.args[1], node.args[2]
+                slots = [(int(dim) % value.dim() if value.dim() else 0, index, 0)]
+            else:
+                slots = [(i, index, None) for i, index in enumerate(node.args[1])]
+            indices = list(node.args[1]) if by_put else None
+            for dim, index, low in slots:
+                size = value.shape[dim] if dim < value.dim() else None
+                index_value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+                if not isinstance(size, int) or not isinstance(index_value, torch.Tensor):
+                    continue
+                if index_value.dtype in (torch.bool, torch.uint8):  # a mask, not positions
+                    continue
+                with gm.graph.inserting_before(node):
+                    clamp = gm.graph.call_function(aten.clamp.default, (index, -size if low is None else low, size - 1))
+                # The scatter's source line and provenance; the index's value and type.
+                clamp.meta = {k: v for k, v in node.meta.items() if k != "tensor_meta"}
+                clamp.meta.update({k: index.meta[k] for k in ("val", "tensor_meta") if k in index.meta})
+                if indices is None:
+                    node.args = (target, node.args[1], clamp, *node.args[3:])
+                else:
+                    indices[dim] = clamp
+                clamped_count += 1
+                changed = True
+            if indices is not None and changed:
+                node.args = (target, indices, *node.args[2:])
+        if changed:
+            gm.recompile()
+    return clamped_count
+
+
 def _tensors(value: object) -> Iterable[torch.Tensor]:
     import torch
 

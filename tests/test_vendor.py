@@ -96,3 +96,47 @@ def test_the_availability_probe_runs_once() -> None:
     assert availability.reason() == "MyEngine cannot be imported; pip install myengine"
     assert calls == [1]
     assert bc.AvailabilityProbe(lambda: "").reason() == ""
+
+
+class _CacheWrites(torch.nn.Module):
+    """A KV cache written as a decoder writes it (``index_copy``), and the same by indexing (``index_put``)."""
+
+    def forward(self, cache: torch.Tensor, position: torch.Tensor, row: torch.Tensor, mask: torch.Tensor):
+        by_copy = cache.index_copy(0, position, row)
+        by_put = cache.clone()
+        by_put[position] = row
+        masked = cache.clone()
+        masked[mask] = row
+        return by_copy, by_put, masked
+
+
+def _cache_writes() -> torch.fx.GraphModule:
+    args = (torch.zeros(4, 3), torch.tensor([1]), torch.ones(1, 3), torch.zeros(4, dtype=torch.bool))
+    return torch.export.export(_CacheWrites(), args).graph_module
+
+
+def test_scatter_indices_past_the_end_are_clamped_and_others_kept() -> None:
+    from pytest_backendconf.vendor import clamp_scatter_indices
+
+    module = _cache_writes()
+    targets = {n.target for n in module.graph.nodes if n.op == "call_function"}
+    assert {torch.ops.aten.index_copy.default, torch.ops.aten.index_put_.default} <= targets
+    # One index_copy and two index_put positions; the boolean mask is not a position and stays as it is.
+    assert clamp_scatter_indices(module) == 2
+    cache, row = torch.zeros(4, 3), torch.ones(1, 3)
+    mask = torch.tensor([True, False, False, True])
+    for position in (torch.tensor([2]), torch.tensor([-1])):
+        by_copy, by_put, masked = module(cache, position, row, mask)
+        if position.item() >= 0:  # index_copy takes no negative index
+            assert torch.equal(by_copy, cache.index_copy(0, position, row))
+        expected = cache.clone()
+        expected[position] = row
+        assert torch.equal(by_put, expected)  # a negative index keeps its meaning
+        assert torch.equal(masked, torch.where(mask[:, None], row, cache))
+    # Past the end (eager raises IndexError): the write lands on the last row, inside the tensor.
+    by_copy, by_put, _ = module(cache, torch.tensor([4]), row, mask)
+    last = cache.index_copy(0, torch.tensor([3]), row)
+    assert torch.equal(by_copy, last) and torch.equal(by_put, last)
+    # Each clamp carries the scatter's own source line.
+    clamps = [n for n in module.graph.nodes if n.target is torch.ops.aten.clamp.default]
+    assert all(c.meta.get("stack_trace") == next(iter(c.users)).meta.get("stack_trace") for c in clamps)

@@ -45,6 +45,7 @@ import torch.fx
 from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
 from pytest_backendconf import CompilerError, UnsupportedNodeError, check_compile_spec_keys, check_functional_signature
+from pytest_backendconf.vendor import clamp_scatter_indices
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
 
@@ -129,11 +130,15 @@ def _decompose(program: torch.export.ExportedProgram, originals: ProgramNodes) -
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own deprecation noise from run_decompositions
-            return program.run_decompositions()
+            decomposed = program.run_decompositions()
     except Exception as exc:
         raise UnsupportedNodeError(
             originals.output, f"torch.export's decomposition failed: {type(exc).__name__}: {_one_line(str(exc))}"
         ) from exc
+    # IREE's scatter has no bounds check: a KV cache written one position past its end wrote past the
+    # buffer and aborted the process (repro/scatter_past_end.py). Clamped, the write is wrong, not unsafe.
+    clamp_scatter_indices(decomposed.graph_module)
+    return decomposed
 
 
 def _locate(decomposed: torch.export.ExportedProgram, originals: ProgramNodes) -> list[torch.fx.Node]:

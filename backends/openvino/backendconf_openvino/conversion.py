@@ -48,6 +48,7 @@ from pytest_backendconf import (
     check_functional_signature,
 )
 from pytest_backendconf.backend import FAULT_KEY, fault_node_name
+from pytest_backendconf.vendor import clamp_scatter_indices
 
 from pytest_backendconf.provenance import ProgramNodes, graph_modules
 
@@ -192,43 +193,14 @@ def _decompose(program: torch.export.ExportedProgram, originals: ProgramNodes) -
             warnings.simplefilter("ignore")  # torch's own deprecation noise from run_decompositions
             module = program.run_decompositions(_decomposition_table()).module()
         _widen(module)
-        _clamp_scatter_indices(module)
+        # ScatterUpdate has no bounds check: a KV cache written past its end corrupted the heap.
+        clamp_scatter_indices(module)
     except Exception as exc:
         raise UnsupportedNodeError(
             originals.output, f"torch.export's decomposition for OpenVINO failed: {type(exc).__name__}: {_brief(exc)}"
         ) from exc
     _decomposed[program] = (key, module)
     return module
-
-
-def _clamp_scatter_indices(module: torch.fx.GraphModule) -> None:
-    """Clamp each ``index_copy``'s index into its dimension, in place.
-
-    OpenVINO converts ``index_copy`` to ScatterUpdate, whose CPU kernel does
-    not check its indices: an index past the end writes past the tensor (a
-    KV cache written one position past its end corrupted the heap, and a
-    later, unrelated call crashed the process). Clamped, such a write lands
-    on the last row instead: wrong, as the ``past_cache`` check reports, but
-    memory-safe. A dimension of symbolic size is left alone.
-    """
-    aten = torch.ops.aten
-    for _, gm in graph_modules(module):
-        changed = False
-        for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target is not aten.index_copy.default:
-                continue
-            target, dim, index = node.args[:3]
-            value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
-            size = value.shape[dim] if isinstance(value, torch.Tensor) else None
-            if not isinstance(size, int) or not isinstance(index, torch.fx.Node):
-                continue
-            with gm.graph.inserting_before(node):
-                clamped = gm.graph.call_function(aten.clamp.default, (index, 0, size - 1))
-            clamped.meta = dict(index.meta)
-            node.args = (target, dim, clamped, *node.args[3:])
-            changed = True
-        if changed:
-            gm.recompile()
 
 
 def _widen(module: torch.fx.GraphModule) -> None:

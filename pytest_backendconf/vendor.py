@@ -162,6 +162,8 @@ def clamp_scatter_indices(module: torch.fx.GraphModule) -> int:
             if not isinstance(value, torch.Tensor):
                 continue
             by_put = node.target in (aten.index_put.default, aten.index_put_.default)
+            # (dimension, index, lowest index kept): index_copy takes no negative index, index_put does.
+            slots: list[tuple[int, object, int | None]]
             if not by_put:
                 dim, index = node.args[1], node.args[2]
                 slots = [(int(dim) % value.dim() if value.dim() else 0, index, 0)]
@@ -169,8 +171,10 @@ def clamp_scatter_indices(module: torch.fx.GraphModule) -> int:
                 slots = [(i, index, None) for i, index in enumerate(node.args[1])]
             indices = list(node.args[1]) if by_put else None
             for dim, index, low in slots:
+                if not isinstance(index, torch.fx.Node):
+                    continue
                 size = value.shape[dim] if dim < value.dim() else None
-                index_value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+                index_value = index.meta.get("val")
                 if not isinstance(size, int) or not isinstance(index_value, torch.Tensor):
                     continue
                 if index_value.dtype in (torch.bool, torch.uint8):  # a mask, not positions

@@ -353,7 +353,7 @@ def piece_program(
     inputs: list[torch.Tensor] = []
     inside = set(nodes)
     weights = _weights_of(program)
-    kept: dict[str, InputSpec] = {}  # placeholder name -> the weight's spec in the program
+    kept: dict[str, tuple[InputSpec, torch.Tensor]] = {}  # placeholder name -> the weight's spec and tensor
 
     submodules: dict[str, torch.nn.Module] = {}
 
@@ -420,17 +420,15 @@ def piece_program(
     # XNNPACK passes) where the program builds.
     state_dict: dict[str, torch.Tensor] = {}
     constants: dict = {}  # name -> tensor (ExportedProgram's own annotation is wider)
-    for spec in kept.values():
-        tensor = program.state_dict.get(spec.target) if program is not None else None
-        if tensor is None and program is not None:
-            tensor = program.constants.get(spec.target)
+    for spec, tensor in kept.values():
+        assert spec.target is not None  # a weight's spec names it
         if spec.kind is InputKind.PARAMETER or (spec.kind is InputKind.BUFFER and spec.persistent):
             state_dict[spec.target] = tensor
         else:
             constants[spec.target] = tensor
     signature = ExportGraphSignature(
         input_specs=[
-            InputSpec(kept[p.name].kind, TensorArgument(p.name), kept[p.name].target, kept[p.name].persistent)
+            InputSpec(kept[p.name][0].kind, TensorArgument(p.name), kept[p.name][0].target, kept[p.name][0].persistent)
             if p.name in kept
             else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
             for p in placeholders
@@ -464,8 +462,9 @@ def _submodule(owner: torch.nn.Module, target: str) -> torch.nn.Module:
     return value
 
 
-def _weights_of(program: ExportedProgram | None) -> dict[Node, InputSpec]:
-    """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their specs."""
+def _weights_of(program: ExportedProgram | None) -> dict[Node, tuple[InputSpec, torch.Tensor]]:
+    """The program's placeholders that are its weights (parameters, buffers, lifted constants), with their
+    specs and tensors."""
     if program is None:
         return {}
     by_name = {n.name: n for n in program.graph_module.graph.nodes if n.op == "placeholder"}
@@ -477,7 +476,7 @@ def _weights_of(program: ExportedProgram | None) -> dict[Node, InputSpec]:
         if tensor is None:
             tensor = program.constants.get(spec.target)
         if isinstance(tensor, torch.Tensor) and spec.arg.name in by_name:
-            found[by_name[spec.arg.name]] = spec
+            found[by_name[spec.arg.name]] = (spec, tensor)
     return found
 
 

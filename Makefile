@@ -166,9 +166,12 @@ $(VENV)/.installed-iree: $(VENV)/.installed backends/iree/pyproject.toml
 # (the backend declares Capabilities(batch_ops=True); ENGINE_OPS=quick for the
 # quick selection, whose entries for other checks then only warn).
 IREE_HYPOTHESIS ?= ci
+# The timeout is 300 s, not the default 120: the stateful decoders' partitioned lowering builds each
+# node alone with iree-compile (llama_decoder 69 s with nothing else running), and beside two other
+# suites it took over 120 s.
 suite-iree: $(VENV)/.installed-iree
 	cd "$$(mktemp -d)" && $(abspath $(BIN))/python -m pytest --backend=iree -n 2 \
-	    --backendconf-hypothesis=$(IREE_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) \
+	    --backendconf-hypothesis=$(IREE_HYPOTHESIS) --backendconf-ops=$(ENGINE_OPS) --backendconf-timeout=300 \
 	    --backendconf-known-failures=$(abspath backends/iree/known-failures.toml) $(SUITE_ARGS)
 
 # The suite against the reference backend under older torch releases, each in its own environment

@@ -21,6 +21,7 @@ import torch
 import pytest_backendconf as bc
 from broken_backends_wholegraph import (
     CRASH_TEXT,
+    BuildError,
     ClaimedTanhCrash,
     ConstantMulCrash,
     FusedBuild,
@@ -103,6 +104,35 @@ def test_the_diagnostic_line_skips_the_wrapper():
     assert diagnostic_line("ld.lld: error: undefined symbol: log10f\n>>> referenced by x") == "undefined symbol: log10f"
     assert diagnostic_line("BuildError: no schedule for tanh\nsecond") == "BuildError: no schedule for tanh"
     assert diagnostic_line("") == ""
+
+
+class RejectsWhenAlone(FusedBuildNoProbe):
+    """A whole build fails naming no node; a one-node build of tanh names it (``UnsupportedNodeError``)."""
+
+    name = "rejects_when_alone"
+
+    def preprocess(self, program, compile_spec, debug_handles):
+        calls = [n for n in program.graph_module.graph.nodes if n.op == "call_function"]
+        if len(calls) == 1 and calls[0].target is torch.ops.aten.tanh.default:
+            raise bc.UnsupportedNodeError(calls[0], "no tanh kernel on this target")
+        try:
+            return super().preprocess(program, compile_spec, debug_handles)
+        except BuildError as exc:
+            bc.failing_nodes(program, self, compile_spec).raise_verdict(exc)
+
+
+def test_a_rejection_the_one_node_build_raised_keeps_its_own_reason():
+    # The rejection reads as the node's own build says it, not as that error's whole text (the piece's
+    # source line, wrapped in a second "The node of ... is not supported"): a batch of operator checks
+    # and the check run alone then give the same reason.
+    program = torch.export.export(TanhModel(), (torch.randn(3),))
+    found = bc.failing_nodes(program, RejectsWhenAlone())
+    assert found.errors[found[0]] == "no tanh kernel on this target"
+    assert found.failures[found[0]].diagnostic == "no tanh kernel on this target"
+    with pytest.raises(bc.UnsupportedNodeError) as caught:
+        bc.to_backend(TanhModel(), RejectsWhenAlone(), {"forward": {}}, example_inputs=(torch.randn(3),))
+    assert caught.value.reason == "no tanh kernel on this target"
+    assert str(caught.value).count("is not supported in this compiler") == 1
 
 
 class ScaledByWeight(torch.nn.Module):

@@ -77,8 +77,11 @@ class NodeFailure:
 
     @property
     def text(self) -> str:
-        """``"BuildError: no schedule for tanh"``: the exception's type and message."""
-        return f"{type(self.exception).__name__}: {self.exception}"
+        """``"BuildError: no schedule for tanh"``: the exception's type and message; for a verdict the
+        one-node build raised itself (`UnsupportedNodeError`, `CompilerError`), its reason, as the
+        node's error reads when the backend builds that program on its own."""
+        reason = _own_reason(self.exception)
+        return reason if reason is not None else f"{type(self.exception).__name__}: {self.exception}"
 
 
 class FailingNodes(list[torch.fx.Node]):
@@ -220,9 +223,19 @@ def _failure(
         static = _static_piece(program, node)
         if static is not None and _build(lambda: static, backend, spec) is None:
             reproduced = "only_with_dynamic_shapes"
+    said = _own_reason(exception) or str(exception)
     return NodeFailure(
-        node, op_overload(node), exception, diagnostic_line(str(exception)) or type(exception).__name__, reproduced
+        node, op_overload(node), exception, diagnostic_line(said) or type(exception).__name__, reproduced
     )
+
+
+def _own_reason(exception: BaseException) -> str | None:
+    """The reason of a verdict the backend raised on the one-node program (its symbolicated text is the
+    piece's, not the user's), else None."""
+    if isinstance(exception, (UnsupportedNodeError, CompilerError)):
+        reason = getattr(exception, "reason", "")
+        return reason if isinstance(reason, str) and reason else None
+    return None
 
 
 def _piece(program: ExportedProgram, node: torch.fx.Node, *, constants: bool = True) -> ExportedProgram:

@@ -150,51 +150,50 @@ def clamp_scatter_indices(module: torch.fx.GraphModule) -> int:
 
     aten = torch.ops.aten
     # The functional ops and, in a program of torch.export's training dialect, the in-place ones.
-    scatters = (aten.index_copy.default, aten.index_copy_.default, aten.index_put.default, aten.index_put_.default)
-    clamped_count = 0
+    copies = (aten.index_copy.default, aten.index_copy_.default)
+    puts = (aten.index_put.default, aten.index_put_.default)
+    clamps: list[torch.fx.Node] = []
     for _, gm in graph_modules(module):
-        changed = False
+        before = len(clamps)
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in scatters:
+            if node.op != "call_function" or node.target not in copies + puts:
                 continue
-            target = node.args[0]
+            target, *rest = node.args
             value = target.meta.get("val") if isinstance(target, torch.fx.Node) else None
             if not isinstance(value, torch.Tensor):
                 continue
-            by_put = node.target in (aten.index_put.default, aten.index_put_.default)
-            # (dimension, index, lowest index kept): index_copy takes no negative index, index_put does.
-            slots: list[tuple[int, object, int | None]]
-            if not by_put:
-                dim, index = node.args[1], node.args[2]
-                slots = [(int(dim) % value.dim() if value.dim() else 0, index, 0)]
-            else:
-                slots = [(i, index, None) for i, index in enumerate(node.args[1])]
-            indices = list(node.args[1]) if by_put else None
-            for dim, index, low in slots:
-                if not isinstance(index, torch.fx.Node):
-                    continue
-                size = value.shape[dim] if dim < value.dim() else None
-                index_value = index.meta.get("val")
-                if not isinstance(size, int) or not isinstance(index_value, torch.Tensor):
-                    continue
-                if index_value.dtype in (torch.bool, torch.uint8):  # a mask, not positions
-                    continue
-                with gm.graph.inserting_before(node):
-                    clamp = gm.graph.call_function(aten.clamp.default, (index, -size if low is None else low, size - 1))
-                # The scatter's source line and provenance; the index's value and type.
-                clamp.meta = {k: v for k, v in node.meta.items() if k != "tensor_meta"}
-                clamp.meta.update({k: index.meta[k] for k in ("val", "tensor_meta") if k in index.meta})
-                if indices is None:
-                    node.args = (target, node.args[1], clamp, *node.args[3:])
-                else:
-                    indices[dim] = clamp
-                clamped_count += 1
-                changed = True
-            if indices is not None and changed:
-                node.args = (target, indices, *node.args[2:])
-        if changed:
+            if node.target in puts:  # index_put(self, indices, values, ...): its range is -size .. size - 1
+                indices = [_clamped(node, index, value, dim, None, clamps) for dim, index in enumerate(rest[0])]
+                node.args = (target, indices, *rest[1:])
+            else:  # index_copy(self, dim, index, source): no negative index
+                dim = int(rest[0]) % max(value.dim(), 1)
+                node.args = (target, rest[0], _clamped(node, rest[1], value, dim, 0, clamps), *rest[2:])
+        if len(clamps) > before:
             gm.recompile()
-    return clamped_count
+    return len(clamps)
+
+
+def _clamped(
+    scatter: torch.fx.Node, index: object, value: torch.Tensor, dim: int, low: int | None, clamps: list
+) -> object:
+    """``index`` clamped into dimension ``dim`` of ``value`` by a node before ``scatter`` (appended to
+    ``clamps``); ``index`` itself when it is no node of positions or the size is symbolic."""
+    import torch
+
+    index_value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    size = value.shape[dim] if dim < value.dim() else None
+    if not isinstance(size, int) or not isinstance(index_value, torch.Tensor):
+        return index
+    if index_value.dtype in (torch.bool, torch.uint8):  # a mask, not positions
+        return index
+    graph = scatter.graph
+    with graph.inserting_before(scatter):
+        clamp = graph.call_function(torch.ops.aten.clamp.default, (index, -size if low is None else low, size - 1))
+    # The scatter's source line and provenance; the index's value and type.
+    clamp.meta = {k: v for k, v in scatter.meta.items() if k != "tensor_meta"}
+    clamp.meta.update({k: index.meta[k] for k in ("val", "tensor_meta") if k in index.meta})
+    clamps.append(clamp)
+    return clamp
 
 
 def _tensors(value: object) -> Iterable[torch.Tensor]:

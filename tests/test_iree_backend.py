@@ -27,7 +27,7 @@ from pytest_backendconf.provenance import ProgramNodes
 
 from backendconf_iree import IreeBackend, blob
 from backendconf_iree.compiler import CompileFailure, compile_error, parse_spec
-from engine_setup import host_only_imports, line_of
+from engine_setup import assert_cache_write_past_the_end_is_clamped, host_only_imports, line_of
 from engine_setup import prepared as _prepared
 
 BACKEND = "iree"
@@ -176,18 +176,10 @@ def test_an_op_the_importer_cannot_take_is_unsupported_at_its_node():
     assert caught.value.reason.startswith("IREE's FX importer cannot import it:")
 
 
-class CacheWrite(nn.Module):
-    def forward(self, cache, position, row):
-        return cache.index_copy(0, position, row)
-
-
 def test_a_cache_write_past_the_end_is_clamped_not_written_past_the_buffer():
     # IREE's scatter has no bounds check: unclamped, position 4 of a 4-row cache wrote past the
     # buffer and aborted the process ("double free or corruption"; repro/scatter_past_end.py).
-    cache, row = torch.zeros(4, 3), torch.ones(1, 3)
-    lowered = bc.to_backend(CacheWrite(), BACKEND, {"forward": {}}, example_inputs=(cache, torch.tensor([1]), row))
-    assert torch.equal(lowered(cache, torch.tensor([2]), row), cache.index_copy(0, torch.tensor([2]), row))
-    assert torch.equal(lowered(cache, torch.tensor([4]), row), cache.index_copy(0, torch.tensor([3]), row))
+    assert_cache_write_past_the_end_is_clamped(BACKEND)
 
 
 def test_compile_spec_mistakes_name_the_key():

@@ -25,7 +25,7 @@ import pytest_backendconf as bc
 
 from backendconf_openvino import OpenVinoBackend, blob
 from backendconf_openvino.conversion import parse_spec
-from engine_setup import host_only_imports, line_of
+from engine_setup import assert_cache_write_past_the_end_is_clamped, host_only_imports, line_of
 from engine_setup import prepared as _prepared
 
 BACKEND = "openvino"
@@ -158,19 +158,10 @@ def test_precision_is_explicit_per_dtype_and_can_be_overridden():
     assert str(method.compiled.get_property("INFERENCE_PRECISION_HINT")) == hint
 
 
-class CacheWrite(nn.Module):
-    def forward(self, cache, position, row):
-        return cache.index_copy(0, position, row)
-
-
 def test_an_index_copy_past_the_end_is_clamped_not_written_past_the_tensor():
     # ScatterUpdate has no bounds check: unclamped, position 4 of a 4-row
     # cache wrote past the buffer and crashed later calls of the process.
-    cache, row = torch.zeros(4, 3), torch.ones(1, 3)
-    lowered = bc.to_backend(CacheWrite(), BACKEND, {"forward": {}}, example_inputs=(cache, torch.tensor([1]), row))
-    assert torch.equal(lowered(cache, torch.tensor([2]), row), cache.index_copy(0, torch.tensor([2]), row))
-    past = lowered(cache, torch.tensor([4]), row)
-    assert torch.equal(past, cache.index_copy(0, torch.tensor([3]), row))
+    assert_cache_write_past_the_end_is_clamped(BACKEND)
 
 
 class IntegerMatmul(nn.Module):

@@ -428,7 +428,7 @@ def piece_program(
             constants[spec.target] = tensor
     signature = ExportGraphSignature(
         input_specs=[
-            InputSpec(kept[p.name][0].kind, TensorArgument(p.name), kept[p.name][0].target, kept[p.name][0].persistent)
+            dataclasses.replace(kept[p.name][0], arg=TensorArgument(p.name))
             if p.name in kept
             else InputSpec(InputKind.USER_INPUT, TensorArgument(p.name), None)
             for p in placeholders

@@ -85,10 +85,7 @@ def lower_program(
     partitioners, fault_name = parse_spec(compile_spec)
     originals = ProgramNodes(program)
     fault = _fault(originals, fault_name, debug_handles) if fault_name else None
-    try:
-        executorch_program, origin_of_handle = _lower(program, partitioners, originals)
-    except _LoweringFailed as failed:
-        raise _verdict(failed.exception, program, originals, backend, compile_spec) from failed.exception
+    executorch_program, origin_of_handle = _lower(program, partitioners, originals, backend, compile_spec)
     method = "forward"
     plan = next(p for p in executorch_program.executorch_program.execution_plan if p.name == method)
     handle_map = executorch_program.debug_handle_map.get(method, {})
@@ -162,7 +159,11 @@ def _op_name(node: torch.fx.Node) -> str:
 
 
 def _lower(
-    program: Any, partitioners: tuple[str, ...], originals: ProgramNodes
+    program: Any,
+    partitioners: tuple[str, ...],
+    originals: ProgramNodes,
+    backend: object,
+    compile_spec: Mapping[str, Any] | None,
 ) -> tuple[Any, dict[int, list[torch.fx.Node]]]:
     """``(ExecutorchProgramManager, ExecuTorch debug handle -> our nodes)``.
 
@@ -185,15 +186,7 @@ def _lower(
     except (UnsupportedNodeError, CompilerError):
         raise
     except Exception as exc:  # ExecuTorch's lowering raises plain exceptions
-        raise _LoweringFailed(exc) from exc
-
-
-class _LoweringFailed(Exception):
-    """ExecuTorch's lowering raised ``exception`` (`_verdict` decides what it means)."""
-
-    def __init__(self, exception: Exception) -> None:
-        super().__init__(str(exception))
-        self.exception = exception
+        raise _verdict(exc, program, originals, backend, compile_spec) from exc
 
 
 def _verdict(
@@ -201,7 +194,7 @@ def _verdict(
 ) -> Exception:
     """The error ``preprocess`` raises for a lowering exception: unsupported, a compiler failure, or undecided."""
     said = f"{type(exc).__name__}: {_first_line(exc)}{_caused_by(exc)}"
-    node = _naming(originals, str(exc)) or _naming(originals, _innermost_text(exc))
+    node = _naming(originals, str(exc)) or _naming(originals, str(_innermost(exc)))
     if node is not None:
         if _not_claimed(exc):
             return UnsupportedNodeError(node, f"ExecuTorch does not take {_op_name(node)}: {said}")
@@ -229,10 +222,11 @@ def _not_claimed(exc: BaseException) -> bool:
     return False
 
 
-def _innermost_text(exc: BaseException) -> str:
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception at the end of ``exc``'s chain of causes (``exc`` itself when it has none)."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    return str(exc)
+    return exc
 
 
 def _origins(edge_program: Any, originals: ProgramNodes) -> dict[int, list[torch.fx.Node]]:
@@ -370,12 +364,8 @@ def _raise_missing_kernel(
 
 def _caused_by(exc: BaseException) -> str:
     """The innermost cause's first line: ExecuTorch's pass manager wraps a pass's error in one that names only the pass."""
-    cause = exc.__cause__
-    if cause is None:
-        return ""
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    return f" (caused by {type(cause).__name__}: {_first_line(cause)})"
+    cause = _innermost(exc)
+    return "" if cause is exc else f" (caused by {type(cause).__name__}: {_first_line(cause)})"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -180,7 +180,9 @@ def _clamped(
     ``clamps``); ``index`` itself when it is no node of positions or the size is symbolic."""
     import torch
 
-    index_value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    if not isinstance(index, torch.fx.Node):
+        return index
+    index_value = index.meta.get("val")
     size = value.shape[dim] if dim < value.dim() else None
     if not isinstance(size, int) or not isinstance(index_value, torch.Tensor):
         return index
